@@ -1,0 +1,128 @@
+"""Loss scaling for fp16: none, static, or dynamic (torch.amp.GradScaler semantics, DeepSpeed extras).
+
+fp16 gradients below ~6e-8 flush to zero; multiplying the loss by a scale S lifts them into range,
+and the optimizer divides by S again. Too large an S overflows to inf/NaN; that step is skipped
+(parameters, moments, step counter and LR schedule unchanged) and a dynamic scaler backs off.
+
+Dynamic state machine (defaults = GradScaler's): start at `init_scale` (2^16); on overflow
+× `backoff_factor` (0.5); after `growth_interval` (2000) clean steps in a row × `growth_factor` (2).
+DeepSpeed extras: `hysteresis` = overflows tolerated before backing off (1 = back off at once), and
+`min_scale` (> 0) = floor; an overflow while already at the floor aborts the run.
+
+Every scaler is present even when disabled (`NoScaler`, scale 1, never skips), so the training loop
+has no branches on precision.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.events import LossScaleChange
+
+
+class LossScaleError(RuntimeError):
+    """The dynamic scale is stuck at its floor: training cannot make progress."""
+
+
+def find_overflow(grad: np.ndarray, flat, offset: int = 0) -> tuple[str, str] | None:
+    """(inf|nan, name of the parameter closest to the loss with a non-finite gradient) or None.
+
+    `grad` is laid out like `flat` from element `offset` (a shard passes its start). Backward
+    produces gradients in reverse parameter order, so the highest offending offset overflowed first.
+    """
+    if np.isfinite(grad).all():
+        return None
+    bad = np.flatnonzero(~np.isfinite(grad))
+    kind = "nan" if np.isnan(grad[bad]).any() else "inf"
+    last = int(bad[-1]) + offset
+    name = next((s.name for s in flat.slots if s.start <= last < s.end), "<padding>")
+    return kind, name
+
+
+class NoScaler:
+    """fp32, fp64 and bf16: scale 1, no checks, nothing skipped."""
+
+    scale = 1.0
+
+    def check(self, grad, flat, offset: int = 0):
+        return None
+
+    def update(self, step: int, found) -> None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class StaticScaler(NoScaler):
+    """A fixed scale; overflowing steps are skipped and reported, the scale never changes."""
+
+    def __init__(self, scale: float):
+        self.scale = float(scale)
+
+    def check(self, grad, flat, offset: int = 0):
+        return find_overflow(grad, flat, offset)
+
+    def update(self, step: int, found):
+        if found is None:
+            return None
+        return LossScaleChange(step=step, reason=found[0], old_scale=self.scale, new_scale=self.scale,
+                               first_param=found[1])
+
+
+class DynamicScaler(StaticScaler):
+    """GradScaler's back-off / growth, with DeepSpeed's hysteresis and floor."""
+
+    def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 hysteresis=1, min_scale=0.0):
+        super().__init__(init_scale)
+        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+        self.growth_interval, self.hysteresis, self.min_scale = growth_interval, hysteresis, min_scale
+        self.growth_tracker = 0  # clean steps since the last overflow or growth
+        self.hysteresis_left = hysteresis
+
+    def update(self, step: int, found):
+        old = self.scale
+        if found is None:
+            self.growth_tracker += 1
+            if self.growth_tracker < self.growth_interval:
+                return None
+            self.growth_tracker = 0
+            self.hysteresis_left = self.hysteresis
+            self.scale = old * self.growth_factor
+            return LossScaleChange(step=step, reason="growth", old_scale=old, new_scale=self.scale,
+                                   first_param=None)
+        self.growth_tracker = 0
+        kind, name = found
+        if self.hysteresis_left > 1:  # tolerate this overflow: skip the step, keep the scale
+            self.hysteresis_left -= 1
+            return LossScaleChange(step=step, reason="hysteresis", old_scale=old, new_scale=old,
+                                   first_param=name)
+        if self.min_scale > 0 and old <= self.min_scale:
+            raise LossScaleError(
+                f"loss scale stuck at its floor min_scale={self.min_scale:g} and step {step} still "
+                f"overflowed ({kind} in {name}); lower precision.min_scale, lower optim.lr, or train in bf16")
+        self.scale = max(old * self.backoff_factor, self.min_scale)
+        return LossScaleChange(step=step, reason=kind, old_scale=old, new_scale=self.scale, first_param=name)
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "growth_tracker": self.growth_tracker,
+                "hysteresis_left": self.hysteresis_left}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale = float(state["scale"])
+        self.growth_tracker = int(state.get("growth_tracker", 0))
+        self.hysteresis_left = int(state.get("hysteresis_left", self.hysteresis))
+
+
+def make_scaler(precision):
+    """The scaler for a [precision] config section: fp16 scales, everything else is inert."""
+    if precision.dtype != "fp16":
+        return NoScaler()
+    if precision.loss_scale != "dynamic":
+        return StaticScaler(float(precision.loss_scale))
+    return DynamicScaler(precision.init_scale, precision.growth_factor, precision.backoff_factor,
+                         precision.growth_interval, precision.hysteresis, precision.min_scale)

@@ -1,0 +1,128 @@
+"""``run_ranks``: start a job's ranks on one backend, relay their events, fail fast, stop cleanly.
+
+``rank_fn(comm, emit, *args)`` runs once per rank. ``comm`` is the rank's Communicator;
+``emit(dict)`` hands a JSON-serialisable dict to ``on_event`` in the launching process (called
+from rank threads or the launcher's thread, one call at a time). To stop on request, poll
+``comm.should_stop()`` (between steps) and return; a rank blocked on a peer that already left
+because of the stop gets StopRequested, which counts as a clean stop. Stopped ranks' results are
+None.
+
+Backends:
+  threads    a thread per rank in this process (daemon threads; a rank stuck in pure compute
+             cannot be killed and is abandoned after ``timeout_s``).
+  processes  N processes started with multiprocessing 'spawn' (see procs.py): rank_fn must be
+             importable and args/results JSON-simple (numpy arrays allowed).
+  tcp        this process is one rank of a job rendezvousing through MASTER_ADDR / MASTER_PORT /
+             RANK / WORLD_SIZE / NANODIST_SECRET[_FILE] (see rendezvous.py); on_event sees this
+             rank's events only; the result list holds this rank's value only.
+  mpi        this process is one MPI rank (under mpiexec / srun); rank 0's on_event sees every
+             rank's events; rank 0 gets every rank's result, other ranks only their own. A rank
+             that raises prints its error and aborts the MPI job (MPI cannot stop peers otherwise).
+
+A failure (a rank raises, dies, or stops answering) stops every other rank within ``timeout_s``
+and raises RankFailure(rank, cause) naming the failed rank and the last line of its error.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from typing import Callable
+
+from engine.comm.base import RankFailure, Signals, StopRequested
+
+BACKENDS = ("threads", "processes", "tcp", "mpi")
+MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+
+
+def run_ranks(world_size: int, backend: str, rank_fn: Callable, args: tuple = (),
+              on_event: Callable[[dict], None] | None = None, timeout_s: float = 30.0,
+              stop_event: threading.Event | None = None) -> list:
+    """Run ``rank_fn(comm, emit, *args)`` on every rank; returns the ranks' return values by rank."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    on_event = on_event or (lambda event: None)
+    stop_event = stop_event if stop_event is not None else threading.Event()
+    if backend == "threads":
+        return _run_threads(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event)
+    if backend == "processes":
+        from engine.comm.procs import run_processes
+        return run_processes(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event)
+    if backend == "tcp":
+        from engine.comm.rendezvous import connect_from_env
+        comm = connect_from_env(timeout_s=timeout_s, stop_event=stop_event)
+        return _run_here(comm, world_size, rank_fn, tuple(args), on_event)
+    if backend == "mpi":
+        from engine.comm.mpi import run_mpi_rank
+        return run_mpi_rank(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event)
+    raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+
+
+def under_mpi() -> bool:
+    """True when this process was started by mpiexec/srun as an MPI rank."""
+    return any(name in os.environ for name in MPI_ENV)
+
+
+def error_line(exc: BaseException) -> str:
+    """The last line of a traceback, e.g. "ValueError: boom" — what a failure message names."""
+    lines = traceback.format_exception_only(type(exc), exc)
+    return lines[-1].strip() if lines else type(exc).__name__
+
+
+def blame(rank: int, exc: BaseException) -> tuple[int, str]:
+    """Which rank an exception raised on ``rank`` points at, and why."""
+    if isinstance(exc, RankFailure):
+        return exc.rank, exc.cause
+    return rank, error_line(exc)
+
+
+def _run_here(comm, world_size, rank_fn, args, on_event) -> list:
+    results = [None] * world_size
+    try:
+        results[comm.rank] = rank_fn(comm, on_event, *args)
+    except StopRequested:
+        pass
+    finally:
+        comm.close()
+    return results
+
+
+def _run_threads(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> list:
+    from engine.comm.threads import ThreadGroup
+
+    group = ThreadGroup(world_size, timeout_s, Signals(stop_event))
+    results: list = [None] * world_size
+    event_lock = threading.Lock()
+
+    def emit(event: dict) -> None:
+        with event_lock:
+            on_event(event)
+
+    def body(rank: int) -> None:
+        comm = group.communicator(rank)
+        try:
+            results[rank] = rank_fn(comm, emit, *args)
+        except StopRequested:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - any rank error fails the job, named
+            group.fail(*blame(rank, exc))
+        finally:
+            comm.close()
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"nanodist-rank{r}", daemon=True)
+               for r in range(world_size)]
+    for thread in threads:
+        thread.start()
+    failed_at = None
+    while any(t.is_alive() for t in threads):
+        if group.signals.failure is not None and failed_at is None:
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > timeout_s:
+            break  # ranks stuck in compute are daemon threads: abandon them
+        for thread in threads:
+            thread.join(0.05)
+    if group.signals.failure is not None:
+        raise RankFailure(*group.signals.failure)
+    return results

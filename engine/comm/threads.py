@@ -1,0 +1,99 @@
+"""The ``threads`` backend: N ranks as threads of one process, exchanging copies through mailboxes.
+
+A send copies the array into the (src, dst) mailbox and returns; a receive waits for the head of
+that mailbox. The group shares one Signals object, so the first rank that fails wakes every
+blocked rank at once, and each wait also gives up after ``timeout_s`` (PeerTimeout).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+import numpy as np
+
+from engine.comm.base import (Communicator, PeerTimeout, ProtocolError, RankFailure, Reduce, Signals,
+                              StopRequested)
+from engine.comm.meter import TrafficMeter
+
+_POLL_S = 0.1  # how often a blocked receive rechecks the group's failure flag
+
+
+class ThreadGroup:
+    """The shared state of one job: mailboxes, who has closed, and the stop/failure signals."""
+
+    def __init__(self, world_size: int, timeout_s: float = 30.0, signals: Signals | None = None):
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.signals = signals if signals is not None else Signals()
+        self._mailboxes = {(s, d): collections.deque() for s in range(world_size)
+                           for d in range(world_size) if s != d}
+        self._arrived = [threading.Condition() for _ in range(world_size)]
+        self._closed: dict[int, bool] = {}  # rank -> it closed because of a stop request
+
+    def communicator(self, rank: int, meter: TrafficMeter | None = None) -> ThreadCommunicator:
+        return ThreadCommunicator(self, rank, meter)
+
+    def fail(self, rank: int, cause: str) -> None:
+        """Mark the job failed and wake every rank blocked in a receive."""
+        self.signals.fail(rank, cause)
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for cond in self._arrived:
+            with cond:
+                cond.notify_all()
+
+    def _post(self, src: int, dst: int, arr: np.ndarray) -> None:
+        with self._arrived[dst]:
+            self._mailboxes[(src, dst)].append(arr.copy())
+            self._arrived[dst].notify_all()
+
+    def _take(self, src: int, dst: int) -> np.ndarray:
+        mailbox, cond = self._mailboxes[(src, dst)], self._arrived[dst]
+        deadline = time.monotonic() + self.timeout_s
+        with cond:
+            while not mailbox:
+                self.signals.raise_if_failed()
+                if src in self._closed:
+                    if self._closed[src] or self.signals.stop.is_set():
+                        raise StopRequested(f"rank {src} stopped while rank {dst} waited for it")
+                    raise RankFailure(src, f"finished while rank {dst} still expected a message from it")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise PeerTimeout(src, f"sent nothing to rank {dst} for {self.timeout_s:g} s")
+                cond.wait(min(remaining, _POLL_S))
+            return mailbox.popleft()
+
+    def _close(self, rank: int) -> None:
+        self._closed[rank] = self.signals.stop.is_set()
+        self._wake_all()
+
+
+class ThreadCommunicator(Communicator):
+    def __init__(self, group: ThreadGroup, rank: int, meter: TrafficMeter | None = None):
+        super().__init__(rank, group.world_size, group.timeout_s, meter, group.signals)
+        self._group = group
+
+    def close(self) -> None:
+        self._group._close(self.rank)
+
+    def _send(self, dst: int, arr: np.ndarray) -> None:
+        self.signals.raise_if_failed()
+        self._group._post(self.rank, dst, arr)
+
+    def _recv(self, src: int, out: np.ndarray, reduce: Reduce | None) -> None:
+        message = self._group._take(src, self.rank)
+        if message.dtype != out.dtype or message.size != out.size:
+            raise ProtocolError(src, f"sent {message.dtype}[{message.size}] but rank {self.rank} "
+                                     f"expected {out.dtype}[{out.size}]")
+        if reduce is None:
+            np.copyto(out.reshape(-1), message.reshape(-1))
+        else:
+            reduce(out.reshape(-1), message.reshape(-1))
+
+    def _sendrecv(self, dst: int, send_arr: np.ndarray, src: int, recv_arr: np.ndarray,
+                  reduce: Reduce | None) -> None:
+        self._send(dst, send_arr)  # never blocks: the mailbox holds a copy
+        self._recv(src, recv_arr, reduce)

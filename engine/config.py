@@ -1,0 +1,546 @@
+"""Typed run configuration: a frozen dataclass tree built from a plain dict and validated.
+
+Pure (no files, no TOML): `from_dict` turns a dict (a parsed preset plus --set overrides) into a `Config`
+or raises `ConfigError`, whose text is one line naming the source, the key, the problem and the fix.
+Every field has a default and a one-line doc (`describe(key)`) that presets and the UI reuse.
+
+Decision on loss scaling: it only applies to fp16. `loss_scale = "dynamic"` (the default) is inert for
+fp32/bf16/fp64, but a static number with those dtypes is rejected, since it would silently do nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import math
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A mistake in a preset or override. str() is one line: `<source>[:line]: <key>: <problem>; <fix>`."""
+
+    def __init__(self, key: str, problem: str, fix: str, source: str = "<config>", line: int | None = None):
+        super().__init__(problem)
+        self.key, self.problem, self.fix, self.source, self.line = key, problem, fix, source, line
+
+    def __str__(self) -> str:
+        where = f"{self.source}:{self.line}" if self.line else self.source
+        head = f"{where}: {self.key}:" if self.key else f"{where}:"
+        text = f"{head} {self.problem}; {self.fix}"
+        return " ".join(text.split())  # one line, whatever the parts contain
+
+    def __reduce__(self):  # picklable, so it can cross a process boundary
+        return ConfigError, (self.key, self.problem, self.fix, self.source, self.line)
+
+
+def _f(default: Any, doc: str) -> Any:
+    """A field with its default and the one-line doc shown in presets and the UI."""
+    return field(default=default, metadata={"doc": doc})
+
+
+def _section(cls: type, doc: str) -> Any:
+    return field(default_factory=cls, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    kind: str = _f("gpt", '"gpt" (character-level transformer) or "mlp" (classifier)')
+    n_layer: int = _f(2, "transformer blocks (gpt)")
+    n_head: int = _f(4, "attention heads per block; must divide n_embd (gpt)")
+    n_embd: int = _f(64, "residual stream width (gpt)")
+    block_size: int = _f(32, "context length in tokens (gpt)")
+    vocab_size: int = _f(0, "token vocabulary; 0 = from the data (corpus characters or synthetic default)")
+    dropout: float = _f(0.0, "dropout probability, 0 <= p < 1")
+    tie_weights: bool = _f(True, "share the token embedding with the output layer (gpt)")
+    bias: bool = _f(True, "biases in Linear and LayerNorm layers")
+    widths: tuple[int, ...] = _f((784, 1024, 1024, 10), "layer widths from inputs to classes (mlp)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    kind: str = _f("stdlib", '"stdlib" | "text" | "synthetic-lm" | "synthetic-classification"')
+    path: str = _f("", 'text file to train on (kind = "text")')
+    max_chars: int = _f(0, "read at most this many characters of the corpus; 0 = all")
+    val_fraction: float = _f(0.1, "share of the data held out for validation, 0 < f <= 0.5")
+    n_samples: int = _f(8192, "synthetic data size: samples, or sequences of block_size tokens (lm)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = _f(300, "optimizer steps")
+    global_batch: int = _f(32, "sequences/samples per optimizer step over all ranks and micro-batches")
+    micro_batches: int = _f(1, "gradient-accumulation micro-batches per step on each rank")
+    eval_every: int = _f(50, "steps between validation passes; 0 = only at start and end")
+    eval_batches: int = _f(4, "batches averaged per validation pass")
+    log_every: int = _f(10, "steps between progress lines in headless mode")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = _f(3e-4, "peak learning rate (AdamW)")
+    min_lr: float = _f(0.0, "learning rate at the end of the cosine decay")
+    schedule: str = _f("cosine", '"constant" or "cosine" (linear warmup, then cosine to min_lr)')
+    warmup_steps: int = _f(0, "steps of linear warmup from 0 to lr")
+    weight_decay: float = _f(0.1, "decoupled weight decay on matrices (not biases, LayerNorm)")
+    beta1: float = _f(0.9, "Adam first-moment decay")
+    beta2: float = _f(0.95, "Adam second-moment decay")
+    eps: float = _f(1e-8, "Adam denominator epsilon")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this; 0 = off")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    backend: str = _f("threads", '"threads" | "processes" | "tcp" | "mpi"')
+    world_size: int = _f(1, "data-parallel ranks")
+    zero_stage: int = _f(0, "ZeRO: 0 = DDP, 1 = shard optimizer, 2 = + gradients, 3 = + parameters")
+    bucket_cap_mb: float = _f(25.0, "gradient bucket size in MiB for overlapped all-reduce")
+    overlap: bool = _f(True, "start each bucket's communication while backward still runs")
+    timeout_s: float = _f(30.0, "seconds a rank waits on a peer before the run fails")
+    algorithm: str = _f("ring", '"ring" (our collectives) or "mpi-native" (MPI\'s own, backend mpi)')
+    prefetch: bool = _f(True, "ZeRO-3: gather the next block's parameters ahead of use")
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    dtype: str = _f("fp32", '"fp32" | "fp16" | "bf16" | "fp64" for parameters and activations')
+    loss_scale: str | float = _f("dynamic", '"dynamic" or a fixed number (static); used by fp16 only')
+    init_scale: float = _f(65536.0, "first dynamic loss scale (2^16)")
+    growth_factor: float = _f(2.0, "multiply the scale by this after growth_interval clean steps")
+    backoff_factor: float = _f(0.5, "multiply the scale by this on overflow")
+    growth_interval: int = _f(2000, "clean steps before the scale grows")
+    hysteresis: int = _f(1, "overflows tolerated before the scale backs off")
+    min_scale: float = _f(0.0, "abort when the scale would drop below this; 0 = never")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    checkpointing: str = _f("none", '"none", "blocks" (recompute every block) or "every:K" (every K-th)')
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = _f(0, "steps between checkpoints; 0 = only at the end")
+    keep: int = _f(3, "most recent checkpoints kept on disk")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out_dir: str = _f("runs", "folder that receives one sub-folder per run")
+
+
+@dataclass(frozen=True)
+class SearchParam:
+    type: str = _f("float", '"float", "int" or "categorical"')
+    low: float | None = _f(None, "lower bound (float, int)")
+    high: float | None = _f(None, "upper bound (float, int)")
+    log: bool = _f(False, "sample on a log scale; needs low > 0 (float, int)")
+    choices: tuple | None = _f(None, "values to pick from (categorical)")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    metric: str = _f("val_loss", '"val_loss" | "loss" | "tokens_per_s" at the end of a trial')
+    direction: str = _f("minimize", '"minimize" or "maximize"')
+    n_trials: int = _f(20, "trials to run")
+    space: dict = field(default_factory=dict, metadata={"doc": "dotted config key -> SearchParam"})
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = _f("unnamed", "preset name, shown in the UI and in run folder names")
+    description: str = _f("", "one line on what this preset is for")
+    seed: int = _f(0, "seed for initialisation, data order and dropout")
+    model: ModelConfig = _section(ModelConfig, "the network")
+    data: DataConfig = _section(DataConfig, "what it trains on")
+    train: TrainConfig = _section(TrainConfig, "loop lengths and batch sizes")
+    optim: OptimConfig = _section(OptimConfig, "AdamW and the learning-rate schedule")
+    parallel: ParallelConfig = _section(ParallelConfig, "data parallelism and ZeRO")
+    precision: PrecisionConfig = _section(PrecisionConfig, "number formats and loss scaling")
+    memory: MemoryConfig = _section(MemoryConfig, "activation checkpointing")
+    checkpoint: CheckpointConfig = _section(CheckpointConfig, "saving training state")
+    run: RunConfig = _section(RunConfig, "where results go")
+    sweep: SweepConfig | None = _f(None, "optional Optuna search")
+
+
+_SECTIONS: dict[str, type] = {
+    f.name: t for f in dataclasses.fields(Config)
+    if dataclasses.is_dataclass(t := typing.get_type_hints(Config)[f.name])
+} | {"sweep": SweepConfig}
+
+# dotted key -> (type hint, dataclass field) for every scalar setting (sweep.space aside)
+_FIELDS: dict[str, tuple[Any, dataclasses.Field]] = {}
+for _cls, _prefix in [(Config, "")] + [(c, n + ".") for n, c in _SECTIONS.items()]:
+    _hints = typing.get_type_hints(_cls)
+    for _fld in dataclasses.fields(_cls):
+        if _fld.name not in _SECTIONS and _fld.name != "space":
+            _FIELDS[_prefix + _fld.name] = (_hints[_fld.name], _fld)
+
+def setting_keys() -> list[str]:
+    """Every dotted setting name (sweep.space entries aside), in definition order."""
+    return list(_FIELDS)
+
+
+def describe(key: str) -> str:
+    """The one-line doc of a dotted key, e.g. describe("optim.lr")."""
+    if key in _SECTIONS:
+        return next(f.metadata["doc"] for f in dataclasses.fields(Config) if f.name == key)
+    return _FIELDS[key][1].metadata["doc"]
+
+
+def field_type(key: str) -> Any:
+    """The type hint of a dotted key (int, float, bool, str, ...), or None for an unknown key."""
+    return _FIELDS[key][0] if key in _FIELDS else None
+
+
+def split_key(dotted: str) -> tuple[str, ...]:
+    """Path of a dotted key in the dict form; sweep.space entries keep their own dotted name."""
+    prefix = "sweep.space."
+    if not dotted.startswith(prefix) or dotted == prefix:
+        return tuple(dotted.split("."))
+    rest = dotted[len(prefix):]
+    head, _, attr = rest.rpartition(".")
+    if head and attr in {f.name for f in dataclasses.fields(SearchParam)}:
+        return ("sweep", "space", head, attr)
+    return ("sweep", "space", rest)
+
+
+def from_dict(d: Mapping[str, Any], source: str = "<config>") -> Config:
+    """Validate a plain dict (parsed TOML) into a Config; raise ConfigError naming `source` and the key."""
+    try:
+        cfg = _build(d)
+        if cfg.sweep is not None:
+            _check_sweep_bounds(cfg)
+        return cfg
+    except ConfigError as err:
+        err.source = source
+        raise
+
+
+def to_dict(cfg: Any) -> Any:
+    """Plain dict/list form of a Config (None dropped, tuples as lists): what TOML can hold."""
+    if dataclasses.is_dataclass(cfg):
+        pairs = ((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg))
+        return {k: to_dict(v) for k, v in pairs if v is not None}
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, tuple):
+        return [to_dict(v) for v in cfg]
+    return cfg
+
+
+def replace(cfg: Config, dotted_key: str, value: Any) -> Config:
+    """A copy of cfg with one dotted key changed, validated like a preset."""
+    d = to_dict(cfg)
+    *parents, last = split_key(dotted_key)
+    node = d
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return from_dict(d, source=f"replace {dotted_key}")
+
+
+def check_against_data(cfg: Config, n_train_tokens: int, n_val_tokens: int | None = None,
+                       data_vocab: int | None = None, source: str = "data") -> None:
+    """Checks that need the loaded data: context vs. corpus length, model vocab vs. corpus characters."""
+    if cfg.model.kind != "gpt":
+        return
+    need = cfg.model.block_size + 1  # one context plus the next-token target
+    for split, n in (("training", n_train_tokens), ("validation", n_val_tokens)):
+        if n is not None and n < need:
+            raise ConfigError("model.block_size", f"context of {cfg.model.block_size} tokens is longer than "
+                              f"the {split} data ({n} tokens)",
+                              f"lower model.block_size to {max(n - 1, 1)} or less, or use more data", source)
+    if data_vocab is not None and 0 < cfg.model.vocab_size < data_vocab:
+        raise ConfigError("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the corpus's "
+                          f"{data_vocab} distinct tokens", f"set 0 (from the data) or at least {data_vocab}",
+                          source)
+
+
+# ---- validation internals ----
+
+def toml_repr(value: Any) -> str:
+    """How a value is spelled in TOML, for messages."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_repr(v) for v in value) + "]"
+    return repr(value)
+
+
+def did_you_mean(key: str, candidates: list[str]) -> str:
+    """Fix for an unknown dotted key: a close name in its section, the same name elsewhere, or a list."""
+    section, _, last = key.rpartition(".")
+    same = [c for c in candidates if c.rpartition(".")[0] == section]
+    close = (difflib.get_close_matches(key, same, n=1, cutoff=0.75)
+             or [c for c in candidates if c.rpartition(".")[2] == last]
+             or difflib.get_close_matches(key, candidates, n=1, cutoff=0.6))
+    if close:
+        return f"did you mean {close[0]}?"
+    return "valid keys here: " + ", ".join(c.rpartition(".")[2] for c in same) if same else "remove it"
+
+
+def _one_of(*choices: str):
+    def check(v):
+        if v in choices:
+            return None
+        close = difflib.get_close_matches(str(v), choices, n=1, cutoff=0.5)
+        hint = f' (did you mean "{close[0]}"?)' if close else ""
+        return f"{toml_repr(v)} is not allowed", "use one of " + ", ".join(f'"{c}"' for c in choices) + hint
+    return check
+
+
+def _between(lo: float, hi: float, open_lo: bool = False, open_hi: bool = False):
+    def check(v):
+        if math.isfinite(v) and (v > lo if open_lo else v >= lo) and (v < hi if open_hi else v <= hi):
+            return None
+        lo_s = f"{'>' if open_lo else '>='} {lo:g}"
+        hi_s = f" and {'<' if open_hi else '<='} {hi:g}" if math.isfinite(hi) else ""
+        return f"{toml_repr(v)} is out of range", f"use a value {lo_s}{hi_s}"
+    return check
+
+
+def _at_least(n: float):
+    return _between(n, math.inf)
+
+
+_positive = _between(0, math.inf, open_lo=True)
+
+
+def _widths(v):
+    if len(v) >= 2 and min(v) >= 1:
+        return None
+    return f"{toml_repr(v)} is not a network", "list inputs, hidden widths, classes, each >= 1: [784, 64, 10]"
+
+
+def _checkpointing(v):
+    k = v.partition("every:")[2]
+    if v in ("none", "blocks") or v.startswith("every:") and k.isdigit() and int(k) >= 1:
+        return None
+    return f"{toml_repr(v)} is not allowed", 'use "none", "blocks" or "every:K" with K >= 1, e.g. "every:2"'
+
+
+def _non_empty(v):
+    return None if v.strip() else ("is empty", 'give a folder, e.g. "runs"')
+
+
+_RULES = {
+    "seed": _at_least(0),
+    "model.kind": _one_of("gpt", "mlp"), "model.n_layer": _at_least(1), "model.n_head": _at_least(1),
+    "model.n_embd": _at_least(1), "model.block_size": _at_least(1), "model.vocab_size": _at_least(0),
+    "model.dropout": _between(0, 1, open_hi=True), "model.widths": _widths,
+    "data.kind": _one_of("stdlib", "text", "synthetic-lm", "synthetic-classification"),
+    "data.max_chars": _at_least(0), "data.val_fraction": _between(0, 0.5, open_lo=True),
+    "data.n_samples": _at_least(2),
+    "train.steps": _at_least(1), "train.global_batch": _at_least(1), "train.micro_batches": _at_least(1),
+    "train.eval_every": _at_least(0), "train.eval_batches": _at_least(1), "train.log_every": _at_least(1),
+    "optim.lr": _positive, "optim.min_lr": _at_least(0), "optim.schedule": _one_of("constant", "cosine"),
+    "optim.warmup_steps": _at_least(0), "optim.weight_decay": _at_least(0),
+    "optim.beta1": _between(0, 1, open_hi=True), "optim.beta2": _between(0, 1, open_hi=True),
+    "optim.eps": _positive, "optim.grad_clip": _at_least(0),
+    "parallel.backend": _one_of("threads", "processes", "tcp", "mpi"),
+    "parallel.world_size": _between(1, 1024), "parallel.zero_stage": _between(0, 3),
+    "parallel.bucket_cap_mb": _positive, "parallel.timeout_s": _positive,
+    "parallel.algorithm": _one_of("ring", "mpi-native"),
+    "precision.dtype": _one_of("fp32", "fp16", "bf16", "fp64"),
+    "precision.loss_scale": lambda v: _one_of("dynamic")(v) if isinstance(v, str) else _positive(v),
+    "precision.init_scale": _positive, "precision.growth_factor": _between(1, math.inf, open_lo=True),
+    "precision.backoff_factor": _between(0, 1, open_lo=True, open_hi=True),
+    "precision.growth_interval": _at_least(1), "precision.hysteresis": _at_least(1),
+    "precision.min_scale": _at_least(0),
+    "memory.checkpointing": _checkpointing,
+    "checkpoint.every": _at_least(0), "checkpoint.keep": _at_least(1),
+    "run.out_dir": _non_empty,
+    "sweep.metric": _one_of("val_loss", "loss", "tokens_per_s"),
+    "sweep.direction": _one_of("minimize", "maximize"),
+    "sweep.n_trials": _at_least(1),
+}
+
+_LM_DATA = ("stdlib", "text", "synthetic-lm")
+
+
+def _ml_dtypes_available() -> bool:
+    return importlib.util.find_spec("ml_dtypes") is not None
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Value converted to the field's type, or ConfigError (ints count as floats; bools never as ints)."""
+    is_num = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is bool and isinstance(value, bool) or hint is str and isinstance(value, str):
+        return value
+    if hint is int and is_num and isinstance(value, int):
+        return value
+    if hint is float and is_num:
+        return float(value)
+    if hint == (str | float) and (isinstance(value, str) or is_num):
+        return value if isinstance(value, str) else float(value)
+    if hint == tuple[int, ...] and isinstance(value, (list, tuple)) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
+    wanted = {bool: "true or false", str: "a string", int: "a whole number", float: "a number",
+              tuple[int, ...]: "a list of whole numbers"}.get(hint, '"dynamic" or a number')
+    default = _FIELDS[key][1].default
+    raise ConfigError(key, f"expected {wanted}, got {toml_repr(value)} ({type(value).__name__})",
+                      f"write e.g. {key.rpartition('.')[2]} = {toml_repr(default)}")
+
+
+def _build_fields(cls: type, prefix: str, d: Mapping[str, Any]) -> dict[str, Any]:
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in _SECTIONS and f.name != "space"]
+    kwargs = {}
+    for name, value in d.items():
+        key = prefix + name
+        if name not in names:
+            raise ConfigError(key, "unknown key", did_you_mean(key, list(_FIELDS)))
+        kwargs[name] = _coerce(key, value, _FIELDS[key][0])
+        if key in _RULES and (problem := _RULES[key](kwargs[name])):
+            raise ConfigError(key, *problem)
+    return kwargs
+
+
+def _build(d: Mapping[str, Any]) -> Config:
+    if not isinstance(d, Mapping):
+        raise ConfigError("", f"expected a table of settings, got {type(d).__name__}", "pass a TOML document")
+    top = {k: v for k, v in d.items() if k not in _SECTIONS}
+    for name, value in top.items():
+        if isinstance(value, Mapping) and name not in _FIELDS:
+            close = difflib.get_close_matches(name, list(_SECTIONS), n=1, cutoff=0.6)
+            raise ConfigError(f"[{name}]", "unknown section", f"did you mean [{close[0]}]?" if close
+                              else "valid sections: " + ", ".join(_SECTIONS))
+    kwargs = _build_fields(Config, "", top)
+    for name, cls in _SECTIONS.items():
+        if name not in d:
+            continue
+        if not isinstance(d[name], Mapping):
+            raise ConfigError(name, f"expected a [{name}] table, got {toml_repr(d[name])}",
+                              f"write the settings under a [{name}] header")
+        body = dict(d[name])
+        space = body.pop("space", None) if name == "sweep" else None
+        kwargs[name] = cls(**_build_fields(cls, name + ".", body))
+        if name == "sweep":
+            kwargs[name] = dataclasses.replace(kwargs[name], space=_build_space(space))
+    cfg = Config(**kwargs)
+    _check_combinations(cfg)
+    return cfg
+
+
+def _check_combinations(cfg: Config) -> None:
+    m, t, o, p, pr = cfg.model, cfg.train, cfg.optim, cfg.parallel, cfg.precision
+    split = p.world_size * t.micro_batches
+    if t.global_batch % split:
+        raise ConfigError("train.global_batch", f"{t.global_batch} cannot be split evenly over world_size "
+                          f"{p.world_size} x micro_batches {t.micro_batches} = {split}",
+                          f"use a multiple of {split}, e.g. {max(split, t.global_batch // split * split)}")
+    if m.kind == "gpt" and m.n_embd % m.n_head:
+        divisors = [h for h in range(1, m.n_embd + 1) if m.n_embd % h == 0]
+        near = sorted(divisors, key=lambda h: abs(h - m.n_head))
+        raise ConfigError("model.n_head", f"{m.n_head} heads do not divide n_embd {m.n_embd}",
+                          f"use a divisor of {m.n_embd} such as {sorted(near[:2])}, or change model.n_embd")
+    if not isinstance(pr.loss_scale, str) and pr.dtype != "fp16":
+        raise ConfigError("precision.loss_scale", f"a static loss scale only applies to fp16, not {pr.dtype}",
+                          'remove it (or use "dynamic", inert outside fp16) or set precision.dtype = "fp16"')
+    if pr.dtype == "bf16" and not _ml_dtypes_available():
+        raise ConfigError("precision.dtype", "bf16 needs the ml_dtypes package, which is not importable",
+                          'pip install ml_dtypes, or use "fp16" or "fp32"')
+    if m.kind == "mlp" and cfg.data.kind in _LM_DATA:
+        raise ConfigError("data.kind", f'the mlp model needs classification data, got "{cfg.data.kind}"',
+                          'set data.kind = "synthetic-classification" or model.kind = "gpt"')
+    if m.kind == "gpt" and cfg.data.kind not in _LM_DATA:
+        raise ConfigError("data.kind", f'the gpt model needs language-model data, got "{cfg.data.kind}"',
+                          'set data.kind = "stdlib", "text" or "synthetic-lm", or model.kind = "mlp"')
+    if m.kind == "mlp" and cfg.memory.checkpointing != "none":
+        raise ConfigError("memory.checkpointing", "activation checkpointing works per transformer block, "
+                          "the mlp model has none", 'set memory.checkpointing = "none"')
+    if cfg.data.kind == "text" and not cfg.data.path:
+        raise ConfigError("data.path", 'kind = "text" needs a file to read', 'set data.path = "corpus.txt"')
+    if o.min_lr > o.lr:
+        raise ConfigError("optim.min_lr", f"{o.min_lr:g} is above optim.lr {o.lr:g}", "use at most optim.lr")
+    if o.warmup_steps > t.steps:
+        raise ConfigError("optim.warmup_steps", f"{o.warmup_steps} is longer than train.steps {t.steps}",
+                          f"use at most {t.steps}")
+    if p.algorithm == "mpi-native" and p.backend != "mpi":
+        raise ConfigError("parallel.algorithm", f'"mpi-native" needs backend "mpi", got "{p.backend}"',
+                          'set parallel.algorithm = "ring" or parallel.backend = "mpi"')
+    if pr.min_scale > pr.init_scale:
+        raise ConfigError("precision.min_scale", f"{pr.min_scale:g} is above init_scale {pr.init_scale:g}",
+                          "lower min_scale (0 = never abort)")
+
+
+def _flatten_space(node: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """[sweep.space."optim.lr"] and [sweep.space.optim.lr] both name the key optim.lr."""
+    out = []
+    for name, value in node.items():
+        key = f"{prefix}.{name}" if prefix else name
+        nested = isinstance(value, Mapping) and "type" not in value and value and all(
+            isinstance(v, Mapping) for v in value.values())
+        out += _flatten_space(value, key) if nested else [(key, value)]
+    return out
+
+
+def _build_space(space: Any) -> dict[str, SearchParam]:
+    if not isinstance(space, Mapping) or not space:
+        raise ConfigError("sweep.space", "a sweep needs at least one parameter to search",
+                          'add e.g. [sweep.space."optim.lr"] with type = "float", low, high, log = true')
+    return {key: _build_param(key, spec) for key, spec in _flatten_space(space)}
+
+
+def _build_param(key: str, spec: Any) -> SearchParam:
+    name = f"sweep.space.{key}"
+    if key not in _FIELDS or key.startswith("sweep.") or key in ("name", "description"):
+        raise ConfigError(name, f"{key} is not a setting a sweep can vary",
+                          did_you_mean(key, [k for k in _FIELDS if not k.startswith("sweep.")]))
+    if not isinstance(spec, Mapping):
+        raise ConfigError(name, f"expected a table, got {toml_repr(spec)}", 'write {type="float", low, high}')
+    attrs = [f.name for f in dataclasses.fields(SearchParam)]
+    for attr in spec:
+        if attr not in attrs:
+            raise ConfigError(f"{name}.{attr}", "unknown key", did_you_mean(attr, attrs))
+    kind = spec.get("type", "float")
+    hint = _FIELDS[key][0]
+    if problem := _one_of("float", "int", "categorical")(kind):
+        raise ConfigError(f"{name}.type", *problem)
+    if kind == "categorical":
+        choices = spec.get("choices")
+        if not isinstance(choices, (list, tuple)) or not choices:
+            raise ConfigError(f"{name}.choices", "categorical needs a non-empty list", "write choices = [..]")
+        return SearchParam(type=kind, choices=tuple(_coerce(key, c, hint) for c in choices))
+    if (kind == "float") != (hint is float) or hint not in (int, float):
+        fits = {int: '"int" or "categorical"', float: '"float" or "categorical"'}.get(hint, '"categorical"')
+        raise ConfigError(f"{name}.type", f'"{kind}" does not fit {key}', f"use type = {fits}")
+    bounds = {}
+    for attr in ("low", "high"):
+        value = spec.get(attr)
+        wanted = int if kind == "int" else (int, float)
+        if value is None or isinstance(value, bool) or not isinstance(value, wanted):
+            raise ConfigError(f"{name}.{attr}", f"{kind} search needs a number, got {toml_repr(value)}",
+                              f"write {attr} = a {'whole ' if kind == 'int' else ''}number")
+        bounds[attr] = value if kind == "int" else float(value)
+    log = spec.get("log", False)
+    if not isinstance(log, bool):
+        raise ConfigError(f"{name}.log", f"expected true or false, got {toml_repr(log)}", "write log = true")
+    if bounds["low"] >= bounds["high"]:
+        raise ConfigError(f"{name}.low", f"{bounds['low']} is not below high {bounds['high']}", "swap them")
+    if log and bounds["low"] <= 0:
+        raise ConfigError(f"{name}.low", "a log-scale search needs low > 0", "raise low or set log = false")
+    return SearchParam(type=kind, low=bounds["low"], high=bounds["high"], log=log)
+
+
+def _check_sweep_bounds(cfg: Config) -> None:
+    """Every trial must be a valid config: try each bound / choice in the full config."""
+    base = {k: v for k, v in to_dict(cfg).items() if k != "sweep"}
+    for key, param in cfg.sweep.space.items():
+        tries = [("low", param.low), ("high", param.high)] if param.choices is None else [
+            ("choices", c) for c in param.choices]
+        for attr, value in tries:
+            trial = to_dict(base)
+            section, _, last = key.rpartition(".")
+            (trial.setdefault(section, {}) if section else trial)[last] = value
+            try:
+                _build(trial)
+            except ConfigError as err:
+                raise ConfigError(f"sweep.space.{key}.{attr}", f"a trial with {key} = {toml_repr(value)} "
+                                  f"is invalid ({err.key}: {err.problem})", f"narrow the range; {err.fix}"
+                                  ) from None

@@ -1,0 +1,202 @@
+"""The one event stream: typed events, their JSON codec, and the bus that fans them out.
+
+Ranks emit events; the launcher relays them (as `to_json` dicts across processes) to subscribers: the
+run recorder, the headless printer, the TUI bridge. Every event class has a class-level `kind`, the tag
+written into its JSON form.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+log = logging.getLogger("nanodist.events")
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    kind: ClassVar[str] = "run_started"
+    run_id: str
+    preset: str
+    config: dict  # the resolved config as a plain dict (config.to_dict)
+    n_params: int
+    world_size: int
+    total_steps: int
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    kind: ClassVar[str] = "step_end"
+    step: int
+    loss: float
+    lr: float
+    tokens: int  # tokens (or samples) processed so far, all ranks
+    step_time_s: float
+    tokens_per_s: float
+    grad_norm: float
+    loss_scale: float | None = None  # None when loss scaling is off
+    skipped: bool = False  # fp16 overflow: the optimizer step was skipped
+
+
+@dataclass(frozen=True)
+class Eval:
+    kind: ClassVar[str] = "eval"
+    step: int
+    val_loss: float
+
+
+@dataclass(frozen=True)
+class RankStats:
+    kind: ClassVar[str] = "rank_stats"
+    step: int
+    rank: int
+    step_time_s: float
+    comm_wait_s: float
+    bytes_sent: int
+
+
+@dataclass(frozen=True)
+class Traffic:
+    kind: ClassVar[str] = "traffic"
+    step: int
+    rank: int
+    links: list  # [{"src", "dst", "phase", "bytes", "seconds"}]
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    kind: ClassVar[str] = "memory_snapshot"
+    step: int
+    rank: int
+    phase: str
+    current: dict  # category -> bytes held now
+    peak: dict  # category -> highest bytes so far
+    estimate: dict | None = None  # category -> bytes the analytic estimator predicts
+
+
+@dataclass(frozen=True)
+class LossScaleChange:
+    kind: ClassVar[str] = "loss_scale_change"
+    step: int
+    reason: str  # "inf" | "nan" | "growth" | "hysteresis"
+    old_scale: float
+    new_scale: float
+    first_param: str | None = None  # the first parameter whose gradient overflowed, if any
+
+
+@dataclass(frozen=True)
+class CheckpointSaved:
+    kind: ClassVar[str] = "checkpoint_saved"
+    step: int
+    path: str
+
+
+@dataclass(frozen=True)
+class Log:
+    kind: ClassVar[str] = "log"
+    level: str  # "debug" | "info" | "warning" | "error"
+    message: str
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    kind: ClassVar[str] = "run_finished"
+    steps: int
+    initial_val_loss: float | None
+    final_val_loss: float | None
+    tokens_per_s: float
+    wall_s: float
+    run_dir: str | None
+
+
+@dataclass(frozen=True)
+class RunFailed:
+    kind: ClassVar[str] = "run_failed"
+    message: str
+    rank: int | None = None  # the rank that failed first, when known
+
+
+EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
+    RunStarted, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, LossScaleChange, CheckpointSaved, Log,
+    RunFinished, RunFailed)}
+
+
+class EventError(ValueError):
+    """A dict that is not a valid event (unknown kind, missing or unexpected fields)."""
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy: numpy scalars/arrays become Python numbers/lists, tuples lists, keys strings."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy scalar or array, without importing numpy here
+        return value.tolist()
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)  # e.g. a Path
+
+
+def to_json(ev: Any) -> dict:
+    """{"kind": ..., field: value, ...} in plain JSON types (NaN/inf floats allowed, as in Python's json)."""
+    return {"kind": ev.kind} | {f.name: _plain(getattr(ev, f.name)) for f in dataclasses.fields(ev)}
+
+
+def from_json(d: dict) -> Any:
+    """The event a `to_json` dict describes; EventError names what is wrong."""
+    if not isinstance(d, dict):
+        raise EventError(f"an event must be a JSON object, got {type(d).__name__}")
+    kind = d.get("kind")
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        raise EventError(f"unknown event kind {kind!r}; known kinds: {', '.join(EVENT_TYPES)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    extra = sorted(set(d) - set(fields) - {"kind"})
+    missing = [n for n, f in fields.items() if n not in d and f.default is dataclasses.MISSING]
+    if extra or missing:
+        raise EventError(f"{kind} event: missing fields {missing}, unexpected fields {extra}")
+    return cls(**{k: v for k, v in d.items() if k != "kind"})
+
+
+def as_event(ev: Any) -> Any:
+    """Accept either an event or its JSON dict (what the launcher relays from other processes)."""
+    return from_json(ev) if isinstance(ev, dict) else ev
+
+
+class EventBus:
+    """Fan-out of events to subscribers.
+
+    Thread-safe: any thread may subscribe, unsubscribe or emit. Deliveries are serialised (one event at a
+    time, in emit order), so subscribers need no locking of their own; a subscriber may emit from inside its
+    callback. A subscriber that raises is logged and skipped; the others still get the event.
+    """
+
+    def __init__(self) -> None:
+        self._subscribers: list[tuple[object, Callable[[Any], None]]] = []
+        self._lock = threading.Lock()  # guards the subscriber list
+        self._delivery = threading.RLock()  # one event at a time; re-entrant for emits from callbacks
+
+    def subscribe(self, fn: Callable[[Any], None]) -> Callable[[], None]:
+        """Register fn(event); returns a function that unsubscribes it (safe to call twice)."""
+        token = object()
+        with self._lock:
+            self._subscribers.append((token, fn))
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers = [(t, f) for t, f in self._subscribers if t is not token]
+        return unsubscribe
+
+    def emit(self, ev: Any) -> None:
+        with self._lock:
+            subscribers = [fn for _, fn in self._subscribers]
+        with self._delivery:
+            for fn in subscribers:
+                try:
+                    fn(ev)
+                except Exception:
+                    log.exception("event subscriber %r failed on a %s event", fn, getattr(ev, "kind", ev))

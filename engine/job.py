@@ -1,0 +1,61 @@
+"""A training job: launch the ranks, relay their events to subscribers, record the run.
+
+This is what the headless runner and the workbench both call (on whatever thread they like).
+The ranks send events as JSON dicts; here they become typed events again and go to every
+subscriber of the job's bus: the run recorder, the progress printer, the TUI bridge.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+from engine import events as ev
+from engine.comm.launch import run_ranks
+from engine.config import Config, to_dict
+from engine.recorder import RunRecorder
+from engine.trainer import train_rank
+
+
+def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None = None,
+                 record: bool = True, preset_doc=None) -> dict:
+    """Train `cfg` on its backend and world size; returns the run summary. Raises on failure
+    (after emitting RunFailed), so callers can map the error to an exit code or a message."""
+    bus = ev.EventBus()
+    recorder = None
+    if record:
+        resolved = preset_doc if preset_doc is not None else to_dict(cfg)
+        recorder = RunRecorder(cfg.run.out_dir, cfg.name, resolved)
+        bus.subscribe(recorder)
+    if on_event is not None:
+        bus.subscribe(on_event)
+    run_id = recorder.run_id if recorder else uuid.uuid4().hex[:8]
+    stop_event = stop_event or threading.Event()
+    t0 = time.perf_counter()
+    try:
+        results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, train_rank,
+                            args=(to_dict(cfg), run_id), on_event=lambda d: bus.emit(ev.from_json(d)),
+                            timeout_s=cfg.parallel.timeout_s, stop_event=stop_event)
+    except BaseException as e:
+        bus.emit(ev.RunFailed(message=_one_line(e), rank=getattr(e, "rank", None)))
+        if recorder:
+            recorder.close()
+        raise
+    summary = dict(results[0])
+    summary["wall_s"] = time.perf_counter() - t0
+    summary["stopped"] = stop_event.is_set()
+    finished = ev.RunFinished(steps=summary["steps"], initial_val_loss=summary["initial_val_loss"],
+                              final_val_loss=summary["final_val_loss"],
+                              tokens_per_s=summary["tokens_per_s"], wall_s=summary["wall_s"],
+                              run_dir=str(recorder.run_dir) if recorder else "")
+    bus.emit(finished)
+    if recorder:
+        recorder.close()
+        summary["run_dir"] = str(recorder.run_dir)
+    return summary
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")

@@ -1,0 +1,440 @@
+"""Differentiable ops on Tensors, and the one matrix-product kernel.
+
+Each op computes its result with NumPy and hands `tensor.make` a backward closure. Closures keep
+activation arrays (listed in `saved=` for the memory ledger) but read a Parameter's `.data` only when
+backward runs, because ZeRO-3 frees parameter storage between forward and backward. A backward
+treats its incoming gradient as read-only: that array may be shared with other edges.
+
+Low precision: float16 and ml_dtypes.bfloat16 products go through `matmul_kernel` (float32 inside);
+layer norm, softmax, GELU and cross-entropy compute in float32 (float64 stays float64).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import ml_dtypes
+import numpy as np
+
+from engine.tensor import Parameter, ScatterGrad, Tensor, make
+
+LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+def matmul_kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """THE matrix product. NumPy has no BLAS for 16-bit floats (~0.3 GFLOP/s), so those operands
+    are upcast to float32, multiplied, and the result is rounded back to the operand dtype."""
+    if a.dtype in LOW_PRECISION or b.dtype in LOW_PRECISION:
+        out_dtype = a.dtype if a.dtype == b.dtype else np.result_type(a.dtype, b.dtype)
+        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(out_dtype)
+    return np.matmul(a, b)
+
+
+def _compute_dtype(dtype) -> np.dtype:
+    """float64 stays float64 (exact parity tests); everything else computes in float32."""
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def _sum(x: np.ndarray, axis, keepdims: bool = False) -> np.ndarray:
+    """Sum, accumulating 16-bit floats in float32."""
+    if x.dtype in LOW_PRECISION:
+        return x.sum(axis, dtype=np.float32, keepdims=keepdims).astype(x.dtype)
+    return x.sum(axis, keepdims=keepdims)
+
+
+def unbroadcast(g: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum `g` over the axes that broadcasting added or stretched, giving an array of `shape`."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    stretched = tuple(lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1)
+    return _sum(g, tuple(range(lead)) + stretched).reshape(shape)
+
+
+def _keep(needed: bool, t: Tensor):
+    """How a backward reaches an input's array, or None if it does not need it. A Parameter's array
+    is read when backward runs (ZeRO-3 swaps it); an activation's is captured now."""
+    if not needed:
+        return None
+    if isinstance(t, Parameter):
+        return lambda: t.data
+    array = t.data
+    return lambda: array
+
+
+def _saved(*pairs) -> tuple:
+    """The activation arrays kept by `_keep` for these (needed, tensor) pairs: what the ledger counts."""
+    return tuple(t.data for needed, t in pairs if needed and not isinstance(t, Parameter))
+
+
+def _operands(a, b) -> tuple[Tensor, Tensor]:
+    """Both operands as Tensors; a Python or NumPy scalar takes the other operand's dtype."""
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        return a, b
+    if isinstance(a, Tensor):
+        return a, Tensor(np.asarray(b, dtype=a.dtype))
+    return Tensor(np.asarray(a, dtype=b.dtype)), b
+
+
+# ---- elementwise -----------------------------------------------------------------------------------
+
+def add(a, b) -> Tensor:
+    a, b = _operands(a, b)
+    sa, sb = a.shape, b.shape
+    return make(a.data + b.data, (a, b), lambda g: (unbroadcast(g, sa), unbroadcast(g, sb)))
+
+
+def sub(a, b) -> Tensor:
+    a, b = _operands(a, b)
+    sa, sb = a.shape, b.shape
+    return make(a.data - b.data, (a, b), lambda g: (unbroadcast(g, sa), unbroadcast(-g, sb)))
+
+
+def neg(x: Tensor) -> Tensor:
+    return make(-x.data, (x,), lambda g: (-g,))
+
+
+def mul(a, b) -> Tensor:
+    a, b = _operands(a, b)
+    need_a, need_b, sa, sb = a.requires_grad, b.requires_grad, a.shape, b.shape
+    get_a, get_b = _keep(need_b, a), _keep(need_a, b)
+
+    def backward(g):
+        return (unbroadcast(g * get_b(), sa) if need_a else None,
+                unbroadcast(g * get_a(), sb) if need_b else None)
+    return make(a.data * b.data, (a, b), backward, _saved((need_b, a), (need_a, b)))
+
+
+def div(a, b) -> Tensor:
+    a, b = _operands(a, b)
+    if not b.requires_grad:
+        return mul(a, Tensor(np.reciprocal(b.data)))
+    need_a, sa, sb = a.requires_grad, a.shape, b.shape
+    get_a, get_b = _keep(True, a), _keep(True, b)
+
+    def backward(g):
+        ga = g / get_b()
+        return (unbroadcast(ga, sa) if need_a else None, unbroadcast(-ga * get_a() / get_b(), sb))
+    return make(a.data / b.data, (a, b), backward, _saved((True, a), (True, b)))
+
+
+def power(x: Tensor, exponent: float) -> Tensor:
+    get_x = _keep(True, x)
+    e = np.asarray(exponent, dtype=x.dtype)
+    return make(x.data ** e, (x,), lambda g: (g * e * get_x() ** (e - 1),), _saved((True, x)))
+
+
+def astype(x: Tensor, dtype) -> Tensor:
+    src = x.dtype
+    return make(x.data.astype(dtype), (x,), lambda g: (g.astype(src),))
+
+
+# ---- products --------------------------------------------------------------------------------------
+
+def _swap(a: np.ndarray) -> np.ndarray:
+    return a.swapaxes(-1, -2)
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """Batched, broadcasting a @ b (both at least 2-D). A 2-D `b` is one GEMM over all rows of `a`."""
+    if a.ndim < 2 or b.ndim < 2:
+        raise ValueError(f"matmul needs operands of at least 2 dimensions, got {a.shape} and {b.shape}")
+    need_a, need_b, sa, sb = a.requires_grad, b.requires_grad, a.shape, b.shape
+    get_a, get_b = _keep(need_b, a), _keep(need_a, b)
+    if b.ndim == 2:  # [..., k] @ [k, n]: flatten the leading dims of a into one GEMM
+
+        def backward(g):
+            g2 = g.reshape(-1, sb[1])
+            return (matmul_kernel(g2, get_b().T).reshape(sa) if need_a else None,
+                    matmul_kernel(get_a().reshape(-1, sa[-1]).T, g2) if need_b else None)
+        out = matmul_kernel(a.data.reshape(-1, sa[-1]), b.data).reshape(*sa[:-1], sb[1])
+    else:
+
+        def backward(g):
+            return (unbroadcast(matmul_kernel(g, _swap(get_b())), sa) if need_a else None,
+                    unbroadcast(matmul_kernel(_swap(get_a()), g), sb) if need_b else None)
+        out = matmul_kernel(a.data, b.data)
+    return make(out, (a, b), backward, _saved((need_b, a), (need_a, b)))
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x[..., in] @ weight[out, in].T + bias[out] (PyTorch's layout): one 2-D GEMM per product."""
+    n_out, n_in = weight.shape
+    lead = x.shape[:-1]
+    y = matmul_kernel(x.data.reshape(-1, n_in), weight.data.T)
+    if bias is not None:
+        y += bias.data
+    need_x, need_w = x.requires_grad, weight.requires_grad
+    get_x, get_w = _keep(need_w, x), _keep(need_x, weight)
+
+    def backward(g):
+        g2 = g.reshape(-1, n_out)
+        gx = matmul_kernel(g2, get_w()).reshape(*lead, n_in) if need_x else None
+        gw = matmul_kernel(g2.T, get_x().reshape(-1, n_in)) if need_w else None
+        return (gx, gw) if bias is None else (gx, gw, _sum(g2, 0))
+    inputs = (x, weight) if bias is None else (x, weight, bias)
+    return make(y.reshape(*lead, n_out), inputs, backward, _saved((need_w, x), (need_x, weight)))
+
+
+# ---- shapes and indexing ---------------------------------------------------------------------------
+
+def reshape(x: Tensor, *shape) -> Tensor:
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    src = x.shape
+    return make(x.data.reshape(shape), (x,), lambda g: (g.reshape(src),))
+
+
+def transpose(x: Tensor, *axes) -> Tensor:
+    """Permute axes like ndarray.transpose (no axes: reverse them)."""
+    axes = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+    axes = axes or tuple(reversed(range(x.ndim)))
+    inverse = tuple(np.argsort(axes))
+    return make(x.data.transpose(axes), (x,), lambda g: (g.transpose(inverse),))
+
+
+permute = transpose
+
+
+def getitem(x: Tensor, index) -> Tensor:
+    if isinstance(index, Tensor):
+        index = index.data
+    shape, dtype = x.shape, x.dtype
+    return make(x.data[index], (x,), lambda g: (ScatterGrad(index, g, shape, dtype),))
+
+
+def split(x: Tensor, sections, axis: int = -1) -> list[Tensor]:
+    """`sections` equal parts, or parts of the listed sizes, along `axis` (views; no copy)."""
+    n = x.shape[axis]
+    sizes = [n // sections] * sections if isinstance(sections, int) else list(sections)
+    if np.sum(sizes) != n:
+        raise ValueError(f"cannot split an axis of {n} into {sections}")
+    lead = (slice(None),) * (axis % x.ndim)
+    bounds = np.cumsum([0] + sizes)
+    return [getitem(x, lead + (slice(lo, hi),)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def concat(tensors: list[Tensor], axis: int = 0) -> Tensor:
+    bounds = np.cumsum([t.shape[axis] for t in tensors])[:-1]
+    out = np.concatenate([t.data for t in tensors], axis=axis)
+    return make(out, tuple(tensors), lambda g: tuple(np.split(g, bounds, axis=axis)))
+
+
+def embedding(idx, weight: Tensor) -> Tensor:
+    """Rows of weight[V, C] picked by integer idx[...]; the backward scatter-adds into weight."""
+    idx = idx.data if isinstance(idx, Tensor) else np.asarray(idx)
+    shape, dtype = weight.shape, weight.dtype
+    return make(weight.data[idx], (weight,), lambda g: (ScatterGrad(idx, g, shape, dtype),), (idx,))
+
+
+# ---- reductions ------------------------------------------------------------------------------------
+
+def sum(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    src = x.shape
+
+    def backward(g):
+        if not keepdims and axis is not None:
+            g = np.expand_dims(g, axis)
+        return (np.broadcast_to(g, src),)
+    return make(np.asarray(_sum(x.data, axis, keepdims)), (x,), backward)
+
+
+def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    axes = range(x.ndim) if axis is None else np.atleast_1d(axis)
+    count = math.prod(x.shape[a] for a in axes)
+    return mul(sum(x, axis, keepdims), 1.0 / count)
+
+
+# ---- activations and regularisation ----------------------------------------------------------------
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_K = 0.044715
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """tanh(c (x + k x^3)), evaluated in one buffer."""
+    t = x * x
+    t *= _GELU_C * _GELU_K
+    t += _GELU_C
+    t *= x
+    return np.tanh(t, out=t)
+
+
+def gelu(x: Tensor) -> Tensor:
+    """GPT-2's tanh approximation: 0.5 x (1 + tanh(c (x + k x^3))). Keeps only x."""
+    dtype = x.dtype
+    x32 = x.data.astype(_compute_dtype(dtype), copy=False)
+    y = _gelu_tanh(x32)
+    y += 1
+    y *= x32
+    y *= 0.5
+
+    def backward(g):
+        t = _gelu_tanh(x32)
+        slope = x32 * x32  # d/dx of the tanh argument: c (1 + 3 k x^2)
+        slope *= 3 * _GELU_C * _GELU_K
+        slope += _GELU_C
+        d = t * t  # 0.5 (1 + t) + 0.5 x (1 - t^2) slope
+        np.subtract(1, d, out=d)
+        d *= slope
+        d *= x32
+        d += t
+        d += 1
+        d *= 0.5
+        d *= g
+        return (d.astype(dtype, copy=False),)
+    return make(y.astype(dtype, copy=False), (x,), backward, (x.data,))
+
+
+def dropout(x: Tensor, p: float, rng: np.random.Generator, training: bool) -> Tensor:
+    """Zero each element with probability p (mask from `rng`) and scale the rest by 1/(1-p)."""
+    if not training or p == 0.0:
+        return x
+    mask = rng.random(x.shape, dtype=np.float32) >= p
+    scale = np.asarray(1.0 / (1.0 - p), dtype=x.dtype)
+    y = x.data * mask
+    y *= scale
+
+    def backward(g):
+        d = g * mask
+        d *= scale
+        return (d,)
+    return make(y, (x,), backward, (mask,))
+
+
+def backward_hook(x: Tensor, fn) -> Tensor:
+    """Identity whose backward calls fn() before passing the gradient on (ZeRO-3 re-gathers here)."""
+    def backward(g):
+        fn()
+        return (g,)
+    return make(x.data, (x,), backward)
+
+
+# ---- fused ops with hand-written backward ----------------------------------------------------------
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """Normalise the last axis, then scale and shift. Keeps x, mean and 1/std (float32 inside)."""
+    dtype, cdt, shape = x.dtype, _compute_dtype(x.dtype), x.shape
+    x2 = x.data.reshape(-1, shape[-1]).astype(cdt, copy=False)
+    mu = x2.mean(-1, keepdims=True)
+    xhat = x2 - mu
+    rstd = np.square(xhat).mean(-1, keepdims=True)
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    xhat *= rstd
+    y = xhat * weight.data.astype(cdt, copy=False)
+    if bias is not None:
+        y += bias.data.astype(cdt, copy=False)
+    get_w, xs = _keep(True, weight), x.data  # keep x in its own dtype, not the float32 copy
+
+    def backward(g):
+        g2 = g.reshape(mu.shape[0], -1).astype(cdt, copy=False)
+        w = get_w()
+        xh = xs.reshape(g2.shape).astype(cdt, copy=False) - mu
+        xh *= rstd
+        dw = (g2 * xh).sum(0).astype(w.dtype, copy=False)
+        dx = g2 * w.astype(cdt, copy=False)  # dxhat; dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))
+        xh *= (dx * xh).mean(-1, keepdims=True)
+        dx -= dx.mean(-1, keepdims=True)
+        dx -= xh
+        dx *= rstd
+        grads = (dx.astype(dtype, copy=False).reshape(shape), dw)
+        return grads if bias is None else grads + (g2.sum(0).astype(w.dtype, copy=False),)
+    inputs = (x, weight) if bias is None else (x, weight, bias)
+    return make(y.astype(dtype, copy=False).reshape(shape), inputs, backward, (xs, mu, rstd))
+
+
+@functools.lru_cache(maxsize=16)
+def _causal_bias(t: int, dtype) -> np.ndarray:
+    """[t, t] additive mask: 0 on and below the diagonal, -inf above (a query never sees the future)."""
+    return np.triu(np.full((t, t), -np.inf, dtype=dtype), 1)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
+                     rng: np.random.Generator | None = None, training: bool = False) -> Tensor:
+    """softmax(q k^T / sqrt(D) + causal mask) [dropout] @ v for q, k, v of shape [B, H, T, D].
+
+    Keeps q, k, v, the attention probabilities [B, H, T, T] and, with dropout, its boolean mask.
+    """
+    dtype, cdt = q.dtype, _compute_dtype(q.dtype)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    qd, kd, vd = q.data, k.data, v.data
+    att = matmul_kernel(qd, _swap(kd)).astype(cdt, copy=False)
+    att *= scale
+    att += _causal_bias(q.shape[-2], cdt)
+    att -= att.max(-1, keepdims=True)
+    np.exp(att, out=att)
+    att /= att.sum(-1, keepdims=True)
+    att = att.astype(dtype, copy=False)
+    mask = None
+    if training and dropout_p > 0.0:
+        mask = rng.random(att.shape, dtype=np.float32) >= dropout_p
+        keep_scale = np.asarray(1.0 / (1.0 - dropout_p), dtype=dtype)
+    dropped = att if mask is None else att * mask * keep_scale
+    out = matmul_kernel(dropped, vd)
+
+    def backward(g):
+        p = att if mask is None else att * mask * keep_scale
+        dv = matmul_kernel(_swap(p), g)
+        dp = matmul_kernel(g, _swap(vd)).astype(cdt, copy=False)
+        if mask is not None:
+            dp *= mask
+            dp *= keep_scale
+        a32 = att.astype(cdt, copy=False)
+        ds = dp * a32  # softmax backward: a * (dp - sum(dp * a))
+        ds -= a32 * ds.sum(-1, keepdims=True)
+        ds *= scale
+        ds = ds.astype(dtype, copy=False)
+        return matmul_kernel(ds, kd), matmul_kernel(_swap(ds), qd), dv
+    saved = (qd, kd, vd, att) if mask is None else (qd, kd, vd, att, mask)
+    return make(out, (q, k, v), backward, saved)
+
+
+def cross_entropy(logits: Tensor, targets) -> Tensor:
+    """Mean of -log softmax(logits)[target] over all targets; a float32 scalar (float64 for float64
+    logits). Keeps the logits and the per-row log-sum-exp; the backward recomputes the softmax."""
+    targets = targets.data if isinstance(targets, Tensor) else np.asarray(targets)
+    dtype, cdt = logits.dtype, _compute_dtype(logits.dtype)
+    vocab = logits.shape[-1]
+    x = logits.data.reshape(-1, vocab)
+    rows, cols = np.arange(x.shape[0]), targets.reshape(-1)
+    x32 = x.astype(cdt, copy=False)
+    top = x32.max(-1, keepdims=True)
+    shifted = x32 - top
+    np.exp(shifted, out=shifted)
+    lse = np.log(shifted.sum(-1, keepdims=True))
+    lse += top
+    loss = np.asarray(lse.mean() - x32[rows, cols].mean(), dtype=cdt)
+    shape = logits.shape
+
+    def backward(g):
+        p = x.astype(cdt)
+        p -= lse
+        np.exp(p, out=p)
+        p[rows, cols] -= 1
+        p *= g / x.shape[0]
+        return (p.astype(dtype, copy=False).reshape(shape),)
+    return make(loss, (logits,), backward, (x, lse, targets))
+
+
+# ---- Tensor operators ------------------------------------------------------------------------------
+
+def _install_operators() -> None:
+    """Give Tensor its Python operators; they live here so tensor.py stays free of op code."""
+    methods = {
+        "__add__": add, "__radd__": lambda a, b: add(b, a),
+        "__sub__": sub, "__rsub__": lambda a, b: sub(b, a),
+        "__mul__": mul, "__rmul__": lambda a, b: mul(b, a),
+        "__truediv__": div, "__rtruediv__": lambda a, b: div(b, a),
+        "__neg__": neg, "__pow__": power, "__matmul__": matmul, "__getitem__": getitem,
+        "reshape": reshape, "transpose": transpose, "sum": sum, "mean": mean, "astype": astype,
+        "T": property(lambda self: transpose(self)),
+    }
+    for name, fn in methods.items():
+        setattr(Tensor, name, fn)
+
+
+_install_operators()

@@ -1,0 +1,215 @@
+"""Run folders: what a run leaves on disk, written as it happens, readable for replay.
+
+    runs/<YYYYmmdd-HHMMSS>-<preset>/
+        config.toml    the preset as run: its own lines and comments, overrides applied, defaults filled in
+        events.jsonl   every event, one JSON object per line, flushed as it arrives
+        metrics.csv    one row per step (val_loss filled in when that step's Eval arrives)
+        summary.json   key figures, written atomically when the run finishes, fails or the recorder closes
+
+`RunRecorder` is an EventBus subscriber: `bus.subscribe(recorder)`.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from engine import config, presets
+from engine import events as ev_types
+from engine.events import EventError, as_event, from_json, to_json
+
+METRIC_COLUMNS = ["step", "loss", "lr", "tokens", "step_time_s", "tokens_per_s", "grad_norm", "val_loss",
+                  "loss_scale"]
+
+
+def _config_text(cfg: Any) -> str:
+    if isinstance(cfg, config.Config):
+        return tomlkit.dumps(config.to_dict(cfg))
+    if isinstance(cfg, tomlkit.TOMLDocument):
+        return presets.resolved_document(cfg).as_string()
+    return tomlkit.dumps(config.to_dict(config.from_dict(cfg, source="<run config>")))
+
+
+def _new_run_dir(out_dir: Path, preset_name: str) -> Path:
+    """out_dir/<timestamp>-<preset>, with -2, -3, ... if that exists (mkdir is the atomic claim)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(str(preset_name)).stem).strip("-") or "run"
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = out_dir / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{out_dir}: no free run folder name for {base}")
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf become null so summary.json is strict JSON that any tool reads."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class RunRecorder:
+    """Writes one run folder. Thread-safe; call it with events (or their dicts), then `close()`."""
+
+    def __init__(self, out_dir: str | Path, preset_name: str, config_doc_or_dict: Any):
+        self.run_dir = _new_run_dir(Path(out_dir), preset_name)
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        presets.atomic_write_text(self.run_dir / "config.toml", _config_text(config_doc_or_dict))
+        # kept open for the run's lifetime (closed in close()), so no context manager
+        self._events = open(self.run_dir / "events.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self._metrics = open(self.run_dir / "metrics.csv", "w", encoding="utf-8", newline="")  # noqa: SIM115
+        self._csv = csv.writer(self._metrics)
+        self._csv.writerow(METRIC_COLUMNS)
+        self._metrics.flush()
+        self._pending: dict | None = None  # the last step's row, waiting for a possible Eval of that step
+        self._closed = False
+        self.summary: dict[str, Any] = {
+            "run_id": self.run_dir.name, "preset": preset_name, "status": "running",
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ended_at": None, "steps": 0,
+            "total_steps": None,
+            "n_params": None, "world_size": None, "last_loss": None, "initial_val_loss": None,
+            "final_val_loss": None, "best_val_loss": None, "tokens": 0, "tokens_per_s": None, "wall_s": None,
+            "skipped_steps": 0, "loss_scale_changes": 0, "error": None, "failed_rank": None}
+
+    @property
+    def run_id(self) -> str:
+        """The run folder's name, e.g. 20250101-120000-quickstart."""
+        return self.run_dir.name
+
+    def __call__(self, ev: Any) -> None:
+        ev = as_event(ev)
+        with self._lock:
+            if self._closed:
+                return
+            self._events.write(json.dumps(to_json(ev)) + "\n")
+            self._events.flush()
+            self._update(ev)
+
+    def _update(self, ev: Any) -> None:
+        s = self.summary
+        if isinstance(ev, ev_types.RunStarted):
+            s.update(n_params=ev.n_params, world_size=ev.world_size, total_steps=ev.total_steps)
+        elif isinstance(ev, ev_types.StepEnd):
+            self._write_pending()
+            self._pending = {c: getattr(ev, c, None) for c in METRIC_COLUMNS}
+            s.update(steps=ev.step, last_loss=ev.loss, tokens=ev.tokens, tokens_per_s=ev.tokens_per_s)
+            s["skipped_steps"] += bool(ev.skipped)
+        elif isinstance(ev, ev_types.Eval):
+            if self._pending is not None and self._pending["step"] == ev.step:
+                self._pending["val_loss"] = ev.val_loss
+            else:
+                self._write_pending()
+                self._pending = {"step": ev.step, "val_loss": ev.val_loss}
+            self._write_pending()
+            if s["initial_val_loss"] is None:
+                s["initial_val_loss"] = ev.val_loss
+            s["final_val_loss"] = ev.val_loss
+            best = s["best_val_loss"]
+            s["best_val_loss"] = ev.val_loss if best is None else min(best, ev.val_loss)
+        elif isinstance(ev, ev_types.LossScaleChange):
+            s["loss_scale_changes"] += 1
+        elif isinstance(ev, ev_types.RunFinished):
+            s.update(status="finished", steps=ev.steps, tokens_per_s=ev.tokens_per_s, wall_s=ev.wall_s)
+            for key in ("initial_val_loss", "final_val_loss"):
+                if getattr(ev, key) is not None:
+                    s[key] = getattr(ev, key)
+            self._finish()
+        elif isinstance(ev, ev_types.RunFailed):
+            s.update(status="failed", error=ev.message, failed_rank=ev.rank)
+            self._finish()
+
+    def _write_pending(self) -> None:
+        if self._pending is not None:
+            row = [self._pending.get(c) for c in METRIC_COLUMNS]
+            self._csv.writerow(["" if v is None else v for v in row])
+            self._metrics.flush()
+            self._pending = None
+
+    def _finish(self) -> None:
+        self._write_pending()
+        self.summary["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        if self.summary["wall_s"] is None:
+            self.summary["wall_s"] = round(time.monotonic() - self._started, 3)
+        text = json.dumps({k: _finite(v) for k, v in self.summary.items()}, indent=2) + "\n"
+        presets.atomic_write_text(self.run_dir / "summary.json", text)
+
+    def close(self) -> None:
+        """Flush everything and write summary.json; a run that never finished is marked "stopped"."""
+        with self._lock:
+            if self._closed:
+                return
+            if self.summary["status"] == "running":
+                self.summary["status"] = "stopped"
+            self._finish()
+            self._closed = True
+            self._events.close()
+            self._metrics.close()
+
+    def __enter__(self) -> RunRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_events(run_dir: str | Path) -> list:
+    """The events of a run, in order, for replay. A cut-off last line (a crash mid-write) is ignored."""
+    path = Path(run_dir) / "events.jsonl"
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    events = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            events.append(from_json(json.loads(line)))
+        except (json.JSONDecodeError, EventError) as exc:
+            if number == len(lines):  # no newline after it: the writer stopped mid-line
+                break
+            raise EventError(f"{path}:{number}: {exc}") from None
+    return events
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_dir: Path
+    run_id: str
+    preset: str | None
+    status: str  # "finished" | "failed" | "stopped" | "running" (no summary yet) | "unreadable"
+    steps: int | None
+    final_val_loss: float | None
+    best_val_loss: float | None
+    tokens_per_s: float | None
+    wall_s: float | None
+    summary: dict = field(default_factory=dict, repr=False)
+
+
+def list_runs(out_dir: str | Path = "runs") -> list[RunInfo]:
+    """Run folders under out_dir, newest first, with key figures from their summary.json."""
+    root = Path(out_dir)
+    runs = []
+    for run_dir in sorted(root.iterdir() if root.is_dir() else [], reverse=True):
+        if not (run_dir / "events.jsonl").is_file():
+            continue
+        try:
+            summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+            status = summary.get("status", "unreadable")
+        except FileNotFoundError:
+            summary, status = {}, "running"
+        except (OSError, ValueError):
+            summary, status = {}, "unreadable"
+        runs.append(RunInfo(run_dir, run_dir.name, summary.get("preset"), status, summary.get("steps"),
+                            summary.get("final_val_loss"), summary.get("best_val_loss"),
+                            summary.get("tokens_per_s"), summary.get("wall_s"), summary))
+    return runs

@@ -1,0 +1,156 @@
+"""The per-rank training loop.
+
+Every rank runs `train_rank` with its own communicator. The loop knows nothing about how
+gradients are synchronised or where optimizer state lives: that is the replica's job
+(`engine.zero.make_replica`: DDP for stage 0, ZeRO for 1-3). Loss scaling, checkpointing and the
+meters are objects that do nothing when disabled, so there is no `if amp:` forest here.
+
+Events are emitted as JSON dicts (`events.to_json`) so they can cross a process boundary.
+Rank 0 reports the run (RunStarted, StepEnd, Eval); every rank reports its own RankStats.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from engine import events as ev
+from engine import ops
+from engine.build import build_dataset, build_model, count_params
+from engine.comm.collectives import all_reduce
+from engine.comm.meter import TrafficMeter
+from engine.config import Config, from_dict
+from engine.data import rank_slice
+from engine.flat import resolve_dtype
+from engine.optim import global_norm_clip_scale, lr_at
+from engine.tensor import Tensor, no_grad
+from engine.zero import make_replica
+
+
+class Trainer:
+    """One rank's model, data, replica and loop state."""
+
+    def __init__(self, cfg: Config, comm, emit=lambda d: None, should_stop=lambda: False):
+        self.cfg, self.comm = cfg, comm
+        self.rank, self.world = comm.rank, comm.world_size
+        if comm.meter is None:
+            comm.meter = TrafficMeter(comm.rank)
+        self._emit, self.should_stop = emit, should_stop
+        self.dataset = build_dataset(cfg)
+        self.model = build_model(cfg, self.dataset)
+        self.dtype = resolve_dtype(cfg.precision.dtype)
+        self.n_params = count_params(self.model)
+        self.replica = make_replica(cfg, self.model, comm)
+        self.step = 0
+        self.tokens_seen = 0
+
+    def emit(self, event) -> None:
+        self._emit(ev.to_json(event))
+
+    # ------------------------------------------------------------------ one step
+
+    def _loss(self, x, y) -> Tensor:
+        inputs = Tensor(x.astype(self.dtype)) if x.dtype.kind == "f" else x
+        return ops.cross_entropy(self.model(inputs), y)
+
+    def train_step(self) -> dict:
+        """One optimizer step over this rank's slice of the global batch; returns step figures."""
+        cfg, n_micro = self.cfg, self.cfg.train.micro_batches
+        t0 = time.perf_counter()
+        if self.comm.meter is not None:
+            self.comm.meter.begin_step(self.step)
+        lr = lr_at(self.step, cfg.optim.schedule, cfg.optim.lr, cfg.optim.min_lr,
+                   cfg.optim.warmup_steps, cfg.train.steps)
+        batch = self.dataset.global_batch(self.step, "train")
+        self.model.train()
+        self.replica.zero_grad()
+        loss_sum = 0.0
+        for micro in range(n_micro):
+            x, y = rank_slice(batch, self.rank, self.world, micro, n_micro)
+            self.replica.begin_micro(sync=micro == n_micro - 1)
+            loss = self._loss(x, y)
+            loss_sum += float(loss.data)
+            self.replica.backward(loss, 1.0 / n_micro)
+        self.replica.finish_backward()
+        grad_norm = self.replica.grad_norm()
+        clip = global_norm_clip_scale(grad_norm**2, cfg.optim.grad_clip)
+        stepped = self.replica.step(lr, clip, self.step)
+        if stepped:
+            self.step += 1
+        step_time = time.perf_counter() - t0
+        tokens = cfg.train.global_batch * self.dataset.tokens_per_row
+        self.tokens_seen += tokens
+        mean_loss = self._mean_over_ranks(loss_sum / n_micro)
+        return {"loss": mean_loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
+                "tokens": tokens, "skipped": not stepped}
+
+    def _mean_over_ranks(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        buf = np.array([value], dtype=np.float64)
+        all_reduce(self.comm, buf, op="avg")
+        return float(buf[0])
+
+    def evaluate(self) -> float:
+        """Mean validation loss over cfg.train.eval_batches global batches, every rank its slice."""
+        self.model.eval()
+        total = 0.0
+        with no_grad():
+            for i in range(self.cfg.train.eval_batches):
+                x, y = rank_slice(self.dataset.global_batch(i, "val"), self.rank, self.world)
+                total += float(self._loss(x, y).data)
+        return self._mean_over_ranks(total / self.cfg.train.eval_batches)
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self, run_id: str = "", preset: str = "") -> dict:
+        cfg = self.cfg
+        if self.rank == 0:
+            self.emit(ev.RunStarted(run_id=run_id, preset=preset or cfg.name, config=_plain(cfg),
+                                    n_params=self.n_params, world_size=self.world,
+                                    total_steps=cfg.train.steps))
+        val = self.evaluate()
+        first_val = val
+        self._report_eval(val)
+        t_start, tokens_start = time.perf_counter(), self.tokens_seen
+        while self.step < cfg.train.steps and not self.should_stop():
+            s = self.train_step()
+            self._report_step(s)
+            if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and not s["skipped"]:
+                val = self.evaluate()
+                self._report_eval(val)
+        if self.step % max(cfg.train.eval_every, 1) != 0 or not cfg.train.eval_every:
+            val = self.evaluate()
+            self._report_eval(val)
+        wall = time.perf_counter() - t_start
+        return {"steps": self.step, "initial_val_loss": first_val, "final_val_loss": val,
+                "tokens_per_s": (self.tokens_seen - tokens_start) / max(wall, 1e-9), "wall_s": wall}
+
+    def _report_step(self, s: dict) -> None:
+        self.emit(ev.RankStats(step=self.step, rank=self.rank, step_time_s=s["step_time_s"],
+                               comm_wait_s=self.replica.comm_wait_s, bytes_sent=self.replica.bytes_sent))
+        if self.rank == 0:
+            self.emit(ev.StepEnd(step=self.step, loss=s["loss"], lr=s["lr"], tokens=s["tokens"],
+                                 step_time_s=s["step_time_s"],
+                                 tokens_per_s=s["tokens"] / max(s["step_time_s"], 1e-9),
+                                 grad_norm=s["grad_norm"], loss_scale=self.replica.loss_scale,
+                                 skipped=s["skipped"]))
+        for change in self.replica.drain_events():
+            if self.rank == 0:
+                self.emit(change)
+
+    def _report_eval(self, val: float) -> None:
+        if self.rank == 0:
+            self.emit(ev.Eval(step=self.step, val_loss=val))
+
+
+def _plain(cfg: Config) -> dict:
+    from engine.config import to_dict
+    return to_dict(cfg)
+
+
+def train_rank(comm, emit, cfg_dict: dict, run_id: str = "") -> dict:
+    """Entry point of one rank (any backend): rebuild the config, train, return the summary."""
+    cfg = from_dict(cfg_dict, source="<run config>")
+    return Trainer(cfg, comm, emit, comm.should_stop).fit(run_id=run_id)

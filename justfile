@@ -1,0 +1,28 @@
+# nanoDist recipes. `just --list` shows them.
+
+# Install nanoDist with its test tools (editable).
+setup:
+    pip install -e '.[test]'
+
+# Open the workbench on a preset (default: quickstart).
+run preset="quickstart":
+    nanodist-tui --preset {{preset}}
+
+# Train headless.
+headless preset="quickstart":
+    nanodist-tui --no-ui --preset {{preset}}
+
+# The test suite (what CI runs).
+test:
+    python -m pytest -q
+
+# Lint.
+lint:
+    ruff check engine nanodist_tui tests
+
+# Benchmarks: our step vs PyTorch eager, and our all-reduce vs gloo.
+bench:
+    nanodist-tui bench step --preset gpt-mini
+    nanodist-tui bench step --preset mlp
+    nanodist-tui bench allreduce --backend processes --world-size 2 --sizes 16MiB,64MiB --vs-gloo
+    nanodist-tui bench allreduce --backend processes --world-size 4 --sizes 16MiB,64MiB --vs-gloo

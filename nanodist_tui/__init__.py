@@ -1,0 +1,1 @@
+"""nanoDist workbench: the CLI, the headless runner and the Textual app that drive the engine."""

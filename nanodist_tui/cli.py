@@ -1,0 +1,106 @@
+"""The `nanodist-tui` command line.
+
+`nanodist-tui` opens the workbench on a preset; `--no-ui` (or `run`) trains headless. Subcommands
+are grouped by concern in their own modules (bench, ...). User mistakes — a bad preset, an
+unknown key, a missing file — print one line and exit with code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Annotated
+
+import typer
+
+from nanodist_tui.common import (
+    USER_ERRORS,
+    BackendOpt,
+    PresetOpt,
+    SetOpt,
+    WorldOpt,
+    fail,
+    load_config,
+    user_errors,
+)
+
+app = typer.Typer(
+    help="nanoDist: see, measure and run data-parallel training. Without a command: the workbench.",
+    no_args_is_help=False, add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False,
+)
+
+def run_headless(preset: str, sets, world_size, backend) -> None:
+    from engine.job import run_training
+    from nanodist_tui.headless import HeadlessPrinter, summary_lines
+    with user_errors():
+        cfg, doc, _ = load_config(preset, sets, world_size, backend)
+        from engine.build import build_dataset
+        build_dataset(cfg)  # a missing text file fails here, with its one-line message
+    printer = HeadlessPrinter()
+    stop = threading.Event()
+    try:
+        summary = run_training(cfg, on_event=printer, stop_event=stop, preset_doc=doc)
+    except KeyboardInterrupt:
+        stop.set()
+        printer.close()
+        fail("interrupted", code=130)
+    except USER_ERRORS as e:
+        printer.close()
+        fail(str(e))
+    except Exception:
+        printer.close()
+        raise typer.Exit(1) from None  # RunFailed was already printed with the rank and cause
+    for line in summary_lines(summary):
+        print(line)
+
+
+def run_workbench(preset: str, sets, world_size, backend) -> None:
+    from engine.job import run_training
+    from nanodist_tui.app import create_app
+    with user_errors():
+        cfg, doc, _ = load_config(preset, sets, world_size, backend)
+
+    def job(emit, stop_event):
+        run_training(cfg, on_event=emit, stop_event=stop_event, preset_doc=doc)
+
+    create_app(cfg.name, job).run()
+
+
+@app.callback(invoke_without_command=True)
+def main_callback(
+    ctx: typer.Context,
+    no_ui: Annotated[bool, typer.Option("--no-ui", help="train headless (progress lines, then a summary)")]
+    = False,
+    preset: PresetOpt = "quickstart",
+    sets: SetOpt = None,
+    world_size: WorldOpt = None,
+    backend: BackendOpt = None,
+) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    if no_ui:
+        run_headless(preset, sets, world_size, backend)
+    else:
+        run_workbench(preset, sets, world_size, backend)
+
+
+@app.command()
+def run(preset: PresetOpt = "quickstart", sets: SetOpt = None, world_size: WorldOpt = None,
+        backend: BackendOpt = None) -> None:
+    """Train a preset headless (the same as `nanodist-tui --no-ui`)."""
+    run_headless(preset, sets, world_size, backend)
+
+
+def _register_subcommands() -> None:
+    from nanodist_tui import bench_cli
+    app.add_typer(bench_cli.app, name="bench")
+
+
+_register_subcommands()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

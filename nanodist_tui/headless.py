@@ -1,0 +1,106 @@
+"""Headless progress: a rich progress bar on a terminal, plain periodic lines anywhere else.
+
+Rich's live display only prints its final frame when stdout is not a terminal (CI logs, `| tee`),
+so there we print one plain line every `interval_s` seconds instead, plus every discrete event
+(evaluation, loss-scale change, checkpoint, failure) as it happens.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from engine import events as ev
+
+
+class HeadlessPrinter:
+    """An EventBus subscriber that reports a run on stdout."""
+
+    def __init__(self, console: Console | None = None, interval_s: float = 5.0, live: bool | None = None):
+        self.console = console or Console()
+        self.live = self.console.is_terminal if live is None else live
+        self.interval_s = interval_s
+        self._last_line = 0.0
+        self._progress: Progress | None = None
+        self._task = None
+        self.total = 0
+        self.last_val: float | None = None
+
+    def __call__(self, event) -> None:
+        handler = getattr(self, f"_on_{event.kind}", None)
+        if handler is not None:
+            handler(event)
+
+    def _on_run_started(self, e: ev.RunStarted) -> None:
+        self.total = e.total_steps
+        self.console.print(f"nanoDist: {e.preset} | {e.n_params:,} parameters | {e.world_size} rank(s) | "
+                           f"{e.total_steps} steps | run {e.run_id}")
+        if self.live:
+            self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
+                                      console=self.console, transient=False)
+            self._task = self._progress.add_task("train", total=e.total_steps, status="")
+            self._progress.start()
+
+    def _on_step_end(self, e: ev.StepEnd) -> None:
+        status = f"loss {e.loss:.4f}  {e.tokens_per_s:,.0f} tok/s"
+        if self.last_val is not None:
+            status += f"  val {self.last_val:.4f}"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=e.step, status=status)
+            return
+        now = time.monotonic()
+        if now - self._last_line >= self.interval_s or e.step == self.total:
+            self._last_line = now
+            self._print(f"step {e.step}/{self.total}  {status}  lr {e.lr:.2e}")
+
+    def _on_eval(self, e: ev.Eval) -> None:
+        self.last_val = e.val_loss
+        self._print(f"eval  step {e.step}: val loss {e.val_loss:.4f}")
+
+    def _on_loss_scale_change(self, e: ev.LossScaleChange) -> None:
+        where = f" (first in {e.first_param})" if e.first_param else ""
+        self._print(f"loss scale step {e.step}: {e.reason}{where}: {e.old_scale:g} -> {e.new_scale:g}")
+
+    def _on_checkpoint_saved(self, e: ev.CheckpointSaved) -> None:
+        self._print(f"checkpoint step {e.step}: {e.path}")
+
+    def _on_log(self, e: ev.Log) -> None:
+        self._print(f"{e.level}: {e.message}")
+
+    def _on_run_failed(self, e: ev.RunFailed) -> None:
+        self.close()
+        who = f"rank {e.rank}: " if e.rank is not None else ""
+        print(f"run failed: {who}{e.message}", file=sys.stderr)
+
+    def _on_run_finished(self, e: ev.RunFinished) -> None:
+        self.close()
+
+    def _print(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text)
+        else:
+            self.console.print(text, highlight=False)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The final report of a run, one fact per line."""
+    first, last = summary["initial_val_loss"], summary["final_val_loss"]
+    drop = 100.0 * (first - last) / first if first else 0.0
+    lines = [
+        f"steps          {summary['steps']}" + ("  (stopped early)" if summary.get("stopped") else ""),
+        f"val loss       {first:.4f} -> {last:.4f}  ({drop:.1f}% lower)",
+        f"throughput     {summary['tokens_per_s']:,.0f} tokens/s",
+        f"wall time      {summary['wall_s']:.1f} s",
+    ]
+    if summary.get("run_dir"):
+        lines.append(f"run folder     {summary['run_dir']}")
+    return lines

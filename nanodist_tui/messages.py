@@ -1,0 +1,58 @@
+"""The one message the engine side sends the UI: a `Tick`, posted at most ~10 times a second.
+
+Textual only merges adjacent messages of one type, so the app receives a single message type;
+every engine event reaches the UI inside a tick (see `bridge.EventBatcher`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.message import Message
+
+
+class Tick(Message, bubble=False):
+    """What the engine reported since the previous tick.
+
+    Fields:
+        seq: 0, 1, 2, ... in posting order.
+        steps: every `StepEnd` since the previous tick, oldest first (at most the batcher's
+            `max_steps_per_tick`; older ones beyond that are counted in `dropped_steps`).
+        dropped_steps: `StepEnd`s the batcher discarded because one tick would have carried too many.
+        rank_stats / memory / traffic: the LATEST `RankStats` / `MemorySnapshot` / `Traffic` per
+            rank, cumulative over the run (a rank keeps its last value until it reports again).
+        events: the discrete events (everything that is not a continuous one) since the previous
+            tick, in emission order; none is ever dropped.
+
+    `can_replace`: Textual's queue asks a queued message whether the message behind it may
+    supersede it. An older tick may be superseded only when it carries nothing but snapshots,
+    because the newer tick's snapshots are newer values of the same things; a tick carrying steps
+    or events is never superseded, so nothing but stale snapshots is lost.
+    """
+
+    def __init__(
+        self,
+        seq: int,
+        steps: tuple[Any, ...],
+        dropped_steps: int,
+        rank_stats: dict[int, Any],
+        memory: dict[int, Any],
+        traffic: dict[int, Any],
+        events: tuple[Any, ...],
+    ) -> None:
+        super().__init__()
+        self.seq = seq
+        self.steps = steps
+        self.dropped_steps = dropped_steps
+        self.rank_stats = rank_stats
+        self.memory = memory
+        self.traffic = traffic
+        self.events = events
+
+    @property
+    def latest_step(self) -> Any | None:
+        """The newest `StepEnd` in this tick, or None."""
+        return self.steps[-1] if self.steps else None
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, Tick) and not (self.steps or self.events or self.dropped_steps)

@@ -1,0 +1,42 @@
+"""Loss-scale pane: the scale plot above a log of every scale change."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import RichLog
+
+from engine.events import LossScaleChange
+from nanodist_tui.messages import Tick
+from nanodist_tui.widgets.log_pane import describe_change, write_lines
+from nanodist_tui.widgets.loss_scale_plot import OVERFLOW_REASONS, LossScalePlot
+
+
+class LossScalePane(Vertical):
+    """Feeds the plot and keeps the change log; the border title counts skipped steps."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.border_title = "loss scale"
+        self.skipped_steps = 0
+        self.overflows = 0
+        self._pending: list[Text] = []
+
+    def compose(self) -> ComposeResult:
+        yield LossScalePlot(id="loss-scale-plot")
+        yield RichLog(id="loss-scale-log", max_lines=500, wrap=True, markup=False)
+
+    def ingest(self, tick: Tick) -> None:
+        self.query_one(LossScalePlot).ingest(tick)
+        self.skipped_steps += sum(1 for step in tick.steps if step.skipped)
+        for event in tick.events:
+            if isinstance(event, LossScaleChange):
+                self.overflows += event.reason in OVERFLOW_REASONS
+                self._pending.append(describe_change(event))
+
+    def redraw(self) -> None:
+        self.query_one(LossScalePlot).redraw()
+        if self.skipped_steps or self.overflows:
+            self.border_title = f"loss scale · {self.overflows} overflows · {self.skipped_steps} skipped"
+        write_lines(self.query_one(RichLog), self._pending)
