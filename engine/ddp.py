@@ -55,8 +55,7 @@ class DataParallel:
         self._comm = _CommThread(comm) if self.world > 1 else None
         self.comm_wait_s = 0.0
         self._events: list = []
-        for p in self.params:
-            p.register_grad_ready_hook(self._on_grad_ready)
+        self._remove_hooks = [p.register_grad_ready_hook(self._on_grad_ready) for p in self.params]
 
     # ------------------------------------------------------------------ gradients
 
@@ -141,6 +140,8 @@ class DataParallel:
         return out
 
     def close(self) -> None:
+        for remove in self._remove_hooks:
+            remove()
         if self._comm is not None:
             self._comm.close()
 

@@ -201,9 +201,10 @@ def set_value(doc: Any, dotted: str, value: Any) -> None:
         container[parts[0]] = item
 
 
-def _to_item(value: Any, old: Item | None) -> Any:
-    plain = value.unwrap() if isinstance(value, Item) else value
-    if old is not None and type(old.unwrap()) is type(plain) and old.unwrap() == plain:
+def _to_item(value: Any, old: Any) -> Any:
+    """`old` is what tomlkit returns for the key: an Item, or a plain bool (bools cannot be subclassed)."""
+    plain, old_plain = (x.unwrap() if hasattr(x, "unwrap") else x for x in (value, old))
+    if old is not None and type(old_plain) is type(plain) and old_plain == plain:
         return old
     if isinstance(value, Item):
         return value

@@ -31,7 +31,8 @@ from engine.zero import make_replica
 class Trainer:
     """One rank's model, data, replica and loop state."""
 
-    def __init__(self, cfg: Config, comm, emit=lambda d: None, should_stop=lambda: False):
+    def __init__(self, cfg: Config, comm, emit=lambda d: None, should_stop=lambda: False,
+                 replica_factory=make_replica):
         self.cfg, self.comm = cfg, comm
         self.rank, self.world = comm.rank, comm.world_size
         if comm.meter is None:
@@ -41,7 +42,7 @@ class Trainer:
         self.model = build_model(cfg, self.dataset)
         self.dtype = resolve_dtype(cfg.precision.dtype)
         self.n_params = count_params(self.model)
-        self.replica = make_replica(cfg, self.model, comm)
+        self.replica = replica_factory(cfg, self.model, comm)
         self.step = 0
         self.tokens_seen = 0
 
@@ -153,4 +154,8 @@ def _plain(cfg: Config) -> dict:
 def train_rank(comm, emit, cfg_dict: dict, run_id: str = "") -> dict:
     """Entry point of one rank (any backend): rebuild the config, train, return the summary."""
     cfg = from_dict(cfg_dict, source="<run config>")
-    return Trainer(cfg, comm, emit, comm.should_stop).fit(run_id=run_id)
+    trainer = Trainer(cfg, comm, emit, comm.should_stop)
+    try:
+        return trainer.fit(run_id=run_id)
+    finally:
+        trainer.replica.close()

@@ -138,11 +138,12 @@ def header_text(app: NanoDistApp) -> str:
 
 
 def log_text(app: NanoDistApp, selector: str = "#log") -> str:
-    return "\n".join(line.text for line in app.query_one(selector, RichLog).lines)
+    """The log's text with wrapped lines joined back (words separated by single spaces)."""
+    return " ".join(" ".join(line.text for line in app.query_one(selector, RichLog).lines).split())
 
 
-def run(scenario: Callable, job: FakeJob) -> NanoDistApp:
-    app = create_app("fake", job)
+def run(scenario: Callable, job: FakeJob, replay: bool = False) -> NanoDistApp:
+    app = create_app("fake", job, replay=replay)
 
     async def main() -> None:
         async with app.run_test(size=SIZE, notifications=True) as pilot:
@@ -177,7 +178,7 @@ def test_a_finished_run_shows_progress_in_every_pane():
     run(scenario, FakeJob())
 
 
-def test_panes_without_data_show_a_placeholder_and_one_rank_hides_the_table():
+def test_a_replay_without_data_shows_placeholders_and_one_rank_hides_the_table():
     job = FakeJob(steps=0, world_size=1, then="wait_for_stop")
 
     async def scenario(app: NanoDistApp, pilot) -> None:
@@ -186,9 +187,10 @@ def test_panes_without_data_show_a_placeholder_and_one_rank_hides_the_table():
         assert "no memory snapshot yet" in str(app.query_one(MemoryPane).content)
         assert "waiting for the first step" in str(app.query_one(LossPlot).render())
         assert not app.query_one(RankTable).display
+        assert "replay" in header_text(app)
         await pilot.press("q")
 
-    run(scenario, job)
+    run(scenario, job, replay=True)
 
 
 def test_an_engine_exception_is_shown_and_the_app_keeps_running():

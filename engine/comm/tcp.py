@@ -1,0 +1,352 @@
+"""The socket transport behind the ``processes`` and ``tcp`` backends.
+
+One authenticated TCP connection per pair of ranks (set up by rendezvous.py). Each call runs a
+small non-blocking event loop over the links it touches, so ``sendrecv`` writes and reads at
+once and a ring never deadlocks. Two link modes, chosen per link when it is set up:
+
+* socket: a DATA frame (fixed header, wire.py) followed by the payload. The receiver reads the
+  payload straight into ``out``, or with reduce-on-receive into a 1 MiB scratch buffer that is
+  reduced piece by piece while the rest is still arriving.
+* shared memory (same host): the payload goes through slots of the sender's segment (shm.py);
+  the socket carries only SHM and ACK headers. The receiver reduces straight out of the slot.
+
+Every header is validated (wire.unpack) before any payload is touched; a bad one raises
+ProtocolError naming the peer. Nothing is allocated from a peer-supplied length.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import select
+import socket
+import time
+
+import numpy as np
+
+from engine.comm import wire
+from engine.comm.base import (Communicator, PeerTimeout, ProtocolError, RankFailure, Reduce, Signals,
+                              StopRequested)
+from engine.comm.meter import TrafficMeter
+from engine.comm.shm import Segment
+
+log = logging.getLogger("nanodist.comm")
+
+SCRATCH_BYTES = 1 << 20
+DEFAULT_MAX_BYTES = 1 << 40
+_POLL_S = 0.1  # how often a blocked call rechecks the job's failure flag
+
+
+class Link:
+    """The connection to one peer: socket, optional segments, outgoing queue, incoming parser."""
+
+    def __init__(self, me: int, peer: int, sock: socket.socket, signals: Signals,
+                 out_seg: Segment | None = None, in_seg: Segment | None = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES):
+        sock.setblocking(False)
+        self.me, self.peer, self.sock, self.signals, self.max_bytes = me, peer, sock, signals, max_bytes
+        self.out_seg, self.in_seg = out_seg, in_seg
+        self.shm = out_seg is not None and in_seg is not None
+        self.free = collections.deque(range(out_seg.slots)) if self.shm else collections.deque()
+        self.tx: collections.deque = collections.deque()
+        self.inbox: collections.deque = collections.deque()  # SHM frames not yet consumed
+        self.rx_op: _RecvOp | None = None
+        self.rx_payload = False  # a DATA payload for rx_op is being read
+        self._header = bytearray(wire.HEADER.size)
+        self._got = 0
+        self.bye: int | None = None
+        self.eof = False
+
+    def flush(self) -> bool:
+        progressed = False
+        while self.tx:
+            try:
+                sent = self.sock.send(self.tx[0])
+            except BlockingIOError:
+                break
+            except OSError:
+                self.eof = True
+                raise self.closed_error() from None
+            progressed = True
+            if sent == len(self.tx[0]):
+                self.tx.popleft()
+            else:
+                self.tx[0] = memoryview(self.tx[0])[sent:]
+        return progressed
+
+    def read(self) -> bool:
+        """Read what is available without blocking; a socket-mode link never reads past rx_op."""
+        progressed = False
+        while not self.eof:
+            if self.rx_payload:
+                if not self.rx_op.read_payload():
+                    break
+                progressed = True
+                continue
+            if not self.shm and (self.rx_op is None or self.rx_op.finished):
+                break
+            try:
+                got = self.sock.recv_into(memoryview(self._header)[self._got:])
+            except BlockingIOError:
+                break
+            except OSError:
+                got = 0
+            if got == 0:
+                self.eof = True
+                break
+            progressed = True
+            self._got += got
+            if self._got == len(self._header):
+                self._got = 0
+                self._dispatch()
+        return progressed
+
+    def _dispatch(self) -> None:
+        try:
+            frame = wire.unpack(self._header, self.max_bytes)
+        except wire.FrameError as exc:
+            raise self.protocol_error(str(exc)) from None
+        if frame.kind == wire.BYE:
+            self.bye = frame.flags
+        elif frame.kind == wire.ACK:
+            if not self.shm or frame.slot >= self.out_seg.slots or frame.slot in self.free:
+                raise self.protocol_error(f"acknowledged slot {frame.slot} it does not hold")
+            self.free.append(frame.slot)
+        elif frame.kind == wire.SHM:
+            empty = frame.slot == wire.NO_SLOT and frame.nbytes == 0
+            fits = frame.slot < self.in_seg.slots and 0 < frame.nbytes <= self.in_seg.slot_bytes \
+                if self.shm else False
+            if not (self.shm and (empty or fits)):
+                raise self.protocol_error(f"shared-memory frame for slot {frame.slot} does not fit")
+            self.inbox.append(frame)
+        elif self.shm:
+            raise self.protocol_error("inline data on a shared-memory link")
+        else:
+            self.rx_op.accept(frame)
+
+    def protocol_error(self, what: str) -> ProtocolError:
+        log.error("rank %d: malformed frame from rank %d: %s", self.me, self.peer, what)
+        return ProtocolError(self.peer, f"sent a malformed frame to rank {self.me}: {what}")
+
+    def closed_error(self) -> Exception:
+        if self.bye == wire.BYE_STOP or self.signals.stop.is_set():
+            return StopRequested(f"rank {self.peer} stopped while rank {self.me} waited for it")
+        if self.bye == wire.BYE_DONE:
+            return RankFailure(self.peer, f"finished while rank {self.me} still expected messages from it")
+        return RankFailure(self.peer, "connection closed unexpectedly (the process died or was killed)")
+
+
+class _SendOp:
+    def __init__(self, link: Link, arr: np.ndarray):
+        self.link, self.dtype, self.shape = link, arr.dtype, arr.shape
+        self.bytes = arr.reshape(-1).view(np.uint8)
+        self.pos, self.queued = 0, False
+
+    @property
+    def done(self) -> bool:
+        return self.queued and not self.link.tx
+
+    @property
+    def wants_read(self) -> bool:  # waiting for the peer to free a slot
+        return self.link.shm and not self.queued and not self.link.free
+
+    def step(self) -> bool:
+        link, progressed = self.link, False
+        if self.queued:
+            pass
+        elif not link.shm:
+            link.tx.append(wire.pack(wire.DATA, self.dtype, self.shape, self.bytes.size))
+            if self.bytes.size:
+                link.tx.append(memoryview(self.bytes))
+            self.queued = progressed = True
+        else:
+            if not link.free:
+                progressed = link.read()
+            progressed |= self._fill_slots()
+        return link.flush() or progressed
+
+    def _fill_slots(self) -> bool:
+        link, total = self.link, self.bytes.size
+        if total == 0:
+            link.tx.append(wire.pack(wire.SHM, self.dtype, (0,), 0, wire.FLAG_LAST, wire.NO_SLOT))
+            self.queued = True
+            return True
+        progressed = False
+        while self.pos < total and link.free:
+            slot, size = link.free.popleft(), min(link.out_seg.slot_bytes, total - self.pos)
+            link.out_seg.slot(slot, size)[:] = self.bytes[self.pos:self.pos + size]
+            self.pos += size
+            last = wire.FLAG_LAST if self.pos == total else 0
+            link.tx.append(wire.pack(wire.SHM, self.dtype, (size // self.dtype.itemsize,), size, last, slot))
+            progressed = True
+        self.queued = self.pos == total
+        return progressed
+
+
+class _RecvOp:
+    def __init__(self, link: Link, out: np.ndarray, reduce: Reduce | None, scratch: np.ndarray):
+        self.link, self.reduce, self.scratch, self.dtype = link, reduce, scratch, out.dtype
+        self.flat = out.reshape(-1)
+        self.bytes = self.flat.view(np.uint8)
+        self.pos = self.fill = 0
+        self.finished = False
+        link.rx_op = self
+
+    @property
+    def done(self) -> bool:
+        return self.finished and not self.link.tx
+
+    @property
+    def wants_read(self) -> bool:
+        return not self.finished
+
+    def step(self) -> bool:
+        link = self.link
+        progressed = link.read()
+        while link.inbox and not self.finished:
+            self._consume(link.inbox.popleft())
+            progressed = True
+        if self.finished and link.rx_op is self:
+            link.rx_op = None
+        return link.flush() or progressed
+
+    def accept(self, frame: wire.Frame) -> None:
+        """A DATA header arrived for this receive: it must describe exactly ``out``."""
+        if frame.dtype != self.dtype or frame.nbytes != self.bytes.size:
+            raise self.link.protocol_error(f"sent {frame.dtype}{list(frame.shape)} but rank "
+                                           f"{self.link.me} expected {self.dtype}[{self.flat.size}]")
+        self.link.rx_payload = frame.nbytes > 0
+        self.finished = frame.nbytes == 0
+
+    def read_payload(self) -> bool:
+        want = min(self.bytes.size - self.pos, self.scratch.size)
+        target = self.bytes[self.pos:] if self.reduce is None else self.scratch[self.fill:want]
+        try:
+            got = self.link.sock.recv_into(memoryview(target))
+        except BlockingIOError:
+            return False
+        except OSError:
+            got = 0
+        if got == 0:
+            self.link.eof = True
+            return False
+        if self.reduce is None:
+            self.pos += got
+        else:
+            self.fill += got
+            if self.fill == want:
+                self._reduce(self.scratch[:want])
+                self.fill = 0
+        if self.pos == self.bytes.size:
+            self.finished, self.link.rx_payload = True, False
+        return True
+
+    def _consume(self, frame: wire.Frame) -> None:
+        end = self.pos + frame.nbytes
+        if frame.dtype != self.dtype or end > self.bytes.size or \
+                bool(frame.flags & wire.FLAG_LAST) != (end == self.bytes.size):
+            raise self.link.protocol_error(f"a piece of {frame.nbytes} bytes of {frame.dtype} does not fit "
+                                           f"the expected {self.dtype}[{self.flat.size}]")
+        if frame.nbytes:
+            piece = self.link.in_seg.slot(frame.slot, frame.nbytes)
+            if self.reduce is None:
+                self.bytes[self.pos:end] = piece
+                self.pos = end
+            else:
+                self._reduce(piece)
+            self.link.tx.append(wire.pack(wire.ACK, slot=frame.slot))
+        self.finished = bool(frame.flags & wire.FLAG_LAST)
+
+    def _reduce(self, piece: np.ndarray) -> None:
+        start = self.pos // self.dtype.itemsize
+        self.reduce(self.flat[start:start + piece.size // self.dtype.itemsize], piece.view(self.dtype))
+        self.pos += piece.size
+
+
+class TcpCommunicator(Communicator):
+    def __init__(self, rank: int, world_size: int, links: dict[int, Link], timeout_s: float = 30.0,
+                 meter: TrafficMeter | None = None, signals: Signals | None = None):
+        super().__init__(rank, world_size, timeout_s, meter, signals)
+        self.links = links
+        for link in links.values():
+            link.signals = self.signals
+        self._scratch = np.empty(SCRATCH_BYTES, np.uint8)
+        self._closed = False
+
+    @property
+    def shared_memory_links(self) -> list[int]:
+        """Peers reached through shared memory (the rest use the socket for payloads)."""
+        return sorted(peer for peer, link in self.links.items() if link.shm)
+
+    def _send(self, dst: int, arr: np.ndarray) -> None:
+        self._run([_SendOp(self.links[dst], arr)])
+
+    def _recv(self, src: int, out: np.ndarray, reduce: Reduce | None) -> None:
+        self._run([_RecvOp(self.links[src], out, reduce, self._scratch)])
+
+    def _sendrecv(self, dst: int, send_arr: np.ndarray, src: int, recv_arr: np.ndarray,
+                  reduce: Reduce | None) -> None:
+        self._run([_SendOp(self.links[dst], send_arr), _RecvOp(self.links[src], recv_arr, reduce,
+                                                                self._scratch)])
+
+    def _run(self, ops: list) -> None:
+        if self._closed:
+            raise RuntimeError(f"rank {self.rank}: communicator already closed")
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            progressed = False
+            for op in ops:
+                progressed |= op.step()
+            if all(op.done for op in ops):
+                return
+            if progressed:
+                deadline = time.monotonic() + self.timeout_s
+                continue
+            self.signals.raise_if_failed()
+            for op in ops:
+                if op.link.eof and not op.done and not op.link.inbox:
+                    raise op.link.closed_error()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                waiting = next(op for op in reversed(ops) if not op.done)
+                raise PeerTimeout(waiting.link.peer, f"did not answer rank {self.rank} for {self.timeout_s:g} s")
+            readers = [op.link.sock for op in ops if op.wants_read]
+            writers = [op.link.sock for op in ops if op.link.tx]
+            select.select(readers, writers, [], min(remaining, _POLL_S))
+
+    def close(self) -> None:
+        """Say goodbye to every peer; when the job is healthy, first wait (up to timeout_s) until
+        the peers have taken every slot we filled, so no message is lost in the teardown."""
+        if self._closed:
+            return
+        self._closed = True
+        reason = wire.BYE_STOP if self.should_stop() else wire.BYE_DONE
+        healthy = self.signals.failure is None
+        deadline = time.monotonic() + self.timeout_s
+        for link in self.links.values():
+            link.tx.append(wire.pack(wire.BYE, flags=reason))
+        for link in self.links.values():
+            try:
+                while healthy and not link.eof and time.monotonic() < deadline and \
+                        (link.tx or len(link.free) < (link.out_seg.slots if link.shm else 0)):
+                    if not (link.flush() | (link.shm and link.read())):
+                        select.select([link.sock] if link.shm else [], [link.sock] if link.tx else [],
+                                      [], _POLL_S)
+                link.flush()
+            except (RankFailure, StopRequested, OSError):
+                pass
+            _shut(link.sock)
+            for segment in (link.out_seg, link.in_seg):
+                if segment is not None:
+                    segment.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    """Close without a reset: unread bytes left in the receive queue would make the kernel send RST,
+    which can destroy data the peer has not read yet."""
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except OSError:
+        pass
+    sock.close()

@@ -1,0 +1,118 @@
+"""Run recorder: the files of a run folder, replay, listing, and what is left after failure."""
+import csv
+import json
+import re
+
+import pytest
+import tomlkit
+
+from engine import config, presets
+from engine import events as ev
+from engine.recorder import METRIC_COLUMNS, RunRecorder, list_runs, read_events
+
+
+def step(n, loss=2.0, scale=None):
+    return ev.StepEnd(step=n, loss=loss, lr=1e-3, tokens=32 * n, step_time_s=0.5, tokens_per_s=64.0,
+                      grad_norm=0.25, loss_scale=scale)
+
+
+def a_run(out_dir, preset="quickstart", finish=True):
+    cfg, doc, _ = presets.load_preset(preset)
+    rec = RunRecorder(out_dir, preset, doc)
+    stream = [ev.RunStarted(run_id=rec.run_id, preset=preset, config=config.to_dict(cfg), n_params=100,
+                            world_size=1, total_steps=2),
+              ev.Eval(step=0, val_loss=4.0), step(1, 3.0, 1024.0), step(2, 2.5, 1024.0), ev.Eval(step=2, val_loss=2.2),
+              ev.LossScaleChange(step=2, reason="growth", old_scale=1024.0, new_scale=2048.0)]
+    if finish:
+        stream.append(ev.RunFinished(steps=2, initial_val_loss=4.0, final_val_loss=2.2, tokens_per_s=64.0,
+                                     wall_s=1.5, run_dir=str(rec.run_dir)))
+    for event in stream:
+        rec(ev.to_json(event) if isinstance(event, ev.Eval) else event)  # dicts from other processes too
+    rec.close()
+    return rec, stream, cfg
+
+
+def test_run_folder_files(tmp_path):
+    rec, stream, cfg = a_run(tmp_path / "runs")
+    assert re.fullmatch(r"\d{8}-\d{6}-quickstart", rec.run_dir.name) and rec.run_dir.parent == tmp_path / "runs"
+    assert sorted(p.name for p in rec.run_dir.iterdir()) == ["config.toml", "events.jsonl", "metrics.csv",
+                                                             "summary.json"]
+    text = (rec.run_dir / "config.toml").read_text()
+    assert config.from_dict(tomlkit.parse(text).unwrap()) == cfg
+    assert "lr = 3e-3" in text and "# peak learning rate" in text  # the preset's own lines and comments
+    lines = (rec.run_dir / "events.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [ev.to_json(e) for e in stream]
+
+
+def test_metrics_rows_merge_eval_into_its_step(tmp_path):
+    rec, _, _ = a_run(tmp_path)
+    with open(rec.run_dir / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == METRIC_COLUMNS
+    assert [(r["step"], r["loss"], r["val_loss"], r["loss_scale"]) for r in rows] == [
+        ("0", "", "4.0", ""), ("1", "3.0", "", "1024.0"), ("2", "2.5", "2.2", "1024.0")]
+    assert rows[1]["tokens"] == "32" and rows[1]["grad_norm"] == "0.25"
+
+
+def test_summary(tmp_path):
+    rec, _, _ = a_run(tmp_path)
+    summary = json.loads((rec.run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["run_id"] == rec.run_id
+    assert (summary["steps"], summary["initial_val_loss"], summary["final_val_loss"]) == (2, 4.0, 2.2)
+    assert (summary["best_val_loss"], summary["wall_s"], summary["n_params"]) == (2.2, 1.5, 100)
+    assert summary["loss_scale_changes"] == 1 and summary["last_loss"] == 2.5
+
+
+def test_replay_and_listing(tmp_path):
+    first, stream, _ = a_run(tmp_path)
+    second, _, _ = a_run(tmp_path, "mlp", finish=False)
+    assert read_events(first.run_dir) == stream
+    runs = list_runs(tmp_path)
+    assert {r.run_id for r in runs} == {first.run_id, second.run_id}
+    by_id = {r.run_id: r for r in runs}
+    assert by_id[first.run_id].status == "finished" and by_id[first.run_id].final_val_loss == 2.2
+    assert by_id[second.run_id].status == "stopped" and by_id[second.run_id].preset == "mlp"
+    assert list_runs(tmp_path / "nothing-here") == []
+
+
+def test_same_second_gets_a_unique_folder(tmp_path):
+    names = {RunRecorder(tmp_path, "same", {}).run_dir.name for _ in range(3)}
+    assert len(names) == 3
+
+
+def test_config_from_dict_or_config_is_fully_resolved(tmp_path):
+    cfg = config.replace(config.Config(), "optim.lr", 0.01)
+    for given in (cfg, config.to_dict(cfg)):
+        rec = RunRecorder(tmp_path, "../odd name/x.toml", given)
+        assert re.fullmatch(r"\d{8}-\d{6}-x(-2)?", rec.run_dir.name) and rec.run_dir.parent == tmp_path
+        assert config.from_dict(tomlkit.parse((rec.run_dir / "config.toml").read_text()).unwrap()) == cfg
+        rec.close()
+
+
+def test_failed_run_and_non_finite_values(tmp_path):
+    rec = RunRecorder(tmp_path, "quickstart", {})
+    rec(step(1, loss=float("nan")))
+    rec(ev.RunFailed(message="rank 1: boom", rank=1))
+    rec.close()
+    rec(step(2))  # after close: ignored, never a crash
+    summary = json.loads((rec.run_dir / "summary.json").read_text())  # strict JSON: NaN became null
+    assert summary["status"] == "failed" and summary["failed_rank"] == 1 and summary["last_loss"] is None
+    assert len(read_events(rec.run_dir)) == 2
+
+
+def test_running_run_is_listed_without_summary(tmp_path):
+    with RunRecorder(tmp_path, "live", {}) as rec:
+        rec(step(1))
+        assert [(r.run_id, r.status) for r in list_runs(tmp_path)] == [(rec.run_id, "running")]
+        assert len(read_events(rec.run_dir)) == 1  # flushed as it happens
+
+
+def test_cut_off_last_line_is_ignored_but_a_broken_middle_line_is_not(tmp_path):
+    rec, stream, _ = a_run(tmp_path)
+    path = rec.run_dir / "events.jsonl"
+    good = path.read_text()
+    path.write_text(good + '{"kind": "step_end", "st')
+    assert read_events(rec.run_dir) == stream
+    path.write_text('{"kind": "nope"}\n' + good)
+    with pytest.raises(ev.EventError, match=r"events.jsonl:1: unknown event kind 'nope'"):
+        read_events(rec.run_dir)
