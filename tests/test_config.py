@@ -68,7 +68,8 @@ def test_unknown_keys_suggest_the_right_one():
     ({"data": {"val_fraction": 0}}, "data.val_fraction"), ({"precision": {"backoff_factor": 1}},
                                                             "precision.backoff_factor"),
     ({"precision": {"loss_scale": -2}}, "precision.loss_scale"), ({"run": {"out_dir": " "}}, "run.out_dir"),
-    ({"model": {"kind": "mlp", "widths": [784]}, "data": {"kind": "synthetic-classification"}}, "model.widths"),
+    ({"model": {"kind": "mlp", "widths": [784]}, "data": {"kind": "synthetic-classification"}},
+     "model.widths"),
     ({"precision": {"dtype": "float16"}}, "precision.dtype"),
     ({"memory": {"checkpointing": "every:x"}}, "memory.checkpointing"),
 ])
@@ -164,8 +165,8 @@ def test_bad_sweep_spaces(space, key):
 
 
 def test_categorical_sweep():
-    cfg = from_dict({"sweep": {"space": {"parallel.zero_stage": {"type": "categorical", "choices": [0, 1, 2]}},
-                               "n_trials": 3}, "parallel": {"world_size": 2}})
+    space = {"parallel.zero_stage": {"type": "categorical", "choices": [0, 1, 2]}}
+    cfg = from_dict({"sweep": {"space": space, "n_trials": 3}, "parallel": {"world_size": 2}})
     assert cfg.sweep.space["parallel.zero_stage"].choices == (0, 1, 2)
 
 
@@ -188,7 +189,7 @@ def test_split_key():
 def test_context_longer_than_data():
     cfg = Config()  # block_size 32
     config.check_against_data(cfg, n_train_tokens=33, n_val_tokens=33)
-    with pytest.raises(ConfigError, match="model.block_size: context of 32 tokens is longer than the training"):
+    with pytest.raises(ConfigError, match="model.block_size: context of 32 tokens is longer than the train"):
         config.check_against_data(cfg, n_train_tokens=20)
     with pytest.raises(ConfigError, match="validation data"):
         config.check_against_data(cfg, n_train_tokens=1000, n_val_tokens=10)

@@ -18,7 +18,8 @@ SAMPLES = [
                loss_scale=65536.0, skipped=True),
     ev.Eval(step=50, val_loss=1.9),
     ev.RankStats(step=3, rank=1, step_time_s=0.1, comm_wait_s=0.02, bytes_sent=1 << 20),
-    ev.Traffic(step=3, rank=0, links=[{"src": 0, "dst": 1, "phase": "reduce_scatter", "bytes": 10, "seconds": 0.1}]),
+    ev.Traffic(step=3, rank=0,
+               links=[{"src": 0, "dst": 1, "phase": "reduce_scatter", "bytes": 10, "seconds": 0.1}]),
     ev.MemorySnapshot(step=3, rank=0, phase="after_backward", current={"params": 4}, peak={"params": 8}),
     ev.MemorySnapshot(step=3, rank=1, phase="end", current={"params": 4}, peak={"params": 8},
                       estimate={"params": 4}),
@@ -65,7 +66,7 @@ def test_non_finite_losses_survive():
 def test_unknown_kind_and_bad_fields_are_clear_errors():
     with pytest.raises(ev.EventError, match="unknown event kind 'step_begin'; known kinds: run_started"):
         ev.from_json({"kind": "step_begin", "step": 1})
-    with pytest.raises(ev.EventError, match=r"eval event: missing fields \['val_loss'\], unexpected fields \[\]"):
+    with pytest.raises(ev.EventError, match=r"eval event: missing fields \['val_loss'\], unexpected fields"):
         ev.from_json({"kind": "eval", "step": 1})
     with pytest.raises(ev.EventError, match=r"unexpected fields \['extra'\]"):
         ev.from_json({"kind": "eval", "step": 1, "val_loss": 2.0, "extra": 1})

@@ -21,7 +21,8 @@ def a_run(out_dir, preset="quickstart", finish=True):
     rec = RunRecorder(out_dir, preset, doc)
     stream = [ev.RunStarted(run_id=rec.run_id, preset=preset, config=config.to_dict(cfg), n_params=100,
                             world_size=1, total_steps=2),
-              ev.Eval(step=0, val_loss=4.0), step(1, 3.0, 1024.0), step(2, 2.5, 1024.0), ev.Eval(step=2, val_loss=2.2),
+              ev.Eval(step=0, val_loss=4.0), step(1, 3.0, 1024.0), step(2, 2.5, 1024.0),
+              ev.Eval(step=2, val_loss=2.2),
               ev.LossScaleChange(step=2, reason="growth", old_scale=1024.0, new_scale=2048.0)]
     if finish:
         stream.append(ev.RunFinished(steps=2, initial_val_loss=4.0, final_val_loss=2.2, tokens_per_s=64.0,
@@ -34,7 +35,8 @@ def a_run(out_dir, preset="quickstart", finish=True):
 
 def test_run_folder_files(tmp_path):
     rec, stream, cfg = a_run(tmp_path / "runs")
-    assert re.fullmatch(r"\d{8}-\d{6}-quickstart", rec.run_dir.name) and rec.run_dir.parent == tmp_path / "runs"
+    assert re.fullmatch(r"\d{8}-\d{6}-quickstart", rec.run_dir.name)
+    assert rec.run_dir.parent == tmp_path / "runs"
     assert sorted(p.name for p in rec.run_dir.iterdir()) == ["config.toml", "events.jsonl", "metrics.csv",
                                                              "summary.json"]
     text = (rec.run_dir / "config.toml").read_text()

@@ -95,7 +95,8 @@ def connect(rank: int, world_size: int, master_addr: str, master_port: int, secr
                                     set(range(rank + 1, world_size)) - set(socks), deadline, signals)
             socks[peer] = sock
     listener.close()
-    links = {peer: _make_link(rank, peer, sock, signals, use_shm, deadline) for peer, sock in socks.items()}
+    # Ascending peer order on every rank visits pairs in one global (low, high) order: no deadlock.
+    links = {peer: _make_link(rank, peer, socks[peer], signals, use_shm, deadline) for peer in sorted(socks)}
     return TcpCommunicator(rank, world_size, links, timeout_s, meter, signals)
 
 
@@ -160,8 +161,7 @@ def _make_link(rank: int, peer: int, sock: socket.socket, signals: Signals, use_
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    listener = socket.create_server((host, port), backlog=128)
-    return listener
+    return socket.create_server((host, port), backlog=128)
 
 
 def _dial(host: str, port: int, secret: bytes, deadline: float) -> socket.socket:

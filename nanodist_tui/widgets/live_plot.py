@@ -23,6 +23,7 @@ class LivePlot(PlotextPlot):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._dirty = False
+        self._drawn = False  # plotext cannot build a figure without data: show the placeholder until then
 
     def collect(self, tick: Tick) -> bool:
         raise NotImplementedError
@@ -47,9 +48,10 @@ class LivePlot(PlotextPlot):
         self.plt.clear_data()
         # Braille cells hold two points per column: more points than that only cost build time.
         self.draw(max_points=2 * max(self.size.width, 1))
+        self._drawn = True
         self.refresh()
 
     def render(self) -> RenderResult:
-        if not self.has_data():
+        if not self._drawn:
             return Text(self.PLACEHOLDER, style="dim")
         return super().render()
