@@ -178,6 +178,7 @@ for _cls, _prefix in [(Config, "")] + [(c, n + ".") for n, c in _SECTIONS.items(
         if _fld.name not in _SECTIONS and _fld.name != "space":
             _FIELDS[_prefix + _fld.name] = (_hints[_fld.name], _fld)
 
+
 def setting_keys() -> list[str]:
     """Every dotted setting name (sweep.space entries aside), in definition order."""
     return list(_FIELDS)
@@ -458,9 +459,6 @@ def _check_combinations(cfg: Config) -> None:
         raise ConfigError("data.path", 'kind = "text" needs a file to read', 'set data.path = "corpus.txt"')
     if o.min_lr > o.lr:
         raise ConfigError("optim.min_lr", f"{o.min_lr:g} is above optim.lr {o.lr:g}", "use at most optim.lr")
-    if o.warmup_steps > t.steps:
-        raise ConfigError("optim.warmup_steps", f"{o.warmup_steps} is longer than train.steps {t.steps}",
-                          f"use at most {t.steps}")
     if p.algorithm == "mpi-native" and p.backend != "mpi":
         raise ConfigError("parallel.algorithm", f'"mpi-native" needs backend "mpi", got "{p.backend}"',
                           'set parallel.algorithm = "ring" or parallel.backend = "mpi"')
@@ -541,6 +539,6 @@ def _check_sweep_bounds(cfg: Config) -> None:
             try:
                 _build(trial)
             except ConfigError as err:
-                raise ConfigError(f"sweep.space.{key}.{attr}", f"a trial with {key} = {toml_repr(value)} "
-                                  f"is invalid ({err.key}: {err.problem})", f"narrow the range; {err.fix}"
-                                  ) from None
+                problem = f"a trial with {key} = {toml_repr(value)} is invalid ({err.key}: {err.problem})"
+                fix = f"narrow the range or change {err.key}"
+                raise ConfigError(f"sweep.space.{key}.{attr}", problem, fix) from None

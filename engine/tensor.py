@@ -216,7 +216,7 @@ def _accumulate(pending: dict, edge, grad) -> None:
     elif previous is None:
         pending[edge] = (grad, False)
     elif previous[1]:
-        previous[0] += grad
+        np.add(previous[0], grad, out=previous[0])
     else:
         pending[edge] = (previous[0] + grad, True)
 

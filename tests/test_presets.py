@@ -126,7 +126,7 @@ def test_overrides_on_a_plain_dict():
 def changed_lines(before: str, after: str) -> list[tuple[str, str]]:
     a, b = before.splitlines(), after.splitlines()
     assert len(a) == len(b)
-    return [(x, y) for x, y in zip(a, b) if x != y]
+    return [(x, y) for x, y in zip(a, b, strict=True) if x != y]
 
 
 def test_set_value_changes_exactly_one_line_and_keeps_its_comment():

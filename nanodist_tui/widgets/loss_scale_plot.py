@@ -30,7 +30,7 @@ class LossScalePlot(LivePlot):
     def collect(self, tick: Tick) -> bool:
         changed = False
         for step in tick.steps:
-            if step.loss_scale is not None:
+            if step.loss_scale is not None and step.loss_scale > 0:  # a log axis needs positive values
                 self.scale.append(step.step, step.loss_scale)
                 changed = True
         for event in tick.events:

@@ -1,0 +1,235 @@
+"""The ``processes`` backend: N spawned OS processes wired by the socket transport on loopback.
+
+The launcher spawns each rank with multiprocessing 'spawn' and talks to it over a pipe carrying
+JSON messages only (codec.py; never pickle): the launch spec with a fresh random secret goes
+down, events / result / error come up. Rank 0 binds a free port and reports it; the launcher
+relays it to the others, so there is no port race. Control messages down the pipe: "master"
+(the port), "stop" (should_stop() turns True), "abort" (the job failed: blocked calls raise
+RankFailure). A rank whose pipe closes (the launcher died) exits at once: no orphans.
+
+On the first failure the launcher tells every rank to abort, gives them a short grace period to
+exit by themselves, then kills what is left; it always reaps every child before returning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from engine.comm import codec
+from engine.comm.base import RankFailure, Signals, StopRequested
+
+MAX_MESSAGE = 1 << 28
+ABORT_GRACE_S = 3.0
+
+
+def run_processes(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> list:
+    target = _qualified_name(rank_fn)
+    ctx = multiprocessing.get_context("spawn")
+    spec = {"world_size": world_size, "target": target, "args": list(args), "secret": secrets.token_hex(32),
+            "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0"}
+    children: list[_Child] = []
+    try:
+        for rank in range(world_size):
+            ours, theirs = ctx.Pipe(duplex=True)
+            process = ctx.Process(target=child_main, args=(theirs,), name=f"nanodist-rank{rank}", daemon=True)
+            process.start()
+            theirs.close()
+            children.append(_Child(rank, process, ours))
+            children[-1].tell({**spec, "rank": rank})
+        return _Supervisor(children, on_event, timeout_s, stop_event).run()
+    finally:
+        for child in children:
+            child.reap()
+
+
+class _Child:
+    def __init__(self, rank: int, process, conn):
+        self.rank, self.process, self.conn = rank, process, conn
+        self.outcome: tuple | None = None
+        self.exited = self.killed = False
+        self.listening = True  # its end of the pipe is still open
+
+    def tell(self, message: dict) -> None:
+        try:
+            self.conn.send_bytes(codec.dumps(message))
+        except OSError:
+            pass  # already gone; its exit is handled through its sentinel
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.killed = True
+            self.process.kill()
+
+    def reap(self) -> None:
+        self.kill()
+        self.process.join()
+        self.conn.close()
+
+
+class _Supervisor:
+    def __init__(self, children: list[_Child], on_event, timeout_s: float, stop_event: threading.Event):
+        self.children, self.on_event, self.timeout_s, self.stop_event = children, on_event, timeout_s, stop_event
+        self.failures: list[tuple[int, int, str]] = []  # (reporting rank, blamed rank, cause) by arrival
+        self.failed_at = self.stop_at = None
+        self.interrupted = False
+
+    def run(self) -> list:
+        while not all(child.exited for child in self.children):
+            try:
+                self._tick()
+            except KeyboardInterrupt:
+                if self.interrupted:
+                    raise
+                self.interrupted = True  # first Ctrl-C: stop cleanly; a second one kills
+        if self.interrupted:
+            raise KeyboardInterrupt
+        return self._verdict()
+
+    def _tick(self) -> None:
+        live = [c for c in self.children if not c.exited]
+        ready = multiprocessing.connection.wait([c.conn for c in live if c.listening]
+                                                + [c.process.sentinel for c in live], 0.1)
+        for child in live:
+            if child.conn in ready:
+                self._read(child)
+            if child.process.sentinel in ready:
+                self._exited(child)
+        now = time.monotonic()
+        if (self.stop_event.is_set() or self.interrupted) and self.stop_at is None:
+            self.stop_at = now
+            for child in self.children:
+                child.tell({"type": "stop"})
+        if self.failed_at is not None and now - self.failed_at > min(ABORT_GRACE_S, self.timeout_s):
+            for child in self.children:
+                child.kill()
+        if self.stop_at is not None and self.failed_at is None and now - self.stop_at > self.timeout_s:
+            stuck = next(c.rank for c in self.children if not c.exited)
+            self._failed(stuck, stuck, f"did not stop within {self.timeout_s:g} s of the stop request")
+
+    def _read(self, child: _Child) -> bool:
+        try:
+            message = codec.loads(child.conn.recv_bytes(MAX_MESSAGE))
+        except (EOFError, OSError):
+            child.listening = False
+            return False
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "event":
+            self.on_event(message["data"])
+        elif kind == "master":
+            for other in self.children[1:]:
+                other.tell(message)
+        elif kind == "result":
+            child.outcome = ("result", message.get("value"))
+        elif kind == "stopped":
+            child.outcome = ("stopped",)
+        elif kind == "error":
+            child.outcome = ("error",)
+            self._failed(child.rank, int(message["rank"]), str(message["cause"]))
+        return True
+
+    def _exited(self, child: _Child) -> None:
+        while child.listening and child.conn.poll() and self._read(child):  # what it said before dying comes first
+            pass
+        child.process.join()
+        child.exited = True
+        if child.outcome is None and not child.killed:
+            child.outcome = ("died",)
+            self._failed(child.rank, child.rank, _describe_exit(child.process.exitcode))
+
+    def _failed(self, reporter: int, blamed: int, cause: str) -> None:
+        self.failures.append((reporter, blamed, cause))
+        if self.failed_at is None:
+            self.failed_at = time.monotonic()
+            for child in self.children:
+                child.tell({"type": "abort", "rank": blamed, "cause": cause})
+
+    def _verdict(self) -> list:
+        if self.failures:
+            # A rank's own failure explains the others' (they saw its socket close or its abort).
+            own = [(blamed, cause) for reporter, blamed, cause in self.failures if reporter == blamed]
+            raise RankFailure(*(own or [(b, c) for _, b, c in self.failures])[0])
+        return [child.outcome[1] if child.outcome[0] == "result" else None for child in self.children]
+
+
+def child_main(conn) -> None:
+    """Entry point of a rank process (runs in the spawned child)."""
+    spec = codec.loads(conn.recv_bytes(MAX_MESSAGE))
+    rank, world_size, timeout_s = spec["rank"], spec["world_size"], spec["timeout_s"]
+    send_lock, signals, master = threading.Lock(), Signals(), {}
+    master_known = threading.Event()
+
+    def send(message: dict) -> None:
+        data = codec.dumps(message)
+        with send_lock:
+            conn.send_bytes(data)
+
+    def listen_to_launcher() -> None:
+        while True:
+            try:
+                message = codec.loads(conn.recv_bytes(MAX_MESSAGE))
+            except (EOFError, OSError):
+                os._exit(70)  # the launcher is gone: never linger as an orphan
+            kind = message.get("type")
+            if kind == "stop":
+                signals.stop.set()
+            elif kind == "abort":
+                signals.fail(int(message["rank"]), str(message["cause"]))
+            elif kind == "master":
+                master["port"] = int(message["port"])
+                master_known.set()
+
+    threading.Thread(target=listen_to_launcher, name="nanodist-control", daemon=True).start()
+    from engine.comm.launch import blame
+    from engine.comm.rendezvous import connect
+
+    comm = None
+    try:
+        rank_fn = _resolve(spec["target"])
+        if rank != 0 and not master_known.wait(timeout_s):
+            raise RankFailure(0, "never reported its rendezvous port")
+        comm = connect(rank, world_size, "127.0.0.1", master.get("port", 0), bytes.fromhex(spec["secret"]),
+                       timeout_s=timeout_s, use_shm=spec["shm"], signals=signals,
+                       on_listening=lambda port: send({"type": "master", "port": port}))
+        value = rank_fn(comm, lambda event: send({"type": "event", "data": event}), *spec["args"])
+        send({"type": "result", "value": value})
+    except StopRequested:
+        send({"type": "stopped"})
+    except BaseException as exc:  # noqa: BLE001 - reported to the launcher, which names the rank
+        blamed, cause = blame(rank, exc)
+        signals.fail(blamed, cause)  # close without waiting for peers
+        send({"type": "error", "rank": blamed, "cause": cause, "traceback": traceback.format_exc()})
+    finally:
+        if comm is not None:
+            comm.close()
+
+
+def _qualified_name(fn) -> str:
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or "<" in name:
+        raise ValueError("the processes backend needs rank_fn defined at module level of an importable "
+                         f"module (got {fn!r})")
+    return f"{module}:{name}"
+
+
+def _resolve(target: str):
+    module_name, name = target.split(":", 1)
+    # A script's functions live in __mp_main__ in a spawned child.
+    module = sys.modules["__mp_main__"] if module_name == "__main__" else importlib.import_module(module_name)
+    for part in name.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code} without reporting a result"
