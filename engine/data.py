@@ -255,7 +255,7 @@ def make_dataset(data_cfg, model_cfg, seed: int, global_batch: int):
         return LMDataset(vocab.encode(text), len(vocab), model_cfg.block_size, seed, global_batch,
                          data_cfg.val_fraction, vocab, source=str(data_cfg.path))
     if kind == "synthetic-lm":
-        vocab_size = getattr(data_cfg, "vocab_size", SYNTHETIC_LM_VOCAB)
+        vocab_size = getattr(model_cfg, "vocab_size", 0) or SYNTHETIC_LM_VOCAB
         tokens = synthetic_lm_tokens(data_cfg.n_samples * model_cfg.block_size, vocab_size, seed)
         return LMDataset(tokens, vocab_size, model_cfg.block_size, seed, global_batch,
                          data_cfg.val_fraction, source="data.n_samples")

@@ -131,6 +131,8 @@ class Trainer:
     def _report_step(self, s: dict) -> None:
         self.emit(ev.RankStats(step=self.step, rank=self.rank, step_time_s=s["step_time_s"],
                                comm_wait_s=self.replica.comm_wait_s, bytes_sent=self.replica.bytes_sent))
+        if self.world > 1:
+            self.emit(ev.Traffic(step=self.step, rank=self.rank, links=self.comm.meter.snapshot()))
         if self.rank == 0:
             self.emit(ev.StepEnd(step=self.step, loss=s["loss"], lr=s["lr"], tokens=s["tokens"],
                                  step_time_s=s["step_time_s"],

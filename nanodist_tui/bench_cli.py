@@ -52,3 +52,67 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
         print(f"  ratio ours/PyTorch = {report['ratio']:.2f}")
     elif cfg.parallel.world_size == 1:
         print("  PyTorch not installed: no peer figure (pip install torch==2.13.0)")
+
+
+def _parse_size(text: str) -> int:
+    units = {"k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30, "b": 1, "": 1}
+    t = text.strip().lower()
+    digits = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(digits):]
+    if not digits or unit not in units:
+        raise ValueError(f'size "{text}" is not a number with an optional unit; write e.g. 16MiB, 4KiB, 1024')
+    return int(float(digits) * units[unit])
+
+
+def _fmt_size(n: int) -> str:
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= factor:
+            return f"{n / factor:g} {unit}"
+    return f"{n} B"
+
+
+@app.command("allreduce")
+def allreduce(
+    backend: Annotated[str, typer.Option("--backend", "-b", help="threads | processes | mpi")] = "processes",
+    world_size: Annotated[int, typer.Option("--world-size", "-n", min=1, help="ranks")] = 2,
+    sizes: Annotated[str, typer.Option(help="comma-separated message sizes, e.g. 1MiB,16MiB,64MiB")]
+    = "1MiB,16MiB,64MiB",
+    iters: Annotated[int, typer.Option(min=1, help="timed iterations per size (median reported)")] = 20,
+    warmup: Annotated[int, typer.Option(min=0, help="untimed iterations per size")] = 3,
+    algorithm: Annotated[str, typer.Option(help='"ring" (ours) or "mpi-native" (MPI Allreduce, mpi only)')]
+    = "ring",
+    vs_gloo: Annotated[bool, typer.Option("--vs-gloo", help="also time torch.distributed gloo, same run")]
+    = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """All-reduce bandwidth in the NCCL-tests manner (algbw = S/t, busbw = algbw·2(N-1)/N)."""
+    from engine.comm.bench import bench_allreduce, bench_gloo
+    from nanodist_tui.common import fail
+    try:
+        size_list = [_parse_size(s) for s in sizes.split(",") if s.strip()]
+    except ValueError as e:
+        fail(f"--sizes: {e}")
+    if backend not in ("threads", "processes", "mpi"):
+        fail(f'--backend: unknown backend "{backend}"; use threads, processes or mpi')
+    ours = bench_allreduce(backend, world_size, size_list, iters, warmup, algorithm=algorithm)
+    gloo = bench_gloo(world_size, size_list, iters, warmup) if vs_gloo else None
+    report = {"backend": backend, "world_size": world_size, "algorithm": algorithm,
+              "ours": ours, "gloo": gloo}
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"all-reduce, {backend} backend, {world_size} ranks, float32, median of {iters} iterations "
+          f"(algbw = S/t, busbw = algbw*2(N-1)/N, GB/s = 1e9 B/s)")
+    head = f"{'size':>10} {'time ms':>9} {'algbw':>7} {'busbw':>7} {'ok':>3}"
+    if gloo:
+        head += f"   {'gloo ms':>9} {'busbw':>7}  {'ours/gloo':>9}"
+    print(head)
+    for i, row in enumerate(ours):
+        line = (f"{_fmt_size(row['size']):>10} {row['time_s'] * 1e3:9.2f} {row['algbw'] / 1e9:7.2f} "
+                f"{row['busbw'] / 1e9:7.2f} {'yes' if row['correct'] else 'NO':>3}")
+        if gloo:
+            g = gloo[i]
+            line += f"   {g['time_s'] * 1e3:9.2f} {g['busbw'] / 1e9:7.2f}  {row['busbw'] / g['busbw']:9.2f}x"
+        print(line)
+    if vs_gloo and gloo is None:
+        print("PyTorch not installed: no gloo figures (pip install torch==2.13.0)")
