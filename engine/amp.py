@@ -4,10 +4,15 @@ fp16 gradients below ~6e-8 flush to zero; multiplying the loss by a scale S lift
 and the optimizer divides by S again. Too large an S overflows to inf/NaN; that step is skipped
 (parameters, moments, step counter and LR schedule unchanged) and a dynamic scaler backs off.
 
-Dynamic state machine (defaults = GradScaler's): start at `init_scale` (2^16); on overflow
-× `backoff_factor` (0.5); after `growth_interval` (2000) clean steps in a row × `growth_factor` (2).
-DeepSpeed extras: `hysteresis` = overflows tolerated before backing off (1 = back off at once), and
-`min_scale` (> 0) = floor; an overflow while already at the floor aborts the run.
+Dynamic state machine (defaults = GradScaler's; the arithmetic of torch's `_amp_update_scale_`):
+start at `init_scale` (2^16). On overflow: scale × `backoff_factor` (0.5), growth tracker = 0. On a
+clean step: tracker + 1; when it reaches `growth_interval` (2000) the scale × `growth_factor` (2) if
+that is finite, and the tracker restarts at 0. The scale is a float32 value, as GradScaler's tensor
+is (each product is formed in double and rounded to float32).
+DeepSpeed extras (inert at their defaults): `hysteresis` = overflows tolerated before backing off
+(1 = back off at once; the allowance is restored only when the scale grows, as DeepSpeed's default
+`consecutive_hysteresis=False`), and `min_scale` (> 0) = floor: the scale never drops below it, and
+an overflow while already at the floor aborts the run with LossScaleError.
 
 Every scaler is present even when disabled (`NoScaler`, scale 1, never skips), so the training loop
 has no branches on precision.
@@ -39,10 +44,17 @@ def find_overflow(grad: np.ndarray, flat, offset: int = 0) -> tuple[str, str] | 
     return kind, name
 
 
+def _f32(x: float) -> float:
+    """Round to float32, as GradScaler keeps its scale in a float32 tensor (too large becomes inf)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(x))
+
+
 class NoScaler:
     """fp32, fp64 and bf16: scale 1, no checks, nothing skipped."""
 
     scale = 1.0
+    checks_overflow = False  # replicas skip the (MAX-all-reduced) overflow check entirely
 
     def check(self, grad, flat, offset: int = 0):
         return None
@@ -59,6 +71,8 @@ class NoScaler:
 
 class StaticScaler(NoScaler):
     """A fixed scale; overflowing steps are skipped and reported, the scale never changes."""
+
+    checks_overflow = True
 
     def __init__(self, scale: float):
         self.scale = float(scale)
@@ -78,7 +92,7 @@ class DynamicScaler(StaticScaler):
 
     def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
                  hysteresis=1, min_scale=0.0):
-        super().__init__(init_scale)
+        super().__init__(_f32(init_scale))
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval, self.hysteresis, self.min_scale = growth_interval, hysteresis, min_scale
         self.growth_tracker = 0  # clean steps since the last overflow or growth
@@ -91,8 +105,11 @@ class DynamicScaler(StaticScaler):
             if self.growth_tracker < self.growth_interval:
                 return None
             self.growth_tracker = 0
+            grown = _f32(old * self.growth_factor)
+            if not np.isfinite(grown):  # torch keeps the scale rather than overflow float32
+                return None
             self.hysteresis_left = self.hysteresis
-            self.scale = old * self.growth_factor
+            self.scale = grown
             return LossScaleChange(step=step, reason="growth", old_scale=old, new_scale=self.scale,
                                    first_param=None)
         self.growth_tracker = 0
@@ -105,7 +122,7 @@ class DynamicScaler(StaticScaler):
             raise LossScaleError(
                 f"loss scale stuck at its floor min_scale={self.min_scale:g} and step {step} still "
                 f"overflowed ({kind} in {name}); lower precision.min_scale, lower optim.lr, or train in bf16")
-        self.scale = max(old * self.backoff_factor, self.min_scale)
+        self.scale = max(_f32(old * self.backoff_factor), self.min_scale)
         return LossScaleChange(step=step, reason=kind, old_scale=old, new_scale=self.scale, first_param=name)
 
     def state_dict(self) -> dict:

@@ -12,18 +12,13 @@ accumulation only the last micro-batch synchronises (like PyTorch's `no_sync`).
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
-
-import numpy as np
 
 from engine.amp import make_scaler
 from engine.comm.collectives import all_reduce, broadcast
-from engine.flat import FlatBuffer, resolve_dtype
-from engine.optim import AdamW, sum_of_squares
-
-_LOW_PRECISION = (np.dtype(np.float16), resolve_dtype("bf16"))
+from engine.flat import FlatBuffer
+from engine.zero_comm import CommWorker, rank_ledger
+from engine.zero_shard import Piece, ShardOptimizer
 
 
 class DataParallel:
@@ -31,19 +26,16 @@ class DataParallel:
 
     def __init__(self, cfg, model, comm):
         self.comm, self.world = comm, comm.world_size
+        self.ledger = rank_ledger()
         self.params = model.parameters()
         self.flat = FlatBuffer(self.params, dtype=cfg.precision.dtype)
         if self.world > 1:
             broadcast(comm, self.flat.data, root=0)  # every rank starts from rank 0's weights
-        self.low_precision = self.flat.dtype in _LOW_PRECISION
-        if self.low_precision:  # fp32 master weights and gradients for the optimizer
-            self.master = self.flat.master_copy()
-            self.master_grad = np.zeros_like(self.master)
-        else:
-            self.master, self.master_grad = self.flat.data, self.flat.grad
-        o = cfg.optim
-        self.optimizer = AdamW(self.master, self.master_grad, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                               weight_decay=o.weight_decay, decay_mask=self.flat.decay_mask())
+        self.ledger.hold("parameters", self.flat.data.nbytes)
+        self.ledger.hold("gradients", self.flat.grad.nbytes)
+        self.optimizer = ShardOptimizer(cfg, [Piece(self.flat.data, self.flat.grad, self.flat, 0)], comm,
+                                        sharded=False, param_names=[s.name for s in self.flat.slots],
+                                        ledger=self.ledger)
         self.scaler = make_scaler(cfg.precision)
         self.overlap = cfg.parallel.overlap
         self.buckets = self.flat.buckets(int(cfg.parallel.bucket_cap_mb * 2**20))
@@ -52,7 +44,7 @@ class DataParallel:
         for p in self.params:
             self._expected[self._bucket_of[id(p)]] += 1
         self._sync = True
-        self._comm = _CommThread(comm) if self.world > 1 else None
+        self._comm = CommWorker(comm.rank) if self.world > 1 else None
         self.comm_wait_s = 0.0
         self._events: list = []
         self._remove_hooks = [p.register_grad_ready_hook(self._on_grad_ready) for p in self.params]
@@ -91,49 +83,56 @@ class DataParallel:
             self._launch(self._next)
 
     def _launch(self, b: int) -> None:
-        start, end = self.buckets[b]
-        self._comm.submit(self.flat.grad[start:end])
+        bucket = self.flat.grad[slice(*self.buckets[b])]
+        self._comm.submit(lambda: all_reduce(self.comm, bucket, op="avg"))
         self._next = b + 1
 
     def finish_backward(self) -> None:
-        """Issue the buckets not yet issued (unused parameters, overlap off), wait for all of them."""
+        """Issue the buckets not yet issued (unused parameters, overlap off), wait for all of them.
+        The gradients stay scaled by the loss scale; step() unscales them."""
+        self.comm_wait_s = 0.0
         if not self._sync:
-            self.comm_wait_s = 0.0
-            self._finish_master_grad()
             return
         while self._next < len(self.buckets):
             self._launch(self._next)
         t0 = time.perf_counter()
-        self._comm.wait()
+        self._comm.wait_all()
         self.comm_wait_s = time.perf_counter() - t0
-        self._finish_master_grad()
-
-    def _finish_master_grad(self) -> None:
-        if self.low_precision:
-            self.master_grad[:] = self.flat.grad  # upcast into the fp32 optimizer gradient
-        inv = 1.0 / self.scaler.scale
-        if inv != 1.0:
-            self.master_grad *= inv
 
     def grad_norm(self) -> float:
-        return float(np.sqrt(sum_of_squares(self.master_grad)))
+        """Global unscaled gradient norm."""
+        return self.optimizer.grad_norm(self.scaler.scale)
 
     # ------------------------------------------------------------------ update
 
     def step(self, lr: float, clip: float, step: int) -> bool:
-        """Apply the update unless the gradients overflowed; False means the step was skipped."""
-        found = self.scaler.check(self.master_grad, self.flat)
+        """Apply the update unless the gradients overflowed; False means the step was skipped (the
+        parameters, moments, optimizer step count and, since the trainer then keeps its step, the LR
+        schedule stay exactly as they were)."""
+        found = self.optimizer.find_overflow(self.scaler)
+        scale = self.scaler.scale  # the scale this step's gradients carry
         change = self.scaler.update(step, found)
         if change is not None:
             self._events.append(change)
         if found is not None:
             return False
-        if clip != 1.0:
-            self.master_grad *= clip
-        self.optimizer.step(lr)
-        if self.low_precision:
-            self.flat.load_master(self.master)
+        self.optimizer.update(lr, clip, scale)
         return True
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def owned_range(self) -> tuple[int, int]:
+        """Elements of the flat fp32 state this rank owns: all of them (DDP replicates everything)."""
+        return 0, self.flat.numel
+
+    def optimizer_state(self) -> dict:
+        """fp32 copies of master (the parameters outside mixed precision), m, v over owned_range()."""
+        state = self.optimizer.local_state()
+        return {k: (v[:self.flat.numel] if k != "step" else v) for k, v in state.items()}
+
+    def load_optimizer_state(self, full: dict) -> None:
+        """Set master, m, v, step and the model-dtype parameters from unpadded full-length arrays."""
+        self.optimizer.load_local(full["master"], full["m"], full["v"], full["step"])
 
     def drain_events(self) -> list:
         out, self._events = self._events, []
@@ -157,37 +156,3 @@ class NaiveDataParallel(DataParallel):
         if self._sync:
             all_reduce(self.comm, self.flat.grad, op="avg")
         self.comm_wait_s = time.perf_counter() - t0
-        self._finish_master_grad()
-
-
-class _CommThread:
-    """One thread per rank that runs bucket all-reduces in submission order, off the backward thread."""
-
-    def __init__(self, comm):
-        self.comm = comm
-        self._queue: queue.Queue = queue.Queue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"comm-rank{comm.rank}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (buf := self._queue.get()) is not None:
-            try:
-                if self._error is None:
-                    all_reduce(self.comm, buf, op="avg")
-            except BaseException as e:  # handed to the training thread in wait()
-                self._error = e
-            finally:
-                self._queue.task_done()
-
-    def submit(self, buf: np.ndarray) -> None:
-        self._queue.put(buf)
-
-    def wait(self) -> None:
-        self._queue.join()
-        if self._error is not None:
-            raise self._error
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)

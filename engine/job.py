@@ -10,18 +10,22 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from engine import events as ev
+from engine.checkpoint import CHECKPOINTS
 from engine.comm.launch import run_ranks
 from engine.config import Config, to_dict
 from engine.recorder import RunRecorder
+from engine.resume import prepare_resume
 from engine.trainer import train_rank
 
 
 def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None = None,
-                 record: bool = True, preset_doc=None) -> dict:
+                 record: bool = True, preset_doc=None, resume_from: str | Path | None = None) -> dict:
     """Train `cfg` on its backend and world size; returns the run summary. Raises on failure
-    (after emitting RunFailed), so callers can map the error to an exit code or a message."""
+    (after emitting RunFailed), so callers can map the error to an exit code or a message.
+    A recorded run checkpoints into its folder; `resume_from` (a checkpoint folder) starts from it."""
     bus = ev.EventBus()
     recorder = None
     if record:
@@ -31,11 +35,13 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     if on_event is not None:
         bus.subscribe(on_event)
     run_id = recorder.run_id if recorder else uuid.uuid4().hex[:8]
+    checkpoint_dir = str(recorder.run_dir / CHECKPOINTS) if recorder else ""
     stop_event = stop_event or threading.Event()
     t0 = time.perf_counter()
     try:
         results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, train_rank,
-                            args=(to_dict(cfg), run_id), on_event=lambda d: bus.emit(ev.from_json(d)),
+                            args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),
+                            on_event=lambda d: bus.emit(ev.from_json(d)),
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event)
     except BaseException as e:
         bus.emit(ev.RunFailed(message=_one_line(e), rank=getattr(e, "rank", None)))
@@ -54,6 +60,15 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         recorder.close()
         summary["run_dir"] = str(recorder.run_dir)
     return summary
+
+
+def resume_training(run_dir: str | Path, overrides=(), step: int | None = None, on_event=None,
+                    stop_event: threading.Event | None = None) -> dict:
+    """Continue a recorded run from its newest finished checkpoint (or the one of `step`) in a new run
+    folder beside it; `overrides` ("a.b=v") may change e.g. the world size or ZeRO stage. The checkpoint
+    is verified (checksums, model layout) before any rank starts."""
+    cfg, doc, ckpt = prepare_resume(run_dir, overrides, step)
+    return run_training(cfg, on_event=on_event, stop_event=stop_event, preset_doc=doc, resume_from=ckpt.path)
 
 
 def _one_line(e: BaseException) -> str:

@@ -16,15 +16,18 @@ import time
 import numpy as np
 
 from engine import events as ev
-from engine import ops
+from engine import memory, ops
 from engine.build import build_dataset, build_model, count_params
+from engine.checkpoint import Checkpointer, NoCheckpoints, find_checkpoint, restore
 from engine.comm.collectives import all_reduce
 from engine.comm.meter import TrafficMeter
 from engine.config import Config, from_dict
 from engine.data import rank_slice
+from engine.estimator import estimate
 from engine.flat import resolve_dtype
 from engine.optim import global_norm_clip_scale, lr_at
-from engine.tensor import Tensor, no_grad
+from engine.recompute import apply_checkpointing
+from engine.tensor import Tensor, no_grad, set_tape_observer
 from engine.zero import make_replica
 
 
@@ -42,9 +45,17 @@ class Trainer:
         self.model = build_model(cfg, self.dataset)
         self.dtype = resolve_dtype(cfg.precision.dtype)
         self.n_params = count_params(self.model)
+        apply_checkpointing(self.model, cfg.memory.checkpointing)
+        # The rank's memory ledger: replicas report model states to it, the tape its activations.
+        self.ledger = memory.Ledger()
+        memory.set_current(self.ledger)
+        set_tape_observer(self.ledger)
         self.replica = replica_factory(cfg, self.model, comm)
+        self.optimizer_scratch = memory.optimizer_scratch_bytes(self.replica)
+        self.memory_estimate = estimate(cfg, getattr(self.model, "vocab_size", None)).phases()
         self.step = 0
         self.tokens_seen = 0
+        self.checkpoints = NoCheckpoints()  # train_rank installs a Checkpointer when the run has a folder
 
     def emit(self, event) -> None:
         self._emit(ev.to_json(event))
@@ -66,17 +77,24 @@ class Trainer:
         batch = self.dataset.global_batch(self.step, "train")
         self.model.train()
         self.replica.zero_grad()
+        ledger = self.ledger
+        ledger.begin_step(self.step)
         loss_sum = 0.0
         for micro in range(n_micro):
             x, y = rank_slice(batch, self.rank, self.world, micro, n_micro)
             self.replica.begin_micro(sync=micro == n_micro - 1)
-            loss = self._loss(x, y)
+            with ledger.in_phase("forward"):
+                loss = self._loss(x, y)
             loss_sum += float(loss.data)
-            self.replica.backward(loss, 1.0 / n_micro)
-        self.replica.finish_backward()
-        grad_norm = self.replica.grad_norm()
-        clip = global_norm_clip_scale(grad_norm**2, cfg.optim.grad_clip)
-        stepped = self.replica.step(lr, clip, self.step)
+            with ledger.in_phase("backward"):
+                self.replica.backward(loss, 1.0 / n_micro)
+        with ledger.in_phase("backward"):
+            self.replica.finish_backward()
+        with ledger.in_phase("optimizer"):
+            grad_norm = self.replica.grad_norm()
+            clip = global_norm_clip_scale(grad_norm**2, cfg.optim.grad_clip)
+            with ledger.transient("temporaries", self.optimizer_scratch):
+                stepped = self.replica.step(lr, clip, self.step)
         if stepped:
             self.step += 1
         step_time = time.perf_counter() - t0
@@ -118,6 +136,7 @@ class Trainer:
         while self.step < cfg.train.steps and not self.should_stop():
             s = self.train_step()
             self._report_step(s)
+            self.checkpoints.after_step(self, stepped=not s["skipped"])
             if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and not s["skipped"]:
                 val = self.evaluate()
                 self._report_eval(val)
@@ -125,12 +144,16 @@ class Trainer:
             val = self.evaluate()
             self._report_eval(val)
         wall = time.perf_counter() - t_start
+        if self.step >= cfg.train.steps:  # a stopped run keeps its last periodic checkpoint
+            self.checkpoints.at_end(self)
         return {"steps": self.step, "initial_val_loss": first_val, "final_val_loss": val,
                 "tokens_per_s": (self.tokens_seen - tokens_start) / max(wall, 1e-9), "wall_s": wall}
 
     def _report_step(self, s: dict) -> None:
         self.emit(ev.RankStats(step=self.step, rank=self.rank, step_time_s=s["step_time_s"],
                                comm_wait_s=self.replica.comm_wait_s, bytes_sent=self.replica.bytes_sent))
+        for snapshot in self.ledger.snapshots(self.step, self.rank, self.memory_estimate):
+            self.emit(snapshot)
         if self.world > 1:
             self.emit(ev.Traffic(step=self.step, rank=self.rank, links=self.comm.meter.snapshot()))
         if self.rank == 0:
@@ -153,11 +176,21 @@ def _plain(cfg: Config) -> dict:
     return to_dict(cfg)
 
 
-def train_rank(comm, emit, cfg_dict: dict, run_id: str = "") -> dict:
-    """Entry point of one rank (any backend): rebuild the config, train, return the summary."""
+def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str = "",
+               resume_from: str = "") -> dict:
+    """Entry point of one rank (any backend): rebuild the config, restore the checkpoint `resume_from`
+    (if any), train, checkpoint into `checkpoint_dir` (if any), return the summary."""
     cfg = from_dict(cfg_dict, source="<run config>")
     trainer = Trainer(cfg, comm, emit, comm.should_stop)
     try:
+        if checkpoint_dir:
+            trainer.checkpoints = Checkpointer(checkpoint_dir, cfg.checkpoint.every, cfg.checkpoint.keep,
+                                               cfg_dict, run_id)
+        if resume_from:
+            ckpt = find_checkpoint(resume_from)
+            restore(trainer, ckpt)
+            if trainer.rank == 0:
+                trainer.emit(ev.Log(level="info", message=f"resumed at step {ckpt.step} from {ckpt.path}"))
         return trainer.fit(run_id=run_id)
     finally:
         trainer.replica.close()

@@ -59,14 +59,21 @@ class NanoDistApp(App[None]):
         self._batcher = EventBatcher(self.post_message)
 
     def compose(self) -> ComposeResult:
-        yield RunHeader(self.preset_name, replay=self.replay, id="header")
+        # Panes are kept by reference: ticks and the render timer can still fire while the app
+        # shuts down, when querying the DOM would find nothing.
+        self.header = RunHeader(self.preset_name, replay=self.replay, id="header")
+        self.rank_table = RankTable(id="ranks")
+        self.log_pane = LogPane(id="log")
+        curves = (LossPlot(id="loss"), LossScalePane(id="loss-scale"))
+        memory = MemoryPane(id="memory")
+        self.panes = (self.header, *curves, memory, self.rank_table, self.log_pane)
+        yield self.header
         with Horizontal(id="curves"):
-            yield LossPlot(id="loss")
-            yield LossScalePane(id="loss-scale")
+            yield from curves
         with Horizontal(id="resources"):
-            yield MemoryPane(id="memory")
-            yield RankTable(id="ranks")
-        yield LogPane(id="log")
+            yield memory
+            yield self.rank_table
+        yield self.log_pane
         yield Footer()
 
     def on_mount(self) -> None:
@@ -88,26 +95,8 @@ class NanoDistApp(App[None]):
         finally:
             self._batcher.close()
 
-    @property
-    def header(self) -> RunHeader:
-        return self.query_one(RunHeader)
-
-    @property
-    def log_pane(self) -> LogPane:
-        return self.query_one(LogPane)
-
-    def _panes(self) -> tuple[Any, ...]:
-        return (
-            self.header,
-            self.query_one(LossPlot),
-            self.query_one(LossScalePane),
-            self.query_one(MemoryPane),
-            self.query_one(RankTable),
-            self.log_pane,
-        )
-
     def on_tick(self, tick: Tick) -> None:
-        for pane in self._panes():
+        for pane in self.panes:
             pane.ingest(tick)
         if tick.steps and self.header.state == "starting":
             self._set_state("running")
@@ -122,9 +111,8 @@ class NanoDistApp(App[None]):
 
     def _run_started(self, event: RunStarted) -> None:
         if event.world_size > 1:
-            ranks = self.query_one(RankTable)
-            ranks.add_ranks(event.world_size)
-            ranks.display = True
+            self.rank_table.add_ranks(event.world_size)
+            self.rank_table.display = True
         if self.header.state == "starting":
             self._set_state("running")
 
@@ -156,7 +144,7 @@ class NanoDistApp(App[None]):
     def _redraw(self) -> None:
         if self.display_paused:
             return
-        for pane in self._panes():
+        for pane in self.panes:
             pane.redraw()
 
     def action_stop_training(self) -> None:

@@ -4,7 +4,8 @@ The engine thread only calls `EventBatcher.emit`, which takes a lock, files the 
 returns: it never waits for the UI (design rule 6). A small flusher thread turns what has
 piled up into one `Tick` and hands it to `post` (the app's thread-safe `post_message`) at most
 once per `interval_s`. Continuous events (StepEnd, RankStats, Traffic, MemorySnapshot) are
-coalesced: StepEnds are accumulated for the curves, the rest keep the latest value per rank.
+coalesced: StepEnds are accumulated for the curves, the rest keep the latest value per rank
+(memory: per rank and phase).
 Every other event is discrete and is carried, in order, in the next tick; none is dropped
 while the app accepts messages. Once `post` returns False (the app is closing) the batcher
 stops posting and `emit` becomes a no-op.
@@ -21,8 +22,12 @@ from typing import Any
 from engine.events import MemorySnapshot, RankStats, StepEnd, Traffic, as_event
 from nanodist_tui.messages import Tick
 
-# Where each continuous event type is kept until the next tick.
-_LATEST_PER_RANK = {RankStats: "rank_stats", MemorySnapshot: "memory", Traffic: "traffic"}
+# Continuous event type -> (Tick field, key under which its latest value is kept).
+_LATEST: dict[type, tuple[str, Callable[[Any], Any]]] = {
+    RankStats: ("rank_stats", lambda e: e.rank),
+    MemorySnapshot: ("memory", lambda e: (e.rank, e.phase)),  # the ledger reports once per phase
+    Traffic: ("traffic", lambda e: e.rank),
+}
 
 
 class EventBatcher:
@@ -42,13 +47,13 @@ class EventBatcher:
         self._interval_s = interval_s
         self._lock = threading.Lock()  # guards the pending batch; held only for list/dict updates
         self._post_lock = threading.Lock()  # keeps ticks in order when close() flushes concurrently
-        self._wake = threading.Event()  # set when the batch goes from empty to non-empty
+        self._wake = threading.Event()  # set while the batch is non-empty (or the batcher is closing)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._steps: deque[StepEnd] = deque(maxlen=max_steps_per_tick)
         self._steps_seen = 0
         self._events: list[Any] = []
-        self._latest: dict[str, dict[int, Any]] = {name: {} for name in _LATEST_PER_RANK.values()}
+        self._latest: dict[str, dict[Any, Any]] = {field: {} for field, _ in _LATEST.values()}
         self._dirty = False
         self._app_gone = False
         self._last_post = float("-inf")
@@ -67,13 +72,15 @@ class EventBatcher:
             if isinstance(event, StepEnd):
                 self._steps.append(event)
                 self._steps_seen += 1
-            elif (slot := _LATEST_PER_RANK.get(type(event))) is not None:
-                self._latest[slot][event.rank] = event
+            elif (latest := _LATEST.get(type(event))) is not None:
+                field, key = latest
+                self._latest[field][key(event)] = event
             else:
                 self._events.append(event)
-            was_dirty, self._dirty = self._dirty, True
-        if not was_dirty:
-            self._wake.set()
+            if not self._dirty:
+                # Set and cleared under the lock, so the flusher is awake exactly when there is news.
+                self._dirty = True
+                self._wake.set()
 
     def flush(self) -> None:
         """Post one tick now with whatever is pending (nothing if nothing is)."""

@@ -91,8 +91,13 @@ def run(preset: PresetOpt = "quickstart", sets: SetOpt = None, world_size: World
 
 
 def _register_subcommands() -> None:
-    from nanodist_tui import bench_cli
+    from nanodist_tui import bench_cli, model_cli, presets_cli, resume_cli, runs_cli
     app.add_typer(bench_cli.app, name="bench")
+    app.add_typer(presets_cli.app, name="presets")
+    for module in (runs_cli, resume_cli, model_cli):
+        module.register(app)
+    from nanodist_tui import memory_cli
+    memory_cli.register(app)
 
 
 _register_subcommands()

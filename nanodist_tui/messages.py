@@ -19,8 +19,9 @@ class Tick(Message, bubble=False):
         steps: every `StepEnd` since the previous tick, oldest first (at most the batcher's
             `max_steps_per_tick`; older ones beyond that are counted in `dropped_steps`).
         dropped_steps: `StepEnd`s the batcher discarded because one tick would have carried too many.
-        rank_stats / memory / traffic: the LATEST `RankStats` / `MemorySnapshot` / `Traffic` per
-            rank, cumulative over the run (a rank keeps its last value until it reports again).
+        rank_stats / traffic: the LATEST `RankStats` / `Traffic` per rank, and memory the latest
+            `MemorySnapshot` per (rank, phase), cumulative over the run (a key keeps its last value
+            until it is reported again).
         events: the discrete events (everything that is not a continuous one) since the previous
             tick, in emission order; none is ever dropped.
 
@@ -36,7 +37,7 @@ class Tick(Message, bubble=False):
         steps: tuple[Any, ...],
         dropped_steps: int,
         rank_stats: dict[int, Any],
-        memory: dict[int, Any],
+        memory: dict[tuple[int, str], Any],
         traffic: dict[int, Any],
         events: tuple[Any, ...],
     ) -> None:

@@ -30,7 +30,11 @@ SIZE = (160, 50)
 
 
 def memory(activations: int) -> dict[str, int]:
-    return {"parameters": 49_380, "gradients": 49_380, "optimizer_master": 98_760, "activations": activations}
+    return {"parameters": 49_380, "gradients": 49_380, "master": 98_760, "activations": activations}
+
+
+# Per phase: (activations at the phase's end, activations at its peak); backward peaks highest.
+PHASES = {"forward": (20_000, 20_000), "backward": (0, 24_000), "optimizer": (0, 0)}
 
 
 class FakeJob:
@@ -88,16 +92,17 @@ class FakeJob:
                 scale /= 2
             for rank in range(self.world_size):
                 emit(RankStats(step=i, rank=rank, step_time_s=0.004, comm_wait_s=0.001, bytes_sent=4096))
-                emit(
-                    MemorySnapshot(
-                        step=i,
-                        rank=rank,
-                        phase="after_step",
-                        current=memory(8_000),
-                        peak=memory(20_000),
-                        estimate=memory(19_000),
+                for phase, (end, peak) in PHASES.items():
+                    emit(
+                        MemorySnapshot(
+                            step=i,
+                            rank=rank,
+                            phase=phase,
+                            current=memory(end),
+                            peak=memory(peak),
+                            estimate=memory(peak - peak // 8),
+                        )
                     )
-                )
             if i % 10 == 9:
                 emit(Eval(step=i, val_loss=4.5 / (i + 1)))
             time.sleep(0.004)
@@ -167,7 +172,10 @@ def test_a_finished_run_shows_progress_in_every_pane():
         loss = app.query_one(LossPlot)
         assert len(loss.train) == 29 and len(loss.val) == 3  # the overflowed step has no loss
         memory = str(app.query_one(MemoryPane).content)
-        assert "rank 0" in memory and "rank 1" in memory and "est" in memory
+        assert "rank 0" in memory and "rank 1" in memory
+        # Backward peaked highest: 2 x 49,380 + 98,760 + 24,000 = 221,520 B = 216.3 KiB; estimate 218,520 B.
+        assert "peak 216.3 KiB (backward)  est 213.4 KiB, measured +1.4%" in memory
+        assert "activations 23.4 KiB" in memory
         table = app.query_one(RankTable)
         assert table.display and table.row_count == 2
         assert table.get_cell("1", "step") == "29"

@@ -134,26 +134,45 @@ def test_a_lone_event_is_posted_promptly_not_held_until_the_next_one():
         batcher.close()
 
 
+def test_the_flusher_sleeps_while_nothing_happens():
+    batcher = EventBatcher(Recorder(), interval_s=0.05)
+    flushes = []
+    real_flush = batcher.flush
+    batcher.flush = lambda: (flushes.append(1), real_flush())
+    batcher.start()
+    for i in range(3):
+        batcher.emit(step(i))
+        time.sleep(0.01)
+    time.sleep(0.5)
+    batcher.close()
+    assert len(flushes) <= 4  # one per interval with news, not a busy loop
+
+
+def snapshot(step: int, phase: str) -> MemorySnapshot:
+    return MemorySnapshot(step=step, rank=1, phase=phase, current={"parameters": 10}, peak={"parameters": 10})
+
+
 def test_snapshots_keep_the_latest_value_per_rank_across_ticks():
     recorder = Recorder()
     batcher = EventBatcher(recorder)
-    memory = MemorySnapshot(
-        step=0, rank=1, phase="after_step", current={"parameters": 10}, peak={"parameters": 10}, estimate=None
-    )
+    forward, backward = snapshot(0, "forward"), snapshot(0, "backward")
     traffic = Traffic(
         step=0, rank=0, links=[{"src": 0, "dst": 1, "phase": "reduce_scatter", "bytes": 8, "seconds": 0.001}]
     )
-    for event in (rank_stats(0, 0), rank_stats(0, 1), memory, traffic):
+    for event in (rank_stats(0, 0), rank_stats(0, 1), forward, backward, traffic):
         batcher.emit(event)
     batcher.flush()
+    later_forward = snapshot(1, "forward")
     batcher.emit(rank_stats(1, 0))
+    batcher.emit(later_forward)
     batcher.flush()
 
     first, second = recorder.ticks
-    assert first.memory == {1: memory} and first.traffic == {0: traffic}
+    assert first.memory == {(1, "forward"): forward, (1, "backward"): backward}  # one per phase
+    assert first.traffic == {0: traffic}
     assert second.rank_stats[0].step == 1
     assert second.rank_stats[1].step == 0  # rank 1 did not report again: its last value stays
-    assert second.memory == {1: memory}
+    assert second.memory == {(1, "forward"): later_forward, (1, "backward"): backward}
 
 
 def test_flush_with_nothing_new_posts_nothing():

@@ -7,7 +7,7 @@ every rank sends exactly (N−1)/N·S bytes in reduce-scatter and again in all-g
 for all-reduce. Otherwise rank r sends S − |shard r| in reduce-scatter and S − |shard r+1| in
 all-gather.
 
-Overlap: each ring step moves its shard in segments of SEGMENT_BYTES, and every segment is
+Overlap: each ring step moves its shard in segments of ``segment_bytes``, and every segment is
 received with reduce-on-receive: the transport reduces each piece as it lands, while the peer is
 still writing the next one (shared-memory slots, socket buffers).
 
@@ -39,7 +39,8 @@ def shard_bounds(n: int, world_size: int, rank: int) -> tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
-def reduce_scatter(comm: Communicator, buf: np.ndarray, op: str = "sum") -> tuple[int, int]:
+def reduce_scatter(comm: Communicator, buf: np.ndarray, op: str = "sum", *,
+                   segment_bytes: int = SEGMENT_BYTES) -> tuple[int, int]:
     """Leave this rank's shard of ``buf`` reduced over all ranks; returns its (start, end).
     The rest of ``buf`` holds partial sums afterwards."""
     reduce = _reducer(op, _check(buf))
@@ -50,14 +51,14 @@ def reduce_scatter(comm: Communicator, buf: np.ndarray, op: str = "sum") -> tupl
         # ours; after N−1 steps shard r has all N contributions.
         for step in range(size - 1):
             out, inc = shard[(rank - step - 1) % size], shard[(rank - step - 2) % size]
-            _exchange(comm, buf[out[0]:out[1]], buf[inc[0]:inc[1]], reduce)
+            _exchange(comm, buf[out[0]:out[1]], buf[inc[0]:inc[1]], reduce, segment_bytes)
     start, end = shard[rank]
     if op == "avg":
         _divide(buf[start:end], size)
     return start, end
 
 
-def all_gather(comm: Communicator, buf: np.ndarray) -> None:
+def all_gather(comm: Communicator, buf: np.ndarray, *, segment_bytes: int = SEGMENT_BYTES) -> None:
     """Every rank contributes its shard (``shard_bounds``) of ``buf``; all end with the whole buffer."""
     _check(buf)
     n, size, rank = buf.size, comm.world_size, comm.rank
@@ -65,10 +66,11 @@ def all_gather(comm: Communicator, buf: np.ndarray) -> None:
     with metered_phase(comm.meter, "all-gather"):
         for step in range(size - 1):
             out, inc = shard[(rank - step) % size], shard[(rank - step - 1) % size]
-            _exchange(comm, buf[out[0]:out[1]], buf[inc[0]:inc[1]], None)
+            _exchange(comm, buf[out[0]:out[1]], buf[inc[0]:inc[1]], None, segment_bytes)
 
 
-def all_reduce(comm: Communicator, buf: np.ndarray, op: str = "sum", algorithm: str = "ring") -> None:
+def all_reduce(comm: Communicator, buf: np.ndarray, op: str = "sum", algorithm: str = "ring", *,
+               segment_bytes: int = SEGMENT_BYTES) -> None:
     """In place: ``buf`` ends as the reduction over all ranks, bitwise identical everywhere.
     ``algorithm="mpi-native"`` hands the buffer to MPI's own Allreduce (mpi backend only)."""
     if algorithm == "mpi-native":
@@ -79,11 +81,12 @@ def all_reduce(comm: Communicator, buf: np.ndarray, op: str = "sum", algorithm: 
         return
     if algorithm != "ring":
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; expected one of {ALGORITHMS}")
-    reduce_scatter(comm, buf, op)
-    all_gather(comm, buf)
+    reduce_scatter(comm, buf, op, segment_bytes=segment_bytes)
+    all_gather(comm, buf, segment_bytes=segment_bytes)
 
 
-def broadcast(comm: Communicator, buf: np.ndarray, root: int = 0) -> None:
+def broadcast(comm: Communicator, buf: np.ndarray, root: int = 0, *,
+              segment_bytes: int = SEGMENT_BYTES) -> None:
     """Copy ``root``'s buffer to every rank through a pipelined chain root → root+1 → …, segment by
     segment, so every link carries S bytes once (busbw factor 1)."""
     _check(buf)
@@ -91,19 +94,20 @@ def broadcast(comm: Communicator, buf: np.ndarray, root: int = 0) -> None:
     position = (comm.rank - root) % size
     nxt, prv = (comm.rank + 1) % size, (comm.rank - 1) % size
     with metered_phase(comm.meter, "broadcast"):
-        for segment in _segments(buf):
+        for segment in _segments(buf, segment_bytes):
             if position > 0:
                 comm.recv(prv, segment)
             if position < size - 1:
                 comm.send(nxt, segment)
 
 
-def _exchange(comm: Communicator, outgoing: np.ndarray, incoming: np.ndarray, reduce: Reduce | None):
+def _exchange(comm: Communicator, outgoing: np.ndarray, incoming: np.ndarray, reduce: Reduce | None,
+              segment_bytes: int) -> None:
     """One ring step: outgoing to the next rank while incoming arrives from the previous one.
     Both sides cut a shard at the same offsets, so segment j of a send meets segment j of a recv;
     shards may differ in size by one element, hence the one-sided tail."""
     nxt, prv = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
-    outs, ins = _segments(outgoing), _segments(incoming)
+    outs, ins = _segments(outgoing, segment_bytes), _segments(incoming, segment_bytes)
     for j in range(max(len(outs), len(ins))):
         if j < len(outs) and j < len(ins):
             comm.sendrecv(nxt, outs[j], prv, ins[j], reduce)
@@ -113,8 +117,8 @@ def _exchange(comm: Communicator, outgoing: np.ndarray, incoming: np.ndarray, re
             comm.recv(prv, ins[j], reduce)
 
 
-def _segments(view: np.ndarray) -> list[np.ndarray]:
-    step = max(1, SEGMENT_BYTES // view.itemsize)
+def _segments(view: np.ndarray, segment_bytes: int) -> list[np.ndarray]:
+    step = max(1, segment_bytes // view.itemsize)
     return [view[i:i + step] for i in range(0, view.size, step)]
 
 

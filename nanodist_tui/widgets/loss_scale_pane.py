@@ -22,13 +22,15 @@ class LossScalePane(Vertical):
         self.skipped_steps = 0
         self.overflows = 0
         self._pending: list[Text] = []
+        self.plot = LossScalePlot(id="loss-scale-plot")
+        self.changes = RichLog(id="loss-scale-log", max_lines=500, wrap=True, markup=False)
 
     def compose(self) -> ComposeResult:
-        yield LossScalePlot(id="loss-scale-plot")
-        yield RichLog(id="loss-scale-log", max_lines=500, wrap=True, markup=False)
+        yield self.plot
+        yield self.changes
 
     def ingest(self, tick: Tick) -> None:
-        self.query_one(LossScalePlot).ingest(tick)
+        self.plot.ingest(tick)
         self.skipped_steps += sum(1 for step in tick.steps if step.skipped)
         for event in tick.events:
             if isinstance(event, LossScaleChange):
@@ -36,7 +38,7 @@ class LossScalePane(Vertical):
                 self._pending.append(describe_change(event))
 
     def redraw(self) -> None:
-        self.query_one(LossScalePlot).redraw()
+        self.plot.redraw()
         if self.skipped_steps or self.overflows:
             self.border_title = f"loss scale · {self.overflows} overflows · {self.skipped_steps} skipped"
-        write_lines(self.query_one(RichLog), self._pending)
+        write_lines(self.changes, self._pending)

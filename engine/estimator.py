@@ -1,0 +1,251 @@
+"""The analytic memory estimator: per-rank bytes by category, from the config alone.
+
+It is kept apart from the measuring ledger (engine.memory) on purpose: tests hold the two together.
+
+Model states (Ψ parameters, N ranks, s bytes per element of the training dtype; master weights,
+Adam m and v are fp32, or fp64 in fp64 training). Stages 1-2 pad the flat buffer to Ψp =
+ceil(Ψ/N)·N and a rank owns Ψp/N of it; stage 3 pads every unit (each block, plus the parameters
+outside the blocks) to a multiple of N, so its shard Ψ3 = Σ ceil(Ψ_unit/N):
+
+| category   | stage 0 | stage 1 | stage 2 | stage 3 |
+|------------|---------|---------|---------|---------|
+| parameters | Ψ·s     | Ψp·s    | Ψp·s    | Ψ3·s    |
+| gradients  | Ψ·s     | Ψp·s    | Ψp/N·s  | Ψ3·s    |
+| master     | 4Ψ      | 4Ψp/N   | 4Ψp/N   | 4Ψ3     |  (fp16/bf16 only; fp32/fp64 update in place)
+| adam_m, v  | 4Ψ each | 4Ψp/N   | 4Ψp/N   | 4Ψ3     |
+
+For 2-byte training that is REFERENCE §1 (16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N) up to padding, and
+it counts every byte: the original nanoDist table left the fp32 master weights out.
+
+Transients (engine.zero_*): the optimizer step upcasts the owned gradients to fp32 in mixed
+precision and AdamW holds two scratch arrays the size of the piece it updates (stage 0: everything;
+1-2: this rank's part of a bucket; 3: its part of a unit). Stage 2 holds a bucket's p.grad arrays
+until they are packed into a bucket buffer for the reduce-scatter; stage 3 also gathers the outer
+unit plus one block (two with prefetch) of parameters and packs a unit's gradients the same way.
+The estimate takes one bucket (or unit) in flight at a time.
+
+Activations: what nanoDist's ops list in `saved=` (per rank and micro-batch of B sequences of T
+tokens, width C, H heads, vocabulary V, global batch G; f = 4 bytes, 8 in fp64), per GPT block
+    LayerNorm x2: input BTC·s + mean and 1/std 2·BT·f each     c_attn input BTC·s
+    q, k, v (views of one array) 3BTC·s    attention probabilities BHT²·s    c_proj input BTC·s
+    MLP: fc input BTC·s, GELU input 4BTC·s, proj input 4BTC·s
+    with dropout: 1-byte masks BHT² + 2·BTC
+i.e. 16·BTC·s + BHT²·s + 4·BT·f (compare Korthikanti et al.: sbh(34 + 5as/h) bytes at s = 2);
+outside the blocks: the token ids (the global batch array, G·T·8), final LayerNorm, the head's
+input, the logits BTV·s, log-sum-exp BT·f and the targets (G·T·8). With checkpointing a recomputed
+block keeps only its input BTC·s; in backward one block at a time is recomputed in full. The peak
+is found by replaying that order (forward, then backward from the last block).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from engine.flat import FlatBuffer, Slot, resolve_dtype
+from engine.memory import CATEGORIES, PHASES
+from engine.recompute import checkpointed_blocks
+
+_ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
+_LOW = ("fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-rank bytes: model states at rest, and per phase the categories at its estimated peak."""
+
+    n_params: int
+    world_size: int
+    zero_stage: int
+    dtype: str
+    checkpointing: str
+    micro_batch: int  # rows per rank per micro-batch
+    states: dict = field(default_factory=dict)
+    by_phase: dict = field(default_factory=dict)  # phase -> category -> bytes
+
+    def phase(self, name: str) -> dict[str, int]:
+        return dict(self.by_phase[name])
+
+    def phases(self) -> dict[str, dict[str, int]]:
+        return {name: self.phase(name) for name in PHASES}
+
+    def peak(self) -> tuple[str, dict[str, int]]:
+        """(phase, categories) of the phase with the highest total."""
+        return max(self.phases().items(), key=lambda item: sum(item[1].values()))
+
+    def category_peaks(self) -> dict[str, int]:
+        """Each category's own maximum over the step."""
+        return {c: max(p[c] for p in self.by_phase.values()) for c in CATEGORIES}
+
+
+def estimate(cfg, vocab_size: int | None = None) -> MemoryEstimate:
+    """Per-rank memory of training `cfg`. `vocab_size` overrides looking it up (0 = from the data)."""
+    world, stage, dtype = cfg.parallel.world_size, cfg.parallel.zero_stage, cfg.precision.dtype
+    s, ms = _ITEMSIZE[dtype], 8 if dtype == "fp64" else 4
+    micro = cfg.train.global_batch // (world * cfg.train.micro_batches)
+    vocab = (vocab_size or vocab_of(cfg)) if cfg.model.kind == "gpt" else 0
+    shapes = param_shapes(cfg, vocab)
+    n = sum(math.prod(shape) for _, shape, _ in shapes)
+    pieces, units = _pieces(shapes, cfg, world, stage)  # elements each AdamW updates; stage-3 units
+    owned = sum(pieces)
+    states = {
+        "parameters": s * ({0: n, 3: owned}.get(stage, owned * world)),
+        "gradients": s * ({0: n, 1: owned * world}.get(stage, owned)),
+        "master": 4 * owned if dtype in _LOW else 0,
+        "adam_m": ms * owned,
+        "adam_v": ms * owned,
+    }
+    acts = activation_peaks(cfg, vocab, micro)
+    base = {**dict.fromkeys(CATEGORIES, 0), **states}
+    by_phase = {"forward": {**base, "activations": acts["forward"]},
+                "backward": {**base, "activations": acts["backward"]},
+                "optimizer": {**base, "temporaries": 2 * ms * max(pieces) + (4 * owned if dtype in _LOW else 0)}}
+    if stage == 2:  # a bucket's gradients before packing, and its buffer in flight
+        bucket = max(pieces) * world * s
+        by_phase["backward"]["gradients"] += bucket
+        by_phase["backward"]["comm_buffers"] = bucket
+    if stage == 3:
+        outer, blocks = units[0], units[1:] or [0]
+        gathered = (outer + (2 if cfg.parallel.prefetch else 1) * max(blocks)) * s
+        for phase in ("forward", "backward"):
+            by_phase[phase]["parameters"] += gathered
+        by_phase["backward"]["gradients"] += max(units) * s
+        by_phase["backward"]["comm_buffers"] = max(units) * s
+    return MemoryEstimate(n, world, stage, dtype, cfg.memory.checkpointing, micro, states, by_phase)
+
+
+# ---------------------------------------------------------------------- parameters and their layout
+
+def vocab_of(cfg) -> int:
+    """The GPT's vocabulary: the config's number, the synthetic default, or the corpus's characters."""
+    if cfg.model.vocab_size:
+        return cfg.model.vocab_size
+    from engine.data import SYNTHETIC_LM_VOCAB
+    if cfg.data.kind == "synthetic-lm":
+        return SYNTHETIC_LM_VOCAB
+    from engine.build import build_dataset
+    return build_dataset(cfg).vocab_size
+
+
+def param_shapes(cfg, vocab: int) -> list[tuple[str, tuple, int | None]]:
+    """(name, shape, unit) of every parameter in the model's definition order; unit = the block (GPT)
+    or layer (MLP) index it belongs to, None for parameters outside them (engine.nn's layout)."""
+    m, bias = cfg.model, cfg.model.bias
+
+    def linear(name, n_in, n_out, unit, with_bias=bias):
+        return [(f"{name}.weight", (n_out, n_in), unit)] + ([(f"{name}.bias", (n_out,), unit)] if with_bias else [])
+
+    def norm(name, dim, unit):
+        return [(f"{name}.weight", (dim,), unit)] + ([(f"{name}.bias", (dim,), unit)] if bias else [])
+
+    if m.kind == "mlp":
+        return [p for i, (a, b) in enumerate(zip(m.widths[:-1], m.widths[1:])) for p in linear(f"layers.{i}", a, b, i)]
+    c = m.n_embd
+    shapes = [("wte.weight", (vocab, c), None), ("wpe.weight", (m.block_size, c), None)]
+    for i in range(m.n_layer):
+        pre = f"blocks.{i}."
+        shapes += (norm(pre + "ln_1", c, i) + linear(pre + "attn.c_attn", c, 3 * c, i)
+                   + linear(pre + "attn.c_proj", c, c, i) + norm(pre + "ln_2", c, i)
+                   + linear(pre + "mlp.layers.0", c, 4 * c, i) + linear(pre + "mlp.layers.1", 4 * c, c, i))
+    shapes += norm("ln_f", c, None)
+    if not m.tie_weights:
+        shapes += linear("lm_head", c, vocab, None, with_bias=False)
+    return shapes
+
+
+def count_params(cfg, vocab: int) -> int:
+    """Parameters of the model `cfg` describes (equals engine.build.count_params of the built model)."""
+    return sum(math.prod(shape) for _, shape, _ in param_shapes(cfg, vocab))
+
+
+class _Layout(FlatBuffer):
+    """A FlatBuffer's layout and bucket plan without its arrays: the estimator allocates nothing."""
+
+    def __init__(self, shapes, dtype, pad_to: int):
+        self.params, self.dtype, self.slots, start = [None] * len(shapes), resolve_dtype(dtype), [], 0
+        for name, shape, _ in shapes:
+            self.slots.append(Slot(name, start, start + math.prod(shape), shape))
+            start += math.prod(shape)
+        self.numel, self.size = start, -(-start // pad_to) * pad_to
+
+
+def _pieces(shapes, cfg, world: int, stage: int) -> tuple[list[int], list[int]]:
+    """Elements of each range this rank's optimizer updates, and (stage 3) each unit's padded size,
+    outer unit first. Mirrors engine.ddp (one piece), engine.zero_optimizer (part r of every aligned
+    bucket) and engine.zero3 (part r of every unit)."""
+    if stage == 0:
+        return [sum(math.prod(shape) for _, shape, _ in shapes)], []
+    if stage in (1, 2):
+        from engine.zero_comm import aligned_buckets
+        layout = _Layout(shapes, cfg.precision.dtype, world)
+        buckets = aligned_buckets(layout, int(cfg.parallel.bucket_cap_mb * 2**20), world)
+        return [(b.end - b.start) // world for b in buckets], []
+    groups: dict = {}
+    for _, shape, unit in shapes:
+        groups[unit] = groups.get(unit, 0) + math.prod(shape)
+    outer = [groups.pop(None)] if None in groups else [0]
+    units = [math.ceil(k / world) * world for k in outer + [groups[u] for u in sorted(groups)]]
+    return [u // world for u in units if u], units
+
+
+# ---------------------------------------------------------------------- activations
+
+def activation_peaks(cfg, vocab: int, micro: int) -> dict[str, int]:
+    """Highest activation bytes in the forward and in the backward phase of one micro-batch."""
+    m, dtype = cfg.model, cfg.precision.dtype
+    s, f = _ITEMSIZE[dtype], 8 if dtype == "fp64" else 4
+    g = cfg.train.global_batch
+    if m.kind == "mlp":
+        total = sum(_mlp_saves(m.widths, micro, g, s, f, m.dropout).values())
+        return {"forward": total, "backward": total}
+    groups = _gpt_saves(micro, m.block_size, m.n_embd, m.n_head, vocab, m.n_layer, g, s, f, m.dropout)
+    ckpt = {i + 1 for i in checkpointed_blocks(cfg.memory.checkpointing, m.n_layer)}  # group index
+    return _replay(groups, ckpt)
+
+
+def _gpt_saves(b, t, c, h, v, n_layer, g, s, f, p) -> list[dict[str, int]]:
+    """Arrays kept for backward, grouped: embedding, each block (first key: its input), head."""
+    btc = b * t * c * s
+    embedding = {"idx": g * t * 8}
+    if p:
+        embedding["embedding dropout mask"] = b * t * c
+    groups = [embedding]
+    for k in range(n_layer):
+        block = {f"x{k}": btc, f"ln_1 stats {k}": 2 * b * t * f, f"ln_1 out {k}": btc, f"qkv {k}": 3 * btc,
+                 f"probs {k}": b * h * t * t * s, f"attn out {k}": btc, f"h {k}": btc,
+                 f"ln_2 stats {k}": 2 * b * t * f, f"ln_2 out {k}": btc, f"fc out {k}": 4 * btc,
+                 f"gelu out {k}": 4 * btc}
+        if p:
+            block.update({f"probs mask {k}": b * h * t * t, f"resid mask {k}": b * t * c,
+                          f"mlp mask {k}": b * t * c})
+        groups.append(block)
+    groups.append({f"x{n_layer}": btc, "ln_f stats": 2 * b * t * f, "ln_f out": btc, "logits": b * t * v * s,
+                   "lse": b * t * f, "targets": g * t * 8})
+    return groups
+
+
+def _mlp_saves(widths, b, g, s, f, p) -> dict[str, int]:
+    saves = {"input": b * widths[0] * s, "logits": b * widths[-1] * s, "lse": b * f, "targets": g * 8}
+    for i, w in enumerate(widths[1:-1]):
+        saves.update({f"pre-gelu {i}": b * w * s, f"next input {i}": b * w * s})
+        if p:
+            saves[f"mask {i}"] = b * w
+    return saves
+
+
+def _replay(groups: list[dict[str, int]], ckpt: set[int]) -> dict[str, int]:
+    """Peak bytes held in forward and in backward when the groups in `ckpt` are recomputed."""
+    held: dict[str, int] = {}
+    for i, group in enumerate(groups):
+        if i in ckpt:
+            key = next(iter(group))
+            held[key] = group[key]  # only the block input
+        else:
+            held.update(group)
+    forward = backward = sum(held.values())
+    for i in reversed(range(len(groups))):
+        if i in ckpt:  # recompute the whole block while everything before it is still held
+            backward = max(backward, sum({**held, **groups[i]}.values()))
+        for key in groups[i]:
+            held.pop(key, None)
+    return {"forward": forward, "backward": backward}

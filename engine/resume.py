@@ -1,0 +1,34 @@
+"""What a resumed run is: the recorded run's own config (plus overrides) and a verified checkpoint.
+
+The resumed run trains in a new run folder beside the original (the original stays as it was), from
+the checkpoint's step to `train.steps`. Overrides may change the world size, backend, ZeRO stage or
+the number of steps; anything that changes the model's parameters is refused before any rank starts.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine import presets
+from engine.build import build_dataset, build_model
+from engine.checkpoint import Checkpoint, check_layout, find_checkpoint, layout_of_model
+from engine.checkpoint_io import CheckpointError
+
+
+def prepare_resume(run_dir: str | Path, overrides=(), step: int | None = None):
+    """(Config, tomlkit document, Checkpoint) for resuming `run_dir`; ConfigError or CheckpointError
+    (one line each) when the run, its config, the overrides or the checkpoint cannot be used."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: no such run folder; `nanodist-tui runs` lists the runs")
+    ckpt: Checkpoint = find_checkpoint(run_dir, step)
+    config_path = run_dir / "config.toml"
+    doc = presets.read_document(config_path)
+    # the resumed run goes beside the original unless an override says otherwise
+    cfg = presets.apply_overrides(doc, [f"run.out_dir={run_dir.parent}", *overrides], source=str(config_path))
+    ckpt.verify()
+    check_layout(ckpt, layout_of_model(build_model(cfg, build_dataset(cfg))))
+    if ckpt.step > cfg.train.steps:
+        raise CheckpointError(f"{ckpt.path}: saved at step {ckpt.step}, past train.steps = "
+                              f"{cfg.train.steps}; "
+                              f"resume with --set train.steps={ckpt.step} or more")
+    return cfg, doc, ckpt

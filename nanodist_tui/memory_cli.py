@@ -1,0 +1,174 @@
+"""`nanodist-tui memory`: where a rank's memory goes, estimated from the config and (with --measure)
+measured by the ledger over a few real training steps (threads backend).
+
+Figures are per rank in MB (10^6 bytes). Each category row is that category's own peak over a step;
+the "peak total" row is the highest simultaneous total (the phase where it happens in brackets).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from nanodist_tui.common import PresetOpt, SetOpt, WorldOpt, fail, load_config, user_errors
+
+MB = 1e6
+ROWS = (("parameters", ("parameters",)), ("gradients", ("gradients",)), ("master (fp32)", ("master",)),
+        ("adam m", ("adam_m",)), ("adam v", ("adam_v",)), ("activations", ("activations",)),
+        ("comm buffers", ("comm_buffers",)), ("temporaries", ("temporaries",)))
+COMPONENTS = (("parameters", ("parameters",)), ("gradients", ("gradients",)),
+              ("optimizer (master+m+v)", ("master", "adam_m", "adam_v")), ("activations", ("activations",)),
+              ("comm buffers", ("comm_buffers",)), ("temporaries", ("temporaries",)))
+STAGES, PRECISIONS = (0, 1, 2, 3), ("fp32", "fp16", "bf16")
+
+
+def memory(preset: PresetOpt = "seed-table", sets: SetOpt = None, world_size: WorldOpt = None,
+           zero: Annotated[int | None, typer.Option("--zero", "-z", help="ZeRO stage 0-3 (parallel.zero_stage)")]
+           = None,
+           precision: Annotated[str | None, typer.Option("--precision", help="fp32 | fp16 | bf16 | fp64")] = None,
+           measure: Annotated[bool, typer.Option("--measure", help="also run a few steps and show the ledger")]
+           = False,
+           steps: Annotated[int, typer.Option(help="steps to measure (--measure)", min=1)] = 2,
+           compare: Annotated[bool, typer.Option("--compare", help="stages 0-3 x precisions, and baseline "
+                                                 "(fp32, stage 0) vs optimized (fp16, ZeRO-2, checkpointing)")]
+           = False,
+           as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False) -> None:
+    """Per-rank memory by category: estimated from the config, measured with --measure."""
+    extra = list(sets or [])
+    if zero is not None:
+        extra.append(f"parallel.zero_stage={zero}")
+    if precision is not None:
+        extra.append(f'precision.dtype="{precision}"')
+    with user_errors():
+        cfg, _, _ = load_config(preset, extra, world_size)
+        report = _compare(cfg, measure, steps) if compare else _breakdown(cfg, measure, steps)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    elif compare:
+        _print_compare(report)
+    else:
+        _print_breakdown(report)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("memory")(memory)
+
+
+# ---------------------------------------------------------------------- gathering figures
+
+def _estimated(cfg) -> dict:
+    from engine.estimator import estimate
+    e = estimate(cfg)
+    phase, cats = e.peak()
+    return {"n_params": e.n_params, "states": e.states, "category_peaks": e.category_peaks(),
+            "peak_total": sum(cats.values()), "peak_phase": phase}
+
+
+def _measured(cfg, steps: int) -> dict | None:
+    """The ledger's figures, or None with the reason when this configuration cannot run yet."""
+    from engine.comm.base import RankFailure
+    from engine.memory import measure
+    try:
+        m = measure(cfg, steps)
+    except RankFailure as e:
+        fail(f"measuring failed: {e}", code=1)
+    return {"states": {k: m["at_rest"][k] for k in ("parameters", "gradients", "master", "adam_m", "adam_v")},
+            "category_peaks": m["category_peaks"], "peak_total": m["peak_total"], "peak_phase": m["peak_phase"]}
+
+
+def _describe(cfg) -> dict:
+    p = cfg.parallel
+    return {"preset": cfg.name, "world_size": p.world_size, "zero_stage": p.zero_stage,
+            "dtype": cfg.precision.dtype, "checkpointing": cfg.memory.checkpointing,
+            "micro_batch_rows": cfg.train.global_batch // (p.world_size * cfg.train.micro_batches)}
+
+
+def _breakdown(cfg, measure: bool, steps: int) -> dict:
+    report = {**_describe(cfg), "estimate": _estimated(cfg)}
+    report["measured"] = _measured(cfg, steps) if measure else None
+    return report
+
+
+def optimized(cfg):
+    """The baseline's model trained with fp16, ZeRO-2 and checkpointing (blocks, where it has any)."""
+    from engine.config import replace
+    cfg = replace(replace(cfg, "precision.dtype", "fp16"), "parallel.zero_stage", 2)
+    return replace(cfg, "memory.checkpointing", "blocks" if cfg.model.kind == "gpt" else "none")
+
+
+def baseline(cfg):
+    from engine.config import replace
+    cfg = replace(replace(cfg, "precision.dtype", "fp32"), "parallel.zero_stage", 0)
+    return replace(cfg, "memory.checkpointing", "none")
+
+
+def _compare(cfg, measure: bool, steps: int) -> dict:
+    from engine.config import replace
+    grid = []
+    for stage in STAGES:
+        for dtype in PRECISIONS:
+            c = replace(replace(cfg, "parallel.zero_stage", stage), "precision.dtype", dtype)
+            grid.append({"zero_stage": stage, "dtype": dtype, "estimate": _estimated(c)})
+    base, opt = baseline(cfg), optimized(cfg)
+    pair = {name: _breakdown(c, measure, steps) for name, c in (("baseline", base), ("optimized", opt))}
+    return {**_describe(cfg), "grid": grid, **pair}
+
+
+# ---------------------------------------------------------------------- printing
+
+def _mb(nbytes) -> str:
+    return "-" if nbytes is None else f"{nbytes / MB:.1f}"
+
+
+def _sum(cats: dict | None, keys) -> int | None:
+    return None if cats is None else sum(cats[k] for k in keys)
+
+
+def _header(r: dict, n_params: int) -> str:
+    return (f"{r['preset']}: {n_params:,} parameters, {r['world_size']} rank(s), ZeRO-{r['zero_stage']}, "
+            f"{r['dtype']}, checkpointing {r['checkpointing']}, micro-batch {r['micro_batch_rows']} row(s)")
+
+
+def _print_breakdown(r: dict) -> None:
+    est, meas = r["estimate"], r["measured"]
+    print(_header(r, est["n_params"]))
+    print(f"per rank, MB (each category at its own peak){'':8}{'estimated':>10}" + (f"{'measured':>10}" if meas else ""))
+    for label, keys in ROWS:
+        row = f"  {label:50}{_mb(_sum(est['category_peaks'], keys)):>10}"
+        print(row + (f"{_mb(_sum(meas['category_peaks'], keys)):>10}" if meas else ""))
+    total = f"  {'peak total (' + est['peak_phase'] + ')':50}{_mb(est['peak_total']):>10}"
+    print(total + (f"{_mb(meas['peak_total']):>10}  ({meas['peak_phase']})" if meas else ""))
+    states = sum(est["states"].values())
+    print(f"  model states at rest: {_mb(states)} MB estimated"
+          + (f", {_mb(sum(meas['states'].values()))} MB measured" if meas else ""))
+
+
+def _print_compare(r: dict) -> None:
+    print(_header(r, r["grid"][0]["estimate"]["n_params"]).replace(
+        f"ZeRO-{r['zero_stage']}, {r['dtype']}, ", ""))
+    print("\nestimated per rank, MB: model states at rest / peak total")
+    print(f"  {'':8}" + "".join(f"{d:>18}" for d in PRECISIONS))
+    for stage in STAGES:
+        cells = [g["estimate"] for g in r["grid"] if g["zero_stage"] == stage]
+        print(f"  ZeRO-{stage:<3}" + "".join(
+            f"{_mb(sum(e['states'].values())) + ' / ' + _mb(e['peak_total']):>18}" for e in cells))
+    b, o = r["baseline"], r["optimized"]
+    measured = b["measured"] is not None
+    print(f"\nbaseline (fp32, ZeRO-0, no checkpointing) vs optimized (fp16, ZeRO-2, checkpointing "
+          f"{o['checkpointing']}), per rank, MB")
+    cols = ("baseline est", "baseline meas", "optimized est", "optimized meas") if measured else (
+        "baseline", "optimized")
+    print(f"  {'component':24}" + "".join(f"{c:>16}" for c in cols) + f"{'reduction':>11}")
+    for label, keys in COMPONENTS + (("peak total", None),):
+        figures = []
+        for side in (b, o):
+            for kind in ("estimate", "measured") if measured else ("estimate",):
+                src = side[kind]
+                figures.append(src["peak_total"] if keys is None else _sum(src["category_peaks"], keys))
+        before, after = (figures[1], figures[3]) if measured else (figures[0], figures[1])
+        cut = f"{1 - after / before:.0%}" if before else "-"
+        print(f"  {label:24}" + "".join(f"{_mb(x):>16}" for x in figures) + f"{cut:>11}")
+    if measured:
+        print("  reduction: measured optimized vs measured baseline")

@@ -1,0 +1,107 @@
+"""`nanodist-tui runs` (the run folders and their key figures) and `replay RUN_DIR` (a recorded run,
+played back into the workbench, or printed with --no-ui)."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nanodist_tui.common import fail, user_errors
+
+MAX_PAUSE_S = 2.0  # a replay never waits longer than this between two events
+
+RunDirArg = Annotated[Path, typer.Argument(help="a run folder (runs/<timestamp>-<preset>)",
+                                           show_default=False)]
+
+
+@contextmanager
+def run_errors():
+    """user_errors, plus unusable checkpoints and unreadable event logs: one line, exit code 2."""
+    from engine.checkpoint_io import CheckpointError
+    from engine.events import EventError
+    with user_errors():
+        try:
+            yield
+        except (CheckpointError, EventError) as e:
+            fail(str(e))
+
+
+def require_run_dir(run_dir: Path) -> None:
+    if not run_dir.is_dir():
+        fail(f"{run_dir}: no such run folder; `nanodist-tui runs` lists the runs")
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder holding the run folders")]
+         = Path("runs")) -> None:
+    """List recorded runs, newest first, with their key figures and latest checkpoint."""
+    from engine.checkpoint import CHECKPOINTS
+    from engine.checkpoint_io import finished_checkpoints
+    from engine.recorder import list_runs
+    if not out_dir.is_dir():
+        fail(f"{out_dir}: no such folder; train a run first (`nanodist-tui run`) or pass --out-dir")
+    infos = list_runs(out_dir)
+    if not infos:
+        print(f"no runs in {out_dir}")
+        return
+    rows = [("RUN", "STATUS", "STEPS", "VAL LOSS", "BEST", "TOK/S", "WALL", "CHECKPOINT")]
+    for r in infos:
+        total = r.summary.get("total_steps")
+        steps = _fmt(r.steps, "d") + (f"/{total}" if total else "")
+        ckpts = finished_checkpoints(r.run_dir / CHECKPOINTS)
+        wall = "-" if r.wall_s is None else f"{r.wall_s:.1f}s"
+        rows.append((r.run_id, r.status, steps, _fmt(r.final_val_loss, ".4f"), _fmt(r.best_val_loss, ".4f"),
+                     _fmt(r.tokens_per_s, ",.0f"), wall, f"step {ckpts[-1][0]}" if ckpts else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def replay_events(events: list, emit, stop_event: threading.Event, speed: float) -> None:
+    """Emit recorded events in order; each step takes its recorded time / speed (0 = no pauses)."""
+    for event in events:
+        if stop_event.is_set():
+            return
+        emit(event)
+        pause = getattr(event, "step_time_s", 0.0) if event.kind == "step_end" else 0.0
+        if speed > 0 and pause > 0:
+            stop_event.wait(min(pause / speed, MAX_PAUSE_S))
+
+
+def replay(run_dir: RunDirArg,
+           speed: Annotated[float | None, typer.Option(
+               "--speed", min=0.0, help="playback speed (1 = as recorded, 0 = no pauses); "
+                                        "default 1 in the workbench, 0 with --no-ui")] = None,
+           no_ui: Annotated[bool, typer.Option("--no-ui", help="print the events instead of opening the "
+                                                              "workbench")] = False) -> None:
+    """Play a recorded run (its events.jsonl) back into the workbench."""
+    from engine.recorder import read_events
+    require_run_dir(run_dir)
+    with run_errors():
+        events = read_events(run_dir)
+    if not events:
+        fail(f"{run_dir}/events.jsonl: no events recorded")
+    speed = (0.0 if no_ui else 1.0) if speed is None else speed
+    if no_ui:
+        from nanodist_tui.headless import HeadlessPrinter
+        printer = HeadlessPrinter(live=False)
+        replay_events(events, printer, threading.Event(), speed)
+        printer.close()
+        print(f"replayed {len(events)} events from {run_dir}")
+        return
+    from nanodist_tui.app import create_app
+    started = next((e for e in events if e.kind == "run_started"), None)
+    name = started.preset if started is not None else run_dir.name
+    create_app(name, lambda emit, stop: replay_events(events, emit, stop, speed), replay=True).run()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("runs")(runs)
+    app.command("replay")(replay)

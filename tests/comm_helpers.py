@@ -1,0 +1,168 @@
+"""Rank functions for the comm tests. They live in an importable module so the processes and mpi
+backends can run them, and they return plain JSON (failures, digests, byte counts).
+
+Run as a script under mpiexec it is the MPI conformance job: ``mpiexec -n 4 python tests/comm_helpers.py``
+prints rank 0's JSON summary of every rank's results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from engine.comm import (TrafficMeter, all_gather, all_reduce, broadcast, reduce_scatter,  # noqa: E402
+                         shard_bounds)
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64"]
+LOW_PRECISION = ("float16", "bfloat16")
+
+
+SEGMENT = 1024  # small segments, so modest buffers already span several of them
+
+
+def sizes_for(world_size: int) -> list[int]:
+    """0, 1, N−1, N+1, divisible, not divisible, and shards spanning several segments."""
+    return sorted({0, 1, world_size - 1, world_size + 1, 8 * world_size, 8 * world_size + 3,
+                   300 * world_size, 300 * world_size + 1})
+
+
+def rank_input(dtype: str, n: int, rank: int, seed: int) -> np.ndarray:
+    """Deterministic per-rank data; float16/bfloat16 get small integers so every sum is exact."""
+    rng = np.random.default_rng([seed, n, rank])
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    if dtype in LOW_PRECISION:
+        return rng.integers(-8, 9, n).astype(dt)
+    if dt.kind == "f":
+        return rng.standard_normal(n).astype(dt)
+    info = np.iinfo(dt)
+    return rng.integers(info.min // 2, info.max // 2, n, dtype=dt, endpoint=True)  # sums wrap: still exact
+
+
+def reference(dtype: str, op: str, inputs: list[np.ndarray]) -> np.ndarray:
+    stack, dt = np.stack(inputs), inputs[0].dtype
+    if op == "max":
+        return stack.max(axis=0)
+    if dtype in LOW_PRECISION:
+        total = stack.astype(np.float32).sum(axis=0)
+        return (total / len(inputs) if op == "avg" else total).astype(dt)
+    total = stack.sum(axis=0, dtype=dt)
+    return total / len(inputs) if op == "avg" else total
+
+
+def matches(dtype: str, got: np.ndarray, want: np.ndarray) -> bool:
+    if dtype in ("float32", "float64"):
+        tol = 1e-12 if dtype == "float64" else 1e-5
+        return bool(np.allclose(got, want, rtol=tol, atol=tol))
+    return got.tobytes() == want.tobytes()  # integers, max, and exact low-precision sums: bitwise
+
+
+def digest(arr: np.ndarray) -> str:
+    return hashlib.sha256(arr.tobytes()).hexdigest()[:16]
+
+
+def conformance(comm, emit, seed: int = 0) -> dict:
+    """Every collective on every dtype and awkward size; returns failures, digests, bytes sent."""
+    size, rank = comm.world_size, comm.rank
+    comm.meter = TrafficMeter(rank)
+    failures, digests, traffic = [], {}, []
+    for dtype in DTYPES:
+        ops = ["sum", "max"] + (["avg"] if dtype not in ("int32", "int64") else [])
+        for n in sizes_for(size):
+            inputs = [rank_input(dtype, n, r, seed) for r in range(size)]
+            for op in ops:
+                case = f"all_reduce/{op}/{dtype}/{n}"
+                buf = inputs[rank].copy()
+                comm.meter.begin_step(len(traffic))
+                all_reduce(comm, buf, op, segment_bytes=SEGMENT)
+                if not matches(dtype, buf, reference(dtype, op, inputs)):
+                    failures.append(case)
+                digests[case] = digest(buf)
+                traffic.append({"dtype": dtype, "n": n, "op": op, "itemsize": buf.itemsize,
+                                "rs": comm.meter.bytes_sent("reduce-scatter"),
+                                "ag": comm.meter.bytes_sent("all-gather"), "total": comm.meter.bytes_sent()})
+            buf = inputs[rank].copy()
+            start, end = reduce_scatter(comm, buf, "sum", segment_bytes=SEGMENT)
+            if (start, end) != shard_bounds(n, size, rank) or \
+                    not matches(dtype, buf[start:end], reference(dtype, "sum", inputs)[start:end]):
+                failures.append(f"reduce_scatter/{dtype}/{n}")
+            gathered = np.zeros_like(inputs[rank])
+            gathered[start:end] = inputs[rank][start:end]
+            all_gather(comm, gathered, segment_bytes=SEGMENT)
+            want = np.concatenate([inputs[r][slice(*shard_bounds(n, size, r))] for r in range(size)])
+            if gathered.tobytes() != want.tobytes():
+                failures.append(f"all_gather/{dtype}/{n}")
+            root = size - 1
+            buf = inputs[rank].copy()
+            comm.meter.begin_step(-1)
+            broadcast(comm, buf, root, segment_bytes=SEGMENT)
+            if buf.tobytes() != inputs[root].tobytes():
+                failures.append(f"broadcast/{dtype}/{n}")
+            if comm.meter.bytes_sent("broadcast") != (buf.nbytes if rank != (root - 1) % size else 0):
+                failures.append(f"broadcast-bytes/{dtype}/{n}")
+    failures += _point_to_point(comm)
+    comm.barrier()
+    return {"rank": rank, "failures": failures, "digests": digests, "traffic": traffic}
+
+
+def _point_to_point(comm) -> list[str]:
+    """FIFO order between a pair; sendrecv around the ring (must not deadlock); a message larger than
+    a shared-memory slot and the socket scratch buffer, received with reduce."""
+    if comm.world_size == 1:
+        return []
+    nxt, prv = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
+    failures = []
+    for k in range(3):
+        out = np.full(16, comm.rank * 10 + k, np.int64)
+        got = np.empty(16, np.int64)
+        comm.sendrecv(nxt, out, prv, got)
+        if not (got == prv * 10 + k).all():
+            failures.append(f"sendrecv-order/{k}")
+    big = np.arange(400_003, dtype=np.float32) + comm.rank
+    acc = np.ones_like(big)
+    comm.sendrecv(nxt, big, prv, acc, lambda a, b: np.add(a, b, out=a))
+    if not np.array_equal(acc, np.arange(400_003, dtype=np.float32) + prv + 1):
+        failures.append("sendrecv-reduce-large")
+    return failures
+
+
+def stop_when_asked(comm, emit, max_steps: int = 100000) -> int:
+    """All-reduce in a loop until should_stop(); emits each step so the test can press stop."""
+    buf = np.ones(1024, np.float32)
+    for step in range(max_steps):
+        if comm.should_stop():
+            return step
+        all_reduce(comm, buf)
+        buf[:] = 1
+        emit({"rank": comm.rank, "step": step, "pid": os.getpid()})
+    return max_steps
+
+
+def fail_on(comm, emit, bad_rank: int, how: str, hang_s: float = 60.0):
+    """Rank ``bad_rank`` raises / hangs after two good steps; everyone reports its pid first."""
+    emit({"rank": comm.rank, "pid": os.getpid()})
+    buf = np.ones(4096, np.float32)
+    for step in range(10000):
+        if comm.rank == bad_rank and step == 2:
+            if how == "raise":
+                raise ValueError(f"boom on rank {comm.rank}")
+            time.sleep(hang_s)
+        all_reduce(comm, buf)
+        buf[:] = 1
+        emit({"rank": comm.rank, "step": step})
+        time.sleep(0.01)
+
+
+if __name__ == "__main__":
+    from engine.comm import run_ranks
+    from mpi4py import MPI
+
+    results = run_ranks(MPI.COMM_WORLD.Get_size(), "mpi", conformance)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(json.dumps(results))

@@ -1,0 +1,48 @@
+"""Tiny recorded training runs for the checkpoint, resume and CLI tests, and what to read back from them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine import presets
+from engine.checkpoint import find_checkpoint
+from engine.job import run_training
+
+# about 16k parameters, a 20k-character corpus, one eval batch: a run takes well under a second
+TINY = ["data.max_chars=20000", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=16",
+        "train.global_batch=8", "train.eval_batches=1", "train.eval_every=0", "optim.warmup_steps=0",
+        "train.steps=6", "checkpoint.every=2", "checkpoint.keep=10"]
+
+
+def tiny_config(out_dir: Path, *sets: str, preset: str = "quickstart"):
+    """(Config, document) of a tiny run recorded under out_dir; later sets win."""
+    cfg, doc, _ = presets.load_preset(preset, [*TINY, f"run.out_dir={out_dir}", *sets])
+    return cfg, doc
+
+
+def train(out_dir: Path, *sets: str) -> tuple[dict, list]:
+    """Run a tiny config to the end; (summary, events)."""
+    cfg, doc = tiny_config(out_dir, *sets)
+    events: list = []
+    summary = run_training(cfg, on_event=events.append, preset_doc=doc)
+    return summary, events
+
+
+def step_losses(events) -> dict[int, float]:
+    return {e.step: e.loss for e in events if e.kind == "step_end"}
+
+
+def only_run(out_dir: Path) -> Path:
+    (run_dir,) = [p for p in Path(out_dir).iterdir() if p.is_dir()]
+    return run_dir
+
+
+def state_at(run_dir: Path, step: int | None = None) -> dict:
+    """Consolidated fp32 master, m, v and optimizer step of a run's checkpoint (newest by default)."""
+    return find_checkpoint(run_dir, step).consolidate()
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"]
+    for key in ("master", "m", "v"):
+        assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+        assert a[key].tobytes() == b[key].tobytes(), f"{key} differs"

@@ -1,0 +1,289 @@
+"""Every subcommand through typer's test runner: presets, runs, replay, resume, export, sample — the main
+path and the user mistakes (exit code 2, one line, no traceback)."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from engine import nn, presets
+from engine.checkpoint import find_checkpoint
+from engine.events import StepEnd
+from engine.export import load_model, params_from_checkpoint
+from engine.job import run_training
+from nanodist_tui.app import NanoDistApp
+from nanodist_tui.cli import app
+from nanodist_tui.runs_cli import replay_events
+from tests.run_helpers import train
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_user_error(result, named: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert named in lines[0] and "Traceback" not in result.output
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A finished tiny GPT run (checkpoints at steps 2, 4, 6) and a finished tiny MLP run, in one folder."""
+    out = tmp_path_factory.mktemp("runs")
+    gpt, _ = train(out)
+    cfg, doc, _ = presets.load_preset("mlp", ["train.steps=2", "data.n_samples=256", "train.global_batch=16",
+                                              "model.widths=[16, 8, 4]", "train.eval_every=0",
+                                              "train.eval_batches=1", "optim.warmup_steps=0",
+                                              f"run.out_dir={out}"])
+    mlp = run_training(cfg, preset_doc=doc)
+    return {"out": out, "gpt": gpt["run_dir"], "mlp": mlp["run_dir"]}
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NANODIST_PRESETS", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def workbench(monkeypatch):
+    """Run the workbench a command opens under Textual's test driver until its run ends; what it showed."""
+    seen: dict = {}
+
+    def run_until_done(self: NanoDistApp) -> None:
+        async def main() -> None:
+            async with self.run_test(size=(160, 50)) as pilot:
+                deadline = time.monotonic() + 30
+                while self.header.state not in ("finished", "failed") and time.monotonic() < deadline:
+                    await pilot.pause(0.05)
+                await pilot.pause(0.4)  # one render tick after the last event
+                seen.update(state=self.header.state, header=str(self.header.content), replay=self.replay)
+                await pilot.press("q")
+        asyncio.run(main())
+
+    monkeypatch.setattr(NanoDistApp, "run", run_until_done)
+    return seen
+
+
+@pytest.fixture
+def gpt_copy(runs, tmp_path):
+    """A copy of the GPT run, so a resume's new run folder lands beside it in tmp_path."""
+    return shutil.copytree(runs["gpt"], tmp_path / "runs" / "copy")
+
+
+COMMANDS = [[], ["presets"], ["presets", "list"], ["presets", "show"], ["presets", "new"],
+            ["presets", "diff"], ["runs"], ["replay"], ["resume"], ["export"], ["sample"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "main")
+def test_every_command_has_help(command):
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.output
+
+
+# ----------------------------------------------------------------------------- presets
+
+def test_presets_list_and_show():
+    listed = invoke("presets", "list")
+    assert listed.exit_code == 0
+    assert any(line.startswith("quickstart ") and "repo" in line for line in listed.output.splitlines())
+    shown = invoke("presets", "show", "quickstart")
+    assert shown.exit_code == 0
+    assert shown.output == presets.find_preset("quickstart").read_text(encoding="utf-8")
+
+
+def test_presets_show_resolved_fills_in_defaults(in_tmp):
+    (in_tmp / "tiny.toml").write_text('name = "tiny"  # mine\n[train]\nsteps = 5\n')
+    shown = invoke("presets", "show", "tiny.toml", "--resolved")
+    assert shown.exit_code == 0, shown.output
+    assert 'name = "tiny"  # mine' in shown.output and "steps = 5" in shown.output
+    assert "# default" in shown.output and "[optim]" in shown.output
+
+
+def test_presets_new_keeps_every_comment_and_changes_two_lines(in_tmp):
+    made = invoke("presets", "new", "mine", "--from", "quickstart", "--set", "optim.lr=1e-3")
+    assert made.exit_code == 0, made.output
+    new = (in_tmp / "presets" / "mine.toml").read_text().splitlines()
+    old = presets.find_preset("quickstart").read_text().splitlines()
+    changed = [(a, b) for a, b in zip(old, new) if a != b]
+    assert len(new) == len(old) and len(changed) == 2
+    name_comment = changed[0][0].split("#", 1)[1]
+    assert changed[0][1].startswith('name = "mine"') and changed[0][1].endswith(name_comment)
+    assert changed[1][1].startswith("lr = 1e-3 ") and "# peak learning rate" in changed[1][1]
+    listed = invoke("presets", "list").output.splitlines()
+    assert any(line.startswith("mine ") and " cwd " in line for line in listed)
+    assert_user_error(invoke("presets", "new", "mine", "--from", "quickstart"), "exists")
+    again = invoke("presets", "new", "mine", "--from", "mine", "--force", "--set", "train.steps=7")
+    assert again.exit_code == 0, again.output
+    assert "steps = 7 " in (in_tmp / "presets" / "mine.toml").read_text()
+
+
+def test_presets_diff():
+    result = invoke("presets", "diff", "quickstart", "gpt-mini")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("model.n_layer "))
+    assert row.split() == ["model.n_layer", "2", "4"]
+    assert "same settings" in invoke("presets", "diff", "quickstart", "quickstart").output
+
+
+@pytest.mark.parametrize("args, named", [
+    (["presets", "show", "quickstrat"], "did you mean quickstart"),
+    (["presets", "show", "missing/file.toml"], "missing/file.toml"),
+    (["presets", "new", "bad name!", "--from", "quickstart"], "bad name!"),
+    (["presets", "new", "x", "--from", "nope"], "nope"),
+    (["presets", "new", "x", "--from", "quickstart", "--set", "optim.lrr=1"], "optim.lrr"),
+    (["presets", "new", "x", "--from", "quickstart", "--set", "train.steps=many"], "train.steps"),
+    (["presets", "diff", "quickstart", "nope"], "nope"),
+])
+def test_presets_user_errors(args, named):
+    assert_user_error(invoke(*args), named)
+
+
+# ----------------------------------------------------------------------------- runs and replay
+
+def test_runs_lists_runs_with_key_figures(runs):
+    result = invoke("runs", "--out-dir", runs["out"])
+    assert result.exit_code == 0, result.output
+    header, *rows = result.output.splitlines()
+    assert header.split()[:3] == ["RUN", "STATUS", "STEPS"]
+    gpt = next(r for r in rows if r.startswith(runs["gpt"].rsplit("/", 1)[1]))
+    assert "finished" in gpt and "6/6" in gpt and gpt.endswith("step 6")
+    assert len(rows) == 2
+
+
+def test_runs_errors(in_tmp):
+    assert_user_error(invoke("runs"), "runs")
+    (in_tmp / "runs").mkdir()
+    assert "no runs" in invoke("runs").output
+
+
+def test_replay_headless_prints_the_recorded_run(runs):
+    result = invoke("replay", runs["gpt"], "--no-ui")
+    assert result.exit_code == 0, result.output
+    assert "eval  step 6" in result.output and "checkpoint step 6" in result.output
+    assert result.output.rstrip().splitlines()[-1].startswith("replayed ")
+
+
+def test_replay_opens_the_recorded_run_in_the_workbench(runs, workbench):
+    result = invoke("replay", runs["gpt"], "--speed", "0")
+    assert result.exit_code == 0, result.output
+    assert workbench["replay"] and workbench["state"] == "finished"
+    assert "6/6" in workbench["header"]
+
+
+def test_replay_errors(runs, tmp_path):
+    assert_user_error(invoke("replay", tmp_path / "nowhere", "--no-ui"), "nowhere")
+    broken = shutil.copytree(runs["gpt"], tmp_path / "broken")
+    lines = (broken / "events.jsonl").read_text().splitlines()
+    (broken / "events.jsonl").write_text("\n".join([lines[0], '{"kind": "bogus"}', *lines[1:]]) + "\n")
+    assert_user_error(invoke("replay", broken, "--no-ui"), "bogus")
+
+
+def test_replay_paces_steps_and_stops_when_asked():
+    steps = [StepEnd(step=i, loss=1.0, lr=0.1, tokens=8, step_time_s=0.05, tokens_per_s=1.0, grad_norm=1.0)
+             for i in range(1, 5)]
+    got, stop = [], threading.Event()
+    replay_events(steps, got.append, stop, speed=0)
+    assert got == steps
+    got.clear()
+
+    def emit(event):
+        got.append(event)
+        stop.set()
+    replay_events(steps, emit, stop, speed=1.0)
+    assert got == steps[:1]
+
+
+# ----------------------------------------------------------------------------- resume
+
+def test_resume_headless_continues_in_a_new_run_folder(gpt_copy):
+    result = invoke("resume", gpt_copy, "--no-ui", "--set", "train.steps=8", "--step", "4")
+    assert result.exit_code == 0, result.output
+    assert "resuming from" in result.output and "step-000004" in result.output
+    new = [p for p in gpt_copy.parent.iterdir() if p != gpt_copy]
+    assert len(new) == 1 and find_checkpoint(new[0]).step == 8
+    assert "resumed at step 4" in (new[0] / "events.jsonl").read_text()
+
+
+def test_resume_in_the_workbench(gpt_copy, workbench):
+    result = invoke("resume", gpt_copy, "--set", "train.steps=8")
+    assert result.exit_code == 0, result.output
+    assert not workbench["replay"] and workbench["state"] == "finished"
+    assert "8/8" in workbench["header"]
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--set", "model.n_embd=48"], "different model"),
+    (["--set", "optim.lrr=1"], "optim.lrr"),
+    (["--world-size", "3"], "world_size"),
+    (["--step", "5"], "no finished checkpoint for step 5"),
+    (["--set", "train.steps=3"], "train.steps=6"),
+])
+def test_resume_user_errors(gpt_copy, extra, named):
+    assert_user_error(invoke("resume", gpt_copy, "--no-ui", *extra), named)
+
+
+def test_resume_refuses_missing_runs_and_runs_without_checkpoints(gpt_copy, tmp_path):
+    assert_user_error(invoke("resume", tmp_path / "nowhere", "--no-ui"), "no such run folder")
+    shutil.rmtree(gpt_copy / "checkpoints")
+    assert_user_error(invoke("resume", gpt_copy, "--no-ui"), "no finished checkpoint")
+
+
+def test_resume_refuses_a_corrupted_checkpoint(gpt_copy):
+    shard = gpt_copy / "checkpoints" / "step-000006" / "rank-00000.npz"
+    data = bytearray(shard.read_bytes())
+    data[-200] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert_user_error(invoke("resume", gpt_copy, "--no-ui"), "corrupted")
+
+
+# ----------------------------------------------------------------------------- export and sample
+
+def test_export_writes_a_model_the_engine_loads(runs, in_tmp):
+    result = invoke("export", runs["gpt"], "-o", "model.npz")
+    assert result.exit_code == 0, result.output
+    model = load_model(in_tmp / "model.npz")
+    assert isinstance(model, nn.GPT) and not model.training
+    expected = params_from_checkpoint(find_checkpoint(runs["gpt"]))
+    for name, p in model.named_parameters():
+        assert p.data.dtype == np.float32 and np.array_equal(p.data, expected[name]), name
+    with np.load(in_tmp / "model.npz", allow_pickle=False) as npz:  # no pickle needed to read it
+        assert "__meta__" in npz.files
+
+
+def test_export_errors(runs, tmp_path):
+    assert_user_error(invoke("export", tmp_path / "nowhere"), "nowhere")
+    assert_user_error(invoke("export", runs["gpt"], "--step", "3"), "step 3")
+
+
+def test_sample_continues_the_prompt_deterministically(runs, in_tmp):
+    first = invoke("sample", runs["gpt"], "--prompt", "def ", "--tokens", "30", "--seed", "3")
+    assert first.exit_code == 0, first.output
+    text = first.output.rstrip("\n")
+    assert text.startswith("def ") and len(text) == 34
+    same_seed = invoke("sample", runs["gpt"], "--prompt", "def ", "--tokens", "30", "--seed", "3")
+    assert same_seed.output == first.output
+    invoke("export", runs["gpt"], "-o", "model.npz")
+    from_file = invoke("sample", "model.npz", "--prompt", "def ", "--tokens", "30", "--seed", "3")
+    assert from_file.output == first.output
+    greedy = invoke("sample", runs["gpt"], "--prompt", "import", "--tokens", "10", "--temperature", "0")
+    assert greedy.exit_code == 0 and greedy.output.startswith("import")
+
+
+def test_sample_errors(runs, in_tmp):
+    assert_user_error(invoke("sample", runs["gpt"], "--prompt", "caf\u00e9 \u20ac"), "never saw")
+    assert_user_error(invoke("sample", runs["mlp"], "--prompt", "x"), "MLP")
+    assert_user_error(invoke("sample", in_tmp / "nowhere", "--prompt", "x"), "nowhere")
+    (in_tmp / "junk.npz").write_bytes(b"not a zip file")
+    assert_user_error(invoke("sample", "junk.npz", "--prompt", "x"), "junk.npz")

@@ -1,0 +1,120 @@
+"""Failure and stop: a rank that raises, is SIGKILLed or stops answering brings the job down fast,
+named; nothing is left running; a stop request ends every rank cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import comm_helpers
+from engine.comm import RankFailure, run_ranks
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie), read from /proc rather than psutil."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def pids_of(events: list[dict]) -> set[int]:
+    return {e["pid"] for e in events if "pid" in e}
+
+
+def rank_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("nanodist-rank")]
+
+
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_raising_rank_is_named(backend):
+    events: list[dict] = []
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(3, backend, comm_helpers.fail_on, (1, "raise"), on_event=events.append, timeout_s=10)
+    assert failure.value.rank == 1
+    assert failure.value.cause == "ValueError: boom on rank 1"
+    assert time.monotonic() - start < 10
+    assert not any(alive(pid) for pid in pids_of(events) if pid != os.getpid())
+    if backend == "threads":
+        assert rank_threads() == []
+
+
+def test_sigkilled_rank_is_named_and_nothing_is_left():
+    events: list[dict] = []
+
+    def on_event(event: dict) -> None:
+        events.append(event)
+        if event.get("rank") == 1 and event.get("step") == 3:
+            os.kill(next(e["pid"] for e in events if e.get("rank") == 1 and "pid" in e), signal.SIGKILL)
+
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(3, "processes", comm_helpers.fail_on, (-1, "none"), on_event=on_event, timeout_s=10)
+    assert failure.value.rank == 1
+    assert "SIGKILL" in failure.value.cause
+    assert time.monotonic() - start < 10
+    assert len(pids_of(events)) == 3 and not any(alive(pid) for pid in pids_of(events))
+
+
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_silent_rank_times_out_and_is_named(backend):
+    events: list[dict] = []
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(2, backend, comm_helpers.fail_on, (1, "hang", 5.0), on_event=events.append, timeout_s=1.5)
+    assert failure.value.rank == 1
+    assert "did not answer" in failure.value.cause or "sent nothing" in failure.value.cause
+    assert time.monotonic() - start < 4.5  # the timeout, plus the launcher's grace period
+    if backend == "processes":
+        assert not any(alive(pid) for pid in pids_of(events))
+
+
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_stop_event_ends_every_rank_cleanly(backend):
+    stop, events = threading.Event(), []
+
+    def on_event(event: dict) -> None:
+        events.append(event)
+        if event["step"] >= 5:
+            stop.set()
+
+    start = time.monotonic()
+    steps = run_ranks(2, backend, comm_helpers.stop_when_asked, on_event=on_event, timeout_s=10, stop_event=stop)
+    assert time.monotonic() - start < 10
+    assert len(steps) == 2 and any(s is not None and s >= 5 for s in steps)  # None: stopped while waiting
+    if backend == "processes":
+        assert not any(alive(pid) for pid in pids_of(events))
+    else:
+        assert rank_threads() == []
+
+
+def test_ranks_exit_when_the_launcher_dies():
+    script = ("import sys, comm_helpers\n"
+              "from engine.comm import run_ranks\n"
+              "if __name__ == '__main__':\n"
+              "    run_ranks(2, 'processes', comm_helpers.stop_when_asked,\n"
+              "              on_event=lambda e: print(e['pid'], flush=True) if e['step'] == 0 else None)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "tests")])}
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = {int(launcher.stdout.readline()) for _ in range(2)}
+        assert all(alive(pid) for pid in pids)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 5
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in pids)
+    finally:
+        launcher.kill()
+        launcher.wait()
