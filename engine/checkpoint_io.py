@@ -31,6 +31,7 @@ FORMAT = "nanodist-checkpoint"
 VERSION = 1
 META_KEY = "__meta__"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_MANIFEST_KEYS = ("step", "world_size", "zero_stage", "precision", "numel", "layout", "model", "shards")
 
 
 class CheckpointError(ValueError):
@@ -159,6 +160,12 @@ def read_manifest(folder: Path) -> dict:
     if manifest.get("version") != VERSION:
         raise CheckpointError(f"{path}: checkpoint format version {manifest.get('version')}, this nanoDist "
                               f"reads version {VERSION}")
+    missing = [key for key in _MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise CheckpointError(f"{path}: manifest lacks {', '.join(missing)}; the checkpoint is damaged")
+    for entry in manifest["shards"]:
+        if entry.get("file") != shard_name(entry.get("rank", -1)):  # never a path outside the folder
+            raise CheckpointError(f"{path}: bad shard entry {entry.get('file')!r}; the checkpoint is damaged")
     return manifest
 
 

@@ -18,8 +18,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.comm import (TrafficMeter, all_gather, all_reduce, broadcast, reduce_scatter,  # noqa: E402
-                         shard_bounds)
+from engine.comm import TrafficMeter, all_gather, all_reduce, broadcast, reduce_scatter, shard_bounds  # noqa: E402
+
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64"]
 LOW_PRECISION = ("float16", "bfloat16")
 
@@ -159,10 +159,26 @@ def fail_on(comm, emit, bad_rank: int, how: str, hang_s: float = 60.0):
         time.sleep(0.01)
 
 
+def native_check(comm, emit) -> dict:
+    """all_reduce(algorithm="mpi-native") against the exact answer, for each op and some dtypes."""
+    failures = []
+    for dtype in ("bfloat16", "float32", "float64", "int64"):
+        inputs = [rank_input(dtype, 1001, r, 5) for r in range(comm.world_size)]
+        ops = ["sum", "max"] + (["avg"] if dtype != "int64" else [])
+        for op in ops:
+            buf = inputs[comm.rank].copy()
+            all_reduce(comm, buf, op, algorithm="mpi-native")
+            if not matches(dtype, buf, reference(dtype, op, inputs)):
+                failures.append(f"{op}/{dtype}")
+    return {"rank": comm.rank, "failures": failures}
+
+
 if __name__ == "__main__":
-    from engine.comm import run_ranks
     from mpi4py import MPI
 
-    results = run_ranks(MPI.COMM_WORLD.Get_size(), "mpi", conformance)
+    from engine.comm import run_ranks
+
+    check = native_check if sys.argv[1:] == ["native"] else conformance
+    results = run_ranks(MPI.COMM_WORLD.Get_size(), "mpi", check)
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(json.dumps(results))

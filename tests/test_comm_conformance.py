@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import functools
 
+import comm_helpers
 import pytest
 
-import comm_helpers
 from engine.comm import TrafficMeter, algbw, busbw, run_ranks, shard_bounds
 
 JOBS = [("threads", n) for n in range(1, 9)] + [("processes", 2), ("processes", 4)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def job(backend: str, world_size: int) -> tuple:
     return tuple(run_ranks(world_size, backend, comm_helpers.conformance, timeout_s=30.0))
 
@@ -78,5 +78,5 @@ def test_shard_bounds_cover_exactly():
         for world_size in range(1, 9):
             bounds = [shard_bounds(n, world_size, r) for r in range(world_size)]
             assert bounds[0][0] == 0 and bounds[-1][1] == n
-            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+            assert all(a[1] == b[0] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
             assert max(e - s for s, e in bounds) - min(e - s for s, e in bounds) <= 1

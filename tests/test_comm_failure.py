@@ -10,9 +10,9 @@ import sys
 import threading
 import time
 
+import comm_helpers
 import pytest
 
-import comm_helpers
 from engine.comm import RankFailure, run_ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,7 +89,8 @@ def test_stop_event_ends_every_rank_cleanly(backend):
             stop.set()
 
     start = time.monotonic()
-    steps = run_ranks(2, backend, comm_helpers.stop_when_asked, on_event=on_event, timeout_s=10, stop_event=stop)
+    steps = run_ranks(2, backend, comm_helpers.stop_when_asked, on_event=on_event, timeout_s=10,
+                      stop_event=stop)
     assert time.monotonic() - start < 10
     assert len(steps) == 2 and any(s is not None and s >= 5 for s in steps)  # None: stopped while waiting
     if backend == "processes":

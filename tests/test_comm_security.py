@@ -51,8 +51,8 @@ def header(**fields) -> bytes:
               "flags": 0, "slot": 0, "nbytes": 40, "dims": (10,)}
     values.update(fields)
     dims = tuple(values["dims"]) + (0,) * (wire.MAX_NDIM - len(values["dims"]))
-    return wire.HEADER.pack(values["magic"], values["version"], values["kind"], values["code"], values["ndim"],
-                            values["flags"], values["slot"], values["nbytes"], *dims)
+    return wire.HEADER.pack(values["magic"], values["version"], values["kind"], values["code"],
+                            values["ndim"], values["flags"], values["slot"], values["nbytes"], *dims)
 
 
 BAD_HEADERS = {

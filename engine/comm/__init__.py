@@ -11,8 +11,7 @@
   bench.py        all-reduce benchmark against torch gloo
 """
 
-from engine.comm.base import (Communicator, PeerTimeout, ProtocolError, RankFailure, Signals,
-                              StopRequested)
+from engine.comm.base import Communicator, PeerTimeout, ProtocolError, RankFailure, Signals, StopRequested
 from engine.comm.collectives import all_gather, all_reduce, broadcast, reduce_scatter, shard_bounds
 from engine.comm.launch import BACKENDS, run_ranks, under_mpi
 from engine.comm.meter import TrafficMeter, algbw, busbw

@@ -55,7 +55,7 @@ def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
         sock.settimeout(remaining)
         try:
             chunk = sock.recv(n - got)
-        except socket.timeout:
+        except TimeoutError:
             continue
         if not chunk:
             raise AuthError(f"peer closed the connection after {got} of {n} expected bytes")

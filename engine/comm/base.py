@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -85,7 +85,8 @@ class Signals:
 
 
 class Communicator(ABC):
-    """Rank ``rank`` of ``world_size``; subclasses implement ``_send``, ``_recv``, ``_sendrecv``, ``close``."""
+    """Rank ``rank`` of ``world_size``; a transport implements ``_send``, ``_recv``, ``_sendrecv``
+    and ``close``."""
 
     def __init__(self, rank: int, world_size: int, timeout_s: float = 30.0,
                  meter: TrafficMeter | None = None, signals: Signals | None = None):

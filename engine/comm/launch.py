@@ -29,7 +29,7 @@ import os
 import threading
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from engine.comm.base import RankFailure, Signals, StopRequested
 
@@ -79,11 +79,15 @@ def blame(rank: int, exc: BaseException) -> tuple[int, str]:
 
 
 def _run_here(comm, world_size, rank_fn, args, on_event) -> list:
+    """One rank in this process (tcp backend); peers notice a failure when its sockets close."""
     results = [None] * world_size
     try:
         results[comm.rank] = rank_fn(comm, on_event, *args)
     except StopRequested:
         pass
+    except BaseException as exc:
+        comm.signals.fail(*blame(comm.rank, exc))  # close at once, without waiting for peers
+        raise RankFailure(*comm.signals.failure) from exc
     finally:
         comm.close()
     return results
@@ -115,14 +119,29 @@ def _run_threads(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> 
                for r in range(world_size)]
     for thread in threads:
         thread.start()
-    failed_at = None
+    failed_at = stop_at = None
+    interrupted = False
     while any(t.is_alive() for t in threads):
-        if group.signals.failure is not None and failed_at is None:
-            failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > timeout_s:
-            break  # ranks stuck in compute are daemon threads: abandon them
-        for thread in threads:
-            thread.join(0.05)
+        try:
+            now = time.monotonic()
+            if group.signals.failure is not None and failed_at is None:
+                failed_at = now
+            if stop_event.is_set() and stop_at is None:
+                stop_at = now
+            if stop_at is not None and now - stop_at > timeout_s:
+                stuck = next(r for r, t in enumerate(threads) if t.is_alive())
+                group.fail(stuck, f"did not stop within {timeout_s:g} s of the stop request")
+            if failed_at is not None and now - failed_at > timeout_s:
+                break  # ranks stuck in compute are daemon threads: abandon them
+            for thread in threads:
+                thread.join(0.05)
+        except KeyboardInterrupt:
+            if interrupted:
+                raise
+            interrupted = True  # first Ctrl-C: stop cleanly; a second one leaves at once
+            stop_event.set()
     if group.signals.failure is not None:
         raise RankFailure(*group.signals.failure)
+    if interrupted:
+        raise KeyboardInterrupt
     return results

@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from engine.comm import codec
-from engine.comm.base import (Communicator, PeerTimeout, ProtocolError, Reduce, Signals, StopRequested)
+from engine.comm.base import Communicator, PeerTimeout, ProtocolError, Reduce, Signals, StopRequested
 from engine.comm.meter import TrafficMeter
 
 DATA_TAG, EVENT_TAG, DONE_TAG = 11, 12, 13
@@ -52,7 +52,8 @@ class MpiCommunicator(Communicator):
     def _sendrecv(self, dst: int, send_arr: np.ndarray, src: int, recv_arr: np.ndarray,
                   reduce: Reduce | None) -> None:
         target = recv_arr if reduce is None else self._scratch_like(recv_arr)
-        requests = [self._mpi.Irecv(_raw(target), src, DATA_TAG), self._mpi.Isend(_raw(send_arr), dst, DATA_TAG)]
+        requests = [self._mpi.Irecv(_raw(target), src, DATA_TAG),
+                    self._mpi.Isend(_raw(send_arr), dst, DATA_TAG)]
         self._wait(requests, src, {0: recv_arr.nbytes})
         if reduce is not None:
             reduce(recv_arr.reshape(-1), target)

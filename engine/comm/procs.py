@@ -13,6 +13,7 @@ exit by themselves, then kills what is left; it always reaps every child before 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
 import multiprocessing.connection
@@ -59,10 +60,8 @@ class _Child:
         self.listening = True  # its end of the pipe is still open
 
     def tell(self, message: dict) -> None:
-        try:
+        with contextlib.suppress(OSError):  # already gone: its exit is handled through its sentinel
             self.conn.send_bytes(codec.dumps(message))
-        except OSError:
-            pass  # already gone; its exit is handled through its sentinel
 
     def kill(self) -> None:
         if self.process.is_alive():
@@ -77,7 +76,8 @@ class _Child:
 
 class _Supervisor:
     def __init__(self, children: list[_Child], on_event, timeout_s: float, stop_event: threading.Event):
-        self.children, self.on_event, self.timeout_s, self.stop_event = children, on_event, timeout_s, stop_event
+        self.children, self.on_event, self.stop_event = children, on_event, stop_event
+        self.timeout_s = timeout_s
         self.failures: list[tuple[int, int, str]] = []  # (reporting rank, blamed rank, cause) by arrival
         self.failed_at = self.stop_at = None
         self.interrupted = False
@@ -137,8 +137,8 @@ class _Supervisor:
         return True
 
     def _exited(self, child: _Child) -> None:
-        while child.listening and child.conn.poll() and self._read(child):  # what it said before dying comes first
-            pass
+        while child.listening and child.conn.poll() and self._read(child):
+            pass  # read what it said before it exited first
         child.process.join()
         child.exited = True
         if child.outcome is None and not child.killed:

@@ -32,7 +32,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from engine.comm import shm
 from engine.comm.auth import AuthError, authenticate, recv_exact
@@ -170,9 +170,10 @@ def _dial(host: str, port: int, secret: bytes, deadline: float) -> socket.socket
         try:
             sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
             break
-        except (ConnectionRefusedError, socket.timeout, OSError) as exc:
+        except (TimeoutError, ConnectionRefusedError, OSError) as exc:
             if time.monotonic() > deadline:
-                raise ConnectionError(f"could not reach {host}:{port} before the rendezvous timeout: {exc}")
+                raise ConnectionError(f"could not reach {host}:{port} before the rendezvous timeout: "
+                                      f"{exc}") from None
             time.sleep(0.05)
     _tune(sock)
     authenticate(sock, secret, dialer=True, timeout_s=max(0.1, min(HANDSHAKE_S, deadline - time.monotonic())))
@@ -191,7 +192,7 @@ def _accept(listener: socket.socket, secret: bytes, world_size: int, wanted: set
         listener.settimeout(min(remaining, 0.5))
         try:
             sock, address = listener.accept()
-        except socket.timeout:
+        except TimeoutError:
             continue
         try:
             _tune(sock)

@@ -14,6 +14,7 @@ created 0600 with O_EXCL under /dev/shm with a random name.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -80,14 +81,10 @@ class Segment:
         return self._bytes[start:start + nbytes]
 
     def unlink(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
     def close(self) -> None:
         self._bytes = None
-        try:
+        with contextlib.suppress(BufferError):  # a view is still held: the mapping goes with the process
             self._memory.close()
-        except BufferError:
-            pass  # a caller still holds a view; the mapping goes when the process does

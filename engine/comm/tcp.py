@@ -25,8 +25,15 @@ import time
 import numpy as np
 
 from engine.comm import wire
-from engine.comm.base import (Communicator, PeerTimeout, ProtocolError, RankFailure, Reduce, Signals,
-                              StopRequested)
+from engine.comm.base import (
+    Communicator,
+    PeerTimeout,
+    ProtocolError,
+    RankFailure,
+    Reduce,
+    Signals,
+    StopRequested,
+)
 from engine.comm.meter import TrafficMeter
 from engine.comm.shm import Segment
 
@@ -309,7 +316,8 @@ class TcpCommunicator(Communicator):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 waiting = next(op for op in reversed(ops) if not op.done)
-                raise PeerTimeout(waiting.link.peer, f"did not answer rank {self.rank} for {self.timeout_s:g} s")
+                raise PeerTimeout(waiting.link.peer,
+                                  f"did not answer rank {self.rank} for {self.timeout_s:g} s")
             readers = [op.link.sock for op in ops if op.wants_read]
             writers = [op.link.sock for op in ops if op.link.tx]
             select.select(readers, writers, [], min(remaining, _POLL_S))

@@ -13,8 +13,15 @@ import time
 
 import numpy as np
 
-from engine.comm.base import (Communicator, PeerTimeout, ProtocolError, RankFailure, Reduce, Signals,
-                              StopRequested)
+from engine.comm.base import (
+    Communicator,
+    PeerTimeout,
+    ProtocolError,
+    RankFailure,
+    Reduce,
+    Signals,
+    StopRequested,
+)
 from engine.comm.meter import TrafficMeter
 
 _POLL_S = 0.1  # how often a blocked receive rechecks the group's failure flag
