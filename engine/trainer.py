@@ -160,11 +160,15 @@ class Trainer:
             self.emit(ev.StepEnd(step=self.step, loss=s["loss"], lr=s["lr"], tokens=s["tokens"],
                                  step_time_s=s["step_time_s"],
                                  tokens_per_s=s["tokens"] / max(s["step_time_s"], 1e-9),
-                                 grad_norm=s["grad_norm"], loss_scale=self.replica.loss_scale,
+                                 grad_norm=s["grad_norm"], loss_scale=self._loss_scale(),
                                  skipped=s["skipped"]))
         for change in self.replica.drain_events():
             if self.rank == 0:
                 self.emit(change)
+
+    def _loss_scale(self) -> float | None:
+        """The current loss scale, or None when this run does not scale (anything but fp16)."""
+        return self.replica.loss_scale if self.cfg.precision.dtype == "fp16" else None
 
     def _report_eval(self, val: float) -> None:
         if self.rank == 0:
