@@ -7,6 +7,10 @@ rank's communication thread and runs while backward continues. Buckets are issue
 index order, so every rank issues the same collectives in the same order. With gradient
 accumulation only the last micro-batch synchronises (like PyTorch's `no_sync`).
 
+The optimizer side (overflow check, grad norm, AdamW, and in mixed precision the fp32 master, with
+an fp32 gradient that exists only during the update) is engine.zero_shard, shared with ZeRO 1-3:
+here it owns one piece, the whole buffer.
+
 `NaiveDataParallel` is the teaching version: one all-reduce of the whole buffer after backward.
 """
 

@@ -61,7 +61,8 @@ class MemoryEstimate:
     checkpointing: str
     micro_batch: int  # rows per rank per micro-batch
     states: dict = field(default_factory=dict)
-    by_phase: dict = field(default_factory=dict)  # phase -> category -> bytes
+    by_phase: dict = field(default_factory=dict)  # phase -> categories when its total peaks
+    maxima: dict = field(default_factory=dict)  # phase -> each category's own maximum
 
     def phase(self, name: str) -> dict[str, int]:
         return dict(self.by_phase[name])
@@ -75,7 +76,7 @@ class MemoryEstimate:
 
     def category_peaks(self) -> dict[str, int]:
         """Each category's own maximum over the step."""
-        return {c: max(p[c] for p in self.by_phase.values()) for c in CATEGORIES}
+        return {c: max(p[c] for p in self.maxima.values()) for c in CATEGORIES}
 
 
 def estimate(cfg, vocab_size: int | None = None) -> MemoryEstimate:
@@ -95,23 +96,12 @@ def estimate(cfg, vocab_size: int | None = None) -> MemoryEstimate:
         "adam_m": ms * owned,
         "adam_v": ms * owned,
     }
-    acts = activation_peaks(cfg, vocab, micro)
-    base = {**dict.fromkeys(CATEGORIES, 0), **states}
-    by_phase = {"forward": {**base, "activations": acts["forward"]},
-                "backward": {**base, "activations": acts["backward"]},
-                "optimizer": {**base, "temporaries": 2 * ms * max(pieces) + (4 * owned if dtype in _LOW else 0)}}
-    if stage == 2:  # a bucket's gradients before packing, and its buffer in flight
-        bucket = max(pieces) * world * s
-        by_phase["backward"]["gradients"] += bucket
-        by_phase["backward"]["comm_buffers"] = bucket
-    if stage == 3:
-        outer, blocks = units[0], units[1:] or [0]
-        gathered = (outer + (2 if cfg.parallel.prefetch else 1) * max(blocks)) * s
-        for phase in ("forward", "backward"):
-            by_phase[phase]["parameters"] += gathered
-        by_phase["backward"]["gradients"] += max(units) * s
-        by_phase["backward"]["comm_buffers"] = max(units) * s
-    return MemoryEstimate(n, world, stage, dtype, cfg.memory.checkpointing, micro, states, by_phase)
+    timeline = _Timeline(states)
+    _replay(timeline, cfg, vocab, micro, _transients(shapes, cfg, pieces, units))
+    scratch = 2 * ms * max(pieces) + (4 * owned if dtype in _LOW else 0)  # AdamW + fp32 gradient copy
+    timeline.peaks["optimizer"] = timeline.maxima["optimizer"] = {**timeline.base, "temporaries": scratch}
+    return MemoryEstimate(n, world, stage, dtype, cfg.memory.checkpointing, micro, states, timeline.peaks,
+                          timeline.maxima)
 
 
 # ---------------------------------------------------------------------- parameters and their layout
@@ -133,13 +123,15 @@ def param_shapes(cfg, vocab: int) -> list[tuple[str, tuple, int | None]]:
     m, bias = cfg.model, cfg.model.bias
 
     def linear(name, n_in, n_out, unit, with_bias=bias):
-        return [(f"{name}.weight", (n_out, n_in), unit)] + ([(f"{name}.bias", (n_out,), unit)] if with_bias else [])
+        weight = [(f"{name}.weight", (n_out, n_in), unit)]
+        return weight + ([(f"{name}.bias", (n_out,), unit)] if with_bias else [])
 
     def norm(name, dim, unit):
         return [(f"{name}.weight", (dim,), unit)] + ([(f"{name}.bias", (dim,), unit)] if bias else [])
 
     if m.kind == "mlp":
-        return [p for i, (a, b) in enumerate(zip(m.widths[:-1], m.widths[1:])) for p in linear(f"layers.{i}", a, b, i)]
+        pairs = enumerate(zip(m.widths[:-1], m.widths[1:]))
+        return [p for i, (a, b) in pairs for p in linear(f"layers.{i}", a, b, i)]
     c = m.n_embd
     shapes = [("wte.weight", (vocab, c), None), ("wpe.weight", (m.block_size, c), None)]
     for i in range(m.n_layer):
@@ -188,19 +180,111 @@ def _pieces(shapes, cfg, world: int, stage: int) -> tuple[list[int], list[int]]:
     return [u // world for u in units if u], units
 
 
-# ---------------------------------------------------------------------- activations
+# ---------------------------------------------------------------------- one micro-batch, replayed
 
-def activation_peaks(cfg, vocab: int, micro: int) -> dict[str, int]:
-    """Highest activation bytes in the forward and in the backward phase of one micro-batch."""
+class _Timeline:
+    """Arrays held while one micro-batch runs, and per phase the categories at its highest total."""
+
+    def __init__(self, states: dict[str, int]):
+        self.base = {**dict.fromkeys(CATEGORIES, 0), **states}
+        self.held: dict[str, int] = {}  # activation arrays by name
+        self.extra = dict.fromkeys(("parameters", "gradients", "comm_buffers"), 0)  # ZeRO transients
+        self.peaks: dict[str, dict[str, int]] = {}
+        self.maxima: dict[str, dict[str, int]] = {}
+
+    def keep(self, arrays: dict[str, int], phase: str) -> None:
+        self.held.update(arrays)
+        self.mark(phase)
+
+    def drop(self, arrays) -> None:
+        for key in arrays:
+            self.held.pop(key, None)
+
+    def mark(self, phase: str) -> None:
+        cats = dict(self.base)
+        for c, v in self.extra.items():
+            cats[c] += v
+        cats["activations"] = sum(self.held.values())
+        if phase not in self.peaks or sum(cats.values()) > sum(self.peaks[phase].values()):
+            self.peaks[phase] = cats
+        top = self.maxima.setdefault(phase, dict(cats))
+        for c, v in cats.items():
+            top[c] = max(top[c], v)
+
+
+@dataclass(frozen=True)
+class _Transients:
+    """Bytes of what ZeRO gathers and packs in flight (0 where a stage does not)."""
+
+    outer: int = 0  # stage 3: the gathered outer unit (embeddings, final LayerNorm), padded
+    block: int = 0  # stage 3: one gathered block, padded
+    prefetch: bool = False
+    outer_grads: int = 0  # stage 3: the outer unit's p.grad arrays before packing
+    block_grads: int = 0  # stage 3: one block's p.grad arrays
+    bucket: int = 0  # stage 2: the largest bucket buffer
+    bucket_grads: int = 0  # stage 2: the p.grad arrays a bucket packs
+
+
+def _transients(shapes, cfg, pieces: list[int], units: list[int]) -> _Transients:
+    s, stage, world = _ITEMSIZE[cfg.precision.dtype], cfg.parallel.zero_stage, cfg.parallel.world_size
+    if stage == 2:
+        return _Transients(bucket=max(pieces) * world * s, bucket_grads=max(pieces) * world * s)
+    if stage != 3:
+        return _Transients()
+    numel: dict = {}
+    for _, shape, unit in shapes:
+        numel[unit] = numel.get(unit, 0) + math.prod(shape)
+    blocks = [numel[u] for u in numel if u is not None] or [0]
+    return _Transients(outer=units[0] * s, block=max(units[1:], default=0) * s,
+                       prefetch=cfg.parallel.prefetch, outer_grads=numel.get(None, 0) * s,
+                       block_grads=max(blocks) * s)
+
+
+def _replay(t: _Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
+    """Forward, then backward from the last block, as the trainer and the replicas run them."""
     m, dtype = cfg.model, cfg.precision.dtype
-    s, f = _ITEMSIZE[dtype], 8 if dtype == "fp64" else 4
-    g = cfg.train.global_batch
-    if m.kind == "mlp":
-        total = sum(_mlp_saves(m.widths, micro, g, s, f, m.dropout).values())
-        return {"forward": total, "backward": total}
-    groups = _gpt_saves(micro, m.block_size, m.n_embd, m.n_head, vocab, m.n_layer, g, s, f, m.dropout)
-    ckpt = {i + 1 for i in checkpointed_blocks(cfg.memory.checkpointing, m.n_layer)}  # group index
-    return _replay(groups, ckpt)
+    s, f, g = _ITEMSIZE[dtype], 8 if dtype == "fp64" else 4, cfg.train.global_batch
+    if m.kind == "mlp":  # one group; stage 3 gathers the layers, taken as co-occurring (an upper bound)
+        t.extra["parameters"] = z.outer + (1 + z.prefetch) * z.block
+        t.keep(_mlp_saves(m.widths, micro, g, s, f, m.dropout), "forward")
+        t.mark("backward")
+        t.extra.update(parameters=0, gradients=z.block_grads + z.bucket_grads,
+                       comm_buffers=z.block + z.bucket)
+        t.drop(list(t.held))
+        t.mark("backward")
+        return
+    embedding, *blocks, head = _gpt_saves(micro, m.block_size, m.n_embd, m.n_head, vocab, m.n_layer, g, s, f,
+                                          m.dropout)
+    ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, m.n_layer))
+    loss = {k: head.pop(k) for k in ("logits", "lse", "targets")}  # kept by the loss, after the model
+    last = len(blocks) - 1
+    t.extra["parameters"] = z.outer + z.prefetch * z.block  # stage 3: outer unit, block 0 prefetched
+    t.keep(embedding, "forward")
+    for k, block in enumerate(blocks):
+        ahead = z.prefetch * z.block * (k < last)
+        t.extra["parameters"] = z.outer + z.block + ahead
+        t.keep({next(iter(block)): next(iter(block.values()))} if k in ckpt else block, "forward")
+        t.extra["parameters"] = z.outer + ahead
+    t.keep(head, "forward")
+    t.extra["parameters"] = 0
+    t.keep(loss, "forward")
+    t.mark("backward")
+    t.drop(loss)
+    t.extra["parameters"] = z.outer + z.prefetch * z.block  # gathered again at the logits
+    t.mark("backward")
+    t.drop(head)
+    for k in reversed(range(len(blocks))):
+        behind = z.prefetch * z.block * (k > 0)
+        t.extra["parameters"] = z.outer + z.block + behind
+        if k in ckpt:
+            t.keep(blocks[k], "backward")  # recomputed in full while everything before it is held
+        t.drop(blocks[k])
+        t.extra.update(gradients=z.block_grads, comm_buffers=z.block)  # the block's gradients packed
+        t.mark("backward")
+        t.extra.update(parameters=z.outer + behind, gradients=0, comm_buffers=0)
+    t.drop(embedding)
+    t.extra.update(gradients=z.outer_grads + z.bucket_grads, comm_buffers=z.outer + z.bucket)  # the last pack
+    t.mark("backward")
 
 
 def _gpt_saves(b, t, c, h, v, n_layer, g, s, f, p) -> list[dict[str, int]]:
@@ -231,21 +315,3 @@ def _mlp_saves(widths, b, g, s, f, p) -> dict[str, int]:
         if p:
             saves[f"mask {i}"] = b * w
     return saves
-
-
-def _replay(groups: list[dict[str, int]], ckpt: set[int]) -> dict[str, int]:
-    """Peak bytes held in forward and in backward when the groups in `ckpt` are recomputed."""
-    held: dict[str, int] = {}
-    for i, group in enumerate(groups):
-        if i in ckpt:
-            key = next(iter(group))
-            held[key] = group[key]  # only the block input
-        else:
-            held.update(group)
-    forward = backward = sum(held.values())
-    for i in reversed(range(len(groups))):
-        if i in ckpt:  # recompute the whole block while everything before it is still held
-            backward = max(backward, sum({**held, **groups[i]}.values()))
-        for key in groups[i]:
-            held.pop(key, None)
-    return {"forward": forward, "backward": backward}

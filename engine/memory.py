@@ -161,7 +161,8 @@ class Ledger:
         """One MemorySnapshot event per phase seen this step (estimate: phase -> categories)."""
         from engine.events import MemorySnapshot
         with self._lock:
-            return [MemorySnapshot(step=step, rank=rank, phase=phase, current=dict(self.phase_end.get(phase, {})),
+            return [MemorySnapshot(step=step, rank=rank, phase=phase,
+                                   current=dict(self.phase_end.get(phase, {})),
                                    peak=dict(self.phase_peaks[phase]),
                                    estimate=None if estimate is None else dict(estimate[phase]))
                     for phase in PHASES if phase in self.phase_peaks]

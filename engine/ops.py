@@ -369,7 +369,9 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float
 @functools.lru_cache(maxsize=16)
 def _causal_bias(t: int, dtype) -> np.ndarray:
     """[t, t] additive mask: 0 on and below the diagonal, -inf above (a query never sees the future)."""
-    return np.triu(np.full((t, t), -np.inf, dtype=dtype), 1)
+    bias = np.triu(np.full((t, t), -np.inf, dtype=dtype), 1)
+    bias.flags.writeable = False  # shared by every call (and thread) with this t
+    return bias
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,

@@ -19,6 +19,9 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
          backend: BackendOpt = None,
          steps: Annotated[int, typer.Option(help="timed steps (median reported)", min=1)] = 20,
          warmup: Annotated[int, typer.Option(help="untimed warm-up steps", min=0)] = 5,
+         compare_checkpointing: Annotated[bool, typer.Option(
+             "--compare-checkpointing", help="also time without/with activation checkpointing (its recompute "
+             "cost); on whenever the preset checkpoints")] = False,
          as_json: JsonOpt = False) -> None:
     """Median training-step time: ours, and PyTorch eager on the same shapes (when installed)."""
     from engine.bench_step import time_ours, time_torch
@@ -30,6 +33,14 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
     if cfg.parallel.world_size > 1:
         other = replace(cfg, "parallel.overlap", not cfg.parallel.overlap)
         report["overlap_" + ("off" if cfg.parallel.overlap else "on")] = time_ours(other, warmup, steps)
+    if compare_checkpointing or cfg.memory.checkpointing != "none":
+        spec = cfg.memory.checkpointing if cfg.memory.checkpointing != "none" else "blocks"
+        with user_errors():
+            variants = {s: replace(cfg, "memory.checkpointing", s) for s in ("none", spec)}
+        times = {s: (ours if s == cfg.memory.checkpointing else time_ours(c, warmup, steps))["step_s"]
+                 for s, c in variants.items()}
+        report["checkpointing"] = {"spec": spec, "off_s": times["none"], "on_s": times[spec],
+                                   "extra": times[spec] / times["none"] - 1}
     if cfg.parallel.world_size == 1:
         peer = time_torch(cfg, warmup, steps)
         report["torch"] = peer
@@ -46,6 +57,10 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
             o = report[key]
             label = key.replace("_", " ")
             print(f"  {label:10} {o['step_s'] * 1e3:8.1f} ms/step   comm wait {o['comm_share']:.0%}")
+    if "checkpointing" in report:
+        c = report["checkpointing"]
+        print(f"  checkpointing {c['spec']}: {c['on_s'] * 1e3:.1f} ms/step vs {c['off_s'] * 1e3:.1f} without "
+              f"({c['extra']:+.0%}: the recompute)")
     if report.get("torch"):
         t = report["torch"]
         print(f"  PyTorch    {t['step_s'] * 1e3:8.1f} ms/step   (torch {t['torch']}, {t['threads']} threads)")

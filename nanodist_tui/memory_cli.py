@@ -24,17 +24,18 @@ COMPONENTS = (("parameters", ("parameters",)), ("gradients", ("gradients",)),
 STAGES, PRECISIONS = (0, 1, 2, 3), ("fp32", "fp16", "bf16")
 
 
+ZeroOpt = Annotated[int | None, typer.Option("--zero", "-z", help="ZeRO stage 0-3 (parallel.zero_stage)")]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="fp32 | fp16 | bf16 | fp64")]
+MeasureOpt = Annotated[bool, typer.Option("--measure", help="also train a few steps and show the ledger")]
+StepsOpt = Annotated[int, typer.Option(help="steps to measure (--measure)", min=1)]
+CompareOpt = Annotated[bool, typer.Option("--compare", help="stages 0-3 x precisions, and baseline (fp32, "
+                                          "stage 0) vs optimized (fp16, ZeRO-2, checkpointing)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
+
+
 def memory(preset: PresetOpt = "seed-table", sets: SetOpt = None, world_size: WorldOpt = None,
-           zero: Annotated[int | None, typer.Option("--zero", "-z", help="ZeRO stage 0-3 (parallel.zero_stage)")]
-           = None,
-           precision: Annotated[str | None, typer.Option("--precision", help="fp32 | fp16 | bf16 | fp64")] = None,
-           measure: Annotated[bool, typer.Option("--measure", help="also run a few steps and show the ledger")]
-           = False,
-           steps: Annotated[int, typer.Option(help="steps to measure (--measure)", min=1)] = 2,
-           compare: Annotated[bool, typer.Option("--compare", help="stages 0-3 x precisions, and baseline "
-                                                 "(fp32, stage 0) vs optimized (fp16, ZeRO-2, checkpointing)")]
-           = False,
-           as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False) -> None:
+           zero: ZeroOpt = None, precision: PrecisionOpt = None, measure: MeasureOpt = False,
+           steps: StepsOpt = 2, compare: CompareOpt = False, as_json: JsonOpt = False) -> None:
     """Per-rank memory by category: estimated from the config, measured with --measure."""
     extra = list(sets or [])
     if zero is not None:
@@ -69,13 +70,13 @@ def _estimated(cfg) -> dict:
 def _measured(cfg, steps: int) -> dict | None:
     """The ledger's figures, or None with the reason when this configuration cannot run yet."""
     from engine.comm.base import RankFailure
-    from engine.memory import measure
+    from engine.memory import MODEL_STATES, measure
     try:
         m = measure(cfg, steps)
     except RankFailure as e:
         fail(f"measuring failed: {e}", code=1)
-    return {"states": {k: m["at_rest"][k] for k in ("parameters", "gradients", "master", "adam_m", "adam_v")},
-            "category_peaks": m["category_peaks"], "peak_total": m["peak_total"], "peak_phase": m["peak_phase"]}
+    return {"states": {k: m["at_rest"][k] for k in MODEL_STATES}, "category_peaks": m["category_peaks"],
+            "peak_total": m["peak_total"], "peak_phase": m["peak_phase"]}
 
 
 def _describe(cfg) -> dict:
@@ -134,7 +135,8 @@ def _header(r: dict, n_params: int) -> str:
 def _print_breakdown(r: dict) -> None:
     est, meas = r["estimate"], r["measured"]
     print(_header(r, est["n_params"]))
-    print(f"per rank, MB (each category at its own peak){'':8}{'estimated':>10}" + (f"{'measured':>10}" if meas else ""))
+    title = f"{'per rank, MB (each category at its own peak)':52}{'estimated':>10}"
+    print(title + (f"{'measured':>10}" if meas else ""))
     for label, keys in ROWS:
         row = f"  {label:50}{_mb(_sum(est['category_peaks'], keys)):>10}"
         print(row + (f"{_mb(_sum(meas['category_peaks'], keys)):>10}" if meas else ""))

@@ -1,8 +1,10 @@
 """Rank functions for the comm tests. They live in an importable module so the processes and mpi
 backends can run them, and they return plain JSON (failures, digests, byte counts).
 
-Run as a script under mpiexec it is the MPI conformance job: ``mpiexec -n 4 python tests/comm_helpers.py``
-prints rank 0's JSON summary of every rank's results.
+As a script it runs the conformance job on one rank of an external launch and prints JSON:
+``mpiexec -n 4 python tests/comm_helpers.py`` (rank 0 prints every rank's results; ``native``
+checks the mpi-native all-reduce), or ``python tests/comm_helpers.py tcp`` with the torchrun-style
+environment (each rank prints its own).
 """
 
 from __future__ import annotations
@@ -174,11 +176,16 @@ def native_check(comm, emit) -> dict:
 
 
 if __name__ == "__main__":
-    from mpi4py import MPI
-
     from engine.comm import run_ranks
 
-    check = native_check if sys.argv[1:] == ["native"] else conformance
-    results = run_ranks(MPI.COMM_WORLD.Get_size(), "mpi", check)
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        print(json.dumps(results))
+    mode = sys.argv[1] if len(sys.argv) > 1 else "mpi"
+    if mode == "tcp":  # one rank of a torchrun-style job, configured by the environment
+        rank = int(os.environ["RANK"])
+        print(json.dumps(run_ranks(int(os.environ["WORLD_SIZE"]), "tcp", conformance)[rank]))
+    else:
+        from mpi4py import MPI
+
+        check = native_check if mode == "native" else conformance
+        results = run_ranks(MPI.COMM_WORLD.Get_size(), "mpi", check)
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(json.dumps(results))

@@ -4,18 +4,51 @@ test_comm_mpi.py): exact results, bitwise-identical ranks, and exactly the bytes
 from __future__ import annotations
 
 import functools
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
 
 import comm_helpers
 import pytest
 
 from engine.comm import TrafficMeter, algbw, busbw, run_ranks, shard_bounds
 
-JOBS = [("threads", n) for n in range(1, 9)] + [("processes", 2), ("processes", 4)]
+# processes-socket: the processes backend with the shared-memory fast path off (NANODIST_SHM=0);
+# tcp: separately started processes meeting through MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE.
+JOBS = [("threads", n) for n in range(1, 9)] + [("processes", 2), ("processes", 4), ("processes-socket", 3),
+                                                ("tcp", 2)]
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 @functools.cache
 def job(backend: str, world_size: int) -> tuple:
-    return tuple(run_ranks(world_size, backend, comm_helpers.conformance, timeout_s=30.0))
+    if backend == "tcp":
+        return tcp_job(world_size)
+    if backend == "processes-socket":
+        os.environ["NANODIST_SHM"] = "0"
+        try:
+            return tuple(run_ranks(world_size, "processes", comm_helpers.conformance))
+        finally:
+            del os.environ["NANODIST_SHM"]
+    return tuple(run_ranks(world_size, backend, comm_helpers.conformance))
+
+
+def tcp_job(world_size: int) -> tuple:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
+           "NANODIST_SECRET": secrets.token_hex(16),
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(TESTS), TESTS])}
+    ranks = [subprocess.Popen([sys.executable, os.path.join(TESTS, "comm_helpers.py"), "tcp"],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, text=True)
+             for r in range(world_size)]
+    outputs = [rank.communicate(timeout=60)[0] for rank in ranks]
+    assert all(rank.returncode == 0 for rank in ranks)
+    return tuple(json.loads(out.strip().splitlines()[-1]) for out in outputs)
 
 
 @pytest.mark.parametrize("backend,world_size", JOBS)

@@ -18,9 +18,9 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 
 
-def mpirun(n: int, *args: str) -> list:
+def mpirun(n: int, mode: str = "mpi") -> list:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, TESTS])}
-    command = [MPIEXEC, "-n", str(n), sys.executable, os.path.join(TESTS, "comm_helpers.py"), *args]
+    command = [MPIEXEC, "-n", str(n), sys.executable, os.path.join(TESTS, "comm_helpers.py"), mode]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

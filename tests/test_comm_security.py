@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import queue
+import random
 import socket
 import struct
 import time
@@ -118,17 +118,21 @@ def test_wrong_secret_refused_and_logged_job_unharmed(caplog):
     job_still_works(comms)
 
 
-@pytest.mark.parametrize("payload", [os.urandom(300), b"GET / HTTP/1.1\r\n\r\n" + os.urandom(40), b""])
-def test_stranger_refused_and_logged_job_unharmed(payload, caplog, monkeypatch):
+STRANGERS = {"random bytes": random.Random(0).randbytes(300),
+             "http": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 3, "silent": b""}
+
+
+@pytest.mark.parametrize("stranger", STRANGERS)
+def test_stranger_refused_and_logged_job_unharmed(stranger, caplog, monkeypatch):
     monkeypatch.setattr(rendezvous, "HANDSHAKE_S", 0.5)  # a silent stranger is dropped after this
 
-    def stranger(port: int) -> None:
+    def connect_as_stranger(port: int) -> None:
         with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.sendall(payload)
+            sock.sendall(STRANGERS[stranger])
             time.sleep(0.6)
 
     with caplog.at_level(logging.WARNING, "nanodist.comm"):
-        comms, _ = wire_job(before_peers=stranger)
+        comms, _ = wire_job(before_peers=connect_as_stranger)
     assert "refused connection" in caplog.text
     job_still_works(comms)
 

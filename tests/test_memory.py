@@ -107,7 +107,8 @@ def test_trainer_emits_a_snapshot_per_phase_rank_and_step():
     run_ranks(2, "threads", train_rank, args=(tiny(),), on_event=seen.append, timeout_s=60)
     snaps = [ev.from_json(d) for d in seen if d["kind"] == "memory_snapshot"]
     assert len(snaps) == 2 * 2 * len(PHASES)  # steps x ranks x phases
-    assert {(s.step, s.rank, s.phase) for s in snaps} == {(st, r, p) for st in (1, 2) for r in (0, 1) for p in PHASES}
+    expected = {(step, rank, phase) for step in (1, 2) for rank in (0, 1) for phase in PHASES}
+    assert {(s.step, s.rank, s.phase) for s in snaps} == expected
     for s in snaps:
         assert set(s.peak) == set(CATEGORIES) and set(s.estimate) == set(CATEGORIES)
         assert sum(s.peak.values()) >= sum(s.current.values())
@@ -126,8 +127,8 @@ def test_ledger_peak_agrees_with_tracemalloc_on_processes():
     backward pass's transient gradient arrays (which the ledger does not count). The baseline subtracted
     from the traced figures is what tracemalloc sees at rest beyond the ledger (the data set, Python
     objects, AdamW's 1-byte-per-parameter weight-decay mask); it must itself be small."""
-    cfg = tiny(model__n_layer=2, model__n_embd=384, model__n_head=6, model__block_size=16, model__vocab_size=64,
-               train__global_batch=4, parallel__backend="processes")
+    cfg = tiny(model__n_layer=2, model__n_embd=384, model__n_head=6, model__block_size=16,
+               model__vocab_size=64, train__global_batch=4, parallel__backend="processes")
     results = run_ranks(2, "processes", measure_rank, args=(cfg, 2, True), timeout_s=120)
     for r in results:
         at_rest = sum(r["at_rest"].values())

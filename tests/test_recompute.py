@@ -133,3 +133,20 @@ def test_trainer_with_checkpointing_matches_without(stage):
     for plain, ckpt in zip(runs["none"], runs["blocks"]):
         assert ckpt["losses"] == plain["losses"]
         np.testing.assert_array_equal(ckpt["params"], plain["params"])
+
+
+def test_bench_step_reports_the_recompute_cost():
+    import json
+
+    from typer.testing import CliRunner
+
+    from nanodist_tui.cli import app
+    args = ["bench", "step", "--preset", "checkpointing", "--steps", "2", "--warmup", "0", "--json",
+            "--world-size", "2", "--set", "model.n_layer=2", "--set", "model.n_embd=16",
+            "--set", "model.n_head=2", "--set", "model.block_size=8", "--set", "train.global_batch=4",
+            "--set", "data.max_chars=20000"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)["checkpointing"]
+    assert report["spec"] == "blocks" and report["on_s"] > 0 and report["off_s"] > 0
+    assert report["extra"] == pytest.approx(report["on_s"] / report["off_s"] - 1)

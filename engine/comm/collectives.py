@@ -26,7 +26,7 @@ import numpy as np
 from engine.comm.base import Communicator, Reduce
 from engine.comm.meter import metered_phase
 
-SEGMENT_BYTES = 1 << 20
+SEGMENT_BYTES = 4 << 20
 OPS = ("sum", "avg", "max")
 ALGORITHMS = ("ring", "mpi-native")
 _LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))

@@ -31,6 +31,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from engine.comm import codec
 from engine.comm.base import RankFailure, Signals, StopRequested
 
 BACKENDS = ("threads", "processes", "tcp", "mpi")
@@ -71,6 +72,12 @@ def error_line(exc: BaseException) -> str:
     return lines[-1].strip() if lines else type(exc).__name__
 
 
+def as_sent(event: dict) -> dict:
+    """The event as a rank process would deliver it (through JSON), so every backend hands
+    on_event the same plain dicts and a non-serialisable event fails on threads too."""
+    return codec.loads(codec.dumps(event))
+
+
 def blame(rank: int, exc: BaseException) -> tuple[int, str]:
     """Which rank an exception raised on ``rank`` points at, and why."""
     if isinstance(exc, RankFailure):
@@ -82,7 +89,7 @@ def _run_here(comm, world_size, rank_fn, args, on_event) -> list:
     """One rank in this process (tcp backend); peers notice a failure when its sockets close."""
     results = [None] * world_size
     try:
-        results[comm.rank] = rank_fn(comm, on_event, *args)
+        results[comm.rank] = rank_fn(comm, lambda event: on_event(as_sent(event)), *args)
     except StopRequested:
         pass
     except BaseException as exc:
@@ -101,6 +108,7 @@ def _run_threads(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> 
     event_lock = threading.Lock()
 
     def emit(event: dict) -> None:
+        event = as_sent(event)
         with event_lock:
             on_event(event)
 

@@ -105,7 +105,7 @@ def _raw(arr: np.ndarray) -> list:
 
 def run_mpi_rank(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> list:
     """Run this process's rank; rank 0 relays every rank's events to on_event and gathers results."""
-    from engine.comm.launch import blame
+    from engine.comm.launch import as_sent, blame
 
     world = MPI.COMM_WORLD
     if world.Get_size() != world_size:
@@ -118,7 +118,7 @@ def run_mpi_rank(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> 
     def emit(event: dict) -> None:
         if rank == 0:
             with lock:
-                on_event(event)
+                on_event(as_sent(event))
         else:
             relay_comm.Send([np.frombuffer(codec.dumps(event), np.uint8), MPI.BYTE], 0, EVENT_TAG)
 

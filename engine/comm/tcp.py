@@ -275,8 +275,6 @@ class TcpCommunicator(Communicator):
                  meter: TrafficMeter | None = None, signals: Signals | None = None):
         super().__init__(rank, world_size, timeout_s, meter, signals)
         self.links = links
-        for link in links.values():
-            link.signals = self.signals
         self._scratch = np.empty(SCRATCH_BYTES, np.uint8)
         self._closed = False
 

@@ -1,0 +1,159 @@
+"""The estimator against the model it describes, REFERENCE §1's formulas and the measuring ledger; and the
+`nanodist-tui memory` command."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.build import build_model
+from engine.comm.launch import run_ranks
+from engine.config import from_dict, to_dict
+from engine.estimator import count_params, estimate, param_shapes
+from engine.memory import MODEL_STATES, measure_rank
+from engine.presets import load_preset
+from nanodist_tui.cli import app
+
+STATES = MODEL_STATES
+
+
+def tiny(**over):
+    d = {"name": "est", "seed": 1,
+         "model": {"kind": "gpt", "n_layer": 3, "n_head": 2, "n_embd": 16, "block_size": 8, "vocab_size": 23},
+         "data": {"kind": "synthetic-lm", "n_samples": 128},
+         "train": {"steps": 2, "global_batch": 6, "micro_batches": 1, "eval_every": 0, "eval_batches": 1},
+         "parallel": {"world_size": 3, "bucket_cap_mb": 0.004},
+         "precision": {"init_scale": 256.0}}  # fp16: no overflowing first steps
+    for key, value in over.items():
+        section, name = key.split("__")
+        d.setdefault(section, {})[name] = value
+    return from_dict(d)
+
+
+def mlp(**over):
+    return tiny(model__kind="mlp", model__widths=[12, 20, 7], data__kind="synthetic-classification", **over)
+
+
+@pytest.mark.parametrize("cfg", [tiny(), tiny(model__bias=False, model__tie_weights=False), mlp()],
+                         ids=["gpt", "gpt-untied-nobias", "mlp"])
+def test_parameter_layout_is_the_models(cfg):
+    model = build_model(cfg, vocab_size=23)
+    shapes = param_shapes(cfg, 23)
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == [(n, s) for n, s, _ in shapes]
+    assert count_params(cfg, 23) == sum(p.data.size for p in model.parameters())
+
+
+def test_seed_table_is_the_original_nanodist_model():
+    cfg, _, _ = load_preset("seed-table")
+    e = estimate(cfg)
+    assert e.n_params == 8_400_000
+    assert e.states["parameters"] == 33_600_000  # fp32 parameters: 33.6 MB
+
+
+@pytest.mark.parametrize("world", [1, 3, 4])
+def test_model_states_follow_reference_formulas(world):
+    """REFERENCE §1 for 2-byte training: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N, up to padding."""
+    for dtype in ("fp16", "bf16"):
+        per_stage = [estimate(tiny(parallel__world_size=world, parallel__zero_stage=s, train__global_batch=12,
+                                   precision__dtype=dtype)) for s in range(4)]
+        psi = per_stage[0].n_params
+        pad = math.ceil(psi / world) * world
+        assert sum(per_stage[0].states.values()) == 16 * psi
+        assert sum(per_stage[1].states.values()) == 4 * pad + 12 * pad // world
+        assert sum(per_stage[2].states.values()) == 2 * pad + 14 * pad // world
+        units = 5  # the outer unit (embeddings, ln_f) and three blocks, each padded to a multiple of N
+        assert 16 * psi / world <= sum(per_stage[3].states.values()) <= 16 * (psi / world + units)
+    fp32 = estimate(tiny(parallel__world_size=world, train__global_batch=12))
+    assert fp32.states["master"] == 0 and sum(fp32.states.values()) == 16 * fp32.n_params
+
+
+def measured(cfg, steps=2):
+    world = cfg.parallel.world_size
+    return run_ranks(world, "threads", measure_rank, args=(to_dict(cfg), steps), timeout_s=60)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "fp64"])
+def test_estimate_equals_measurement(stage, dtype):
+    """Model states exactly on every rank (N = 3: padding); activations within 10%; the optimizer's
+    scratch exactly."""
+    cfg = tiny(parallel__zero_stage=stage, precision__dtype=dtype, model__dropout=0.1)
+    e = estimate(cfg)
+    for r in measured(cfg):
+        assert {k: r["at_rest"][k] for k in STATES} == e.states
+        for phase in ("forward", "backward"):
+            predicted = e.maxima[phase]["activations"]
+            assert r["maxima"][phase]["activations"] == pytest.approx(predicted, rel=0.10)
+        assert r["maxima"]["optimizer"]["temporaries"] == e.maxima["optimizer"]["temporaries"]
+        assert r["maxima"]["forward"]["parameters"] == e.maxima["forward"]["parameters"]
+
+
+def test_mlp_activations_match():
+    cfg = mlp(parallel__world_size=2, model__dropout=0.2, train__global_batch=8)
+    e = estimate(cfg)
+    for r in measured(cfg):
+        predicted = e.maxima["forward"]["activations"]
+        assert r["maxima"]["forward"]["activations"] == pytest.approx(predicted, rel=0.10)
+
+
+@pytest.mark.parametrize("spec", ["blocks", "every:2"])
+def test_checkpointing_lowers_the_measured_peak_to_the_estimate(spec):
+    plain_cfg = tiny(model__n_layer=4, model__dropout=0.1, precision__dtype="fp16")
+    cfg = tiny(model__n_layer=4, model__dropout=0.1, precision__dtype="fp16", memory__checkpointing=spec)
+    plain = max(m["activations"] for m in measured(plain_cfg)[0]["maxima"].values())
+    ckpt = max(m["activations"] for m in measured(cfg)[0]["maxima"].values())
+    predicted = estimate(cfg).category_peaks()["activations"]
+    assert ckpt < plain
+    assert ckpt == pytest.approx(predicted, rel=0.10)
+    assert estimate(plain_cfg).category_peaks()["activations"] == pytest.approx(plain, rel=0.10)
+
+
+# ---------------------------------------------------------------------- the command
+
+runner = CliRunner()
+SMALL = ["--set", "model.n_layer=2", "--set", "model.n_embd=32", "--set", "model.n_head=2",
+         "--set", "model.block_size=16", "--set", "model.vocab_size=50", "--set", "data.n_samples=256"]
+
+
+def test_memory_command_prints_the_breakdown():
+    result = runner.invoke(app, ["memory", "--preset", "seed-table"])
+    assert result.exit_code == 0, result.output
+    assert "8,400,000 parameters" in result.output and "33.6" in result.output
+    assert "peak total" in result.output
+
+
+def test_memory_command_measures_beside_the_estimate():
+    result = runner.invoke(app, ["memory", "--preset", "seed-table", *SMALL, "--world-size", "2",
+                                 "--zero", "1", "--precision", "bf16", "--measure", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert (report["zero_stage"], report["dtype"], report["world_size"]) == (1, "bf16", 2)
+    assert report["measured"]["states"] == report["estimate"]["states"]
+    for key in ("activations", "temporaries"):
+        assert report["measured"]["category_peaks"][key] == pytest.approx(
+            report["estimate"]["category_peaks"][key], rel=0.10)
+
+
+def test_memory_compare_tables():
+    result = runner.invoke(app, ["memory", "--preset", "seed-table", "--compare"])
+    assert result.exit_code == 0, result.output
+    for text in ("ZeRO-0", "ZeRO-3", "fp16", "bf16", "component", "reduction", "optimizer (master+m+v)"):
+        assert text in result.output
+    as_json = runner.invoke(app, ["memory", "--preset", "seed-table", "--compare", "--json"])
+    report = json.loads(as_json.output)
+    assert len(report["grid"]) == 12
+    base, opt = report["baseline"], report["optimized"]
+    assert (base["dtype"], base["zero_stage"], base["checkpointing"]) == ("fp32", 0, "none")
+    assert (opt["dtype"], opt["zero_stage"], opt["checkpointing"]) == ("fp16", 2, "blocks")
+    assert opt["estimate"]["peak_total"] < base["estimate"]["peak_total"]
+
+
+@pytest.mark.parametrize("args", [["--zero", "5"], ["--precision", "fp8"], ["--preset", "no-such-preset"],
+                                  ["--set", "memory.checkpointing=sometimes"]])
+def test_memory_command_bad_input_is_one_line(args):
+    result = runner.invoke(app, ["memory", *args])
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
