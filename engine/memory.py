@@ -204,11 +204,11 @@ def optimizer_scratch_bytes(replica) -> int:
 def measure_rank(comm, emit, cfg_dict: dict, steps: int, trace: bool = False) -> dict:
     """Rank function (any backend): train `steps` steps and report what this rank's ledger saw.
 
-    Returns the model states at rest (after set-up), per phase the highest total of any step (the
-    categories at that moment) and each category's own maximum. With `trace`, tracemalloc runs from
-    before the model is built, and its peak per phase is reported beside the ledger's: `traced`
-    (bytes above the traced memory that the ledger does not claim at rest, i.e. data set and
-    interpreter objects) — the cross-check of the ledger on a real process.
+    Returns the categories at rest (after set-up), and per phase the categories when the total
+    peaked in any step (`peaks`) and each category's own maximum (`maxima`). With `trace` (one rank
+    per process: tracemalloc is process-wide) tracemalloc runs from before the model is built and
+    `traced` gives its peak per phase minus `baseline`, what it sees at rest beyond the ledger (the
+    data set, Python objects): the cross-check of the ledger on a real process.
     """
     import tracemalloc
 

@@ -18,8 +18,8 @@ from engine.comm import TrafficMeter, algbw, busbw, run_ranks, shard_bounds
 
 # processes-socket: the processes backend with the shared-memory fast path off (NANODIST_SHM=0);
 # tcp: separately started processes meeting through MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE.
-JOBS = [("threads", n) for n in range(1, 9)] + [("processes", 2), ("processes", 4), ("processes-socket", 3),
-                                                ("tcp", 2)]
+SPAWNED = [("processes", 2), ("processes", 4), ("processes-socket", 2), ("processes-socket", 3), ("tcp", 2)]
+JOBS = [("threads", n) for n in range(1, 9)] + [pytest.param(*job, marks=pytest.mark.slow) for job in SPAWNED]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -31,13 +31,16 @@ def pids_of(events: list[dict]) -> set[int]:
     return {e["pid"] for e in events if "pid" in e}
 
 
-def rank_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("nanodist-rank")]
+def rank_threads(before: set[threading.Thread] = frozenset()) -> list[threading.Thread]:
+    """Rank threads still running, other than those already running at ``before`` (an abandoned
+    rank of an earlier test may still be sleeping)."""
+    return [t for t in threading.enumerate() if t.name.startswith("nanodist-rank") and t not in before]
 
 
-@pytest.mark.parametrize("backend", ["threads", "processes"])
+@pytest.mark.parametrize("backend", ["threads", pytest.param("processes", marks=pytest.mark.slow)])
 def test_raising_rank_is_named(backend):
     events: list[dict] = []
+    before = set(threading.enumerate())
     start = time.monotonic()
     with pytest.raises(RankFailure) as failure:
         run_ranks(3, backend, comm_helpers.fail_on, (1, "raise"), on_event=events.append, timeout_s=10)
@@ -46,9 +49,10 @@ def test_raising_rank_is_named(backend):
     assert time.monotonic() - start < 10
     assert not any(alive(pid) for pid in pids_of(events) if pid != os.getpid())
     if backend == "threads":
-        assert rank_threads() == []
+        assert rank_threads(before) == []
 
 
+@pytest.mark.slow
 def test_sigkilled_rank_is_named_and_nothing_is_left():
     events: list[dict] = []
 
@@ -66,7 +70,7 @@ def test_sigkilled_rank_is_named_and_nothing_is_left():
     assert len(pids_of(events)) == 3 and not any(alive(pid) for pid in pids_of(events))
 
 
-@pytest.mark.parametrize("backend", ["threads", "processes"])
+@pytest.mark.parametrize("backend", ["threads", pytest.param("processes", marks=pytest.mark.slow)])
 def test_silent_rank_times_out_and_is_named(backend):
     events: list[dict] = []
     start = time.monotonic()
@@ -79,9 +83,10 @@ def test_silent_rank_times_out_and_is_named(backend):
         assert not any(alive(pid) for pid in pids_of(events))
 
 
-@pytest.mark.parametrize("backend", ["threads", "processes"])
+@pytest.mark.parametrize("backend", ["threads", pytest.param("processes", marks=pytest.mark.slow)])
 def test_stop_event_ends_every_rank_cleanly(backend):
     stop, events = threading.Event(), []
+    before = set(threading.enumerate())
 
     def on_event(event: dict) -> None:
         events.append(event)
@@ -96,26 +101,57 @@ def test_stop_event_ends_every_rank_cleanly(backend):
     if backend == "processes":
         assert not any(alive(pid) for pid in pids_of(events))
     else:
-        assert rank_threads() == []
+        assert rank_threads(before) == []
 
 
-def test_ranks_exit_when_the_launcher_dies():
-    script = ("import sys, comm_helpers\n"
-              "from engine.comm import run_ranks\n"
-              "if __name__ == '__main__':\n"
-              "    run_ranks(2, 'processes', comm_helpers.stop_when_asked,\n"
-              "              on_event=lambda e: print(e['pid'], flush=True) if e['step'] == 0 else None)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "tests")])}
-    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+LAUNCHER = """
+import comm_helpers
+from engine.comm import run_ranks
+if __name__ == '__main__':
     try:
-        pids = {int(launcher.stdout.readline()) for _ in range(2)}
-        assert all(alive(pid) for pid in pids)
+        run_ranks(2, 'processes', comm_helpers.stop_when_asked,
+                  on_event=lambda e: print(e['pid'], flush=True) if e['step'] == 0 else None)
+    except KeyboardInterrupt:
+        print('interrupted', flush=True)
+"""
+
+
+def start_launcher() -> tuple[subprocess.Popen, set[int]]:
+    """A separate launcher process running 2 ranks until told to stop; returns it and the rank pids."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "tests")])}
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True, env=env)
+    pids = {int(launcher.stdout.readline()) for _ in range(2)}
+    assert all(alive(pid) for pid in pids)
+    return launcher, pids
+
+
+def gone_within(pids: set[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.slow
+def test_ranks_exit_when_the_launcher_dies():
+    launcher, pids = start_launcher()
+    try:
         launcher.kill()
         launcher.wait()
-        deadline = time.monotonic() + 5
-        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(alive(pid) for pid in pids)
+        assert gone_within(pids, 5)
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank_cleanly():
+    launcher, pids = start_launcher()
+    try:
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.stdout.readline().strip() == "interrupted"
+        assert launcher.wait(10) == 0
+        assert gone_within(pids, 1)
     finally:
         launcher.kill()
         launcher.wait()

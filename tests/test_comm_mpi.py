@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("mpi4py")
 MPIEXEC = shutil.which("mpiexec")
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not on PATH (pip install mpi4py mpich)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not on PATH (pip install mpi4py mpich)")]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 

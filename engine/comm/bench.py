@@ -24,7 +24,8 @@ from engine.comm.wire import DTYPE_NAMES
 def bench_allreduce(backend: str = "processes", world_size: int = 2, sizes_bytes=(1 << 24, 1 << 26),
                     iters: int = 20, warmup: int = 3, dtype: str = "float32",
                     algorithm: str = "ring") -> list[dict]:
-    """Rows {size, time_s, algbw, busbw, correct} for nanoDist's all-reduce on ``backend``."""
+    """Rows {size, time_s, algbw, busbw, correct} for nanoDist's all-reduce on ``backend``
+    (under mpiexec only rank 0 gets rows; the others get [])."""
     per_rank = run_ranks(world_size, backend, _nanodist_rank,
                          (list(sizes_bytes), iters, warmup, dtype, algorithm), timeout_s=120.0)
     return _rows(per_rank, list(sizes_bytes), world_size)
@@ -43,6 +44,8 @@ def bench_gloo(world_size: int = 2, sizes_bytes=(1 << 24, 1 << 26), iters: int =
 
 
 def _rows(per_rank: list, sizes: list[int], world_size: int) -> list[dict]:
+    if any(rank_rows is None for rank_rows in per_rank):
+        return []  # an MPI rank other than 0: rank 0 gathers and reports every rank's times
     rows = []
     for i, size in enumerate(sizes):
         times = np.max([rank_rows[i]["times"] for rank_rows in per_rank], axis=0)  # slowest rank

@@ -1,23 +1,32 @@
 """``run_ranks``: start a job's ranks on one backend, relay their events, fail fast, stop cleanly.
 
 ``rank_fn(comm, emit, *args)`` runs once per rank. ``comm`` is the rank's Communicator;
-``emit(dict)`` hands a JSON-serialisable dict to ``on_event`` in the launching process (called
-from rank threads or the launcher's thread, one call at a time). To stop on request, poll
-``comm.should_stop()`` (between steps) and return; a rank blocked on a peer that already left
-because of the stop gets StopRequested, which counts as a clean stop. Stopped ranks' results are
-None.
+``emit(dict)`` hands a JSON-serialisable dict to ``on_event`` in the launching process, as it
+comes out of JSON on every backend (called from rank threads or the launcher's thread, one call
+at a time).
+
+Stopping: setting ``stop_event`` (the UI's stop, or the first Ctrl-C in the launching process)
+makes ``comm.should_stop()`` True on every rank; poll it between steps and return. Ranks may
+notice at different steps: one blocked on a peer that already left because of the stop gets
+StopRequested, which counts as a clean stop (its result is None). To stop every rank at the same
+step, all-reduce (max) the flag. After a Ctrl-C, run_ranks re-raises KeyboardInterrupt once the
+ranks are down; a second Ctrl-C leaves at once.
 
 Backends:
   threads    a thread per rank in this process (daemon threads; a rank stuck in pure compute
              cannot be killed and is abandoned after ``timeout_s``).
   processes  N processes started with multiprocessing 'spawn' (see procs.py): rank_fn must be
-             importable and args/results JSON-simple (numpy arrays allowed).
+             importable, args/results JSON-simple (numpy arrays allowed), and a launching
+             script needs the usual ``if __name__ == "__main__":`` guard.
   tcp        this process is one rank of a job rendezvousing through MASTER_ADDR / MASTER_PORT /
              RANK / WORLD_SIZE / NANODIST_SECRET[_FILE] (see rendezvous.py); on_event sees this
-             rank's events only; the result list holds this rank's value only.
+             rank's events only; the result list holds this rank's value only; stop_event
+             stops this process's rank (its peers then get StopRequested).
   mpi        this process is one MPI rank (under mpiexec / srun); rank 0's on_event sees every
              rank's events; rank 0 gets every rank's result, other ranks only their own. A rank
-             that raises prints its error and aborts the MPI job (MPI cannot stop peers otherwise).
+             that raises prints its error and aborts the MPI job (MPI cannot stop peers otherwise);
+             stop_event is per process, and MPI cannot tell a peer that a rank stopped early:
+             stop every rank at the same step (all-reduce the flag).
 
 A failure (a rank raises, dies, or stops answering) stops every other rank within ``timeout_s``
 and raises RankFailure(rank, cause) naming the failed rank and the last line of its error.
@@ -54,6 +63,9 @@ def run_ranks(world_size: int, backend: str, rank_fn: Callable, args: tuple = ()
     if backend == "tcp":
         from engine.comm.rendezvous import connect_from_env
         comm = connect_from_env(timeout_s=timeout_s, stop_event=stop_event)
+        if comm.world_size != world_size:
+            comm.close()
+            raise ValueError(f"WORLD_SIZE is {comm.world_size} but world_size is {world_size}")
         return _run_here(comm, world_size, rank_fn, tuple(args), on_event)
     if backend == "mpi":
         from engine.comm.mpi import run_mpi_rank

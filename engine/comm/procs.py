@@ -7,6 +7,8 @@ relays it to the others, so there is no port race. Control messages down the pip
 (the port), "stop" (should_stop() turns True), "abort" (the job failed: blocked calls raise
 RankFailure). A rank whose pipe closes (the launcher died) exits at once: no orphans.
 
+Ctrl-C in the terminal reaches the whole process group: ranks ignore it and the launcher turns
+the first one into a stop request (the second kills); run_ranks then raises KeyboardInterrupt.
 On the first failure the launcher tells every rank to abort, gives them a short grace period to
 exit by themselves, then kills what is left; it always reaps every child before returning.
 """
@@ -162,6 +164,7 @@ class _Supervisor:
 
 def child_main(conn) -> None:
     """Entry point of a rank process (runs in the spawned child)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops every rank
     spec = codec.loads(conn.recv_bytes(MAX_MESSAGE))
     rank, world_size, timeout_s = spec["rank"], spec["world_size"], spec["timeout_s"]
     send_lock, signals, master = threading.Lock(), Signals(), {}

@@ -40,7 +40,7 @@ from engine.comm.shm import Segment
 log = logging.getLogger("nanodist.comm")
 
 SCRATCH_BYTES = 1 << 20
-DEFAULT_MAX_BYTES = 1 << 40
+DEFAULT_MAX_BYTES = 1 << 34  # 16 GiB per message; collectives send 4 MiB segments
 _POLL_S = 0.1  # how often a blocked call rechecks the job's failure flag
 
 
