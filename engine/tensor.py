@@ -150,7 +150,8 @@ class ScatterGrad:
     def add_into(self, buf: np.ndarray) -> None:
         idx = self.index
         if isinstance(idx, np.ndarray) and idx.dtype.kind in "iu":
-            _add_rows(buf, idx.reshape(-1), self.values.reshape(idx.size, *buf.shape[1:]))
+            rows = np.mod(idx.reshape(-1), buf.shape[0])  # -1 and n-1 are the same row
+            _add_rows(buf, rows, self.values.reshape(idx.size, *buf.shape[1:]))
         elif any(isinstance(i, (np.ndarray, list)) for i in (idx if isinstance(idx, tuple) else (idx,))):
             np.add.at(buf, idx, self.values)  # general advanced indexing: repeated indices must add up
         else:

@@ -102,7 +102,7 @@ def test_shape_ops():
     check_grads(lambda t: ops.astype(t, np.float64) * 1.5, x)
 
 
-INDEXES = [(slice(1, 3),), (0, slice(None), 2), (Ellipsis, 1), (np.array([0, 2, 0, 0]),),
+INDEXES = [(slice(1, 3),), (0, slice(None), 2), (Ellipsis, 1), (np.array([0, 2, -3, 0]),),
            (np.array([1, 1]), slice(None), np.array([0, 3])), (np.array([[1, 0], [1, 1]]),)]
 
 
