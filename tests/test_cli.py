@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from nanodist_tui.cli import app
 
 runner = CliRunner()
-FAST = ["--set", "train.steps=12", "--set", "optim.warmup_steps=2", "--set", "train.eval_every=6", "--set", "data.max_chars=60000"]
+FAST = ["--set", "train.steps=12", "--set", "optim.warmup_steps=2", "--set", "train.eval_every=6",
+        "--set", "data.max_chars=60000"]
 
 
 @pytest.fixture(autouse=True)
@@ -35,8 +36,9 @@ def test_headless_run_writes_the_run_folder_and_learns(in_tmp):
 
 
 def test_run_subcommand_is_the_headless_run(in_tmp):
-    result = runner.invoke(app, ["run", "--preset", "mlp", "--set", "train.steps=3", "--set", "optim.warmup_steps=0",
-                                 "--set", "data.n_samples=1024", "--set", "train.eval_every=0"])
+    result = runner.invoke(app, ["run", "--preset", "mlp", "--set", "train.steps=3",
+                                 "--set", "optim.warmup_steps=0", "--set", "data.n_samples=1024",
+                                 "--set", "train.eval_every=0"])
     assert result.exit_code == 0, result.output
     assert "steps          3" in result.output
 

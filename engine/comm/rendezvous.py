@@ -44,7 +44,7 @@ log = logging.getLogger("nanodist.comm")
 
 HANDSHAKE_S = 5.0          # a stranger holds the listener at most this long
 MAX_SETUP_JSON = 1 << 20   # setup messages are small; refuse anything bigger before reading it
-SHM_SLOTS, SHM_SLOT_BYTES = 8, 1 << 20
+SHM_SLOTS, SHM_SLOT_BYTES = 4, 1 << 20
 _LENGTH = struct.Struct("<I")
 
 

@@ -185,6 +185,7 @@ class _SendOp:
             self.pos += size
             last = wire.FLAG_LAST if self.pos == total else 0
             link.tx.append(wire.pack(wire.SHM, self.dtype, (size // self.dtype.itemsize,), size, last, slot))
+            link.flush()  # the peer starts on this piece while we copy the next one
             progressed = True
         self.queued = self.pos == total
         return progressed
@@ -212,6 +213,7 @@ class _RecvOp:
         progressed = link.read()
         while link.inbox and not self.finished:
             self._consume(link.inbox.popleft())
+            link.flush()  # hand the slot back at once
             progressed = True
         if self.finished and link.rx_op is self:
             link.rx_op = None
