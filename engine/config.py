@@ -2,7 +2,8 @@
 
 Pure (no files, no TOML): `from_dict` turns a dict (a parsed preset plus --set overrides) into a `Config`
 or raises `ConfigError`, whose text is one line naming the source, the key, the problem and the fix.
-Every field has a default and a one-line doc (`describe(key)`) that presets and the UI reuse.
+Every field has a default and a one-line doc (`describe(key)`) that presets and the UI reuse. What
+counts as valid (each setting, settings together, against the loaded data) is engine.config_rules.
 
 Decision on loss scaling: it only applies to fp16. `loss_scale = "dynamic"` (the default) is inert for
 fp32/bf16/fp64, but a static number with those dtypes is rejected, since it would silently do nothing.
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.util
-import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from engine.config_rules import RULES, combination_problem, data_problem, did_you_mean, one_of, toml_repr
 
 
 class ConfigError(ValueError):
@@ -245,128 +246,12 @@ def replace(cfg: Config, dotted_key: str, value: Any) -> Config:
 
 def check_against_data(cfg: Config, n_train_tokens: int, n_val_tokens: int | None = None,
                        data_vocab: int | None = None, source: str = "data") -> None:
-    """Checks that need the loaded data: context vs. corpus length, model vocab vs. corpus characters."""
-    if cfg.model.kind != "gpt":
-        return
-    need = cfg.model.block_size + 1  # one context plus the next-token target
-    for split, n in (("training", n_train_tokens), ("validation", n_val_tokens)):
-        if n is not None and n < need:
-            raise ConfigError("model.block_size", f"context of {cfg.model.block_size} tokens is longer than "
-                              f"the {split} data ({n} tokens)",
-                              f"lower model.block_size to {max(n - 1, 1)} or less, or use more data", source)
-    if data_vocab is not None and 0 < cfg.model.vocab_size < data_vocab:
-        raise ConfigError("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the corpus's "
-                          f"{data_vocab} distinct tokens", f"set 0 (from the data) or at least {data_vocab}",
-                          source)
+    """Checks that need the loaded data (engine.config_rules.data_problem); ConfigError names `source`."""
+    if problem := data_problem(cfg, n_train_tokens, n_val_tokens, data_vocab):
+        raise ConfigError(*problem, source)
 
 
-# ---- validation internals ----
-
-def toml_repr(value: Any) -> str:
-    """How a value is spelled in TOML, for messages."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_repr(v) for v in value) + "]"
-    return repr(value)
-
-
-def did_you_mean(key: str, candidates: list[str]) -> str:
-    """Fix for an unknown dotted key: a close name in its section, the same name elsewhere, or a list."""
-    section, _, last = key.rpartition(".")
-    same = [c for c in candidates if c.rpartition(".")[0] == section]
-    close = (difflib.get_close_matches(key, same, n=1, cutoff=0.75)
-             or [c for c in candidates if c.rpartition(".")[2] == last]
-             or difflib.get_close_matches(key, candidates, n=1, cutoff=0.6))
-    if close:
-        return f"did you mean {close[0]}?"
-    return "valid keys here: " + ", ".join(c.rpartition(".")[2] for c in same) if same else "remove it"
-
-
-def _one_of(*choices: str):
-    def check(v):
-        if v in choices:
-            return None
-        close = difflib.get_close_matches(str(v), choices, n=1, cutoff=0.5)
-        hint = f' (did you mean "{close[0]}"?)' if close else ""
-        return f"{toml_repr(v)} is not allowed", "use one of " + ", ".join(f'"{c}"' for c in choices) + hint
-    return check
-
-
-def _between(lo: float, hi: float, open_lo: bool = False, open_hi: bool = False):
-    def check(v):
-        if math.isfinite(v) and (v > lo if open_lo else v >= lo) and (v < hi if open_hi else v <= hi):
-            return None
-        lo_s = f"{'>' if open_lo else '>='} {lo:g}"
-        hi_s = f" and {'<' if open_hi else '<='} {hi:g}" if math.isfinite(hi) else ""
-        return f"{toml_repr(v)} is out of range", f"use a value {lo_s}{hi_s}"
-    return check
-
-
-def _at_least(n: float):
-    return _between(n, math.inf)
-
-
-_positive = _between(0, math.inf, open_lo=True)
-
-
-def _widths(v):
-    if len(v) >= 2 and min(v) >= 1:
-        return None
-    return f"{toml_repr(v)} is not a network", "list inputs, hidden widths, classes, each >= 1: [784, 64, 10]"
-
-
-def _checkpointing(v):
-    k = v.partition("every:")[2]
-    if v in ("none", "blocks") or v.startswith("every:") and k.isdigit() and int(k) >= 1:
-        return None
-    return f"{toml_repr(v)} is not allowed", 'use "none", "blocks" or "every:K" with K >= 1, e.g. "every:2"'
-
-
-def _non_empty(v):
-    return None if v.strip() else ("is empty", 'give a folder, e.g. "runs"')
-
-
-_RULES = {
-    "seed": _at_least(0),
-    "model.kind": _one_of("gpt", "mlp"), "model.n_layer": _at_least(1), "model.n_head": _at_least(1),
-    "model.n_embd": _at_least(1), "model.block_size": _at_least(1), "model.vocab_size": _at_least(0),
-    "model.dropout": _between(0, 1, open_hi=True), "model.widths": _widths,
-    "data.kind": _one_of("stdlib", "text", "synthetic-lm", "synthetic-classification"),
-    "data.max_chars": _at_least(0), "data.val_fraction": _between(0, 0.5, open_lo=True),
-    "data.n_samples": _at_least(2),
-    "train.steps": _at_least(1), "train.global_batch": _at_least(1), "train.micro_batches": _at_least(1),
-    "train.eval_every": _at_least(0), "train.eval_batches": _at_least(1), "train.log_every": _at_least(1),
-    "optim.lr": _positive, "optim.min_lr": _at_least(0), "optim.schedule": _one_of("constant", "cosine"),
-    "optim.warmup_steps": _at_least(0), "optim.weight_decay": _at_least(0),
-    "optim.beta1": _between(0, 1, open_hi=True), "optim.beta2": _between(0, 1, open_hi=True),
-    "optim.eps": _positive, "optim.grad_clip": _at_least(0),
-    "parallel.backend": _one_of("threads", "processes", "tcp", "mpi"),
-    "parallel.world_size": _between(1, 1024), "parallel.zero_stage": _between(0, 3),
-    "parallel.bucket_cap_mb": _positive, "parallel.timeout_s": _positive,
-    "parallel.algorithm": _one_of("ring", "mpi-native"),
-    "precision.dtype": _one_of("fp32", "fp16", "bf16", "fp64"),
-    "precision.loss_scale": lambda v: _one_of("dynamic")(v) if isinstance(v, str) else _positive(v),
-    "precision.init_scale": _positive, "precision.growth_factor": _between(1, math.inf, open_lo=True),
-    "precision.backoff_factor": _between(0, 1, open_lo=True, open_hi=True),
-    "precision.growth_interval": _at_least(1), "precision.hysteresis": _at_least(1),
-    "precision.min_scale": _at_least(0),
-    "memory.checkpointing": _checkpointing,
-    "checkpoint.every": _at_least(0), "checkpoint.keep": _at_least(1),
-    "run.out_dir": _non_empty,
-    "sweep.metric": _one_of("val_loss", "loss", "tokens_per_s"),
-    "sweep.direction": _one_of("minimize", "maximize"),
-    "sweep.n_trials": _at_least(1),
-}
-
-_LM_DATA = ("stdlib", "text", "synthetic-lm")
-
-
-def _ml_dtypes_available() -> bool:
-    return importlib.util.find_spec("ml_dtypes") is not None
-
+# ---- validation internals (the rules themselves: engine.config_rules) ----
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
     """Value converted to the field's type, or ConfigError (ints count as floats; bools never as ints)."""
@@ -397,7 +282,7 @@ def _build_fields(cls: type, prefix: str, d: Mapping[str, Any]) -> dict[str, Any
         if name not in names:
             raise ConfigError(key, "unknown key", did_you_mean(key, list(_FIELDS)))
         kwargs[name] = _coerce(key, value, _FIELDS[key][0])
-        if key in _RULES and (problem := _RULES[key](kwargs[name])):
+        if key in RULES and (problem := RULES[key](kwargs[name])):
             raise ConfigError(key, *problem)
     return kwargs
 
@@ -424,47 +309,9 @@ def _build(d: Mapping[str, Any]) -> Config:
         if name == "sweep":
             kwargs[name] = dataclasses.replace(kwargs[name], space=_build_space(space))
     cfg = Config(**kwargs)
-    _check_combinations(cfg)
+    if problem := combination_problem(cfg):
+        raise ConfigError(*problem)
     return cfg
-
-
-def _check_combinations(cfg: Config) -> None:
-    m, t, o, p, pr = cfg.model, cfg.train, cfg.optim, cfg.parallel, cfg.precision
-    split = p.world_size * t.micro_batches
-    if t.global_batch % split:
-        raise ConfigError("train.global_batch", f"{t.global_batch} cannot be split evenly over world_size "
-                          f"{p.world_size} x micro_batches {t.micro_batches} = {split}",
-                          f"use a multiple of {split}, e.g. {max(split, t.global_batch // split * split)}")
-    if m.kind == "gpt" and m.n_embd % m.n_head:
-        divisors = [h for h in range(1, m.n_embd + 1) if m.n_embd % h == 0]
-        near = sorted(divisors, key=lambda h: abs(h - m.n_head))
-        raise ConfigError("model.n_head", f"{m.n_head} heads do not divide n_embd {m.n_embd}",
-                          f"use a divisor of {m.n_embd} such as {sorted(near[:2])}, or change model.n_embd")
-    if not isinstance(pr.loss_scale, str) and pr.dtype != "fp16":
-        raise ConfigError("precision.loss_scale", f"a static loss scale only applies to fp16, not {pr.dtype}",
-                          'remove it (or use "dynamic", inert outside fp16) or set precision.dtype = "fp16"')
-    if pr.dtype == "bf16" and not _ml_dtypes_available():
-        raise ConfigError("precision.dtype", "bf16 needs the ml_dtypes package, which is not importable",
-                          'pip install ml_dtypes, or use "fp16" or "fp32"')
-    if m.kind == "mlp" and cfg.data.kind in _LM_DATA:
-        raise ConfigError("data.kind", f'the mlp model needs classification data, got "{cfg.data.kind}"',
-                          'set data.kind = "synthetic-classification" or model.kind = "gpt"')
-    if m.kind == "gpt" and cfg.data.kind not in _LM_DATA:
-        raise ConfigError("data.kind", f'the gpt model needs language-model data, got "{cfg.data.kind}"',
-                          'set data.kind = "stdlib", "text" or "synthetic-lm", or model.kind = "mlp"')
-    if m.kind == "mlp" and cfg.memory.checkpointing != "none":
-        raise ConfigError("memory.checkpointing", "activation checkpointing works per transformer block, "
-                          "the mlp model has none", 'set memory.checkpointing = "none"')
-    if cfg.data.kind == "text" and not cfg.data.path:
-        raise ConfigError("data.path", 'kind = "text" needs a file to read', 'set data.path = "corpus.txt"')
-    if o.min_lr > o.lr:
-        raise ConfigError("optim.min_lr", f"{o.min_lr:g} is above optim.lr {o.lr:g}", "use at most optim.lr")
-    if p.algorithm == "mpi-native" and p.backend != "mpi":
-        raise ConfigError("parallel.algorithm", f'"mpi-native" needs backend "mpi", got "{p.backend}"',
-                          'set parallel.algorithm = "ring" or parallel.backend = "mpi"')
-    if pr.min_scale > pr.init_scale:
-        raise ConfigError("precision.min_scale", f"{pr.min_scale:g} is above init_scale {pr.init_scale:g}",
-                          "lower min_scale (0 = never abort)")
 
 
 def _flatten_space(node: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -498,7 +345,7 @@ def _build_param(key: str, spec: Any) -> SearchParam:
             raise ConfigError(f"{name}.{attr}", "unknown key", did_you_mean(attr, attrs))
     kind = spec.get("type", "float")
     hint = _FIELDS[key][0]
-    if problem := _one_of("float", "int", "categorical")(kind):
+    if problem := one_of("float", "int", "categorical")(kind):
         raise ConfigError(f"{name}.type", *problem)
     if kind == "categorical":
         choices = spec.get("choices")

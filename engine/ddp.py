@@ -8,8 +8,9 @@ index order, so every rank issues the same collectives in the same order. With g
 accumulation only the last micro-batch synchronises (like PyTorch's `no_sync`).
 
 The optimizer side (overflow check, grad norm, AdamW, and in mixed precision the fp32 master, with
-an fp32 gradient that exists only during the update) is engine.zero_shard, shared with ZeRO 1-3:
-here it owns one piece, the whole buffer.
+an fp32 gradient that exists only during the update) and the rest of the replica skeleton (scaler,
+step, events, communication thread) are engine.zero_shard, shared with ZeRO 1-3: here the optimizer
+owns one piece, the whole buffer.
 
 `NaiveDataParallel` is the teaching version: one all-reduce of the whole buffer after backward.
 """
@@ -18,51 +19,30 @@ from __future__ import annotations
 
 import time
 
-from engine.amp import make_scaler
 from engine.comm.collectives import all_reduce, broadcast
 from engine.flat import FlatBuffer
-from engine.zero_comm import CommWorker, rank_ledger
-from engine.zero_shard import Piece, ShardOptimizer
+from engine.zero_shard import Piece, Replica
 
 
-class DataParallel:
+class DataParallel(Replica):
     """Replicated parameters, gradients and optimizer state; bucketed, overlapped all-reduce."""
 
     def __init__(self, cfg, model, comm):
-        self.comm, self.world = comm, comm.world_size
-        self.ledger = rank_ledger()
-        self.params = model.parameters()
+        super().__init__(cfg, model, comm)
         self.flat = FlatBuffer(self.params, dtype=cfg.precision.dtype)
         if self.world > 1:
             broadcast(comm, self.flat.data, root=0)  # every rank starts from rank 0's weights
         self.ledger.hold("parameters", self.flat.data.nbytes)
         self.ledger.hold("gradients", self.flat.grad.nbytes)
-        self.optimizer = ShardOptimizer(cfg, [Piece(self.flat.data, self.flat.grad, self.flat, 0)], comm,
-                                        sharded=False, param_names=[s.name for s in self.flat.slots],
-                                        ledger=self.ledger)
-        self.scaler = make_scaler(cfg.precision)
-        self.overlap = cfg.parallel.overlap
-        self.buckets = self.flat.buckets(int(cfg.parallel.bucket_cap_mb * 2**20))
-        self._bucket_of = self.flat.bucket_map(int(cfg.parallel.bucket_cap_mb * 2**20))
+        cap = int(cfg.parallel.bucket_cap_mb * 2**20)
+        self.buckets, self._bucket_of = self.flat.buckets(cap), self.flat.bucket_map(cap)
         self._expected = [0] * len(self.buckets)
         for p in self.params:
             self._expected[self._bucket_of[id(p)]] += 1
         self._sync = True
-        self._comm = CommWorker(comm.rank) if self.world > 1 else None
-        self.comm_wait_s = 0.0
-        self._events: list = []
-        self._remove_hooks = [p.register_grad_ready_hook(self._on_grad_ready) for p in self.params]
+        self._start(cfg, [Piece(self.flat.data, self.flat.grad, self.flat, 0)], sharded=False)
 
     # ------------------------------------------------------------------ gradients
-
-    @property
-    def loss_scale(self) -> float:
-        return self.scaler.scale
-
-    @property
-    def bytes_sent(self) -> int:
-        """Payload bytes this rank sent in the current step (all phases)."""
-        return self.comm.meter.bytes_sent() if self.comm.meter is not None else 0
 
     def zero_grad(self) -> None:
         self.flat.zero_grad()
@@ -72,11 +52,6 @@ class DataParallel:
         self._sync = sync and self.world > 1
         self._ready = [0] * len(self.buckets)
         self._next = 0
-
-    def backward(self, loss, factor: float) -> None:
-        """Backpropagate loss × factor × the loss scale (the scale is 1 unless fp16 scaling is on)."""
-        scale = self.scaler.scale * factor
-        (loss * scale if scale != 1.0 else loss).backward()
 
     def _on_grad_ready(self, p) -> None:
         if not (self._sync and self.overlap):
@@ -88,7 +63,7 @@ class DataParallel:
 
     def _launch(self, b: int) -> None:
         bucket = self.flat.grad[slice(*self.buckets[b])]
-        self._comm.submit(lambda: all_reduce(self.comm, bucket, op="avg"))
+        self._worker.submit(lambda: all_reduce(self.comm, bucket, op="avg"))
         self._next = b + 1
 
     def finish_backward(self) -> None:
@@ -100,28 +75,8 @@ class DataParallel:
         while self._next < len(self.buckets):
             self._launch(self._next)
         t0 = time.perf_counter()
-        self._comm.wait_all()
+        self._worker.wait_all()
         self.comm_wait_s = time.perf_counter() - t0
-
-    def grad_norm(self) -> float:
-        """Global unscaled gradient norm."""
-        return self.optimizer.grad_norm(self.scaler.scale)
-
-    # ------------------------------------------------------------------ update
-
-    def step(self, lr: float, clip: float, step: int) -> bool:
-        """Apply the update unless the gradients overflowed; False means the step was skipped (the
-        parameters, moments, optimizer step count and, since the trainer then keeps its step, the LR
-        schedule stay exactly as they were)."""
-        found = self.optimizer.find_overflow(self.scaler)
-        scale = self.scaler.scale  # the scale this step's gradients carry
-        change = self.scaler.update(step, found)
-        if change is not None:
-            self._events.append(change)
-        if found is not None:
-            return False
-        self.optimizer.update(lr, clip, scale)
-        return True
 
     # ------------------------------------------------------------------ checkpoint state
 
@@ -137,16 +92,6 @@ class DataParallel:
     def load_optimizer_state(self, full: dict) -> None:
         """Set master, m, v, step and the model-dtype parameters from unpadded full-length arrays."""
         self.optimizer.load_local(full["master"], full["m"], full["v"], full["step"])
-
-    def drain_events(self) -> list:
-        out, self._events = self._events, []
-        return out
-
-    def close(self) -> None:
-        for remove in self._remove_hooks:
-            remove()
-        if self._comm is not None:
-            self._comm.close()
 
 
 class NaiveDataParallel(DataParallel):

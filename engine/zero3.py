@@ -36,12 +36,11 @@ import time
 import numpy as np
 
 from engine import ops
-from engine.amp import make_scaler
-from engine.comm.collectives import all_gather, broadcast, reduce_scatter
+from engine.comm.collectives import all_gather, broadcast
 from engine.flat import FlatBuffer, Slot, resolve_dtype
 from engine.tensor import Tensor
-from engine.zero_comm import CommWorker, part, rank_ledger
-from engine.zero_shard import Piece, ShardOptimizer
+from engine.zero_comm import part
+from engine.zero_shard import Piece, ShardedReplica
 
 
 class StandardLayout:
@@ -71,19 +70,18 @@ class _Unit:
         self.reduced = False
 
 
-class Zero3Replica:
-    """The replica interface of engine.ddp.DataParallel, with parameters sharded per unit."""
+class Zero3Replica(ShardedReplica):
+    """The replica interface of engine.ddp.DataParallel, with parameters sharded per unit. Piece and
+    group i are this rank's part of unit i and the unit's whole padded layout."""
 
     def __init__(self, cfg, model, comm):
-        self.comm, self.rank, self.world = comm, comm.rank, comm.world_size
-        self.ledger = rank_ledger()
-        self.params = model.parameters()
+        super().__init__(cfg, model, comm)
         dtype = resolve_dtype(cfg.precision.dtype)
         self.flat = StandardLayout(self.params, dtype, self.world)
         self._std_start = {id(p): s.start for p, s in zip(self.params, self.flat.slots)}
         self._empty = np.empty(0, dtype=dtype)
-        self._worker = CommWorker(self.rank, inline=self.world == 1)
         self.units = self._build_units(model, dtype)
+        self.groups = [(0, u.flat.size) for u in self.units]
         self._unit_of = {id(p): u for u in self.units for p in u.params}
         self.param_shard = np.concatenate([u.shard for u in self.units])
         self.grad_shard = np.zeros_like(self.param_shard)
@@ -94,26 +92,19 @@ class Zero3Replica:
             offset += n
         self.ledger.hold("parameters", self.param_shard.nbytes)
         self.ledger.hold("gradients", self.grad_shard.nbytes)
-        pieces = [Piece(u.shard, u.grad_shard, u.flat, u.part[0]) for u in self.units]
-        self.optimizer = ShardOptimizer(cfg, pieces, comm, sharded=True,
-                                        param_names=[p.name for p in self.params], ledger=self.ledger)
-        self.scaler = make_scaler(cfg.precision)
-        self.overlap, self.prefetch = cfg.parallel.overlap, cfg.parallel.prefetch
+        self.prefetch = cfg.parallel.prefetch
         outer = [u for u in self.units if u.module is model]
         blocks = [u for u in self.units if u.module is not model]
         self._forward_order = outer + blocks
         self._backward_order = outer + blocks[::-1]
         self._in_backward = False
-        self._inflight: list = []  # gradient buffers being reduced (at most two)
-        self.comm_wait_s = 0.0
-        self._events: list = []
-        self._removers = [p.register_grad_ready_hook(self._on_grad_ready) for p in self.params]
+        self._start(cfg, [Piece(u.shard, u.grad_shard, u.flat, u.part[0]) for u in self.units], sharded=True)
         for u in self.units:
             pre, post = (lambda m, u=u: self._pre(u)), (lambda m, out, u=u: self._post(u, out))
             u.module.forward_pre_hooks.append(pre)
             u.module.forward_post_hooks.append(post)
-            self._removers += [lambda m=u.module, f=pre: m.forward_pre_hooks.remove(f),
-                               lambda m=u.module, f=post: m.forward_post_hooks.remove(f)]
+            self._remove_hooks += [lambda m=u.module, f=pre: m.forward_pre_hooks.remove(f),
+                                   lambda m=u.module, f=post: m.forward_post_hooks.remove(f)]
 
     def _build_units(self, model, dtype) -> list[_Unit]:
         """Shard every unit: pack it (padded to N), start from rank 0's values, keep part r, free it."""
@@ -134,14 +125,6 @@ class Zero3Replica:
                 p.data = self._empty
             flat.data = self._empty
         return units
-
-    @property
-    def loss_scale(self) -> float:
-        return self.scaler.scale
-
-    @property
-    def bytes_sent(self) -> int:
-        return self.comm.meter.bytes_sent() if self.comm.meter is not None else 0
 
     # ------------------------------------------------------------------ gathering and freeing
 
@@ -209,10 +192,9 @@ class Zero3Replica:
             u.ready, u.reduced = 0, False
 
     def backward(self, loss, factor: float) -> None:
-        scale = self.scaler.scale * factor
         self._in_backward = True
         try:
-            (loss * scale if scale != 1.0 else loss).backward()
+            super().backward(loss, factor)
         finally:
             self._in_backward = False
         for u in self._backward_order:  # units with unused parameters: reduce what there is
@@ -227,85 +209,28 @@ class Zero3Replica:
             self._reduce(u)
 
     def _reduce(self, u: _Unit) -> None:
-        self.comm_wait_s += self._worker.throttle(self._inflight, 2)  # at most two buffers in flight
-        buf = np.zeros(u.flat.size, dtype=u.shard.dtype)
-        self.ledger.add("comm_buffers", buf.nbytes)
+        self._reduce_into_shard(self.units.index(u), lambda buf: self._pack(u, buf))
+        u.reduced = True
+        self._free(u)  # every use of these parameters in this backward is behind us
+
+    def _pack(self, u: _Unit, buf: np.ndarray) -> None:
+        """Copy the unit's gradients (zeros where a parameter has none) into its buffer; drop p.grad."""
         for i, p in enumerate(u.params):
             if p.grad is not None:
                 u.flat.view(buf, i)[...] = p.grad
                 self.ledger.sub("gradients", p.grad.nbytes)
                 p.grad = None
-        (lo, hi), shard = u.part, u.grad_shard
-
-        def reduce_into_shard() -> None:
-            reduce_scatter(self.comm, buf, op="avg")
-            np.add(shard, buf[lo:hi], out=shard)
-            self.ledger.sub("comm_buffers", buf.nbytes)
-        self._inflight.append(self._worker.submit(reduce_into_shard))
-        if not self.overlap:
-            self.comm_wait_s += self._worker.throttle(self._inflight, 1)
-        u.reduced = True
-        self._free(u)  # every use of these parameters in this backward is behind us
-
-    def finish_backward(self) -> None:
-        t0 = time.perf_counter()
-        self._worker.wait_all()
-        self._inflight.clear()
-        self.comm_wait_s += time.perf_counter() - t0
-
-    def grad_norm(self) -> float:
-        return self.optimizer.grad_norm(self.scaler.scale)
-
-    # ------------------------------------------------------------------ update
-
-    def step(self, lr: float, clip: float, step: int) -> bool:
-        """Overflow check (MAX over ranks), then update the owned parts; the next forward gathers them."""
-        found = self.optimizer.find_overflow(self.scaler)
-        scale = self.scaler.scale
-        change = self.scaler.update(step, found)
-        if change is not None:
-            self._events.append(change)
-        if found is not None:
-            return False
-        self.optimizer.update(lr, clip, scale)
-        return True
-
-    def drain_events(self) -> list:
-        out, self._events = self._events, []
-        return out
-
-    def close(self) -> None:
-        for remove in self._removers:
-            remove()
-        self._worker.close()
 
     # ------------------------------------------------------------------ checkpoint state
 
-    def owned_range(self) -> tuple[int, int]:
-        """This rank's equal, contiguous share of the standard padded layout, as checkpoints store it."""
-        n = self.flat.size // self.world
-        return self.rank * n, (self.rank + 1) * n
-
-    def optimizer_state(self) -> dict:
-        """Master, m, v over owned_range() and the step. Collective: each unit's parts are all-gathered
-        (one unit and one kind at a time) and every rank keeps what falls in its range."""
-        local = self.optimizer.local_state()
-        start, end = self.owned_range()
-        out = {"step": local["step"]}
-        for key in ("master", "m", "v"):
-            out[key] = np.zeros(end - start, dtype=local[key].dtype)
-            for u, (a, b) in zip(self.units, self.optimizer.bounds):
-                tmp = np.zeros(u.flat.size, dtype=local[key].dtype)
-                self.ledger.add("temporaries", tmp.nbytes)
-                tmp[u.part[0]:u.part[1]] = local[key][a:b]
-                all_gather(self.comm, tmp)
-                for p, slot in zip(u.params, u.flat.slots):
-                    std = self._std_start[id(p)]
-                    x, y = max(start, std), min(end, std + slot.end - slot.start)
-                    if x < y:
-                        out[key][x - start:y - start] = tmp[slot.start + x - std:slot.start + y - std]
-                self.ledger.sub("temporaries", tmp.nbytes)
-        return out
+    def _keep_owned(self, i: int, whole: np.ndarray, out: np.ndarray, start: int, end: int) -> None:
+        """Unit layouts differ from the standard one: move each parameter's overlap with [start, end)."""
+        u = self.units[i]
+        for p, slot in zip(u.params, u.flat.slots):
+            std = self._std_start[id(p)]
+            x, y = max(start, std), min(end, std + slot.end - slot.start)
+            if x < y:
+                out[x - start:y - start] = whole[slot.start + x - std:slot.start + y - std]
 
     def load_optimizer_state(self, full: dict) -> None:
         """Set this rank's parts (master, m, v, parameters) and the step from unpadded full arrays."""

@@ -24,31 +24,28 @@ network cannot pile up buffers; with `overlap = false` each bucket is reduced on
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from engine.amp import make_scaler
 from engine.comm.collectives import all_gather, broadcast, reduce_scatter
 from engine.flat import FlatBuffer
-from engine.zero_comm import CommWorker, aligned_buckets, part, rank_ledger
-from engine.zero_shard import Piece, ShardOptimizer
+from engine.zero_comm import aligned_buckets, part
+from engine.zero_shard import Piece, ShardedReplica
 
 
-class ZeroReplica:
-    """Stage 1 (`stage=1`) or stage 2 (`stage=2`); the replica interface of engine.ddp.DataParallel."""
+class ZeroReplica(ShardedReplica):
+    """Stage 1 (`stage=1`) or stage 2 (`stage=2`); the replica interface of engine.ddp.DataParallel.
+    Piece and group b are this rank's part of bucket b and the bucket itself."""
 
     def __init__(self, cfg, model, comm, stage: int):
         if stage not in (1, 2):
             raise ValueError(f"ZeroReplica implements stages 1 and 2, not {stage}")
-        self.stage, self.comm = stage, comm
-        self.rank, self.world = comm.rank, comm.world_size
-        self.ledger = rank_ledger()
-        self.params = model.parameters()
+        super().__init__(cfg, model, comm)
+        self.stage = stage
         self.flat = FlatBuffer(self.params, dtype=cfg.precision.dtype, pad_to=self.world, grad=stage == 1)
         if self.world > 1:
             broadcast(comm, self.flat.data, root=0)  # every rank starts from rank 0's weights
         self.buckets = aligned_buckets(self.flat, int(cfg.parallel.bucket_cap_mb * 2**20), self.world)
+        self.groups = [(b.start, b.end) for b in self.buckets]
         self.parts = [part(b.start, b.end, self.rank, self.world) for b in self.buckets]
         if stage == 1:
             grads = [self.flat.grad[lo:hi] for lo, hi in self.parts]
@@ -58,31 +55,14 @@ class ZeroReplica:
             grads = [self.grad_shard[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
         self.ledger.hold("parameters", self.flat.data.nbytes)
         self.ledger.hold("gradients", self.flat.grad.nbytes if stage == 1 else self.grad_shard.nbytes)
-        pieces = [Piece(self.flat.data[lo:hi], g, self.flat, lo) for (lo, hi), g in zip(self.parts, grads)]
-        self.optimizer = ShardOptimizer(cfg, pieces, comm, sharded=True,
-                                        param_names=[s.name for s in self.flat.slots], ledger=self.ledger)
-        self.scaler = make_scaler(cfg.precision)
-        self.overlap = cfg.parallel.overlap
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._buckets_of: list[list[int]] = [[] for _ in self.params]
         for b, bucket in enumerate(self.buckets):
             for i in bucket.members:
                 self._buckets_of[i].append(b)
-        self._worker = CommWorker(self.rank, inline=self.world == 1)
         self._sync = True
-        self._inflight: list = []  # stage 2: bucket buffers being reduced (at most two)
-        self.comm_wait_s = 0.0
-        self._events: list = []
-        self._remove_hooks = [p.register_grad_ready_hook(self._on_grad_ready) for p in self.params]
-
-    @property
-    def loss_scale(self) -> float:
-        return self.scaler.scale
-
-    @property
-    def bytes_sent(self) -> int:
-        """Payload bytes this rank sent in the current step (all phases)."""
-        return self.comm.meter.bytes_sent() if self.comm.meter is not None else 0
+        pieces = [Piece(self.flat.data[lo:hi], g, self.flat, lo) for (lo, hi), g in zip(self.parts, grads)]
+        self._start(cfg, pieces, sharded=True)
 
     # ------------------------------------------------------------------ gradients
 
@@ -103,8 +83,7 @@ class ZeroReplica:
     def backward(self, loss, factor: float) -> None:
         """Backpropagate loss × factor × the loss scale, then issue the buckets backward left unfinished
         (parameters without a gradient), so every micro-batch issues every bucket, in order."""
-        scale = self.scaler.scale * factor
-        (loss * scale if scale != 1.0 else loss).backward()
+        super().backward(loss, factor)
         if self._sync:
             while self._next < len(self.buckets):
                 self._launch(self._next)
@@ -127,29 +106,16 @@ class ZeroReplica:
 
     def _launch(self, b: int) -> None:
         self._next = b + 1
-        bucket, (lo, hi) = self.buckets[b], self.parts[b]
         if self.stage == 1:
-            buf = self.flat.grad[bucket.start:bucket.end]
+            buf = self.flat.grad[slice(*self.groups[b])]
             self._worker.submit(lambda: reduce_scatter(self.comm, buf, op="avg"))
-            return
-        self.comm_wait_s += self._worker.throttle(self._inflight, 2)  # at most two buckets in flight
-        buf = self._pack(b)
-        shard = self.optimizer.pieces[b].grad
+        else:
+            self._reduce_into_shard(b, lambda buf: self._pack(b, buf))
 
-        def reduce_into_shard() -> None:
-            reduce_scatter(self.comm, buf, op="avg")
-            np.add(shard, buf[lo - bucket.start:hi - bucket.start], out=shard)
-            self.ledger.sub("comm_buffers", buf.nbytes)
-        self._inflight.append(self._worker.submit(reduce_into_shard))
-        if not self.overlap:
-            self.comm_wait_s += self._worker.throttle(self._inflight, 1)
-
-    def _pack(self, b: int) -> np.ndarray:
-        """Stage 2: copy the bucket's gradients (zeros where a parameter has none) into a new buffer and
+    def _pack(self, b: int, buf: np.ndarray) -> None:
+        """Stage 2: copy the bucket's gradients (zeros where a parameter has none) into its buffer and
         drop every p.grad whose last bucket this was."""
         bucket = self.buckets[b]
-        buf = np.zeros(bucket.end - bucket.start, dtype=self.flat.dtype)
-        self.ledger.add("comm_buffers", buf.nbytes)
         for i in bucket.members:
             p, slot = self.params[i], self.flat.slots[i]
             lo, hi = max(slot.start, bucket.start), min(slot.end, bucket.end)
@@ -159,72 +125,26 @@ class ZeroReplica:
             if self._copies_left[i] == 0 and p.grad is not None:
                 self.ledger.sub("gradients", p.grad.nbytes)
                 p.grad = None
-        return buf
-
-    def finish_backward(self) -> None:
-        """Wait for the buckets in flight: this rank's gradient parts are then final (still scaled by
-        the loss scale; step() unscales them)."""
-        t0 = time.perf_counter()
-        self._worker.wait_all()
-        self._inflight.clear()
-        self.comm_wait_s += time.perf_counter() - t0
-
-    def grad_norm(self) -> float:
-        """Global unscaled gradient norm from the shards (all-reduced sum of squares)."""
-        return self.optimizer.grad_norm(self.scaler.scale)
 
     # ------------------------------------------------------------------ update
 
     def step(self, lr: float, clip: float, step: int) -> bool:
         """Overflow check (MAX over ranks), then update the owned parts and all-gather every bucket;
         False (nothing changed) when the step is skipped."""
-        found = self.optimizer.find_overflow(self.scaler)
-        scale = self.scaler.scale  # the scale this step's gradients carry
-        change = self.scaler.update(step, found)
-        if change is not None:
-            self._events.append(change)
-        if found is not None:
+        if not super().step(lr, clip, step):
             return False
-        self.optimizer.update(lr, clip, scale)
-        for bucket in self.buckets:
-            all_gather(self.comm, self.flat.data[bucket.start:bucket.end])
+        for start, end in self.groups:
+            all_gather(self.comm, self.flat.data[start:end])
         return True
-
-    def drain_events(self) -> list:
-        out, self._events = self._events, []
-        return out
-
-    def close(self) -> None:
-        for remove in self._remove_hooks:
-            remove()
-        self._worker.close()
 
     # ------------------------------------------------------------------ checkpoint state
 
-    def owned_range(self) -> tuple[int, int]:
-        """This rank's equal, contiguous share of the padded flat state, as checkpoints store it. (Its
-        optimizer really owns part r of every bucket; optimizer_state() regroups.)"""
-        n = self.flat.size // self.world
-        return self.rank * n, (self.rank + 1) * n
-
-    def optimizer_state(self) -> dict:
-        """Master, m, v over owned_range() (fp32 copies) and the step. Collective: the bucket parts are
-        all-gathered one bucket and one kind at a time, and each rank keeps its contiguous range."""
-        local = self.optimizer.local_state()
-        start, end = self.owned_range()
-        out = {"step": local["step"]}
-        for key in ("master", "m", "v"):
-            out[key] = np.zeros(end - start, dtype=local[key].dtype)
-            for bucket, (lo, hi), (a, b) in zip(self.buckets, self.parts, self.optimizer.bounds):
-                tmp = np.zeros(bucket.end - bucket.start, dtype=local[key].dtype)
-                self.ledger.add("temporaries", tmp.nbytes)
-                tmp[lo - bucket.start:hi - bucket.start] = local[key][a:b]
-                all_gather(self.comm, tmp)
-                x, y = max(start, bucket.start), min(end, bucket.end)
-                if x < y:
-                    out[key][x - start:y - start] = tmp[x - bucket.start:y - bucket.start]
-                self.ledger.sub("temporaries", tmp.nbytes)
-        return out
+    def _keep_owned(self, b: int, whole: np.ndarray, out: np.ndarray, start: int, end: int) -> None:
+        """The flat layout is the standard one: keep the overlap of bucket b with [start, end)."""
+        lo, hi = self.groups[b]
+        x, y = max(start, lo), min(end, hi)
+        if x < y:
+            out[x - start:y - start] = whole[x - lo:y - lo]
 
     def load_optimizer_state(self, full: dict) -> None:
         """Set this rank's parts of master, m, v, the step, and all model-dtype parameters, from

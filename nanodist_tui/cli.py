@@ -7,19 +7,17 @@ unknown key, a missing file — print one line and exit with code 2, never a tra
 
 from __future__ import annotations
 
-import threading
 from typing import Annotated
 
 import typer
 
 from nanodist_tui.common import (
-    USER_ERRORS,
     BackendOpt,
     PresetOpt,
     SetOpt,
     WorldOpt,
-    fail,
     load_config,
+    run_headless_job,
     user_errors,
 )
 
@@ -28,41 +26,29 @@ app = typer.Typer(
     no_args_is_help=False, add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False,
 )
 
-def run_headless(preset: str, sets, world_size, backend) -> None:
+
+def _training_job(cfg, doc):
+    """The job both modes drive: train `cfg` on the calling thread, events to `emit`; returns the summary."""
     from engine.job import run_training
-    from nanodist_tui.headless import HeadlessPrinter, summary_lines
+
+    def job(emit, stop_event):
+        return run_training(cfg, on_event=emit, stop_event=stop_event, preset_doc=doc)
+    return job
+
+
+def run_headless(preset: str, sets, world_size, backend) -> None:
     with user_errors():
         cfg, doc, _ = load_config(preset, sets, world_size, backend)
         from engine.build import build_dataset
         build_dataset(cfg)  # a missing text file fails here, with its one-line message
-    printer = HeadlessPrinter()
-    stop = threading.Event()
-    try:
-        summary = run_training(cfg, on_event=printer, stop_event=stop, preset_doc=doc)
-    except KeyboardInterrupt:
-        stop.set()
-        printer.close()
-        fail("interrupted", code=130)
-    except USER_ERRORS as e:
-        printer.close()
-        fail(str(e))
-    except Exception:
-        printer.close()
-        raise typer.Exit(1) from None  # RunFailed was already printed with the rank and cause
-    for line in summary_lines(summary):
-        print(line)
+    run_headless_job(_training_job(cfg, doc))
 
 
 def run_workbench(preset: str, sets, world_size, backend) -> None:
-    from engine.job import run_training
     from nanodist_tui.app import create_app
     with user_errors():
         cfg, doc, _ = load_config(preset, sets, world_size, backend)
-
-    def job(emit, stop_event):
-        run_training(cfg, on_event=emit, stop_event=stop_event, preset_doc=doc)
-
-    create_app(cfg.name, job).run()
+    create_app(cfg.name, _training_job(cfg, doc)).run()
 
 
 @app.callback(invoke_without_command=True)

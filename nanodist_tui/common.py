@@ -1,8 +1,10 @@
-"""What every command shares: the preset options, loading a config, turning user mistakes into one line."""
+"""What every command shares: the preset options, loading a config, turning user mistakes into one line,
+running a training job headless."""
 
 from __future__ import annotations
 
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Annotated
 
@@ -50,3 +52,23 @@ def load_config(preset: str, sets=None, world_size=None, backend=None):
     return load_preset(preset, shortcut_overrides(sets, world_size, backend))
 
 
+def run_headless_job(job) -> None:
+    """Run `job(emit, stop_event)` (returning the run summary) with the headless printer, then print the
+    summary. Ctrl-C ends it with exit code 130, a user mistake with its one line and code 2, a failed
+    rank with code 1 (the printer has already shown the rank and the cause)."""
+    from nanodist_tui.headless import HeadlessPrinter, summary_lines
+    printer, stop = HeadlessPrinter(), threading.Event()
+    try:
+        summary = job(printer, stop)
+    except KeyboardInterrupt:
+        stop.set()
+        printer.close()
+        fail("interrupted", code=130)
+    except USER_ERRORS as e:
+        printer.close()
+        fail(str(e))
+    except Exception:
+        printer.close()
+        raise typer.Exit(1) from None  # RunFailed was already printed with the rank and cause
+    for line in summary_lines(summary):
+        print(line)

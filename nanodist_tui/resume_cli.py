@@ -3,13 +3,12 @@ another world size / ZeRO stage, in a new run folder beside it."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from nanodist_tui.common import BackendOpt, SetOpt, WorldOpt, fail, shortcut_overrides
+from nanodist_tui.common import BackendOpt, SetOpt, WorldOpt, run_headless_job, shortcut_overrides
 from nanodist_tui.runs_cli import RunDirArg, require_run_dir, run_errors
 
 StepOpt = Annotated[int | None, typer.Option("--step", min=0, help="use the checkpoint of this step "
@@ -30,31 +29,11 @@ def resume(run_dir: RunDirArg, sets: SetOpt = None, world_size: WorldOpt = None,
         return run_training(cfg, on_event=emit, stop_event=stop_event, preset_doc=doc, resume_from=ckpt.path)
 
     if no_ui:
-        _headless(job, Path(ckpt.path), ckpt.step)
+        print(f"resuming from {Path(ckpt.path)} (step {ckpt.step})")
+        run_headless_job(job)
     else:
         from nanodist_tui.app import create_app
         create_app(cfg.name, job).run()
-
-
-def _headless(job, path: Path, step: int) -> None:
-    from nanodist_tui.common import USER_ERRORS
-    from nanodist_tui.headless import HeadlessPrinter, summary_lines
-    print(f"resuming from {path} (step {step})")
-    printer, stop = HeadlessPrinter(), threading.Event()
-    try:
-        summary = job(printer, stop)
-    except KeyboardInterrupt:
-        stop.set()
-        printer.close()
-        fail("interrupted", code=130)
-    except USER_ERRORS as e:
-        printer.close()
-        fail(str(e))
-    except Exception:
-        printer.close()
-        raise typer.Exit(1) from None  # RunFailed was already printed with the rank and cause
-    for line in summary_lines(summary):
-        print(line)
 
 
 def register(app: typer.Typer) -> None:

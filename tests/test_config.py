@@ -101,7 +101,7 @@ def test_loss_scale_decision():
 
 
 def test_bf16_needs_ml_dtypes(monkeypatch):
-    monkeypatch.setattr(config, "_ml_dtypes_available", lambda: False)
+    monkeypatch.setattr("engine.config_rules._ml_dtypes_available", lambda: False)
     err = error_of({"precision": {"dtype": "bf16"}})
     assert err.key == "precision.dtype" and "ml_dtypes" in err.problem
     from_dict({"precision": {"dtype": "fp16"}})
