@@ -207,7 +207,7 @@ class Replica:
         (loss * scale if scale != 1.0 else loss).backward()
 
     def grad_norm(self) -> float:
-        """Global unscaled gradient norm."""
+        """Global unscaled gradient norm (from the shards' all-reduced sum of squares when sharded)."""
         return self.optimizer.grad_norm(self.scaler.scale)
 
     def step(self, lr: float, clip: float, step: int) -> bool:
@@ -293,7 +293,8 @@ class ShardedReplica(Replica):
                 g_start, g_end = self.groups[i]
                 whole = np.zeros(g_end - g_start, dtype=local[key].dtype)
                 self.ledger.add("temporaries", whole.nbytes)
-                whole[piece.offset - g_start:piece.offset - g_start + b - a] = local[key][a:b]
+                lo = piece.offset - g_start  # where this rank's part sits in the group
+                whole[lo:lo + b - a] = local[key][a:b]
                 all_gather(self.comm, whole)
                 self._keep_owned(i, whole, out[key], start, end)
                 self.ledger.sub("temporaries", whole.nbytes)
