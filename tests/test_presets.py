@@ -149,8 +149,8 @@ def test_set_value_changes_exactly_one_line_and_keeps_its_comment():
 def test_set_value_of_an_equal_value_changes_nothing():
     doc = presets.read_document(REPO / "presets" / "quickstart.toml")
     before = doc.as_string()
-    presets.set_value(doc, "optim.lr", 0.003)
-    presets.set_value(doc, "train.steps", 300)
+    presets.set_value(doc, "optim.lr", float(doc["optim"]["lr"]))  # 3e-3 written as 0.003: same value
+    presets.set_value(doc, "train.steps", int(doc["train"]["steps"]))
     assert doc.as_string() == before
 
 
