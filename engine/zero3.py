@@ -37,6 +37,7 @@ import numpy as np
 
 from engine import ops
 from engine.comm.collectives import all_gather, broadcast
+from engine.comm.meter import metered_phase
 from engine.flat import FlatBuffer, Slot, resolve_dtype
 from engine.tensor import Tensor
 from engine.zero_comm import part
@@ -133,8 +134,13 @@ class Zero3Replica(ShardedReplica):
         self.ledger.add("parameters", buf.nbytes)
         buf[u.part[0]:u.part[1]] = u.shard
         u.flat.data = buf
-        u.job = self._worker.submit(lambda: all_gather(self.comm, buf))
+        u.job = self._worker.submit(lambda: self._gather(buf))
         u.state = "pending"
+
+    def _gather(self, buf: np.ndarray) -> None:
+        """All-gather one unit's parameters; the meter books it as "param-gather" (stage 3's extra Ψ)."""
+        with metered_phase(self.comm.meter, "param-gather"):
+            all_gather(self.comm, buf)
 
     def _ensure(self, u: _Unit, pin: bool) -> None:
         if u.state == "free":

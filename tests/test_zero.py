@@ -243,3 +243,19 @@ def test_bytes_sent_per_rank_match_ring_formulas(world):
                 assert model_bytes == ideal
             else:  # DDP buckets end on parameter boundaries: each may be off by under one element
                 assert abs(model_bytes - ideal) < 4 * 2 * len(lengths)
+
+
+def _phases(comm, emit, cfg_dict):
+    trainer = Trainer(from_dict(cfg_dict), comm)
+    trainer.train_step()
+    phases = {row["phase"] for row in comm.meter.snapshot()}
+    trainer.replica.close()
+    return phases
+
+
+def test_stage3_books_parameter_gathers_as_their_own_phase():
+    cfg = with_parallel(tiny_gpt(), 2, 3)
+    phases = run_ranks(2, "threads", _phases, args=(cfg,))[0]
+    assert {"param-gather", "reduce-scatter"} <= phases
+    stage2 = run_ranks(2, "threads", _phases, args=(with_parallel(tiny_gpt(), 2, 2),))[0]
+    assert "param-gather" not in stage2 and "all-gather" in stage2

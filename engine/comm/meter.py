@@ -83,8 +83,11 @@ class TrafficMeter:
 
 
 def metered_phase(meter: TrafficMeter | None, name: str):
-    """``meter.phase(name)``, or a no-op when the communicator has no meter."""
-    return meter.phase(name) if meter is not None else contextlib.nullcontext()
+    """``meter.phase(name)`` — unless there is no meter, or the caller already named the phase: a
+    caller's label says more than the collective's (ZeRO-3 calls its all-gathers "param-gather")."""
+    if meter is None or meter._stack():
+        return contextlib.nullcontext()
+    return meter.phase(name)
 
 
 def algbw(size_bytes: int, seconds: float) -> float:
