@@ -131,3 +131,11 @@ def allreduce(
         print(line)
     if vs_gloo and gloo is None:
         print("PyTorch not installed: no gloo figures (pip install torch==2.13.0)")
+
+
+def _register_more() -> None:
+    from nanodist_tui import bench_techniques
+    bench_techniques.register(app)
+
+
+_register_more()
