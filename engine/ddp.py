@@ -34,6 +34,7 @@ class DataParallel(Replica):
             broadcast(comm, self.flat.data, root=0)  # every rank starts from rank 0's weights
         self.ledger.hold("parameters", self.flat.data.nbytes)
         self.ledger.hold("gradients", self.flat.grad.nbytes)
+        self.algorithm = cfg.parallel.algorithm  # "ring" (ours) or "mpi-native" (MPI's Allreduce)
         cap = int(cfg.parallel.bucket_cap_mb * 2**20)
         self.buckets, self._bucket_of = self.flat.buckets(cap), self.flat.bucket_map(cap)
         self._expected = [0] * len(self.buckets)
@@ -63,7 +64,7 @@ class DataParallel(Replica):
 
     def _launch(self, b: int) -> None:
         bucket = self.flat.grad[slice(*self.buckets[b])]
-        self._worker.submit(lambda: all_reduce(self.comm, bucket, op="avg"))
+        self._worker.submit(lambda: all_reduce(self.comm, bucket, op="avg", algorithm=self.algorithm))
         self._next = b + 1
 
     def finish_backward(self) -> None:
@@ -103,5 +104,5 @@ class NaiveDataParallel(DataParallel):
     def finish_backward(self) -> None:
         t0 = time.perf_counter()
         if self._sync:
-            all_reduce(self.comm, self.flat.grad, op="avg")
+            all_reduce(self.comm, self.flat.grad, op="avg", algorithm=self.algorithm)
         self.comm_wait_s = time.perf_counter() - t0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine import events as ev
 from engine.checkpoint import CHECKPOINTS
-from engine.comm.launch import run_ranks
+from engine.comm.launch import process_rank, run_ranks
 from engine.config import Config, to_dict
 from engine.recorder import RunRecorder
 from engine.resume import prepare_resume
@@ -28,7 +28,9 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     A recorded run checkpoints into its folder; `resume_from` (a checkpoint folder) starts from it."""
     bus = ev.EventBus()
     recorder = None
-    if record:
+    # With tcp/mpi each process runs one rank; only rank 0's process records the run.
+    lead = process_rank(cfg.parallel.backend) in (None, 0)
+    if record and lead:
         resolved = preset_doc if preset_doc is not None else to_dict(cfg)
         recorder = RunRecorder(cfg.run.out_dir, cfg.name, resolved)
         bus.subscribe(recorder)
@@ -48,9 +50,13 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         if recorder:
             recorder.close()
         raise
-    summary = dict(results[0])
+    mine = [r for r in results if r is not None]  # tcp/mpi: only this process's rank (or all, on rank 0)
+    if not mine:
+        raise RuntimeError("every rank stopped before finishing its first evaluation")
+    summary = dict(mine[0])
     summary["wall_s"] = time.perf_counter() - t0
     summary["stopped"] = stop_event.is_set()
+    summary["lead"] = lead
     finished = ev.RunFinished(steps=summary["steps"], initial_val_loss=summary["initial_val_loss"],
                               final_val_loss=summary["final_val_loss"],
                               tokens_per_s=summary["tokens_per_s"], wall_s=summary["wall_s"],

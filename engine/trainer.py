@@ -11,6 +11,7 @@ Rank 0 reports the run (RunStarted, StepEnd, Eval); every rank reports its own R
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -19,7 +20,8 @@ from engine import events as ev
 from engine import memory, ops
 from engine.build import build_dataset, build_model, count_params
 from engine.checkpoint import Checkpointer, NoCheckpoints, find_checkpoint, restore
-from engine.comm.collectives import all_reduce
+from engine.comm.collectives import all_reduce, broadcast
+from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
 from engine.config import Config, from_dict
 from engine.data import rank_slice
@@ -185,6 +187,9 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
     """Entry point of one rank (any backend): rebuild the config, restore the checkpoint `resume_from`
     (if any), train, checkpoint into `checkpoint_dir` (if any), return the summary."""
     cfg = from_dict(cfg_dict, source="<run config>")
+    if process_rank(cfg.parallel.backend) is not None and comm.world_size > 1:
+        # Ranks started by mpiexec or by hand: rank 0's process made the run folder; everyone uses it.
+        run_id, checkpoint_dir, resume_from = _from_rank0(comm, run_id, checkpoint_dir, resume_from)
     trainer = Trainer(cfg, comm, emit, comm.should_stop)
     try:
         if checkpoint_dir:
@@ -198,3 +203,15 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
         return trainer.fit(run_id=run_id)
     finally:
         trainer.replica.close()
+
+
+def _from_rank0(comm, *texts: str) -> list[str]:
+    """Rank 0's values of a few short strings (paths, ids), on every rank."""
+    buf = np.zeros(8192, dtype=np.uint8)
+    if comm.rank == 0:
+        data = json.dumps(texts).encode()
+        if len(data) > buf.size:
+            raise ValueError("run folder path too long to share between ranks (over 8 KiB)")
+        buf[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+    broadcast(comm, buf, root=0)
+    return json.loads(bytes(buf).rstrip(b"\0").decode())

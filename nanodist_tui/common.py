@@ -70,5 +70,7 @@ def run_headless_job(job) -> None:
     except Exception:
         printer.close()
         raise typer.Exit(1) from None  # RunFailed was already printed with the rank and cause
+    if not summary.get("lead", True):
+        return  # another process (rank 0's, under mpiexec or a tcp launch) reports this run
     for line in summary_lines(summary):
         print(line)

@@ -73,6 +73,16 @@ def run_ranks(world_size: int, backend: str, rank_fn: Callable, args: tuple = ()
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
+def process_rank(backend: str) -> int | None:
+    """This process's rank when it runs one rank of a job started outside nanoDist (``tcp`` from the
+    RANK variable, ``mpi`` from the launcher's); None when this process launches every rank."""
+    if backend == "tcp":
+        return int(os.environ.get("RANK", "0"))
+    if backend == "mpi":
+        return next((int(os.environ[name]) for name in MPI_ENV if name in os.environ), 0)
+    return None
+
+
 def under_mpi() -> bool:
     """True when this process was started by mpiexec/srun as an MPI rank."""
     return any(name in os.environ for name in MPI_ENV)

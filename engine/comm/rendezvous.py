@@ -16,10 +16,10 @@ Two hosts, 2 ranks each (the secret file must be the same on both, mode 600):
 
     # host A (10.0.0.1)
     MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 WORLD_SIZE=4 NANODIST_SECRET_FILE=~/.nanodist_secret \\
-        RANK=0 nanodist-tui run gpt-small --backend tcp &   # and RANK=1 likewise
+        RANK=0 nanodist-tui run --preset gpt-mini --backend tcp --world-size 4 &   # and RANK=1
     # host B
     MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 WORLD_SIZE=4 NANODIST_SECRET_FILE=~/.nanodist_secret \\
-        RANK=2 nanodist-tui run gpt-small --backend tcp &   # and RANK=3 likewise
+        RANK=2 nanodist-tui run --preset gpt-mini --backend tcp --world-size 4 &   # and RANK=3
 """
 
 from __future__ import annotations
