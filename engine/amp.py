@@ -24,6 +24,8 @@ import numpy as np
 
 from engine.events import LossScaleChange
 
+MAX_SKIPPED_IN_A_ROW = 50  # overflowing steps in a row before a run is declared stuck
+
 
 class LossScaleError(RuntimeError):
     """The dynamic scale is stuck at its floor: training cannot make progress."""
@@ -76,11 +78,28 @@ class StaticScaler(NoScaler):
 
     def __init__(self, scale: float):
         self.scale = float(scale)
+        self.skipped_in_a_row = 0
 
     def check(self, grad, flat, offset: int = 0):
         return find_overflow(grad, flat, offset)
 
+    def _count_skips(self, step: int, found) -> None:
+        """A run whose every step overflows makes no progress: stop it with a reason, don't spin."""
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if found is not None else 0
+        if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+            raise LossScaleError(
+                f"{self.skipped_in_a_row} steps in a row overflowed (last: {found[0]} in {found[1]} at step "
+                f"{step}, loss scale {self.scale:g}); lower precision.loss_scale or use \"dynamic\", "
+                "lower optim.lr, or train in bf16")
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "skipped_in_a_row": self.skipped_in_a_row}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
+
     def update(self, step: int, found):
+        self._count_skips(step, found)
         if found is None:
             return None
         return LossScaleChange(step=step, reason=found[0], old_scale=self.scale, new_scale=self.scale,
@@ -99,6 +118,7 @@ class DynamicScaler(StaticScaler):
         self.hysteresis_left = hysteresis
 
     def update(self, step: int, found):
+        self._count_skips(step, found)
         old = self.scale
         if found is None:
             self.growth_tracker += 1
@@ -127,12 +147,13 @@ class DynamicScaler(StaticScaler):
 
     def state_dict(self) -> dict:
         return {"scale": self.scale, "growth_tracker": self.growth_tracker,
-                "hysteresis_left": self.hysteresis_left}
+                "hysteresis_left": self.hysteresis_left, "skipped_in_a_row": self.skipped_in_a_row}
 
     def load_state_dict(self, state: dict) -> None:
         self.scale = float(state["scale"])
         self.growth_tracker = int(state.get("growth_tracker", 0))
         self.hysteresis_left = int(state.get("hysteresis_left", self.hysteresis))
+        self.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
 
 
 def make_scaler(precision):

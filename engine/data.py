@@ -46,14 +46,15 @@ def _walk_sorted(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
 
 
 def _concat_capped(files: list[Path], max_chars: int) -> str:
-    """Files joined by newlines, reading only as many as the cap needs."""
+    """Files joined by newlines, reading only as many as the cap needs; max_chars <= 0 means no cap."""
     parts, total = [], 0
     for f in files:
         parts.append(f.read_text(encoding="utf-8", errors="replace"))
         total += len(parts[-1]) + 1
-        if total >= max_chars:
+        if 0 < max_chars <= total:
             break
-    return "\n".join(parts)[:max_chars]
+    text = "\n".join(parts)
+    return text[:max_chars] if max_chars > 0 else text
 
 
 @functools.lru_cache(maxsize=4)

@@ -166,3 +166,27 @@ def test_fp16_gradients_underflow_without_scaling_and_not_with_it():
     rel = np.abs(unscaled - exact)[nonzero] / np.abs(exact[nonzero])
     rel_scaled = np.abs(scaled - exact)[nonzero] / np.abs(exact[nonzero])
     assert np.mean(rel > 0.1) > 10 * np.mean(rel_scaled > 0.1)
+
+
+def test_a_run_that_overflows_every_step_stops_with_a_reason():
+    from engine.amp import MAX_SKIPPED_IN_A_ROW, DynamicScaler, LossScaleError, StaticScaler
+    for scaler in (StaticScaler(1e6), DynamicScaler()):
+        for step in range(MAX_SKIPPED_IN_A_ROW - 1):
+            scaler.update(step, ("nan", "wte.weight"))
+        scaler.update(MAX_SKIPPED_IN_A_ROW, None)  # one clean step resets the count
+        for step in range(MAX_SKIPPED_IN_A_ROW - 1):
+            scaler.update(step, ("nan", "wte.weight"))
+        with pytest.raises(LossScaleError, match="steps in a row overflowed"):
+            scaler.update(99, ("nan", "wte.weight"))
+
+
+def test_static_scale_too_large_fails_the_run_instead_of_spinning(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from nanodist_tui.cli import app
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["--no-ui", "--preset", "quickstart", "--set", 'precision.dtype="fp16"',
+                                      "--set", "precision.loss_scale=1e30", "--set", "train.steps=60",
+                                      "--set", "model.block_size=16", "--set", "data.max_chars=50000"])
+    assert result.exit_code == 1
+    assert "steps in a row overflowed" in result.output

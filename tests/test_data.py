@@ -147,3 +147,10 @@ def test_missing_path_and_too_little_text_are_one_line_errors(tmp_path):
         data.make_dataset(*cfgs(kind="text", path=str(tmp_path / "tiny.txt")), seed=0, global_batch=2)
     with pytest.raises(data.DataError, match="data.kind"):
         data.make_dataset(*cfgs(kind="imagenet"), seed=0, global_batch=2)
+
+
+def test_max_chars_zero_means_the_whole_text(tmp_path):
+    (tmp_path / "a.txt").write_text("hello ")
+    (tmp_path / "b.txt").write_text("world")
+    assert data.read_text(tmp_path, 0) == "hello \nworld"
+    assert data.read_text(tmp_path, 3) == "hel"
