@@ -14,6 +14,7 @@ from pathlib import Path
 
 from engine import events as ev
 from engine.checkpoint import CHECKPOINTS
+from engine.comm.base import RankFailure
 from engine.comm.launch import process_rank, run_ranks
 from engine.config import Config, to_dict
 from engine.recorder import RunRecorder
@@ -78,5 +79,9 @@ def resume_training(run_dir: str | Path, overrides=(), step: int | None = None, 
 
 
 def _one_line(e: BaseException) -> str:
+    if isinstance(e, RankFailure):  # the event names the rank; the message says what happened to it
+        return e.cause
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")

@@ -53,10 +53,11 @@ class Trainer:
         memory.set_current(self.ledger)
         set_tape_observer(self.ledger)
         self.replica = replica_factory(cfg, self.model, comm)
-        self.optimizer_scratch = memory.optimizer_scratch_bytes(self.replica)
         self.memory_estimate = estimate(cfg, getattr(self.model, "vocab_size", None)).phases()
         self.step = 0
         self.tokens_seen = 0
+        self.train_time = 0.0  # seconds spent in train_step, for throughput
+        self.stop_agreed = False  # set when any rank was asked to stop (see _agree)
         self.checkpoints = NoCheckpoints()  # train_rank installs a Checkpointer when the run has a folder
 
     def emit(self, event) -> None:
@@ -95,16 +96,26 @@ class Trainer:
         with ledger.in_phase("optimizer"):
             grad_norm = self.replica.grad_norm()
             clip = global_norm_clip_scale(grad_norm**2, cfg.optim.grad_clip)
-            with ledger.transient("temporaries", self.optimizer_scratch):
-                stepped = self.replica.step(lr, clip, self.step)
+            stepped = self.replica.step(lr, clip, self.step)
         if stepped:
             self.step += 1
         step_time = time.perf_counter() - t0
         tokens = cfg.train.global_batch * self.dataset.tokens_per_row
         self.tokens_seen += tokens
-        mean_loss = self._mean_over_ranks(loss_sum / n_micro)
+        self.train_time += step_time
+        mean_loss, self.stop_agreed = self._agree(loss_sum / n_micro, self.should_stop())
         return {"loss": mean_loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
                 "tokens": tokens, "skipped": not stepped}
+
+    def _agree(self, loss: float, stop: bool) -> tuple[float, bool]:
+        """The step's loss averaged over ranks, and whether ANY rank was asked to stop: ranks notice a
+        stop request at different moments, and must leave the loop after the same step, or one would
+        start evaluating while another still sends gradients."""
+        if self.world == 1:
+            return loss, stop
+        buf = np.array([loss, float(stop)], dtype=np.float64)
+        all_reduce(self.comm, buf, op="avg")
+        return float(buf[0]), bool(buf[1] > 0)
 
     def _mean_over_ranks(self, value: float) -> float:
         if self.world == 1:
@@ -134,8 +145,8 @@ class Trainer:
         val = self.evaluate()
         first_val = val
         self._report_eval(val)
-        t_start, tokens_start = time.perf_counter(), self.tokens_seen
-        while self.step < cfg.train.steps and not self.should_stop():
+        t_start, tokens_start, train_start = time.perf_counter(), self.tokens_seen, self.train_time
+        while self.step < cfg.train.steps and not self.stop_agreed:
             s = self.train_step()
             self._report_step(s)
             self.checkpoints.after_step(self, stepped=not s["skipped"])
@@ -148,8 +159,11 @@ class Trainer:
         wall = time.perf_counter() - t_start
         if self.step >= cfg.train.steps:  # a stopped run keeps its last periodic checkpoint
             self.checkpoints.at_end(self)
+        # Throughput over the time spent in training steps (evaluations and checkpoints excluded),
+        # the same figure StepEnd.tokens_per_s reports step by step.
         return {"steps": self.step, "initial_val_loss": first_val, "final_val_loss": val,
-                "tokens_per_s": (self.tokens_seen - tokens_start) / max(wall, 1e-9), "wall_s": wall}
+                "tokens_per_s": (self.tokens_seen - tokens_start) / max(self.train_time - train_start, 1e-9),
+                "wall_s": wall}
 
     def _report_step(self, s: dict) -> None:
         self.emit(ev.RankStats(step=self.step, rank=self.rank, step_time_s=s["step_time_s"],

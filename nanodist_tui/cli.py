@@ -16,9 +16,8 @@ from nanodist_tui.common import (
     PresetOpt,
     SetOpt,
     WorldOpt,
-    load_config,
+    prepare_run,
     run_headless_job,
-    user_errors,
 )
 
 app = typer.Typer(
@@ -37,17 +36,18 @@ def _training_job(cfg, doc):
 
 
 def run_headless(preset: str, sets, world_size, backend) -> None:
-    with user_errors():
-        cfg, doc, _ = load_config(preset, sets, world_size, backend)
-        from engine.build import build_dataset
-        build_dataset(cfg)  # a missing text file fails here, with its one-line message
+    cfg, doc, _ = prepare_run(preset, sets, world_size, backend)
     run_headless_job(_training_job(cfg, doc))
 
 
 def run_workbench(preset: str, sets, world_size, backend) -> None:
     from nanodist_tui.app import create_app
-    with user_errors():
-        cfg, doc, _ = load_config(preset, sets, world_size, backend)
+    cfg, doc, _ = prepare_run(preset, sets, world_size, backend)
+    if cfg.parallel.backend == "processes":
+        # Start multiprocessing's helper process now: once Textual owns the terminal, sys.stderr has no
+        # file descriptor, and spawning the tracker from inside the app fails ("bad value(s) in fds_to_keep").
+        from multiprocessing import resource_tracker
+        resource_tracker.ensure_running()
     create_app(cfg.name, _training_job(cfg, doc)).run()
 
 

@@ -3,17 +3,25 @@ running a training job headless."""
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import threading
 from contextlib import contextmanager
 from typing import Annotated
 
 import typer
 
+from engine.comm.launch import LaunchError
 from engine.config import ConfigError
 from engine.data import DataError
 
-USER_ERRORS = (ConfigError, DataError, FileNotFoundError)
+
+class OutDirError(ValueError):
+    """run.out_dir cannot hold run folders."""
+
+
+USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError)
 
 PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="preset name or path to a .toml file")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a key: --set optim.lr=3e-4")]
@@ -50,6 +58,31 @@ def load_config(preset: str, sets=None, world_size=None, backend=None):
     """(Config, tomlkit document, path) with overrides applied and validated."""
     from engine.presets import load_preset
     return load_preset(preset, shortcut_overrides(sets, world_size, backend))
+
+
+def prepare_run(preset: str, sets=None, world_size=None, backend=None):
+    """load_config, plus the checks that need more than the config: the data is readable, the
+    backend can start here, the run folder can be made. Mistakes exit 2 before any rank starts."""
+    from engine.build import build_dataset
+    from engine.comm.launch import check_environment
+    with user_errors():
+        cfg, doc, path = load_config(preset, sets, world_size, backend)
+        build_dataset(cfg)
+        check_environment(cfg.parallel.backend, cfg.parallel.world_size)
+        check_out_dir(cfg.run.out_dir)
+    return cfg, doc, path
+
+
+def check_out_dir(out_dir: str) -> None:
+    """The folder that receives run folders exists (or can be made) and is writable."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        raise OutDirError(f"run.out_dir: cannot write run folders into {out_dir} ({e.strerror}); "
+                          "choose another folder with --set run.out_dir=PATH") from None
+
 
 
 def run_headless_job(job) -> None:

@@ -70,3 +70,21 @@ def test_malformed_preset_file(in_tmp):
     result = runner.invoke(app, ["--no-ui", "--preset", str(bad)])
     assert result.exit_code == 2
     assert "bad.toml" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--backend", "tcp", "--world-size", "2"], "RANK"),
+    (["--backend", "mpi", "--world-size", "2"], "mpiexec"),
+])
+def test_a_backend_that_cannot_start_here_is_a_user_error(args, named, monkeypatch, in_tmp):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    result = runner.invoke(app, ["--no-ui", *args])
+    assert result.exit_code == 2 and named in result.output
+    assert not (in_tmp / "runs").exists() or not any((in_tmp / "runs").iterdir())
+
+
+def test_an_unwritable_out_dir_is_a_user_error(in_tmp):
+    (in_tmp / "afile").write_text("")
+    result = runner.invoke(app, ["--no-ui", "--set", 'run.out_dir="afile/runs"'])
+    assert result.exit_code == 2 and "run.out_dir" in result.output

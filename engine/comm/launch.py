@@ -83,6 +83,30 @@ def process_rank(backend: str) -> int | None:
     return None
 
 
+class LaunchError(ValueError):
+    """The environment cannot start this backend (missing rendezvous variables, no mpiexec): a user
+    mistake, found before any rank starts. str() is one line naming what to set."""
+
+
+def check_environment(backend: str, world_size: int, environ=os.environ) -> None:
+    """Raise LaunchError when `backend` cannot start here as configured."""
+    if backend == "tcp":
+        for name in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
+            if not environ.get(name, "").strip().isdigit():
+                raise LaunchError(f"parallel.backend = \"tcp\": environment variable {name} must be set to "
+                                  "an integer on every rank (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, "
+                                  "as torchrun)")
+        if int(environ["WORLD_SIZE"]) != world_size:
+            raise LaunchError(f"parallel.world_size = {world_size} but WORLD_SIZE={environ['WORLD_SIZE']}; "
+                              "make them equal")
+        if not (environ.get("NANODIST_SECRET") or environ.get("NANODIST_SECRET_FILE")):
+            raise LaunchError("parallel.backend = \"tcp\" needs a shared secret: set NANODIST_SECRET or "
+                              "NANODIST_SECRET_FILE (the same on every host)")
+    if backend == "mpi" and not any(name in environ for name in MPI_ENV):
+        raise LaunchError(f"parallel.backend = \"mpi\" needs ranks started by MPI: run "
+                          f"mpiexec -n {world_size} nanodist-tui run ... --backend mpi")
+
+
 def under_mpi() -> bool:
     """True when this process was started by mpiexec/srun as an MPI rank."""
     return any(name in os.environ for name in MPI_ENV)
