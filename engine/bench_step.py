@@ -39,32 +39,58 @@ def time_ours(cfg: Config, warmup: int = 5, steps: int = 20) -> dict:
             "tokens": results[0]["tokens"], "n_params": results[0]["n_params"]}
 
 
-def time_torch(cfg: Config, warmup: int = 5, steps: int = 20, threads: int = 2) -> dict | None:
-    """PyTorch eager on the same model shapes and batch (None when PyTorch is not installed)."""
+SETTLE = 3  # steps after a switch of library that are not timed (see race_torch)
+
+
+def race_torch(cfg: Config, warmup: int = 5, steps: int = 20, threads: int = 2) -> dict | None:
+    """Our single-rank step and PyTorch eager's on the same model shapes, batches and optimizer,
+    taking turns in this thread so both see the same machine load (these 2-core machines are noisy).
+    None when PyTorch is not installed."""
     try:
         import torch
     except ImportError:
         return None
-    from engine.build import build_dataset, build_model
+    from engine.comm.base import Signals
+    from engine.comm.threads import ThreadGroup
     from engine.torch_peer import torch_model_from
+    from engine.trainer import Trainer
     torch.set_num_threads(threads)
-    dataset = build_dataset(cfg)
-    model = torch_model_from(build_model(cfg, dataset))
+    cfg = replace(replace(cfg, "train.steps", warmup + steps + 1), "train.eval_every", 0)
+    ours = Trainer(cfg, ThreadGroup(1, cfg.parallel.timeout_s, Signals()).communicator(0))
+    twin = torch_model_from(ours.model)
     o = cfg.optim
-    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                            weight_decay=o.weight_decay)
-    times = []
-    for i in range(warmup + steps):
+    groups = [{"params": [p for p in twin.parameters() if p.ndim >= 2], "weight_decay": o.weight_decay},
+              {"params": [p for p in twin.parameters() if p.ndim < 2], "weight_decay": 0.0}]  # as ours
+    opt = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+
+    def torch_step(i: int) -> float:
         t0 = time.perf_counter()
-        x, y = dataset.global_batch(i, "train")  # ours times its data draw too
-        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-        logits = model(xt)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), yt.reshape(-1))
+        x, y = ours.dataset.global_batch(i, "train")  # ours times its data draw too
+        logits = twin(torch.from_numpy(x))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 torch.from_numpy(y).reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if o.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+            torch.nn.utils.clip_grad_norm_(twin.parameters(), o.grad_clip)
         opt.step()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return {"step_s": statistics.median(times), "torch": torch.__version__, "threads": threads}
+        return time.perf_counter() - t0
+
+    # Take turns in blocks, not single steps: each library's BLAS threads spin for a while after their
+    # work, and the other's next steps run up to 4x slower until they stop (measured). So each block
+    # drops its first SETTLE steps and keeps the rest.
+    mine, theirs, keep = [], [], 5
+    try:
+        for i in range(warmup):
+            ours.train_step()
+            torch_step(i)
+        while len(mine) < steps:
+            mine.extend(ours.train_step()["step_time_s"] for _ in range(SETTLE + keep))
+            del mine[-(SETTLE + keep):-keep]
+            theirs.extend(torch_step(i) for i in range(SETTLE + keep))
+            del theirs[-(SETTLE + keep):-keep]
+    finally:
+        ours.replica.close()
+    return {"ours_s": statistics.median(mine), "step_s": statistics.median(theirs),
+            "ratio": statistics.median(mine) / statistics.median(theirs),
+            "torch": torch.__version__, "threads": threads}
