@@ -75,9 +75,15 @@ def _parse_size(text: str) -> int:
     t = text.strip().lower()
     digits = t.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = t[len(digits):]
-    if not digits or unit not in units:
-        raise ValueError(f'size "{text}" is not a number with an optional unit; write e.g. 16MiB, 4KiB, 1024')
-    return int(float(digits) * units[unit])
+    try:
+        size = float(digits) * units[unit]
+    except (ValueError, KeyError):
+        raise ValueError(f'size "{text}" is not a number with an optional unit; write e.g. 16MiB, 4KiB, '
+                         '1024') from None
+    if size <= 0 or size % 4:  # the buffers are float32: whole elements only, or algbw would lie
+        raise ValueError(f'size "{text}" must be a positive whole number of float32 elements (a multiple '
+                         'of 4 bytes)')
+    return int(size)
 
 
 def _fmt_size(n: int) -> str:

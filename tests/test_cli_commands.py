@@ -6,6 +6,7 @@ import asyncio
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from engine.checkpoint import find_checkpoint
 from engine.events import StepEnd
 from engine.export import load_model, params_from_checkpoint
 from engine.job import run_training
+from engine.trainer import Trainer
 from nanodist_tui.app import NanoDistApp
 from nanodist_tui.cli import app
 from nanodist_tui.runs_cli import replay_events
@@ -81,8 +83,9 @@ def gpt_copy(runs, tmp_path):
     return shutil.copytree(runs["gpt"], tmp_path / "runs" / "copy")
 
 
-COMMANDS = [[], ["presets"], ["presets", "list"], ["presets", "show"], ["presets", "new"],
-            ["presets", "diff"], ["runs"], ["replay"], ["resume"], ["export"], ["sample"]]
+COMMANDS = [[], ["run"], ["memory"], ["presets"], ["presets", "list"], ["presets", "show"],
+            ["presets", "new"], ["presets", "diff"], ["runs"], ["replay"], ["resume"], ["export"], ["sample"],
+            ["bench"], ["bench", "step"], ["bench", "allreduce"], ["bench", "techniques"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "main")
@@ -90,6 +93,23 @@ def test_every_command_has_help(command):
     result = invoke(*command, "--help")
     assert result.exit_code == 0, result.output
     assert "Usage" in result.output
+
+
+BAD_PRESETS = sorted((Path(__file__).parent / "bad_presets").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", BAD_PRESETS, ids=lambda p: p.stem)
+def test_every_bad_preset_is_one_line_and_exit_code_2(path):
+    """Through the real command line: result.output mixes stderr into stdout (Click >= 8.2), so the one
+    line is everything the user sees."""
+    expected = path.read_text().splitlines()[0].removeprefix("# expect: ")
+    result = invoke("--no-ui", "--preset", path)
+    assert_user_error(result, expected)
+    assert str(path) in result.output
+
+
+def test_there_are_bad_presets_to_run():
+    assert len(BAD_PRESETS) >= 20
 
 
 # ----------------------------------------------------------------------------- presets
@@ -260,6 +280,35 @@ def test_export_writes_a_model_the_engine_loads(runs, in_tmp):
         assert p.data.dtype == np.float32 and np.array_equal(p.data, expected[name]), name
     with np.load(in_tmp / "model.npz", allow_pickle=False) as npz:  # no pickle needed to read it
         assert "__meta__" in npz.files
+
+
+@pytest.mark.parametrize("world, stage", [(1, 0), (2, 1), (2, 2)])
+def test_export_holds_the_parameters_training_ended_with(in_tmp, monkeypatch, world, stage):
+    """The exported file against the trainer's LIVE parameters at the end of training (every rank's model),
+    not against the export module's own consolidation: a checkpoint that saved stale or misplaced shards,
+    or an export that consolidates them wrongly, cannot agree with what the ranks really trained."""
+    live: dict[int, dict[str, np.ndarray]] = {}
+    fit = Trainer.fit
+
+    def fit_and_keep(self, *args, **kwargs):
+        out = fit(self, *args, **kwargs)
+        live[self.rank] = {name: p.data.copy() for name, p in self.model.named_parameters()}
+        return out
+    monkeypatch.setattr(Trainer, "fit", fit_and_keep)
+    summary, _ = train(in_tmp / "runs", f"parallel.world_size={world}", f"parallel.zero_stage={stage}",
+                       "train.steps=5", "checkpoint.every=2")  # the last checkpoint is the one at_end writes
+    assert sorted(live) == list(range(world)) and summary["steps"] == 5
+    result = invoke("export", summary["run_dir"], "-o", "model.npz")
+    assert result.exit_code == 0, result.output
+    with np.load(in_tmp / "model.npz", allow_pickle=False) as npz:
+        exported = {k: npz[k] for k in npz.files if k != "__meta__"}
+    assert set(exported) == set(live[0])
+    for rank in range(world):
+        for name, value in live[rank].items():
+            assert value.dtype == np.float32 and exported[name].dtype == np.float32
+            np.testing.assert_array_equal(exported[name], value, err_msg=f"rank {rank} {name}")
+    for name, p in load_model(in_tmp / "model.npz").named_parameters():
+        np.testing.assert_array_equal(p.data, live[0][name], err_msg=name)
 
 
 def test_export_errors(runs, tmp_path):

@@ -232,12 +232,14 @@ def test_bytes_sent_per_rank_match_ring_formulas(world):
         results = run(cfg, world, stage, steps=1)
         lengths = run_ranks(world, "threads", _buckets, args=(with_parallel(cfg, world, stage),))[0]
         passes = {0: (1, 1), 1: (1, 1), 2: (1, 1), 3: (1, 2)}[stage]  # (reduce-scatters, all-gathers)
-        scalars = 1 if stage == 0 else 2
         for rank, r in enumerate(results):
             rs_ag = [_ring_bytes(n, world, rank) for n in lengths]
-            one = _ring_bytes(1, world, rank)
+            # fp64 all-reduces: [loss, stop flag] from the trainer, and the grad norm when sharded
+            scalars = 8 * sum(_ring_bytes(2, world, rank))
+            if stage:
+                scalars += 8 * sum(_ring_bytes(1, world, rank))
             model_bytes = 4 * sum(passes[0] * rs + passes[1] * ag for rs, ag in rs_ag)
-            assert r["bytes"] == model_bytes + 8 * scalars * sum(one), (stage, rank)
+            assert r["bytes"] == model_bytes + scalars, (stage, rank)
             ideal = 4 * sum(passes) * sum(lengths) * (world - 1) / world  # 2Ψ(N−1)/N or 3Ψ'(N−1)/N
             if stage > 0:  # buckets and units split evenly: exact
                 assert model_bytes == ideal
