@@ -33,7 +33,7 @@ class StepEnd:
     step: int
     loss: float
     lr: float
-    tokens: int  # tokens (or samples) processed so far, all ranks
+    tokens: int  # tokens (or samples) processed in this step, all ranks; not a running total
     step_time_s: float
     tokens_per_s: float
     grad_norm: float

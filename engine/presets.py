@@ -3,11 +3,13 @@
 Lookup order for a bare name: $NANODIST_PRESETS (one or more folders, os.pathsep-separated), ./presets,
 the repository's presets/ (editable install), then the copy shipped inside the installed package
 (nanodist_tui/presets). A name with ".toml" or a folder in it is a path. Documents are tomlkit documents:
-load -> save unchanged is byte-identical, and `set_value` rewrites exactly one line, keeping its comment.
+load -> save unchanged is byte-identical, and `set_value` rewrites exactly one line, keeping its comment
+(a key it adds gets the setting's one-line doc and default as its comment, like the shipped presets).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import importlib.util
 import os
@@ -126,7 +128,8 @@ def apply_overrides(doc: tomlkit.TOMLDocument | dict, overrides: list[str] | tup
     """Set each "a.b=value" in doc (in place; comments kept) and return the validated Config.
 
     Values are TOML literals (3e-4, true, [1, 2], "x"); anything that does not parse is taken as a string.
-    Errors name "--set a.b=value" when they concern an override, else `source` and the key's line.
+    Errors name "--set a.b=value" when they concern an override (for a sweep parameter: any of its
+    attributes, which are checked against each other), else `source` and the key's line.
     """
     before = doc.as_string() if isinstance(doc, tomlkit.TOMLDocument) else None
     set_keys = {}
@@ -150,11 +153,19 @@ def apply_overrides(doc: tomlkit.TOMLDocument | dict, overrides: list[str] | tup
         return config.from_dict(plain, source=source)
     except ConfigError as err:
         hit = [k for k in set_keys if err.key in (k, *_parents(k)) or err.key.startswith(k + ".")]
+        hit = hit or [k for k in set_keys if (param := _search_param(k)) and
+                      (err.key == param or err.key.startswith(param + "."))]
         if hit:
             err.source = set_keys[hit[0]]
         elif before is not None:
             err.line = locate_key(before, err.key)
         raise
+
+
+def _search_param(key: str) -> str | None:
+    """"sweep.space.optim.lr" for "sweep.space.optim.lr.low"; None for a key that is no sweep attribute."""
+    parts = config.split_key(key)
+    return ".".join(parts[:3]) if len(parts) == 4 and parts[:2] == ("sweep", "space") else None
 
 
 def _parents(key: str) -> list[str]:
@@ -183,22 +194,58 @@ def set_value(doc: Any, dotted: str, value: Any) -> None:
     """Set one dotted key in a tomlkit document in place: one line changes, its comment and spacing stay.
 
     A float keeps the file's spelling style (3e-4 stays in exponent form); an equal value is left untouched;
-    a missing key or table is added at the end of its table.
+    a missing key or table is added at the end of its table, commented with its doc (`_doc_comment`) unless
+    `value` is an item that brings its own comment.
     """
-    container, parts = doc, dotted.split(".")
+    container, parts, walked = doc, dotted.split("."), []
     while len(parts) > 1:  # greedy: a table may itself be named with dots ([sweep.space."optim.lr"])
         for n in range(len(parts) - 1, 0, -1):
             name = ".".join(parts[:n])
             if name in container and isinstance(container[name], dict):
-                container, parts = container[name], parts[n:]
+                container, parts, walked = container[name], parts[n:], walked + parts[:n]
                 break
         else:
-            container.add(parts[0], tomlkit.table())
+            walked.append(parts[0])
+            container.add(parts[0], _commented(tomlkit.table(), ".".join(walked)))
             container, parts = container[parts[0]], parts[1:]
     old = container.get(parts[0])
     item = _to_item(value, old)
+    if old is None and not item.trivia.comment:
+        item = _commented(item, dotted)
     if item is not old:
         container[parts[0]] = item
+
+
+def _commented(item: Any, dotted: str) -> Any:
+    if text := _doc_comment(dotted):
+        item.comment(text)
+        item.trivia.comment_ws = "  "
+    return item
+
+
+def _doc_comment(dotted: str) -> str | None:
+    """The comment the shipped presets give a key or table: "meaning; default value"; None if unknown."""
+    parts = config.split_key(dotted)
+    if parts[:2] == ("sweep", "space") and len(parts) == 3:
+        param = parts[2]
+        return f"search over {param}: {config.describe(param)}" if config.field_type(param) else None
+    if parts[:2] == ("sweep", "space") and len(parts) == 4:
+        attr = next((f for f in dataclasses.fields(config.SearchParam) if f.name == parts[3]), None)
+        return attr and _with_default(attr.metadata["doc"], attr.default)
+    try:
+        text = config.describe(dotted)
+    except KeyError:
+        return None
+    return _with_default(text, _defaults().get(dotted))
+
+
+def _with_default(text: str, default: Any) -> str:
+    return text if default is None else f"{text}; default {config.toml_repr(default)}"
+
+
+def _defaults() -> dict[str, Any]:
+    sweep = {f"sweep.{k}": v for k, v in _flat(config.to_dict(config.SweepConfig())).items()}
+    return _flat(config.to_dict(config.Config())) | sweep
 
 
 def _to_item(value: Any, old: Any) -> Any:

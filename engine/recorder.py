@@ -6,7 +6,9 @@
         metrics.csv    one row per step (val_loss filled in when that step's Eval arrives)
         summary.json   key figures, written atomically when the run finishes, fails or the recorder closes
 
-`RunRecorder` is an EventBus subscriber: `bus.subscribe(recorder)`.
+`RunRecorder` is an EventBus subscriber: `bus.subscribe(recorder)`. A process that is killed outright
+(SIGKILL, power loss) writes no summary.json; `list_runs` then rebuilds the figures from events.jsonl and
+calls the run "interrupted" once that file has been silent for INTERRUPTED_AFTER_S.
 """
 from __future__ import annotations
 
@@ -28,6 +30,14 @@ from engine.events import EventError, as_event, from_json, to_json
 
 METRIC_COLUMNS = ["step", "loss", "lr", "tokens", "step_time_s", "tokens_per_s", "grad_norm", "val_loss",
                   "loss_scale"]
+
+# A live run writes an event every step; a summary-less folder silent for this long lost its process.
+INTERRUPTED_AFTER_S = 60.0
+
+# RunFailed messages that mean someone stopped the run rather than a fault: Ctrl-C (engine.job writes
+# "interrupted (Ctrl-C)"; a bare KeyboardInterrupt from other callers), or a rank process ended by
+# SIGINT/SIGTERM/SIGHUP. SIGKILL stays a failure: it is also the OOM killer's signal.
+_INTERRUPTION = re.compile(r"^(?:interrupted|KeyboardInterrupt)\b|\bby signal SIG(?:INT|TERM|HUP)\b")
 
 
 def _config_text(cfg: Any) -> str:
@@ -58,6 +68,49 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def is_interruption(message: str) -> bool:
+    """Whether a RunFailed message means the run was interrupted (Ctrl-C or a stop signal), not broken."""
+    return bool(_INTERRUPTION.search(message))
+
+
+def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
+    """summary.json before any event: status "running", no figures yet."""
+    return {
+        "run_id": run_id, "preset": preset, "status": "running", "started_at": None, "ended_at": None,
+        "steps": 0, "total_steps": None, "n_params": None, "world_size": None, "last_loss": None,
+        "initial_val_loss": None, "final_val_loss": None, "best_val_loss": None,
+        "tokens": 0,  # tokens (or samples) processed in this run: the sum over its StepEnd events
+        "tokens_per_s": None, "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0, "error": None,
+        "failed_rank": None}
+
+
+def summarize(s: dict[str, Any], ev: Any) -> None:
+    """Fold one event into a summary, in place: the recorder's live figures, and a killed run's later."""
+    if isinstance(ev, ev_types.RunStarted):
+        s.update(n_params=ev.n_params, world_size=ev.world_size, total_steps=ev.total_steps)
+        s["preset"] = s["preset"] or ev.preset
+    elif isinstance(ev, ev_types.StepEnd):
+        s.update(steps=ev.step, last_loss=ev.loss, tokens_per_s=ev.tokens_per_s)
+        s["tokens"] += ev.tokens  # a skipped (overflowed) step still read and processed its tokens
+        s["skipped_steps"] += bool(ev.skipped)
+    elif isinstance(ev, ev_types.Eval):
+        if s["initial_val_loss"] is None:
+            s["initial_val_loss"] = ev.val_loss
+        s["final_val_loss"] = ev.val_loss
+        best = s["best_val_loss"]
+        s["best_val_loss"] = ev.val_loss if best is None else min(best, ev.val_loss)
+    elif isinstance(ev, ev_types.LossScaleChange):
+        s["loss_scale_changes"] += 1
+    elif isinstance(ev, ev_types.RunFinished):
+        s.update(status="finished", steps=ev.steps, tokens_per_s=ev.tokens_per_s, wall_s=ev.wall_s)
+        for key in ("initial_val_loss", "final_val_loss"):
+            if getattr(ev, key) is not None:
+                s[key] = getattr(ev, key)
+    elif isinstance(ev, ev_types.RunFailed):
+        status = "interrupted" if is_interruption(ev.message) else "failed"
+        s.update(status=status, error=ev.message, failed_rank=ev.rank)
+
+
 class RunRecorder:
     """Writes one run folder. Thread-safe; call it with events (or their dicts), then `close()`."""
 
@@ -74,13 +127,8 @@ class RunRecorder:
         self._metrics.flush()
         self._pending: dict | None = None  # the last step's row, waiting for a possible Eval of that step
         self._closed = False
-        self.summary: dict[str, Any] = {
-            "run_id": self.run_dir.name, "preset": preset_name, "status": "running",
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ended_at": None, "steps": 0,
-            "total_steps": None,
-            "n_params": None, "world_size": None, "last_loss": None, "initial_val_loss": None,
-            "final_val_loss": None, "best_val_loss": None, "tokens": 0, "tokens_per_s": None, "wall_s": None,
-            "skipped_steps": 0, "loss_scale_changes": 0, "error": None, "failed_rank": None}
+        self.summary = new_summary(self.run_dir.name, preset_name)
+        self.summary["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
     @property
     def run_id(self) -> str:
@@ -97,14 +145,9 @@ class RunRecorder:
             self._update(ev)
 
     def _update(self, ev: Any) -> None:
-        s = self.summary
-        if isinstance(ev, ev_types.RunStarted):
-            s.update(n_params=ev.n_params, world_size=ev.world_size, total_steps=ev.total_steps)
-        elif isinstance(ev, ev_types.StepEnd):
+        if isinstance(ev, ev_types.StepEnd):
             self._write_pending()
             self._pending = {c: getattr(ev, c, None) for c in METRIC_COLUMNS}
-            s.update(steps=ev.step, last_loss=ev.loss, tokens=ev.tokens, tokens_per_s=ev.tokens_per_s)
-            s["skipped_steps"] += bool(ev.skipped)
         elif isinstance(ev, ev_types.Eval):
             if self._pending is not None and self._pending["step"] == ev.step:
                 self._pending["val_loss"] = ev.val_loss
@@ -112,21 +155,8 @@ class RunRecorder:
                 self._write_pending()
                 self._pending = {"step": ev.step, "val_loss": ev.val_loss}
             self._write_pending()
-            if s["initial_val_loss"] is None:
-                s["initial_val_loss"] = ev.val_loss
-            s["final_val_loss"] = ev.val_loss
-            best = s["best_val_loss"]
-            s["best_val_loss"] = ev.val_loss if best is None else min(best, ev.val_loss)
-        elif isinstance(ev, ev_types.LossScaleChange):
-            s["loss_scale_changes"] += 1
-        elif isinstance(ev, ev_types.RunFinished):
-            s.update(status="finished", steps=ev.steps, tokens_per_s=ev.tokens_per_s, wall_s=ev.wall_s)
-            for key in ("initial_val_loss", "final_val_loss"):
-                if getattr(ev, key) is not None:
-                    s[key] = getattr(ev, key)
-            self._finish()
-        elif isinstance(ev, ev_types.RunFailed):
-            s.update(status="failed", error=ev.message, failed_rank=ev.rank)
+        summarize(self.summary, ev)
+        if isinstance(ev, (ev_types.RunFinished, ev_types.RunFailed)):
             self._finish()
 
     def _write_pending(self) -> None:
@@ -186,7 +216,8 @@ class RunInfo:
     run_dir: Path
     run_id: str
     preset: str | None
-    status: str  # "finished" | "failed" | "stopped" | "running" (no summary yet) | "unreadable"
+    # "finished" | "failed" | "interrupted" | "stopped" (closed before its end) | "running" | "unreadable"
+    status: str
     steps: int | None
     final_val_loss: float | None
     best_val_loss: float | None
@@ -196,20 +227,40 @@ class RunInfo:
 
 
 def list_runs(out_dir: str | Path = "runs") -> list[RunInfo]:
-    """Run folders under out_dir, newest first, with key figures from their summary.json."""
+    """Run folders under out_dir, newest first, with key figures from their summary.json (or, while a
+    run has none, from its events.jsonl)."""
     root = Path(out_dir)
     runs = []
     for run_dir in sorted(root.iterdir() if root.is_dir() else [], reverse=True):
         if not (run_dir / "events.jsonl").is_file():
             continue
         try:
-            summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-            status = summary.get("status", "unreadable")
-        except FileNotFoundError:
-            summary, status = {}, "running"
+            summary = _read_summary(run_dir)
         except (OSError, ValueError):
-            summary, status = {}, "unreadable"
+            summary = {}
+        if not isinstance(summary, dict):
+            summary = {}
+        status = summary.get("status", "unreadable")
         runs.append(RunInfo(run_dir, run_dir.name, summary.get("preset"), status, summary.get("steps"),
                             summary.get("final_val_loss"), summary.get("best_val_loss"),
                             summary.get("tokens_per_s"), summary.get("wall_s"), summary))
     return runs
+
+
+def _read_summary(run_dir: Path) -> Any:
+    path = run_dir / "summary.json"
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    return _summary_from_events(run_dir)
+
+
+def _summary_from_events(run_dir: Path) -> dict[str, Any]:
+    """The figures of a run without summary.json so far. It is "running" while events.jsonl keeps
+    changing; silent for INTERRUPTED_AFTER_S with no end event, its process is gone: "interrupted"."""
+    silent_s = time.time() - (run_dir / "events.jsonl").stat().st_mtime
+    summary = new_summary(run_dir.name, None)
+    for event in read_events(run_dir):
+        summarize(summary, event)
+    if summary["status"] == "running" and silent_s > INTERRUPTED_AFTER_S:
+        summary["status"] = "interrupted"
+    return summary

@@ -50,10 +50,6 @@ def set_tape_observer(observer) -> None:
     _state.observer = observer
 
 
-def get_tape_observer():
-    return _state.observer
-
-
 class Tensor:
     """An array with an optional gradient. `.grad` is None or an array of `.data`'s dtype and shape."""
 

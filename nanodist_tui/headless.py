@@ -2,28 +2,33 @@
 
 Rich's live display only prints its final frame when stdout is not a terminal (CI logs, `| tee`),
 so there we print one plain line every `interval_s` seconds instead, plus every discrete event
-(evaluation, loss-scale change, checkpoint, failure) as it happens.
+(evaluation, loss-scale change, checkpoint, failure) as it happens. Plain lines bypass rich: it would
+wrap them at 80 columns off a terminal (splitting a run id from its label) and read brackets as markup.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from engine import events as ev
+from engine.recorder import is_interruption
 
 
 class HeadlessPrinter:
     """An EventBus subscriber that reports a run on stdout."""
 
-    def __init__(self, console: Console | None = None, interval_s: float = 5.0, live: bool | None = None):
+    def __init__(self, console: Console | None = None, interval_s: float = 5.0, live: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.console = console or Console()
         self.live = self.console.is_terminal if live is None else live
         self.interval_s = interval_s
-        self._last_line = 0.0
+        self.clock = clock
+        self._last_line: float | None = None  # None: the first step always gets a line
         self._progress: Progress | None = None
         self._task = None
         self.total = 0
@@ -36,8 +41,8 @@ class HeadlessPrinter:
 
     def _on_run_started(self, e: ev.RunStarted) -> None:
         self.total = e.total_steps
-        self.console.print(f"nanoDist: {e.preset} | {e.n_params:,} parameters | {e.world_size} rank(s) | "
-                           f"{e.total_steps} steps | run {e.run_id}")
+        self._print(f"nanoDist: {e.preset} | {e.n_params:,} parameters | {e.world_size} rank(s) | "
+                    f"{e.total_steps} steps | run {e.run_id}")
         if self.live:
             self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
@@ -52,8 +57,8 @@ class HeadlessPrinter:
         if self._progress is not None:
             self._progress.update(self._task, completed=e.step, status=status)
             return
-        now = time.monotonic()
-        if now - self._last_line >= self.interval_s or e.step == self.total:
+        now = self.clock()
+        if self._last_line is None or now - self._last_line >= self.interval_s or e.step == self.total:
             self._last_line = now
             self._print(f"step {e.step}/{self.total}  {status}  lr {e.lr:.2e}")
 
@@ -74,16 +79,19 @@ class HeadlessPrinter:
     def _on_run_failed(self, e: ev.RunFailed) -> None:
         self.close()
         who = f"rank {e.rank}: " if e.rank is not None else ""
-        print(f"run failed: {who}{e.message}", file=sys.stderr)
+        what = "run stopped" if is_interruption(e.message) else "run failed"  # Ctrl-C is no fault
+        print(f"{what}: {who}{e.message}", file=sys.stderr)
 
     def _on_run_finished(self, e: ev.RunFinished) -> None:
         self.close()
 
     def _print(self, text: str) -> None:
         if self._progress is not None:
-            self._progress.console.print(text)
+            self._progress.console.print(text, markup=False, highlight=False)  # above the live bar
+        elif self.live:
+            self.console.print(text, markup=False, highlight=False)
         else:
-            self.console.print(text, highlight=False)
+            print(text, file=self.console.file, flush=True)  # one unwrapped line per message
 
     def close(self) -> None:
         if self._progress is not None:

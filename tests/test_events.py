@@ -14,7 +14,7 @@ SAMPLES = [
     ev.RunStarted(run_id="r1", preset="quickstart", config={"model": {"n_layer": 2}}, n_params=123,
                   world_size=2, total_steps=10),
     ev.StepEnd(step=3, loss=2.5, lr=1e-3, tokens=4096, step_time_s=0.1, tokens_per_s=40960.0, grad_norm=0.7),
-    ev.StepEnd(step=4, loss=2.4, lr=1e-3, tokens=8192, step_time_s=0.1, tokens_per_s=40960.0, grad_norm=0.7,
+    ev.StepEnd(step=4, loss=2.4, lr=1e-3, tokens=4096, step_time_s=0.1, tokens_per_s=40960.0, grad_norm=0.7,
                loss_scale=65536.0, skipped=True),
     ev.Eval(step=50, val_loss=1.9),
     ev.RankStats(step=3, rank=1, step_time_s=0.1, comm_wait_s=0.02, bytes_sent=1 << 20),

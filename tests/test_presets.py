@@ -12,8 +12,9 @@ from engine.config import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "presets").glob("*.toml"))
 BAD = sorted((Path(__file__).parent / "bad_presets").glob("*.toml"))
-REQUIRED = {"quickstart", "gpt-mini", "mlp", "ddp-2", "ddp-4", "zero1-4", "zero2-4", "zero3-4", "processes-2",
-            "fp16-dynamic", "bf16", "checkpointing", "seed-table", "sweep-lr"}
+REQUIRED = {"quickstart", "gpt-mini", "mlp", "ddp-2", "ddp-4", "zero1-4", "zero2-2", "zero2-4", "zero3-2",
+            "zero3-4", "processes-2", "fp16-dynamic", "bf16", "checkpointing", "seed-table", "sweep-lr",
+            "sweep-zero"}
 
 
 def test_all_required_presets_are_shipped():
@@ -28,10 +29,28 @@ def test_shipped_preset_validates_and_names_itself(path):
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
-def test_every_key_in_a_shipped_preset_is_commented(path):
+def test_every_key_in_a_shipped_preset_is_commented_with_its_default(path):
     for line in path.read_text().splitlines():
         if "=" in line and not line.lstrip().startswith("#"):
             assert " # " in line, line
+            comment = line.split(" # ", 1)[1]
+            assert "; default " in comment or "required" in comment, line
+
+
+def test_zero_examples_at_two_world_sizes():
+    shipped = {p.stem: presets.load_preset(p)[0] for p in SHIPPED}
+    for stage in (2, 3):
+        small, large = shipped[f"zero{stage}-2"], shipped[f"zero{stage}-4"]
+        assert (small.parallel.zero_stage, small.parallel.world_size) == (stage, 2)
+        assert (large.parallel.zero_stage, large.parallel.world_size) == (stage, 4)
+        assert small.model == large.model and small.train == large.train  # only the world size differs
+
+
+def test_sweep_presets_search_float_int_and_categorical():
+    lr, zero = presets.load_preset("sweep-lr")[0].sweep, presets.load_preset("sweep-zero")[0].sweep
+    assert {p.type for p in [*lr.space.values(), *zero.space.values()]} == {"float", "int", "categorical"}
+    assert zero.metric == "val_loss" and zero.space["optim.lr"].log
+    assert zero.space["parallel.bucket_cap_mb"].choices == (0.0625, 0.25, 25.0)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
@@ -51,7 +70,10 @@ def test_quickstart_lists_every_setting():
     doc = presets.read_document(REPO / "presets" / "quickstart.toml")
     written = set(presets._flat(doc.unwrap()))
     expected = {k for k in config.setting_keys() if not k.startswith("sweep.")}
-    assert expected - written == {"model.widths", "data.path", "data.n_samples"}  # mlp/text/synthetic-only
+    assert expected - written == set()
+    defaults = presets._flat(config.to_dict(config.Config()))
+    for key in ("model.widths", "data.path", "data.n_samples"):  # read only by other model/data kinds
+        assert presets._flat(doc.unwrap())[key] == defaults[key]
 
 
 @pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
@@ -89,12 +111,24 @@ def test_syntax_errors_carry_the_line(tmp_path):
     ("parallel.backend=nccl", "--set parallel.backend=nccl: parallel.backend: \"nccl\" is not allowed"),
     ("precision.loss_scale=512", "--set precision.loss_scale=512: precision.loss_scale: a static loss scale"),
     ("model.n_head=5", "--set model.n_head=5: model.n_head: 5 heads do not divide n_embd 64"),
-    ("sweep.space.optim.lr.low=1", "sweep.space.optim.lr"),
+    ("sweep.space.optim.lr.low=1", "--set sweep.space.optim.lr.low=1: sweep.space.optim.lr.high: float"),
 ])
 def test_bad_overrides(override, expected):
     with pytest.raises(ConfigError) as info:
         presets.load_preset("quickstart", [override])
     assert expected in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("sweep.space.optim.lr.high=1e-5", "sweep.space.optim.lr.low"),  # high made the file's low invalid
+    ("sweep.space.optim.lr.low=0.5", "sweep.space.optim.lr.low"),
+    ("sweep.space.optim.lr.type=int", "sweep.space.optim.lr.type"),
+    ("sweep.space.optim.lrr.low=1", "sweep.space.optim.lrr"),
+])
+def test_sweep_space_override_errors_name_the_set_flag(override, key):
+    with pytest.raises(ConfigError) as info:
+        presets.load_preset("sweep-lr", [override])
+    assert str(info.value).startswith(f"--set {override}: {key}: "), str(info.value)
 
 
 def test_error_caused_by_an_override_elsewhere_points_at_the_file_line():
@@ -166,6 +200,26 @@ def test_set_value_adds_missing_keys_and_tables():
     assert cfg.sweep.space["train.micro_batches"].choices == (1, 2)
     kept = [line for line in before.splitlines() if "#" in line and "high = 1e-2" not in line]
     assert all(line in doc.as_string() for line in kept)
+
+
+def test_added_keys_and_tables_get_their_doc_as_comment():
+    doc = presets.read_document(REPO / "presets" / "sweep-lr.toml")
+    presets.apply_overrides(doc, ["precision.dtype=fp16", "optim.lr=1e-3",
+                                  "sweep.space.train.micro_batches.type=categorical",
+                                  "sweep.space.train.micro_batches.choices=[1, 2]"])
+    text = doc.as_string()
+    assert "\n[precision]  # number formats and loss scaling\n" in text
+    assert ('dtype = "fp16"  # "fp32" | "fp16" | "bf16" | "fp64" for parameters and activations; '
+            'default "fp32"\n') in text
+    assert "lr = 1e-3            # peak learning rate (AdamW); default 3e-4\n" in text  # its own comment
+    assert ("[sweep.space.train.micro_batches]  # search over train.micro_batches: gradient-accumulation "
+            "micro-batches per step on each rank\n") in text
+    assert 'type = "categorical"  # "float", "int" or "categorical"; default "float"\n' in text
+    assert "choices = [1, 2]  # values to pick from (categorical)\n" in text
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            assert " # " in line, line
+    assert config.from_dict(tomlkit.parse(text).unwrap()).precision.dtype == "fp16"
 
 
 def test_save_is_atomic_and_keeps_permissions(tmp_path):

@@ -1,18 +1,21 @@
 """Run recorder: the files of a run folder, replay, listing, and what is left after failure."""
 import csv
 import json
+import os
 import re
+import time
 
 import pytest
 import tomlkit
 
-from engine import config, presets
+from engine import config, presets, recorder
 from engine import events as ev
-from engine.recorder import METRIC_COLUMNS, RunRecorder, list_runs, read_events
+from engine.recorder import METRIC_COLUMNS, RunRecorder, is_interruption, list_runs, read_events
 
 
 def step(n, loss=2.0, scale=None):
-    return ev.StepEnd(step=n, loss=loss, lr=1e-3, tokens=32 * n, step_time_s=0.5, tokens_per_s=64.0,
+    """StepEnd.tokens counts that step's tokens only."""
+    return ev.StepEnd(step=n, loss=loss, lr=1e-3, tokens=32, step_time_s=0.5, tokens_per_s=64.0,
                       grad_norm=0.25, loss_scale=scale)
 
 
@@ -63,6 +66,7 @@ def test_summary(tmp_path):
     assert (summary["steps"], summary["initial_val_loss"], summary["final_val_loss"]) == (2, 4.0, 2.2)
     assert (summary["best_val_loss"], summary["wall_s"], summary["n_params"]) == (2.2, 1.5, 100)
     assert summary["loss_scale_changes"] == 1 and summary["last_loss"] == 2.5
+    assert summary["tokens"] == 64  # the run's total: 32 tokens in each of its 2 steps
 
 
 def test_replay_and_listing(tmp_path):
@@ -100,6 +104,52 @@ def test_failed_run_and_non_finite_values(tmp_path):
     summary = json.loads((rec.run_dir / "summary.json").read_text())  # strict JSON: NaN became null
     assert summary["status"] == "failed" and summary["failed_rank"] == 1 and summary["last_loss"] is None
     assert len(read_events(rec.run_dir)) == 2
+
+
+@pytest.mark.parametrize("message, status", [
+    ("interrupted (Ctrl-C)", "interrupted"),  # what engine.job reports for a KeyboardInterrupt
+    ("KeyboardInterrupt", "interrupted"),
+    ("killed by signal SIGTERM", "interrupted"),
+    ("killed by signal SIGKILL", "failed"),  # also what the OOM killer sends
+    ("ValueError: loss is NaN", "failed"),
+])
+def test_interrupted_run_is_not_a_failure(tmp_path, message, status):
+    assert is_interruption(message) == (status == "interrupted")
+    with RunRecorder(tmp_path, "quickstart", {}) as rec:
+        rec(step(1))
+        rec(ev.RunFailed(message=message))
+    summary = json.loads((rec.run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["error"]) == (status, message)
+    assert [r.status for r in list_runs(tmp_path)] == [status]
+
+
+def killed_run(out_dir, name, stream, silent_s):
+    """What a run killed outright leaves: events.jsonl (last written silent_s ago), no summary.json."""
+    run_dir = out_dir / name
+    run_dir.mkdir(parents=True)
+    path = run_dir / "events.jsonl"
+    path.write_text("".join(json.dumps(ev.to_json(e)) + "\n" for e in stream))
+    then = time.time() - silent_s
+    os.utime(path, (then, then))
+    return run_dir
+
+
+def test_killed_run_is_listed_as_interrupted_with_figures_from_its_events(tmp_path):
+    stream = [ev.RunStarted(run_id="r", preset="mlp", config={}, n_params=10, world_size=2, total_steps=9),
+              ev.Eval(step=0, val_loss=4.0), step(1, 3.0), step(2, 2.5)]
+    killed_run(tmp_path, "20250101-000000-mlp", stream, silent_s=recorder.INTERRUPTED_AFTER_S + 5)
+    killed_run(tmp_path, "20250101-000001-mlp", stream, silent_s=1)  # still writing: running
+    killed_run(tmp_path, "20250101-000002-mlp", [*stream, ev.RunFailed(message="boom", rank=0)],
+               silent_s=recorder.INTERRUPTED_AFTER_S + 5)  # died after its end event, before summary.json
+    (tmp_path / "20250101-000003-mlp").mkdir()
+    (tmp_path / "20250101-000003-mlp" / "events.jsonl").write_text('{"kind": "nope"}\n')
+    runs = {r.run_id[14]: r for r in list_runs(tmp_path)}  # keyed by the last digit of the time
+    assert {k: r.status for k, r in runs.items()} == {
+        "0": "interrupted", "1": "running", "2": "failed", "3": "unreadable"}
+    killed = runs["0"]
+    assert (killed.preset, killed.steps, killed.final_val_loss, killed.tokens_per_s) == ("mlp", 2, 4.0, 64.0)
+    figures = killed.summary
+    assert (figures["last_loss"], figures["tokens"], figures["total_steps"]) == (2.5, 64, 9)
 
 
 def test_running_run_is_listed_without_summary(tmp_path):

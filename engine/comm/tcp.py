@@ -280,11 +280,6 @@ class TcpCommunicator(Communicator):
         self._scratch = np.empty(SCRATCH_BYTES, np.uint8)
         self._closed = False
 
-    @property
-    def shared_memory_links(self) -> list[int]:
-        """Peers reached through shared memory (the rest use the socket for payloads)."""
-        return sorted(peer for peer, link in self.links.items() if link.shm)
-
     def _send(self, dst: int, arr: np.ndarray) -> None:
         self._run([_SendOp(self.links[dst], arr)])
 
