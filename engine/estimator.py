@@ -17,12 +17,16 @@ outside the blocks) to a multiple of N, so its shard Ψ3 = Σ ceil(Ψ_unit/N):
 For 2-byte training that is REFERENCE §1 (16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N) up to padding, and
 it counts every byte: the original nanoDist table left the fp32 master weights out.
 
-Transients (engine.zero_*): the optimizer step upcasts the owned gradients to fp32 in mixed
-precision and AdamW holds two scratch arrays the size of the piece it updates (stage 0: everything;
-1-2: this rank's part of a bucket; 3: its part of a unit). Stage 2 holds a bucket's p.grad arrays
-until they are packed into a bucket buffer for the reduce-scatter; stage 3 also gathers the outer
-unit plus one block (two with prefetch) of parameters and packs a unit's gradients the same way.
-The estimate takes one bucket (or unit) in flight at a time.
+Temporaries: the AdamWs of a rank's pieces (stage 0: everything; 1-2: its part of each bucket; 3: its
+part of each unit) share one scratch array, held for the whole run: two rows of min(largest piece,
+optim.CHUNK) elements of the master dtype. The optimizer step adds an fp32 copy of the owned gradients
+in mixed precision; before it, the gradient norm passes through one float64 buffer of min(largest
+piece, optim.NORM_CHUNK) elements.
+
+Transients (engine.zero_*): stage 2 holds a bucket's p.grad arrays until they are packed into a
+bucket buffer for the reduce-scatter; stage 3 also gathers the outer unit plus one block (two with
+prefetch) of parameters and packs a unit's gradients the same way. The estimate takes one bucket (or
+unit) in flight at a time.
 
 Activations: what nanoDist's ops list in `saved=` (per rank and micro-batch of B sequences of T
 tokens, width C, H heads, vocabulary V, global batch G; f = 4 bytes, 8 in fp64), per GPT block
@@ -44,6 +48,7 @@ from dataclasses import dataclass, field
 
 from engine.flat import FlatBuffer, Slot, resolve_dtype
 from engine.memory import CATEGORIES, PHASES
+from engine.optim import CHUNK, NORM_CHUNK
 from engine.recompute import checkpointed_blocks
 
 _ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
@@ -96,10 +101,13 @@ def estimate(cfg, vocab_size: int | None = None) -> MemoryEstimate:
         "adam_m": ms * owned,
         "adam_v": ms * owned,
     }
-    timeline = _Timeline(states)
+    scratch = 2 * ms * min(max(pieces), CHUNK)  # AdamW's, for the whole run
+    timeline = _Timeline(states, scratch)
     _replay(timeline, cfg, vocab, micro, _transients(shapes, cfg, pieces, units))
-    scratch = 2 * ms * max(pieces) + (4 * owned if dtype in _LOW else 0)  # AdamW + fp32 gradient copy
-    timeline.peaks["optimizer"] = timeline.maxima["optimizer"] = {**timeline.base, "temporaries": scratch}
+    norm_buf = 8 * min(max(pieces), NORM_CHUNK)  # held while the gradient norm is formed; after it,
+    grad32 = 4 * owned if dtype in _LOW else 0  # the fp32 gradient copy of a mixed-precision update
+    timeline.peaks["optimizer"] = timeline.maxima["optimizer"] = {
+        **timeline.base, "temporaries": scratch + max(norm_buf, grad32)}
     return MemoryEstimate(n, world, stage, dtype, cfg.memory.checkpointing, micro, states, timeline.peaks,
                           timeline.maxima)
 
@@ -185,8 +193,8 @@ def _pieces(shapes, cfg, world: int, stage: int) -> tuple[list[int], list[int]]:
 class _Timeline:
     """Arrays held while one micro-batch runs, and per phase the categories at its highest total."""
 
-    def __init__(self, states: dict[str, int]):
-        self.base = {**dict.fromkeys(CATEGORIES, 0), **states}
+    def __init__(self, states: dict[str, int], scratch: int):
+        self.base = {**dict.fromkeys(CATEGORIES, 0), **states, "temporaries": scratch}
         self.held: dict[str, int] = {}  # activation arrays by name
         self.extra = dict.fromkeys(("parameters", "gradients", "comm_buffers"), 0)  # ZeRO transients
         self.peaks: dict[str, dict[str, int]] = {}

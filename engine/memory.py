@@ -63,7 +63,7 @@ class Ledger:
 
     @contextmanager
     def transient(self, category: str, nbytes: int):
-        """Count nbytes in a category for the duration of a block (scratch arrays of known size)."""
+        """Count nbytes in a category for the duration of a block (an array that lives only that long)."""
         self.add(category, nbytes)
         try:
             yield
@@ -187,22 +187,16 @@ def set_current(ledger: Ledger | None) -> None:
     _local.ledger = ledger
 
 
-# ---------------------------------------------------------------------- optimizer scratch
-
-def optimizer_scratch_bytes(replica) -> int:
-    """Scratch of the optimizer step beyond what the replica reports: AdamW (engine.optim) runs on one
-    piece of the owned state at a time and, at its widest, holds two temporaries the size of that
-    piece (sqrt(v) and the update; before them g - m and its scaled copy)."""
-    opt = getattr(replica, "optimizer", None)
-    parts = getattr(opt, "parts", None) or [opt]
-    sizes = [p.params.nbytes for p in parts if isinstance(getattr(p, "params", None), np.ndarray)]
-    return 2 * max(sizes, default=0)
-
-
 # ---------------------------------------------------------------------- measuring a run
 
+EXTRA_ATTEMPTS = 40  # skipped steps a measurement tolerates (fp16 overflows while the loss scale settles)
+
+
 def measure_rank(comm, emit, cfg_dict: dict, steps: int, trace: bool = False) -> dict:
-    """Rank function (any backend): train `steps` steps and report what this rank's ledger saw.
+    """Rank function (any backend): train until `steps` steps have updated the parameters and report
+    what this rank's ledger saw. A step skipped on fp16 overflow never runs the update (nor holds its
+    temporaries), so it does not count; after `steps` + EXTRA_ATTEMPTS attempts the measurement stops
+    with whatever updated (`steps` in the result: the steps that updated, `skipped`: those that did not).
 
     Returns the categories at rest (after set-up), and per phase the categories when the total
     peaked in any step (`peaks`) and each category's own maximum (`maxima`). With `trace` (one rank
@@ -234,9 +228,13 @@ def measure_rank(comm, emit, cfg_dict: dict, steps: int, trace: bool = False) ->
         tracemalloc.reset_peak()
     peaks: dict[str, dict[str, int]] = {}
     maxima: dict[str, dict[str, int]] = {}
+    updated = skipped = 0
     try:
-        for _ in range(steps):
-            trainer.train_step()
+        while updated < steps and updated + skipped < steps + EXTRA_ATTEMPTS:
+            if trainer.train_step()["skipped"]:
+                skipped += 1
+            else:
+                updated += 1
             for phase, p in ledger.peaks().items():
                 if phase in PHASES and sum(p.values()) > sum(peaks.get(phase, {}).values()):
                     peaks[phase] = p
@@ -250,14 +248,16 @@ def measure_rank(comm, emit, cfg_dict: dict, steps: int, trace: bool = False) ->
         if trace:
             tracemalloc.stop()
         trainer.replica.close()
-    return {"rank": comm.rank, "at_rest": at_rest, "peaks": peaks, "maxima": maxima,
-            "traced": traced or None, "baseline": baseline if trace else None}
+    return {"rank": comm.rank, "steps": updated, "skipped": skipped, "at_rest": at_rest, "peaks": peaks,
+            "maxima": maxima, "traced": traced or None, "baseline": baseline if trace else None}
 
 
 def measure(cfg, steps: int = 2, backend: str = "threads") -> dict:
-    """Train `steps` steps of `cfg` on every rank and summarise what the ledgers saw, per rank
-    taking the largest: `at_rest` (model states after set-up), `category_peaks` (each category's
-    own maximum over the step), `peak_total` and `peak_phase` (the highest simultaneous total)."""
+    """Train `cfg` on every rank until `steps` steps have updated (measure_rank) and summarise what the
+    ledgers saw, per rank taking the largest: `at_rest` (model states after set-up), `category_peaks`
+    (each category's own maximum over the step), `peak_total` and `peak_phase` (the highest
+    simultaneous total); `steps` and `skipped` count the steps that updated and that overflowed (every
+    rank skips the same steps)."""
     from engine.comm.launch import run_ranks
     from engine.config import replace, to_dict
     cfg = replace(cfg, "parallel.backend", backend)
@@ -268,4 +268,4 @@ def measure(cfg, steps: int = 2, backend: str = "threads") -> dict:
     phase, total = max(((p, sum(cats.values())) for r in results for p, cats in r["peaks"].items()),
                        key=lambda item: item[1])
     return {"at_rest": at_rest, "category_peaks": peaks, "peak_total": total, "peak_phase": phase,
-            "ranks": results}
+            "steps": results[0]["steps"], "skipped": results[0]["skipped"], "ranks": results}

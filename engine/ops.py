@@ -6,7 +6,8 @@ backward runs, because ZeRO-3 frees parameter storage between forward and backwa
 treats its incoming gradient as read-only: that array may be shared with other edges.
 
 Low precision: float16 and ml_dtypes.bfloat16 products go through `matmul_kernel` (float32 inside);
-layer norm, softmax, GELU and cross-entropy compute in float32 (float64 stays float64).
+layer norm, softmax, GELU and cross-entropy compute in float32 (float64 stays float64). float16 <->
+float32 conversions go through engine.halfconv (NumPy's own casts are slower than the products).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 import ml_dtypes
 import numpy as np
 
+from engine import halfconv
 from engine.tensor import Parameter, ScatterGrad, Tensor, make
 
 LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -29,8 +31,10 @@ def matmul_kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     are upcast to float32, multiplied, and the result is rounded back to the operand dtype."""
     if a.dtype in LOW_PRECISION or b.dtype in LOW_PRECISION:
         out_dtype = a.dtype if a.dtype == b.dtype else np.result_type(a.dtype, b.dtype)
-        with np.errstate(over="ignore"):  # an fp16 overflow becomes inf, which the loss scaler handles
-            return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(out_dtype)
+        # An fp16 overflow becomes inf (and inf x 0 nan): results the loss scaler finds and skips.
+        with np.errstate(over="ignore", invalid="ignore"):
+            product = np.matmul(halfconv.astype(a, np.float32), halfconv.astype(b, np.float32))
+            return halfconv.astype(product, out_dtype)
     return np.matmul(a, b)
 
 
@@ -281,14 +285,14 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
 def gelu(x: Tensor) -> Tensor:
     """GPT-2's tanh approximation: 0.5 x (1 + tanh(c (x + k x^3))). Keeps only x."""
     dtype, cdt, xs = x.dtype, _compute_dtype(x.dtype), x.data
-    x32 = xs.astype(cdt, copy=False)
+    x32 = halfconv.astype(xs, cdt)
     y = _gelu_tanh(x32)
     y += 1
     y *= x32
     y *= 0.5
 
     def backward(g):
-        x32 = xs.astype(cdt, copy=False)  # keep x in its own dtype, not a float32 copy
+        x32 = halfconv.astype(xs, cdt)  # keep x in its own dtype, not a float32 copy
         t = _gelu_tanh(x32)
         slope = x32 * x32  # d/dx of the tanh argument: c (1 + 3 k x^2)
         slope *= 3 * _GELU_C * _GELU_K
@@ -301,8 +305,8 @@ def gelu(x: Tensor) -> Tensor:
         d += 1
         d *= 0.5
         d *= g
-        return (d.astype(dtype, copy=False),)
-    return make(y.astype(dtype, copy=False), (x,), backward, (xs,))
+        return (halfconv.astype(d, dtype),)
+    return make(halfconv.astype(y, dtype), (x,), backward, (xs,))
 
 
 def dropout(x: Tensor, p: float, rng: np.random.Generator, training: bool) -> Tensor:
@@ -335,7 +339,7 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float
     """Normalise the last axis, then scale and shift. Keeps x, mean and 1/std (float32 inside)."""
     dtype, cdt, shape = x.dtype, _compute_dtype(x.dtype), x.shape
     n = shape[-1]
-    x2 = x.data.reshape(-1, n).astype(cdt, copy=False)
+    x2 = halfconv.astype(x.data.reshape(-1, n), cdt)
     mu = _row_sum(x2)
     mu /= n
     xhat = x2 - mu
@@ -351,9 +355,9 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float
     get_w, xs = _keep(True, weight), x.data  # keep x in its own dtype, not the float32 copy
 
     def backward(g):
-        g2 = g.reshape(-1, n).astype(cdt, copy=False)
+        g2 = halfconv.astype(g.reshape(-1, n), cdt)
         w = get_w()
-        xh = xs.reshape(-1, n).astype(cdt, copy=False) - mu
+        xh = halfconv.astype(xs.reshape(-1, n), cdt) - mu
         xh *= rstd
         dw = np.einsum("ij,ij->j", g2, xh).astype(w.dtype, copy=False)
         dx = g2 * w.astype(cdt, copy=False)  # dxhat; dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))
@@ -361,10 +365,10 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float
         dx -= _row_sum(dx) / n
         dx -= xh
         dx *= rstd
-        grads = (dx.astype(dtype, copy=False).reshape(shape), dw)
+        grads = (halfconv.astype(dx, dtype).reshape(shape), dw)
         return grads if bias is None else grads + (_col_sum(g2).astype(w.dtype, copy=False),)
     inputs = (x, weight) if bias is None else (x, weight, bias)
-    return make(y.astype(dtype, copy=False).reshape(shape), inputs, backward, (xs, mu, rstd))
+    return make(halfconv.astype(y, dtype).reshape(shape), inputs, backward, (xs, mu, rstd))
 
 
 @functools.lru_cache(maxsize=16)
@@ -384,13 +388,13 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     dtype, cdt = q.dtype, _compute_dtype(q.dtype)
     scale = 1.0 / math.sqrt(q.shape[-1])
     qd, kd, vd = q.data, k.data, v.data
-    att = matmul_kernel(qd, _swap(kd)).astype(cdt, copy=False)
+    att = halfconv.astype(matmul_kernel(qd, _swap(kd)), cdt)
     att *= scale
     att += _causal_bias(q.shape[-2], cdt)
     att -= att.max(-1, keepdims=True)
     np.exp(att, out=att)
     att /= _row_sum(att)
-    att = att.astype(dtype, copy=False)
+    att = halfconv.astype(att, dtype)
     mask = None
     if training and dropout_p > 0.0:
         mask = rng.random(att.shape, dtype=np.float32) >= dropout_p
@@ -401,15 +405,15 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     def backward(g):
         p = att if mask is None else att * mask * keep_scale
         dv = matmul_kernel(_swap(p), g)
-        dp = matmul_kernel(g, _swap(vd)).astype(cdt, copy=False)
+        dp = halfconv.astype(matmul_kernel(g, _swap(vd)), cdt)
         if mask is not None:
             dp *= mask
             dp *= keep_scale
-        a32 = att.astype(cdt, copy=False)
+        a32 = halfconv.astype(att, cdt)
         dp -= _row_sum(dp * a32)  # softmax backward: ds = a * (dp - sum(dp * a))
         dp *= a32
         dp *= scale
-        ds = dp.astype(dtype, copy=False)
+        ds = halfconv.astype(dp, dtype)
         return matmul_kernel(ds, kd), matmul_kernel(_swap(ds), qd), dv
     saved = (qd, kd, vd, att) if mask is None else (qd, kd, vd, att, mask)
     return make(out, (q, k, v), backward, saved)
@@ -422,7 +426,7 @@ def cross_entropy(logits: Tensor, targets) -> Tensor:
     dtype, cdt = logits.dtype, _compute_dtype(logits.dtype)
     vocab = logits.shape[-1]
     x, cols = logits.data.reshape(-1, vocab), targets.reshape(-1)
-    x32 = x.astype(cdt, copy=False)
+    x32 = halfconv.astype(x, cdt)
     top = x32.max(-1, keepdims=True)
     shifted = x32 - top
     np.exp(shifted, out=shifted)
@@ -432,12 +436,12 @@ def cross_entropy(logits: Tensor, targets) -> Tensor:
     shape = logits.shape
 
     def backward(g):
-        p = x.astype(cdt)
+        p = halfconv.astype(x, cdt, copy=True)  # written to below
         p -= lse
         np.exp(p, out=p)
         p[np.arange(len(x)), cols] -= 1
         p *= g / x.shape[0]
-        return (p.astype(dtype, copy=False).reshape(shape),)
+        return (halfconv.astype(p, dtype).reshape(shape),)
     return make(loss, (logits,), backward, (x, lse, cols))
 
 

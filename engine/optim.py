@@ -11,16 +11,29 @@ import math
 
 import numpy as np
 
+CHUNK = 1 << 16  # elements per pass of the update: its two scratch rows stay in cache
+
+
+def adamw_scratch(numel: int, dtype) -> np.ndarray:
+    """The scratch an AdamW over `numel` elements works in: two rows of min(numel, CHUNK) elements.
+    Optimizers that never step at the same time may share one (sized for the largest)."""
+    return np.empty((2, max(1, min(numel, CHUNK))), dtype=dtype)
+
 
 class AdamW:
     """Decoupled weight decay Adam (Loshchilov & Hutter), PyTorch semantics:
     p *= 1 - lr*wd (where decay_mask); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
-    State: m, v (same dtype and length as params) and the step count t."""
+    State: m, v (same dtype and length as params) and the step count t.
+
+    A step goes through the arrays CHUNK elements at a time, its temporaries written into `scratch`
+    (from `adamw_scratch`; allocated here unless given): it allocates nothing, and each chunk's working
+    set stays in cache (about twice as fast as whole-array temporaries). Every operation is
+    elementwise, so the result is the same bit for bit whatever the chunking."""
 
     def __init__(self, params: np.ndarray, grads: np.ndarray, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 decay_mask: np.ndarray | None = None):
+                 decay_mask: np.ndarray | None = None, scratch: np.ndarray | None = None):
         if params.ndim != 1 or grads.shape != params.shape:
             raise ValueError(f"AdamW needs flat params and grads of one shape, got {params.shape} and "
                              f"{grads.shape}")
@@ -30,27 +43,47 @@ class AdamW:
         self.decay_mask = None if decay_mask is None else np.asarray(decay_mask) != 0
         if self.decay_mask is not None and self.decay_mask.shape != params.shape:
             raise ValueError(f"decay_mask shape {self.decay_mask.shape} != params shape {params.shape}")
+        self.scratch = adamw_scratch(params.size, params.dtype) if scratch is None else scratch
+        if self.scratch.ndim != 2 or self.scratch.shape[0] != 2 or self.scratch.dtype != params.dtype:
+            raise ValueError(f"AdamW scratch must be two rows of {params.dtype}, got {self.scratch.shape} "
+                             f"{self.scratch.dtype}")
         self.m = np.zeros_like(params)
         self.v = np.zeros_like(params)
         self.t = 0
 
     def step(self, lr: float | None = None) -> None:
         lr = self.lr if lr is None else lr
-        b1, b2 = self.betas
-        p, g, m, v = self.params, self.grads, self.m, self.v
         self.t += 1
+        b1, b2 = self.betas
+        decay = 1 - lr * self.weight_decay
+        bias2 = math.sqrt(1 - b2 ** self.t)
+        step_size = -lr / (1 - b1 ** self.t)
+        chunk = self.scratch.shape[1]
+        for lo in range(0, self.params.size, chunk):
+            part = slice(lo, lo + chunk)
+            mask = True if self.decay_mask is None else self.decay_mask[part]
+            self._update(self.params[part], self.grads[part], self.m[part], self.v[part], mask, decay,
+                         bias2, step_size)
+
+    def _update(self, p, g, m, v, mask, decay: float, bias2: float, step_size: float) -> None:
+        """One chunk, in place; s and u are its scratch rows."""
+        s, u = self.scratch[0, :p.size], self.scratch[1, :p.size]
+        b1, b2 = self.betas
         if self.weight_decay:
-            decay = True if self.decay_mask is None else self.decay_mask
-            np.multiply(p, 1 - lr * self.weight_decay, out=p, where=decay)
-        m += (1 - b1) * (g - m)  # torch: exp_avg.lerp_(grad, 1 - beta1)
+            np.multiply(p, decay, out=p, where=mask)
+        np.subtract(g, m, out=s)  # torch: exp_avg.lerp_(grad, 1 - beta1)
+        s *= 1 - b1
+        m += s
         v *= b2
-        v += ((1 - b2) * g) * g  # torch: exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        denom = np.sqrt(v)
-        denom /= math.sqrt(1 - b2 ** self.t)
-        denom += self.eps
-        update = m * (-lr / (1 - b1 ** self.t))  # torch: param.addcdiv_(exp_avg, denom, value=-step_size)
-        update /= denom
-        p += update
+        np.multiply(g, 1 - b2, out=s)  # torch: exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        s *= g
+        v += s
+        np.sqrt(v, out=s)  # torch: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+        s /= bias2
+        s += self.eps
+        np.multiply(m, step_size, out=u)  # torch: param.addcdiv_(exp_avg, denom, value=-step_size)
+        u /= s
+        p += u
 
     def state_dict(self) -> dict:
         """Plain numpy copies and the step count (checkpoints, resharding)."""
@@ -82,12 +115,18 @@ def lr_at(step: int, schedule: str, lr: float, min_lr: float = 0.0, warmup_steps
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
-def sum_of_squares(x: np.ndarray, chunk: int = 1 << 20) -> float:
-    """Sum of squares accumulated in float64 (any input dtype), in chunks to bound the temporary.
-    Per-shard sums add up to the whole buffer's sum, so the global norm can be formed from shards."""
+NORM_CHUNK = 1 << 20  # elements per float64 pass of sum_of_squares
+
+
+def sum_of_squares(x: np.ndarray, chunk: int = NORM_CHUNK, buf: np.ndarray | None = None) -> float:
+    """Sum of squares accumulated in float64 (any input dtype), `chunk` elements at a time through one
+    float64 buffer (`buf`, at least min(chunk, x.size) long; allocated here if not given). Per-shard sums
+    add up to the whole buffer's sum, so the global norm can be formed from shards."""
     x, total = x.reshape(-1), 0.0
+    buf = np.empty(min(chunk, x.size), np.float64) if buf is None else buf
     for start in range(0, x.size, chunk):
-        part = x[start:start + chunk].astype(np.float64)
+        part = buf[:min(chunk, x.size - start)]
+        np.copyto(part, x[start:start + chunk])
         total += float(np.dot(part, part))
     return total
 

@@ -13,6 +13,8 @@ Model states (what the memory ledger holds, REFERENCE §1): fp32/fp64 training u
 pieces in place (no master copy); fp16/bf16 keeps an fp32 master of the owned pieces. The gradient
 handed to AdamW in mixed precision is an fp32 copy that exists only during the update (counted as
 temporaries), so persistent model states are 2Ψ params + 2Ψ grads + 12Ψ (sharded as the stage says).
+The pieces' AdamWs share one scratch array (they step one after another), held for the whole run and
+counted as temporaries: two rows of min(largest piece, optim.CHUNK) elements.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import numpy as np
@@ -27,7 +30,7 @@ import numpy as np
 from engine.amp import make_scaler
 from engine.comm.collectives import all_gather, all_reduce, reduce_scatter
 from engine.flat import master_dtype
-from engine.optim import AdamW, sum_of_squares
+from engine.optim import NORM_CHUNK, AdamW, adamw_scratch, sum_of_squares
 from engine.zero_comm import CommWorker, rank_ledger
 
 LOW_PRECISION = ("float16", "bfloat16")
@@ -64,6 +67,7 @@ class ShardOptimizer:
         self.master = (np.concatenate([p.param for p in pieces]).astype(mdt) if self.mixed else None)
         self.m = np.zeros(self.numel, mdt)
         self.v = np.zeros(self.numel, mdt)
+        self.scratch = adamw_scratch(max(p.param.size for p in pieces), mdt)
         o, masks = cfg.optim, {}
         self.parts: list[AdamW] = []
         for piece, (lo, hi) in zip(pieces, self.bounds):
@@ -75,12 +79,14 @@ class ShardOptimizer:
             grads = params if self.mixed else piece.grad
             opt = AdamW(params, grads, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                         weight_decay=o.weight_decay,
-                        decay_mask=masks[id(piece.flat)][piece.offset:piece.offset + piece.param.size])
+                        decay_mask=masks[id(piece.flat)][piece.offset:piece.offset + piece.param.size],
+                        scratch=self.scratch)
             opt.m, opt.v = self.m[lo:hi], self.v[lo:hi]  # state as views of one local buffer per kind
             self.parts.append(opt)
         ledger.hold("master", 0 if self.master is None else self.master.nbytes)
         ledger.hold("adam_m", self.m.nbytes)
         ledger.hold("adam_v", self.v.nbytes)
+        ledger.hold("temporaries", self.scratch.nbytes)
 
     @property
     def step_count(self) -> int:
@@ -89,8 +95,11 @@ class ShardOptimizer:
     # ------------------------------------------------------------------ before the update
 
     def grad_norm(self, scale: float) -> float:
-        """Global unscaled gradient norm: sqrt of the (all-reduced) sum of the pieces' sums of squares."""
-        sumsq = sum(sum_of_squares(p.grad) for p in self.pieces)
+        """Global unscaled gradient norm: sqrt of the (all-reduced) sum of the pieces' sums of squares,
+        formed through one float64 buffer (a temporary: min(largest piece, NORM_CHUNK) elements)."""
+        wide = np.empty(min(max(p.grad.size for p in self.pieces), NORM_CHUNK), np.float64)
+        with self.ledger.transient("temporaries", wide.nbytes):
+            sumsq = sum(sum_of_squares(p.grad, buf=wide) for p in self.pieces)
         if self.sharded:
             buf = np.array([sumsq], dtype=np.float64)
             all_reduce(self.comm, buf, op="sum")
@@ -132,8 +141,7 @@ class ShardOptimizer:
                 opt.step(lr)
             return
         grad32 = np.empty(self.numel, dtype=self.master.dtype)
-        self.ledger.add("temporaries", grad32.nbytes)
-        try:
+        with self.ledger.transient("temporaries", grad32.nbytes):
             for p, (lo, hi) in zip(self.pieces, self.bounds):
                 np.copyto(grad32[lo:hi], p.grad, casting="unsafe")
             if inv != 1.0:
@@ -146,8 +154,6 @@ class ShardOptimizer:
                 opt.grads = opt.params
             for p, (lo, hi) in zip(self.pieces, self.bounds):
                 np.copyto(p.param, self.master[lo:hi], casting="unsafe")
-        finally:
-            self.ledger.sub("temporaries", grad32.nbytes)
 
     # ------------------------------------------------------------------ state (checkpoints)
 
@@ -202,9 +208,13 @@ class Replica:
         return self.comm.meter.bytes_sent() if self.comm.meter is not None else 0
 
     def backward(self, loss, factor: float) -> None:
-        """Backpropagate loss × factor × the loss scale (the scale is 1 unless fp16 scaling is on)."""
+        """Backpropagate loss × factor × the loss scale (the scale is 1 unless fp16 scaling is on). Under
+        a scaler that checks for overflow, inf and nan gradients are expected results that it finds and
+        skips, so NumPy's warnings about them are off meanwhile."""
         scale = self.scaler.scale * factor
-        (loss * scale if scale != 1.0 else loss).backward()
+        quiet = np.errstate(over="ignore", invalid="ignore") if self.scaler.checks_overflow else nullcontext()
+        with quiet:
+            (loss * scale if scale != 1.0 else loss).backward()
 
     def grad_norm(self) -> float:
         """Global unscaled gradient norm (from the shards' all-reduced sum of squares when sharded)."""

@@ -27,7 +27,8 @@ STAGES, PRECISIONS = (0, 1, 2, 3), ("fp32", "fp16", "bf16")
 ZeroOpt = Annotated[int | None, typer.Option("--zero", "-z", help="ZeRO stage 0-3 (parallel.zero_stage)")]
 PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="fp32 | fp16 | bf16 | fp64")]
 MeasureOpt = Annotated[bool, typer.Option("--measure", help="also train a few steps and show the ledger")]
-StepsOpt = Annotated[int, typer.Option(help="steps to measure (--measure)", min=1)]
+StepsOpt = Annotated[int, typer.Option(help="steps that update the parameters, to measure (--measure); "
+                                      "steps skipped on fp16 overflow do not count", min=1)]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="stages 0-3 x precisions, and baseline (fp32, "
                                           "stage 0) vs optimized (fp16, ZeRO-2, checkpointing)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
@@ -76,7 +77,8 @@ def _measured(cfg, steps: int) -> dict | None:
     except RankFailure as e:
         fail(f"measuring failed: {e}", code=1)
     return {"states": {k: m["at_rest"][k] for k in MODEL_STATES}, "category_peaks": m["category_peaks"],
-            "peak_total": m["peak_total"], "peak_phase": m["peak_phase"]}
+            "peak_total": m["peak_total"], "peak_phase": m["peak_phase"], "steps": m["steps"],
+            "skipped_steps": m["skipped"]}
 
 
 def _describe(cfg) -> dict:
@@ -145,6 +147,16 @@ def _print_breakdown(r: dict) -> None:
     states = sum(est["states"].values())
     print(f"  model states at rest: {_mb(states)} MB estimated"
           + (f", {_mb(sum(meas['states'].values()))} MB measured" if meas else ""))
+    if meas:
+        print(_steps_line(meas, "measured"))
+
+
+def _steps_line(meas: dict, what: str) -> str:
+    """How many steps the measurement covers: a skipped step never runs the optimizer's update."""
+    line = f"  {what} over {meas['steps']} updating step(s); {meas['skipped_steps']} skipped on fp16 overflow"
+    if meas["steps"] == 0:
+        line += ": no step updated, so the optimizer's update was not measured"
+    return line
 
 
 def _print_compare(r: dict) -> None:
@@ -174,3 +186,4 @@ def _print_compare(r: dict) -> None:
         print(f"  {label:24}" + "".join(f"{_mb(x):>16}" for x in figures) + f"{cut:>11}")
     if measured:
         print("  reduction: measured optimized vs measured baseline")
+        print(_steps_line(o["measured"], "optimized measured"))

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from engine.build import build_model
 from engine.comm.launch import run_ranks
-from engine.config import from_dict, to_dict
+from engine.config import PrecisionConfig, from_dict, to_dict
 from engine.estimator import count_params, estimate, param_shapes
 from engine.memory import MODEL_STATES, measure_rank
 from engine.presets import load_preset
@@ -91,6 +91,21 @@ def test_estimate_equals_measurement(stage, dtype):
         assert r["maxima"]["forward"]["parameters"] == e.maxima["forward"]["parameters"]
 
 
+def test_fp16_at_the_default_scale_is_measured_over_steps_that_update():
+    """At the default initial loss scale (2^16) the first fp16 steps overflow and skip the update, which
+    would leave its fp32 gradient copy (here the largest temporary: small buckets keep AdamW's pieces
+    small) unmeasured. The measurement goes on until `steps` steps have updated, and says how many
+    it skipped."""
+    cfg = tiny(parallel__zero_stage=2, precision__dtype="fp16", data__kind="stdlib", model__vocab_size=0,
+               precision__init_scale=PrecisionConfig.init_scale)  # the corpus: its first steps overflow
+    e = estimate(cfg)
+    scratch, grad32 = e.maxima["backward"]["temporaries"], e.states["adam_m"]  # AdamW's; fp32, as adam_m
+    assert e.maxima["optimizer"]["temporaries"] == scratch + grad32
+    for r in measured(cfg, steps=1):
+        assert r["steps"] == 1 and r["skipped"] >= 1
+        assert r["maxima"]["optimizer"]["temporaries"] == e.maxima["optimizer"]["temporaries"]
+
+
 def test_mlp_activations_match():
     cfg = mlp(parallel__world_size=2, model__dropout=0.2, train__global_batch=8)
     e = estimate(cfg)
@@ -135,6 +150,15 @@ def test_memory_command_measures_beside_the_estimate():
     for key in ("activations", "temporaries"):
         assert report["measured"]["category_peaks"][key] == pytest.approx(
             report["estimate"]["category_peaks"][key], rel=0.10)
+
+
+def test_memory_command_says_how_many_steps_it_measured():
+    """zero2-4's model in fp16 at the default loss scale: its first two steps overflow."""
+    args = ["memory", "--preset", "zero2-4", "--set", "model.n_layer=1", "--set", "train.global_batch=8",
+            "--precision", "fp16", "--measure"]
+    report = json.loads(runner.invoke(app, [*args, "--json"]).output)["measured"]
+    assert report["steps"] == 2 and report["skipped_steps"] == 2
+    assert "measured over 2 updating step(s); 2 skipped on fp16 overflow" in runner.invoke(app, args).output
 
 
 def test_memory_compare_tables():

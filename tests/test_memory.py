@@ -123,10 +123,11 @@ def test_trainer_emits_a_snapshot_per_phase_rank_and_step():
 @pytest.mark.slow
 def test_ledger_peak_agrees_with_tracemalloc_on_processes():
     """Each rank process runs tracemalloc from before its model is built. The model is wide and the batch
-    small, so model states and the optimizer's scratch dominate the interpreter's own allocations and the
-    backward pass's transient gradient arrays (which the ledger does not count). The baseline subtracted
-    from the traced figures is what tracemalloc sees at rest beyond the ledger (the data set, Python
-    objects, AdamW's 1-byte-per-parameter weight-decay mask); it must itself be small."""
+    small, so model states and the optimizer's temporaries (AdamW's scratch, the gradient norm's float64
+    buffer) dominate the interpreter's own allocations and the backward pass's transient gradient arrays
+    (which the ledger does not count). The baseline subtracted from the traced figures is what
+    tracemalloc sees at rest beyond the ledger (the data set, Python objects, AdamW's 1-byte-per-parameter
+    weight-decay mask); it must itself be small."""
     cfg = tiny(model__n_layer=2, model__n_embd=384, model__n_head=6, model__block_size=16,
                model__vocab_size=64, train__global_batch=4, parallel__backend="processes")
     results = run_ranks(2, "processes", measure_rank, args=(cfg, 2, True), timeout_s=120)

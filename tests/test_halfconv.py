@@ -1,0 +1,81 @@
+"""engine.halfconv against NumPy's own float16 casts, bit for bit (tests/exhaustive_halfconv.py checks every
+float32 input; this runs a sample, the rounding ties and the special values), and matmul_kernel on it."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from engine import halfconv, ops
+
+BIG = 3 * halfconv._CHUNK + 123  # several passes of the downcast, the last one partial
+
+
+def astype16(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return x.astype(np.float16)
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape and got.strides == want.strides
+    bits = np.uint16 if got.dtype == np.float16 else np.uint32
+    np.testing.assert_array_equal(got.view(bits), want.view(bits))
+
+
+def test_upcast_of_every_half():
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    assert_same_bits(halfconv.to_float32(halves), halves.astype(np.float32))
+
+
+def test_downcast_of_random_bit_patterns():
+    bits = np.random.default_rng(0).integers(0, 1 << 32, size=4 * BIG, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)  # about 1 in 256 is inf or nan, 1 in 256 a float32 subnormal
+    assert_same_bits(halfconv.to_float16(x), astype16(x))
+
+
+def test_downcast_of_ties_and_special_values():
+    """Every point halfway between two neighbouring halves (ties go to the even one, or to inf past
+    65504), one float32 ulp either side of it, and zeros, subnormals, overflow, infinities, nans."""
+    halves = np.arange(0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
+    mids = ((halves[:-1] + halves[1:]) / 2).tolist() + [65520.0]  # all exact in float32
+    ties = np.array(mids, dtype=np.float32).view(np.uint32)
+    special = np.array([0, 1, 0x00800000, 0x33000000, 0x33000001, 0x337FFFFF, 0x387FFFFF, 0x38800000,
+                        0x477FEFFF, 0x477FF000, 0x47800000, 0x7F7FFFFF, 0x7F800000, 0x7F800001, 0x7F801FFF,
+                        0x7F802000, 0x7FC00000, 0x7FFFFFFF], dtype=np.uint32)
+    cases = np.concatenate([ties - 1, ties, ties + 1, special])
+    x = np.concatenate([cases, cases | 0x80000000]).view(np.float32)  # and their negatives
+    assert x.size > halfconv._SMALL  # the vectorised path, not its small-array fallback
+    assert_same_bits(halfconv.to_float16(x), astype16(x))
+
+
+@pytest.mark.parametrize("view", ["transposed", "heads", "swapped heads", "strided"])
+def test_layout_is_astypes(view):
+    """Results are laid out as astype lays them out: a product's rounding may depend on the layout."""
+    qkv = np.random.default_rng(1).standard_normal((8, 64, 3 * 96)).astype(np.float32) * 300
+    heads = qkv[..., :96].reshape(8, 64, 4, 24).transpose(0, 2, 1, 3)
+    x = {"transposed": qkv.T, "heads": heads, "swapped heads": heads.swapaxes(-1, -2),
+         "strided": qkv[:, ::2, 1:]}[view]
+    assert_same_bits(halfconv.to_float16(x), astype16(x))
+    x16 = astype16(x)
+    assert_same_bits(halfconv.to_float32(x16), x16.astype(np.float32))
+
+
+def test_astype_dispatch():
+    x = np.linspace(-3, 3, 10_000, dtype=np.float32)
+    assert halfconv.astype(x, np.float32) is x
+    assert halfconv.astype(x, np.float32, copy=True) is not x
+    b = halfconv.astype(x, ml_dtypes.bfloat16)
+    assert_same_bits(halfconv.astype(b, np.float32), b.astype(np.float32))
+    assert_same_bits(halfconv.astype(halfconv.astype(x, np.float16), np.float32),
+                     x.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("shapes", [((2048, 96), (96, 384), False), ((384, 2048), (2048, 96), True),
+                                    ((8, 4, 64, 24), (8, 4, 24, 64), False)])
+def test_fp16_matmul_kernel_is_the_astype_product(shapes):
+    """matmul_kernel through halfconv gives what NumPy's casts around the float32 product give."""
+    (sa, sb, transpose), rng = shapes, np.random.default_rng(2)
+    a, b = (rng.standard_normal(s).astype(np.float16) for s in (sa, sb))
+    if transpose:  # as linear's backward passes them: views of other arrays
+        a, b = np.ascontiguousarray(a.T).T, np.ascontiguousarray(b.T).T
+    want = astype16(np.matmul(a.astype(np.float32), b.astype(np.float32)))
+    assert_same_bits(ops.matmul_kernel(a, b), want)
