@@ -3,6 +3,8 @@ events, overflow skipping across sharded ranks without changing any state, and w
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -136,6 +138,28 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_rank_and_changes_nothin
         assert r["scale"] == 512.0
         (event,) = r["events"]
         assert (event.step, event.reason, event.first_param) == (3, "inf", POISONED)
+
+
+def _overflowing_steps(comm, emit, cfg_dict):
+    trainer = Trainer(from_dict(cfg_dict), comm)
+    skipped = [trainer.train_step()["skipped"] for _ in range(2)]
+    trainer.replica.close()
+    return skipped
+
+
+@pytest.mark.parametrize("scale", [1e6, 1e9])
+def test_expected_fp16_overflows_raise_no_numpy_warnings(scale):
+    """A loss scale far too large overflows the fp16 gradients: inf in the embedding's scatter-add, nan
+    where ranks' infs of opposite signs meet in the reduce-scatter (1e6) or inf meets 0 in a product
+    (1e9). Results the scaler finds and skips, nothing for NumPy to warn about."""
+    cfg = tiny_gpt(precision__dtype="fp16")
+    cfg["precision"] = dict(cfg["precision"], loss_scale=scale)
+    cfg["parallel"] = dict(cfg["parallel"], world_size=2, zero_stage=2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        results = run_ranks(2, "threads", _overflowing_steps, args=(cfg,), timeout_s=60)
+    assert results == [[True, True]] * 2
+    assert [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)] == []
 
 
 # ---------------------------------------------------------------------------------------- underflow

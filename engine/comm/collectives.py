@@ -130,7 +130,8 @@ def _reducer(op: str, dtype: np.dtype) -> Reduce:
     ufunc = np.maximum if op == "max" else np.add
     if dtype in _LOW_PRECISION:
         def reduce_low(acc: np.ndarray, inc: np.ndarray) -> None:
-            with np.errstate(over="ignore"):  # inf is a legitimate fp16 result: the loss scaler skips it
+            # inf (and inf - inf = nan) are legitimate fp16 results: the loss scaler skips them
+            with np.errstate(over="ignore", invalid="ignore"):
                 acc[...] = ufunc(acc.astype(np.float32), inc.astype(np.float32)).astype(dtype)
         return reduce_low
 
