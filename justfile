@@ -26,3 +26,8 @@ bench:
     nanodist-tui bench step --preset mlp
     nanodist-tui bench allreduce --backend processes --world-size 2 --sizes 16MiB,64MiB --vs-gloo
     nanodist-tui bench allreduce --backend processes --world-size 4 --sizes 16MiB,64MiB --vs-gloo
+    nanodist-tui bench techniques --preset gpt-mini --world-size 4
+
+# The memory table of the README (seed-table preset, estimated and measured).
+memory-table:
+    nanodist-tui memory --preset seed-table --compare --measure
