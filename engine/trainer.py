@@ -20,7 +20,7 @@ from engine import events as ev
 from engine import memory, ops
 from engine.build import build_dataset, build_model, count_params
 from engine.checkpoint import Checkpointer, NoCheckpoints, find_checkpoint, restore
-from engine.comm.collectives import all_reduce, broadcast
+from engine.comm.collectives import all_gather, all_reduce, broadcast
 from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
 from engine.config import Config, from_dict
@@ -58,6 +58,7 @@ class Trainer:
         self.tokens_seen = 0
         self.train_time = 0.0  # seconds spent in train_step, for throughput
         self.stop_agreed = False  # set when any rank was asked to stop (see _agree)
+        self.gather_stats = cfg.parallel.backend == "tcp" and self.world > 1  # see _rank_stats
         self.checkpoints = NoCheckpoints()  # train_rank installs a Checkpointer when the run has a folder
 
     def emit(self, event) -> None:
@@ -166,8 +167,8 @@ class Trainer:
                 "wall_s": wall}
 
     def _report_step(self, s: dict) -> None:
-        self.emit(ev.RankStats(step=self.step, rank=self.rank, step_time_s=s["step_time_s"],
-                               comm_wait_s=self.replica.comm_wait_s, bytes_sent=self.replica.bytes_sent))
+        for stats in self._rank_stats(s):
+            self.emit(stats)
         for snapshot in self.ledger.snapshots(self.step, self.rank, self.memory_estimate):
             self.emit(snapshot)
         if self.world > 1:
@@ -181,6 +182,22 @@ class Trainer:
         for change in self.replica.drain_events():
             if self.rank == 0:
                 self.emit(change)
+
+    def _rank_stats(self, s: dict) -> list:
+        """This rank's RankStats — or, on a tcp launch, where only rank 0's events reach the run's
+        recorder and workbench, every rank's, gathered to all and reported by rank 0."""
+        mine = (s["step_time_s"], self.replica.comm_wait_s, self.replica.bytes_sent)
+        if not self.gather_stats:
+            return [ev.RankStats(step=self.step, rank=self.rank, step_time_s=mine[0], comm_wait_s=mine[1],
+                                 bytes_sent=mine[2])]
+        table = np.zeros(3 * self.world, dtype=np.float64)
+        table[3 * self.rank:3 * self.rank + 3] = mine  # all_gather's shard of this rank, exactly
+        all_gather(self.comm, table)
+        if self.rank != 0:
+            return []
+        return [ev.RankStats(step=self.step, rank=r, step_time_s=float(table[3 * r]),
+                             comm_wait_s=float(table[3 * r + 1]), bytes_sent=int(table[3 * r + 2]))
+                for r in range(self.world)]
 
     def _loss_scale(self) -> float | None:
         """The current loss scale, or None when this run does not scale (anything but fp16)."""
