@@ -23,7 +23,7 @@ from engine.checkpoint import Checkpointer, NoCheckpoints, find_checkpoint, rest
 from engine.comm.collectives import all_gather, all_reduce, broadcast
 from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
-from engine.config import Config, from_dict
+from engine.config import Config, from_dict, to_dict
 from engine.data import rank_slice
 from engine.estimator import estimate
 from engine.flat import resolve_dtype
@@ -112,18 +112,16 @@ class Trainer:
         """The step's loss averaged over ranks, and whether ANY rank was asked to stop: ranks notice a
         stop request at different moments, and must leave the loop after the same step, or one would
         start evaluating while another still sends gradients."""
-        if self.world == 1:
-            return loss, stop
-        buf = np.array([loss, float(stop)], dtype=np.float64)
-        all_reduce(self.comm, buf, op="avg")
-        return float(buf[0]), bool(buf[1] > 0)
+        mean_loss, stop_share = self._mean_over_ranks(loss, float(stop))
+        return mean_loss, stop_share > 0
 
-    def _mean_over_ranks(self, value: float) -> float:
+    def _mean_over_ranks(self, *values: float) -> list[float]:
+        """Each value averaged over the ranks, in one small fp64 all-reduce."""
         if self.world == 1:
-            return value
-        buf = np.array([value], dtype=np.float64)
+            return list(values)
+        buf = np.array(values, dtype=np.float64)
         all_reduce(self.comm, buf, op="avg")
-        return float(buf[0])
+        return buf.tolist()
 
     def evaluate(self) -> float:
         """Mean validation loss over cfg.train.eval_batches global batches, every rank its slice."""
@@ -133,17 +131,17 @@ class Trainer:
             for i in range(self.cfg.train.eval_batches):
                 x, y = rank_slice(self.dataset.global_batch(i, "val"), self.rank, self.world)
                 total += float(self._loss(x, y).data)
-        return self._mean_over_ranks(total / self.cfg.train.eval_batches)
+        return self._mean_over_ranks(total / self.cfg.train.eval_batches)[0]
 
     # ------------------------------------------------------------------ the loop
 
     def fit(self, run_id: str = "", preset: str = "") -> dict:
         cfg = self.cfg
         if self.rank == 0:
-            self.emit(ev.RunStarted(run_id=run_id, preset=preset or cfg.name, config=_plain(cfg),
+            self.emit(ev.RunStarted(run_id=run_id, preset=preset or cfg.name, config=to_dict(cfg),
                                     n_params=self.n_params, world_size=self.world,
                                     total_steps=cfg.train.steps))
-        val = self.evaluate()
+        val, evaluated_at = self.evaluate(), self.step
         first_val = val
         self._report_eval(val)
         t_start, tokens_start, train_start = time.perf_counter(), self.tokens_seen, self.train_time
@@ -152,9 +150,9 @@ class Trainer:
             self._report_step(s)
             self.checkpoints.after_step(self, stepped=not s["skipped"])
             if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and not s["skipped"]:
-                val = self.evaluate()
+                val, evaluated_at = self.evaluate(), self.step
                 self._report_eval(val)
-        if self.step % max(cfg.train.eval_every, 1) != 0 or not cfg.train.eval_every:
+        if evaluated_at != self.step:  # the run ends with an evaluation of its final parameters
             val = self.evaluate()
             self._report_eval(val)
         wall = time.perf_counter() - t_start
@@ -206,11 +204,6 @@ class Trainer:
     def _report_eval(self, val: float) -> None:
         if self.rank == 0:
             self.emit(ev.Eval(step=self.step, val_loss=val))
-
-
-def _plain(cfg: Config) -> dict:
-    from engine.config import to_dict
-    return to_dict(cfg)
 
 
 def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str = "",

@@ -11,7 +11,6 @@ from typing import Annotated
 
 import typer
 
-from engine.comm.launch import process_rank
 from nanodist_tui.common import (
     BackendOpt,
     PresetOpt,
@@ -19,6 +18,7 @@ from nanodist_tui.common import (
     WorldOpt,
     prepare_run,
     run_headless_job,
+    run_in_workbench,
 )
 
 app = typer.Typer(
@@ -42,19 +42,8 @@ def run_headless(preset: str, sets, world_size, backend) -> None:
 
 
 def run_workbench(preset: str, sets, world_size, backend) -> None:
-    from nanodist_tui.app import create_app
     cfg, doc, _ = prepare_run(preset, sets, world_size, backend)
-    if process_rank(cfg.parallel.backend) not in (None, 0):
-        # Under mpiexec or a tcp launch every process runs this command; only rank 0's shows the
-        # workbench (it receives every rank's events), the others train headless and quietly.
-        run_headless_job(_training_job(cfg, doc))
-        return
-    if cfg.parallel.backend == "processes":
-        # Start multiprocessing's helper process now: once Textual owns the terminal, sys.stderr has no
-        # file descriptor, and spawning the tracker from inside the app fails ("bad value(s) in fds_to_keep").
-        from multiprocessing import resource_tracker
-        resource_tracker.ensure_running()
-    create_app(cfg.name, _training_job(cfg, doc)).run()
+    run_in_workbench(cfg, _training_job(cfg, doc))
 
 
 @app.callback(invoke_without_command=True)

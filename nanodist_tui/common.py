@@ -63,14 +63,37 @@ def load_config(preset: str, sets=None, world_size=None, backend=None):
 def prepare_run(preset: str, sets=None, world_size=None, backend=None):
     """load_config, plus the checks that need more than the config: the data is readable, the
     backend can start here, the run folder can be made. Mistakes exit 2 before any rank starts."""
-    from engine.build import build_dataset
-    from engine.comm.launch import check_environment
     with user_errors():
         cfg, doc, path = load_config(preset, sets, world_size, backend)
-        build_dataset(cfg)
-        check_environment(cfg.parallel.backend, cfg.parallel.world_size)
-        check_out_dir(cfg.run.out_dir)
+        check_can_run(cfg)
     return cfg, doc, path
+
+
+def check_can_run(cfg) -> None:
+    """What a valid config can still get wrong on this machine: unreadable data, a backend that cannot
+    start here, a run folder that cannot be made. Raises one of USER_ERRORS."""
+    from engine.build import build_dataset
+    from engine.comm.launch import check_environment
+    build_dataset(cfg)
+    check_environment(cfg.parallel.backend, cfg.parallel.world_size)
+    check_out_dir(cfg.run.out_dir)
+
+
+def run_in_workbench(cfg, job) -> None:
+    """Open the workbench on a training job (new or resumed)."""
+    from engine.comm.launch import process_rank
+    if process_rank(cfg.parallel.backend) not in (None, 0):
+        # Under mpiexec or a tcp launch every process runs this command; only rank 0's shows the
+        # workbench (it receives every rank's events), the others train headless and quietly.
+        run_headless_job(job)
+        return
+    if cfg.parallel.backend == "processes":
+        # Start multiprocessing's helper process now: once Textual owns the terminal, sys.stderr has no
+        # file descriptor, and spawning the tracker from inside the app fails ("bad value(s) in fds_to_keep").
+        from multiprocessing import resource_tracker
+        resource_tracker.ensure_running()
+    from nanodist_tui.app import create_app
+    create_app(cfg.name, job).run()
 
 
 def check_out_dir(out_dir: str) -> None:
@@ -82,7 +105,6 @@ def check_out_dir(out_dir: str) -> None:
     except OSError as e:
         raise OutDirError(f"run.out_dir: cannot write run folders into {out_dir} ({e.strerror}); "
                           "choose another folder with --set run.out_dir=PATH") from None
-
 
 
 def run_headless_job(job) -> None:

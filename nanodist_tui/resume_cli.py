@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.common import BackendOpt, SetOpt, WorldOpt, run_headless_job, shortcut_overrides
+from nanodist_tui.common import (
+    BackendOpt,
+    SetOpt,
+    WorldOpt,
+    check_can_run,
+    run_headless_job,
+    run_in_workbench,
+    shortcut_overrides,
+)
 from nanodist_tui.runs_cli import RunDirArg, require_run_dir, run_errors
 
 StepOpt = Annotated[int | None, typer.Option("--step", min=0, help="use the checkpoint of this step "
@@ -24,6 +32,7 @@ def resume(run_dir: RunDirArg, sets: SetOpt = None, world_size: WorldOpt = None,
     require_run_dir(run_dir)
     with run_errors():
         cfg, doc, ckpt = prepare_resume(run_dir, shortcut_overrides(sets, world_size, backend), step)
+        check_can_run(cfg)
 
     def job(emit, stop_event):
         return run_training(cfg, on_event=emit, stop_event=stop_event, preset_doc=doc, resume_from=ckpt.path)
@@ -32,8 +41,7 @@ def resume(run_dir: RunDirArg, sets: SetOpt = None, world_size: WorldOpt = None,
         print(f"resuming from {Path(ckpt.path)} (step {ckpt.step})")
         run_headless_job(job)
     else:
-        from nanodist_tui.app import create_app
-        create_app(cfg.name, job).run()
+        run_in_workbench(cfg, job)
 
 
 def register(app: typer.Typer) -> None:
