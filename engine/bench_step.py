@@ -52,28 +52,18 @@ def race_torch(cfg: Config, warmup: int = 5, steps: int = 20, threads: int = 2) 
         return None
     from engine.comm.base import Signals
     from engine.comm.threads import ThreadGroup
-    from engine.torch_peer import torch_model_from
+    from engine.torch_peer import torch_adamw, torch_model_from, torch_train_step
     from engine.trainer import Trainer
     torch.set_num_threads(threads)
     cfg = replace(replace(cfg, "train.steps", warmup + steps + 1), "train.eval_every", 0)
     ours = Trainer(cfg, ThreadGroup(1, cfg.parallel.timeout_s, Signals()).communicator(0))
     twin = torch_model_from(ours.model)
-    o = cfg.optim
-    groups = [{"params": [p for p in twin.parameters() if p.ndim >= 2], "weight_decay": o.weight_decay},
-              {"params": [p for p in twin.parameters() if p.ndim < 2], "weight_decay": 0.0}]  # as ours
-    opt = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+    opt = torch_adamw(twin, cfg.optim)
 
     def torch_step(i: int) -> float:
         t0 = time.perf_counter()
         x, y = ours.dataset.global_batch(i, "train")  # ours times its data draw too
-        logits = twin(torch.from_numpy(x))
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 torch.from_numpy(y).reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if o.grad_clip:
-            torch.nn.utils.clip_grad_norm_(twin.parameters(), o.grad_clip)
-        opt.step()
+        torch_train_step(twin, opt, x, y, cfg.optim.grad_clip)
         return time.perf_counter() - t0
 
     # Take turns in blocks, not single steps: each library's BLAS threads spin for a while after their

@@ -135,3 +135,24 @@ def torch_params_by_name(model: nn.Module, twin: tnn.Module) -> dict[str, tnn.Pa
     if sorted(ours) != sorted(theirs):
         raise AssertionError(f"parameter names differ: ours {ours} vs torch {list(theirs)}")
     return {name: theirs[name] for name in ours}
+
+
+def torch_adamw(twin: tnn.Module, optim_cfg) -> torch.optim.AdamW:
+    """torch's AdamW configured like ours: weight decay on matrices only (ndim >= 2)."""
+    o = optim_cfg
+    groups = [{"params": [p for p in twin.parameters() if p.ndim >= 2], "weight_decay": o.weight_decay},
+              {"params": [p for p in twin.parameters() if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+
+
+def torch_train_step(twin: tnn.Module, opt: torch.optim.Optimizer, x: np.ndarray, y: np.ndarray,
+                     grad_clip: float) -> float:
+    """One step as our trainer takes it: mean cross-entropy, backward, global-norm clip, AdamW."""
+    logits = twin(torch.from_numpy(x))
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(y).reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(twin.parameters(), grad_clip)
+    opt.step()
+    return loss.item()

@@ -42,7 +42,7 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
         report["checkpointing"] = {"spec": spec, "off_s": times["none"], "on_s": times[spec],
                                    "extra": times[spec] / times["none"] - 1}
     if cfg.parallel.world_size == 1:
-        peer = race_torch(cfg, warmup, steps)  # interleaved with a second run of ours: a fair ratio
+        peer = race_torch(cfg, warmup, steps)  # ours again, taking turns with PyTorch: a fair ratio
         report["torch"] = peer
         if peer:
             report["ratio"] = peer["ratio"]

@@ -25,25 +25,13 @@ STEPS = 20
 def _torch_losses(cfg, trainer) -> list[float]:
     twin = torch_peer.torch_model_from(trainer.model)
     o = cfg.optim
-    decay = [p for p in twin.parameters() if p.ndim >= 2]
-    no_decay = [p for p in twin.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+    opt = torch_peer.torch_adamw(twin, o)
     losses = []
     for step in range(STEPS):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, o.schedule, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps)
         x, y = trainer.dataset.global_batch(step, "train")
-        logits = twin(torch.from_numpy(x))
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 torch.from_numpy(y).reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        if o.grad_clip:
-            torch.nn.utils.clip_grad_norm_(twin.parameters(), o.grad_clip)
-        opt.step()
-        losses.append(loss.item())
+        losses.append(torch_peer.torch_train_step(twin, opt, x, y, o.grad_clip))
     return losses
 
 
