@@ -7,13 +7,18 @@ same model the trainer does.
 from __future__ import annotations
 
 from engine import nn
+from engine.config import check_against_data
 from engine.data import make_dataset
 from engine.flat import resolve_dtype
 
 
 def build_dataset(cfg):
-    """The dataset of `cfg` (deterministic from cfg.seed)."""
-    return make_dataset(cfg.data, cfg.model, cfg.seed, cfg.train.global_batch)
+    """The dataset of `cfg` (deterministic from cfg.seed), checked against the config where only the
+    loaded data can tell (a model vocabulary smaller than the corpus's): ConfigError, one line."""
+    dataset = make_dataset(cfg.data, cfg.model, cfg.seed, cfg.train.global_batch)
+    if dataset.kind == "lm":
+        check_against_data(cfg, len(dataset.splits["train"]), len(dataset.splits["val"]), dataset.vocab_size)
+    return dataset
 
 
 def vocab_size_of(cfg, dataset) -> int:

@@ -51,6 +51,7 @@ BAD_INPUT = [
     (["--set", "train.steps=1.5"], "train.steps"),
     (["--set", "nonsense"], "nonsense"),
     (["--set", 'data.kind="text"', "--set", 'data.path="nowhere.txt"'], "nowhere.txt"),
+    (["--set", "model.vocab_size=50"], "model.vocab_size"),  # the corpus has more characters
 ]
 
 
