@@ -142,19 +142,6 @@ class FlatBuffer:
     def master_dtype(self) -> np.dtype:
         return master_dtype(self.dtype)
 
-    def master_copy(self, start: int = 0, end: int | None = None) -> np.ndarray:
-        """A new float32 (float64 for fp64 buffers) copy of data[start:end]: the optimizer's master."""
-        return self.data[start:end].astype(self.master_dtype)
-
-    def load_master(self, master: np.ndarray, start: int = 0) -> None:
-        """Round a master range back into data[start:start+len(master)], in place (views stay valid)."""
-        np.copyto(self.data[start:start + len(master)], master, casting="unsafe")
-
-    def grad_to_master(self, out: np.ndarray, start: int = 0) -> np.ndarray:
-        """Upcast grad[start:start+len(out)] into `out`, in place; returns out."""
-        np.copyto(out, self.grad[start:start + len(out)], casting="unsafe")
-        return out
-
     def decay_mask(self) -> np.ndarray:
         """Flat boolean mask: weight decay on parameters with ndim >= 2 (nanoGPT), not biases/LayerNorm,
         not padding."""

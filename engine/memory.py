@@ -73,10 +73,6 @@ class Ledger:
     def total(self) -> int:
         return sum(self.current.values())
 
-    def model_states(self) -> dict[str, int]:
-        with self._lock:
-            return {c: self.current[c] for c in MODEL_STATES}
-
     def _update_peak(self, category: str | None = None) -> None:
         """Called with the lock held after anything grew (category None: all may have)."""
         peak = self.phase_peaks.get(self.phase)

@@ -50,10 +50,5 @@ class Tick(Message, bubble=False):
         self.traffic = traffic
         self.events = events
 
-    @property
-    def latest_step(self) -> Any | None:
-        """The newest `StepEnd` in this tick, or None."""
-        return self.steps[-1] if self.steps else None
-
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, Tick) and not (self.steps or self.events or self.dropped_steps)

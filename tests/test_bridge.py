@@ -72,7 +72,7 @@ def test_five_thousand_steps_make_a_handful_of_ticks_with_the_latest_values():
 
     assert 1 <= len(recorder.ticks) <= 5
     last = recorder.ticks[-1]
-    assert last.latest_step.step == 4999
+    assert last.steps[-1].step == 4999
     assert last.rank_stats[0].step == last.rank_stats[1].step == 4999
     # Steps are accumulated, not dropped: every one arrives once, in order.
     assert [s.step for s in recorder.steps()] == list(range(5000))

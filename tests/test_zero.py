@@ -9,10 +9,9 @@ import pytest
 from engine.comm.collectives import shard_bounds
 from engine.comm.launch import run_ranks
 from engine.config import from_dict
+from engine.memory import MODEL_STATES
 from engine.trainer import Trainer
 from tests.test_ddp import tiny_gpt
-
-MODEL_STATES = ("parameters", "gradients", "master", "adam_m", "adam_v")
 
 
 def with_parallel(cfg: dict, world: int, stage: int, **extra) -> dict:
