@@ -1,4 +1,5 @@
-"""Turn a validated config into the objects a rank trains: dataset and model.
+"""Turn a validated config into the objects a rank trains: dataset and model; and what the model is
+without building it (its parameter shapes, its vocabulary).
 
 Kept apart from the training loop so the estimator, the benchmarks and `sample`/`export` build the
 same model the trainer does.
@@ -6,10 +7,12 @@ same model the trainer does.
 
 from __future__ import annotations
 
+import math
+
 from engine import nn
 from engine.config import check_against_data
-from engine.data import make_dataset
-from engine.flat import resolve_dtype
+from engine.data import SYNTHETIC_LM_VOCAB, make_dataset
+from engine.dtypes import resolve_dtype
 
 
 def build_dataset(cfg):
@@ -21,24 +24,67 @@ def build_dataset(cfg):
     return dataset
 
 
-def vocab_size_of(cfg, dataset) -> int:
-    """The GPT's vocabulary: the config's number, or the corpus's characters when it says 0."""
-    return cfg.model.vocab_size or dataset.vocab_size
+def vocab_size(cfg, dataset=None) -> int:
+    """The GPT's vocabulary: the config's number, else the data's (the synthetic default, or the
+    corpus's characters: read from `dataset`, or loaded when none is given)."""
+    if cfg.model.vocab_size:
+        return cfg.model.vocab_size
+    if dataset is not None:
+        return dataset.vocab_size
+    if cfg.data.kind == "synthetic-lm":
+        return SYNTHETIC_LM_VOCAB
+    return build_dataset(cfg).vocab_size
 
 
-def build_model(cfg, dataset=None, vocab_size: int | None = None) -> nn.Module:
+def vocab_chars(dataset) -> list[str] | None:
+    """The corpus characters in token-id order (char corpora), so samples can be decoded; else None."""
+    vocab = getattr(dataset, "vocab", None)
+    return list(vocab.chars) if vocab is not None else None
+
+
+def build_model(cfg, dataset=None, vocab: int | None = None) -> nn.Module:
     """The model of `cfg`, initialised deterministically from cfg.seed, in the configured precision."""
     m, dtype = cfg.model, resolve_dtype(cfg.precision.dtype)
     if m.kind == "mlp":
         model = nn.MLP(list(m.widths), dropout=m.dropout, bias=m.bias, dtype=dtype)
     else:
-        vocab = vocab_size or vocab_size_of(cfg, dataset)
-        model = nn.GPT(vocab_size=vocab, block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head,
-                       n_embd=m.n_embd, dropout=m.dropout, tie_weights=m.tie_weights, bias=m.bias,
-                       dtype=dtype)
+        model = nn.GPT(vocab_size=vocab or vocab_size(cfg, dataset), block_size=m.block_size,
+                       n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
+                       tie_weights=m.tie_weights, bias=m.bias, dtype=dtype)
     nn.init_params(model, cfg.seed)
     return model
 
 
 def count_params(model) -> int:
+    """Parameters of a built model, or of a `param_shapes` list."""
+    if isinstance(model, list):
+        return sum(math.prod(shape) for _, shape, _ in model)
     return sum(p.data.size for p in model.parameters())
+
+
+def param_shapes(cfg, vocab: int) -> list[tuple[str, tuple, int | None]]:
+    """(name, shape, unit) of every parameter in the model's definition order; unit = the block (GPT)
+    or layer (MLP) index it belongs to, None for parameters outside them (engine.nn's layout)."""
+    m, bias = cfg.model, cfg.model.bias
+
+    def linear(name, n_in, n_out, unit, with_bias=bias):
+        weight = [(f"{name}.weight", (n_out, n_in), unit)]
+        return weight + ([(f"{name}.bias", (n_out,), unit)] if with_bias else [])
+
+    def norm(name, dim, unit):
+        return [(f"{name}.weight", (dim,), unit)] + ([(f"{name}.bias", (dim,), unit)] if bias else [])
+
+    if m.kind == "mlp":
+        pairs = enumerate(zip(m.widths[:-1], m.widths[1:]))
+        return [p for i, (a, b) in pairs for p in linear(f"layers.{i}", a, b, i)]
+    c = m.n_embd
+    shapes = [("wte.weight", (vocab, c), None), ("wpe.weight", (m.block_size, c), None)]
+    for i in range(m.n_layer):
+        pre = f"blocks.{i}."
+        shapes += (norm(pre + "ln_1", c, i) + linear(pre + "attn.c_attn", c, 3 * c, i)
+                   + linear(pre + "attn.c_proj", c, c, i) + norm(pre + "ln_2", c, i)
+                   + linear(pre + "mlp.layers.0", c, 4 * c, i) + linear(pre + "mlp.layers.1", 4 * c, c, i))
+    shapes += norm("ln_f", c, None)
+    if not m.tie_weights:
+        shapes += linear("lm_head", c, vocab, None, with_bias=False)
+    return shapes

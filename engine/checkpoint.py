@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from engine import events as ev
+from engine.build import vocab_chars
 from engine.checkpoint_io import (
     FORMAT,
     MANIFEST,
@@ -62,12 +63,6 @@ def _layout_of_slots(slots) -> list[dict]:
 def model_spec(cfg, model) -> dict:
     """What engine.export needs to rebuild the network: its kind and constructor arguments."""
     return {"kind": cfg.model.kind, **model.config}
-
-
-def vocab_of(dataset) -> list[str] | None:
-    """The corpus characters in token-id order (char corpora), so samples can be decoded."""
-    vocab = getattr(dataset, "vocab", None)
-    return list(vocab.chars) if vocab is not None else None
 
 
 def _rng_state(model) -> dict | None:
@@ -145,7 +140,7 @@ class Checkpointer:
             "format": FORMAT, "version": VERSION, "step": step, "run_id": self.run_id,
             "world_size": world, "zero_stage": cfg.parallel.zero_stage, "precision": cfg.precision.dtype,
             "numel": sum(math.prod(p["shape"]) for p in layout), "layout": layout,
-            "model": model_spec(cfg, trainer.model), "vocab": vocab_of(trainer.dataset),
+            "model": model_spec(cfg, trainer.model), "vocab": vocab_chars(trainer.dataset),
             "config": self.config, "shards": shards, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         write_manifest(folder, manifest)  # last: from here on the checkpoint exists
         prune(self.root, self.keep)

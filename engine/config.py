@@ -17,7 +17,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config_rules import RULES, combination_problem, data_problem, did_you_mean, one_of, toml_repr
+from engine.comm.collectives import ALGORITHMS
+from engine.comm.launch import BACKENDS
+from engine.config_rules import (
+    RULES,
+    choices_doc,
+    combination_problem,
+    data_problem,
+    did_you_mean,
+    one_of,
+    toml_repr,
+)
+from engine.data import DATA_KINDS
+from engine.dtypes import DTYPES
+from engine.nn import MODEL_KINDS
+from engine.optim import SCHEDULES
+from engine.recompute import CHECKPOINTING
 
 
 class ConfigError(ValueError):
@@ -37,9 +52,12 @@ class ConfigError(ValueError):
         return ConfigError, (self.key, self.problem, self.fix, self.source, self.line)
 
 
-def _f(default: Any, doc: str) -> Any:
-    """A field with its default and the one-line doc shown in presets and the UI."""
-    return field(default=default, metadata={"doc": doc})
+def _f(default: Any, doc: str, only: tuple[str, ...] = ()) -> Any:
+    """A field with its default and the one-line doc shown in presets and the UI. `only`: the
+    model.kind (in [model]) or data.kind (in [data]) values that read it; set to anything but its
+    default with another kind, it is an error (engine.config_rules.unread_setting_problem)."""
+    suffix = f" ({', '.join(only)})" if only else ""
+    return field(default=default, metadata={"doc": doc + suffix, "only": only})
 
 
 def _section(cls: type, doc: str) -> Any:
@@ -48,25 +66,28 @@ def _section(cls: type, doc: str) -> Any:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    kind: str = _f("gpt", '"gpt" (character-level transformer) or "mlp" (classifier)')
-    n_layer: int = _f(2, "transformer blocks (gpt)")
-    n_head: int = _f(4, "attention heads per block; must divide n_embd (gpt)")
-    n_embd: int = _f(64, "residual stream width (gpt)")
-    block_size: int = _f(32, "context length in tokens (gpt)")
-    vocab_size: int = _f(0, "token vocabulary; 0 = from the data (corpus characters or synthetic default)")
+    kind: str = _f("gpt", " or ".join(f'"{k}" ({what})' for k, (_, what) in MODEL_KINDS.items()))
+    n_layer: int = _f(2, "transformer blocks", only=("gpt",))
+    n_head: int = _f(4, "attention heads per block; must divide n_embd", only=("gpt",))
+    n_embd: int = _f(64, "residual stream width", only=("gpt",))
+    block_size: int = _f(32, "context length in tokens", only=("gpt",))
+    vocab_size: int = _f(0, "token vocabulary; 0 = from the data (corpus characters or synthetic default)",
+                         only=("gpt",))
     dropout: float = _f(0.0, "dropout probability, 0 <= p < 1")
-    tie_weights: bool = _f(True, "share the token embedding with the output layer (gpt)")
+    tie_weights: bool = _f(True, "share the token embedding with the output layer", only=("gpt",))
     bias: bool = _f(True, "biases in Linear and LayerNorm layers")
-    widths: tuple[int, ...] = _f((784, 1024, 1024, 10), "layer widths from inputs to classes (mlp)")
+    widths: tuple[int, ...] = _f((784, 1024, 1024, 10), "layer widths from inputs to classes", only=("mlp",))
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    kind: str = _f("stdlib", '"stdlib" | "text" | "synthetic-lm" | "synthetic-classification"')
-    path: str = _f("", 'text file to train on (kind = "text")')
-    max_chars: int = _f(0, "read at most this many characters of the corpus; 0 = all")
+    kind: str = _f("stdlib", choices_doc(DATA_KINDS))
+    path: str = _f("", "text file or folder to train on", only=("text",))
+    max_chars: int = _f(0, "read at most this many characters of the corpus; 0 = all",
+                        only=("stdlib", "text"))
     val_fraction: float = _f(0.1, "share of the data held out for validation, 0 < f <= 0.5")
-    n_samples: int = _f(8192, "synthetic data size: samples, or sequences of block_size tokens (lm)")
+    n_samples: int = _f(8192, "synthetic data size: samples, or sequences of block_size tokens (lm)",
+                        only=("synthetic-lm", "synthetic-classification"))
 
 
 @dataclass(frozen=True)
@@ -83,7 +104,7 @@ class TrainConfig:
 class OptimConfig:
     lr: float = _f(3e-4, "peak learning rate (AdamW)")
     min_lr: float = _f(0.0, "learning rate at the end of the cosine decay")
-    schedule: str = _f("cosine", '"constant" or "cosine" (linear warmup, then cosine to min_lr)')
+    schedule: str = _f("cosine", f"{choices_doc(SCHEDULES)} (linear warmup, then cosine to min_lr)")
     warmup_steps: int = _f(0, "steps of linear warmup from 0 to lr")
     weight_decay: float = _f(0.1, "decoupled weight decay on matrices (not biases, LayerNorm)")
     beta1: float = _f(0.9, "Adam first-moment decay")
@@ -94,19 +115,20 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    backend: str = _f("threads", '"threads" | "processes" | "tcp" | "mpi"')
+    backend: str = _f("threads", choices_doc(BACKENDS))
     world_size: int = _f(1, "data-parallel ranks")
     zero_stage: int = _f(0, "ZeRO: 0 = DDP, 1 = shard optimizer, 2 = + gradients, 3 = + parameters")
     bucket_cap_mb: float = _f(25.0, "gradient bucket size in MiB for overlapped all-reduce")
     overlap: bool = _f(True, "start each bucket's communication while backward still runs")
     timeout_s: float = _f(30.0, "seconds a rank waits on a peer before the run fails")
-    algorithm: str = _f("ring", '"ring" (our collectives) or "mpi-native" (MPI\'s own, backend mpi)')
+    algorithm: str = _f("ring", f"all-reduce algorithm: {choices_doc(ALGORITHMS)} (mpi-native: MPI's own, "
+                        "backend mpi)")
     prefetch: bool = _f(True, "ZeRO-3: gather the next block's parameters ahead of use")
 
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    dtype: str = _f("fp32", '"fp32" | "fp16" | "bf16" | "fp64" for parameters and activations')
+    dtype: str = _f("fp32", f"{choices_doc(DTYPES)} for parameters and activations")
     loss_scale: str | float = _f("dynamic", '"dynamic" or a fixed number (static); used by fp16 only')
     init_scale: float = _f(65536.0, "first dynamic loss scale (2^16)")
     growth_factor: float = _f(2.0, "multiply the scale by this after growth_interval clean steps")
@@ -118,7 +140,8 @@ class PrecisionConfig:
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    checkpointing: str = _f("none", '"none", "blocks" (recompute every block) or "every:K" (every K-th)')
+    checkpointing: str = _f("none", f"{choices_doc(CHECKPOINTING)}: recompute no block, every block, or "
+                            "every K-th")
 
 
 @dataclass(frozen=True)

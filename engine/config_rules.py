@@ -6,11 +6,20 @@ rules across settings); engine.config turns that into a ConfigError naming the s
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import importlib.util
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
+
+from engine.comm.collectives import ALGORITHMS
+from engine.comm.launch import BACKENDS
+from engine.data import DATA_KINDS
+from engine.dtypes import DTYPES
+from engine.nn import MODEL_KINDS
+from engine.optim import SCHEDULES
+from engine.parallel import ZERO_STAGES
+from engine.recompute import CHECKPOINTING, checkpointed_blocks
 
 if TYPE_CHECKING:
     from engine.config import Config
@@ -39,6 +48,11 @@ def did_you_mean(key: str, candidates: list[str]) -> str:
     if close:
         return f"did you mean {close[0]}?"
     return "valid keys here: " + ", ".join(c.rpartition(".")[2] for c in same) if same else "remove it"
+
+
+def choices_doc(choices: Iterable[str]) -> str:
+    """How a field's doc lists its allowed values: "a" | "b" | "c"."""
+    return " | ".join(f'"{c}"' for c in choices)
 
 
 def one_of(*choices: str):
@@ -77,10 +91,12 @@ def _widths(v):
 
 
 def _checkpointing(v):
-    k = v.partition("every:")[2]
-    if v in ("none", "blocks") or v.startswith("every:") and k.isdigit() and int(k) >= 1:
+    try:
+        checkpointed_blocks(v, 1)
         return None
-    return f"{toml_repr(v)} is not allowed", 'use "none", "blocks" or "every:K" with K >= 1, e.g. "every:2"'
+    except ValueError:
+        fix = f'use {choices_doc(CHECKPOINTING)} with K >= 1, e.g. "every:2"'
+        return f"{toml_repr(v)} is not allowed", fix
 
 
 def _non_empty(v):
@@ -90,23 +106,24 @@ def _non_empty(v):
 # dotted key -> rule; a rule returns None for a good value, else (problem, fix)
 RULES: dict[str, Callable[[Any], Problem | None]] = {
     "seed": _at_least(0),
-    "model.kind": one_of("gpt", "mlp"), "model.n_layer": _at_least(1), "model.n_head": _at_least(1),
+    "model.kind": one_of(*MODEL_KINDS), "model.n_layer": _at_least(1), "model.n_head": _at_least(1),
     "model.n_embd": _at_least(1), "model.block_size": _at_least(1), "model.vocab_size": _at_least(0),
     "model.dropout": _between(0, 1, open_hi=True), "model.widths": _widths,
-    "data.kind": one_of("stdlib", "text", "synthetic-lm", "synthetic-classification"),
+    "data.kind": one_of(*DATA_KINDS),
     "data.max_chars": _at_least(0), "data.val_fraction": _between(0, 0.5, open_lo=True),
     "data.n_samples": _at_least(2),
     "train.steps": _at_least(1), "train.global_batch": _at_least(1), "train.micro_batches": _at_least(1),
     "train.eval_every": _at_least(0), "train.eval_batches": _at_least(1), "train.log_every": _at_least(1),
-    "optim.lr": _positive, "optim.min_lr": _at_least(0), "optim.schedule": one_of("constant", "cosine"),
+    "optim.lr": _positive, "optim.min_lr": _at_least(0), "optim.schedule": one_of(*SCHEDULES),
     "optim.warmup_steps": _at_least(0), "optim.weight_decay": _at_least(0),
     "optim.beta1": _between(0, 1, open_hi=True), "optim.beta2": _between(0, 1, open_hi=True),
     "optim.eps": _positive, "optim.grad_clip": _at_least(0),
-    "parallel.backend": one_of("threads", "processes", "tcp", "mpi"),
-    "parallel.world_size": _between(1, 1024), "parallel.zero_stage": _between(0, 3),
+    "parallel.backend": one_of(*BACKENDS),
+    "parallel.world_size": _between(1, 1024),
+    "parallel.zero_stage": _between(min(ZERO_STAGES), max(ZERO_STAGES)),
     "parallel.bucket_cap_mb": _positive, "parallel.timeout_s": _positive,
-    "parallel.algorithm": one_of("ring", "mpi-native"),
-    "precision.dtype": one_of("fp32", "fp16", "bf16", "fp64"),
+    "parallel.algorithm": one_of(*ALGORITHMS),
+    "precision.dtype": one_of(*DTYPES),
     "precision.loss_scale": lambda v: one_of("dynamic")(v) if isinstance(v, str) else _positive(v),
     "precision.init_scale": _positive, "precision.growth_factor": _between(1, math.inf, open_lo=True),
     "precision.backoff_factor": _between(0, 1, open_lo=True, open_hi=True),
@@ -119,14 +136,6 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "sweep.direction": one_of("minimize", "maximize"),
     "sweep.n_trials": _at_least(1),
 }
-
-_LM_DATA = ("stdlib", "text", "synthetic-lm")
-
-
-def _ml_dtypes_available() -> bool:
-    """Whether bf16 can work (numpy has no bfloat16; ml_dtypes provides it)."""
-    return importlib.util.find_spec("ml_dtypes") is not None
-
 
 def combination_problem(cfg: Config) -> Problem | None:
     """The first rule across settings that cfg breaks, as (key, problem, fix), or None."""
@@ -144,15 +153,16 @@ def combination_problem(cfg: Config) -> Problem | None:
     if not isinstance(pr.loss_scale, str) and pr.dtype != "fp16":
         return ("precision.loss_scale", f"a static loss scale only applies to fp16, not {pr.dtype}",
                 'remove it (or use "dynamic", inert outside fp16) or set precision.dtype = "fp16"')
-    if pr.dtype == "bf16" and not _ml_dtypes_available():
-        return ("precision.dtype", "bf16 needs the ml_dtypes package, which is not importable",
-                'pip install ml_dtypes, or use "fp16" or "fp32"')
-    if m.kind == "mlp" and cfg.data.kind in _LM_DATA:
-        return ("data.kind", f'the mlp model needs classification data, got "{cfg.data.kind}"',
-                'set data.kind = "synthetic-classification" or model.kind = "gpt"')
-    if m.kind == "gpt" and cfg.data.kind not in _LM_DATA:
-        return ("data.kind", f'the gpt model needs language-model data, got "{cfg.data.kind}"',
-                'set data.kind = "stdlib", "text" or "synthetic-lm", or model.kind = "mlp"')
+    task = MODEL_KINDS[m.kind][0]
+    if DATA_KINDS[cfg.data.kind] != task:
+        fits = [k for k, t in DATA_KINDS.items() if t == task]
+        others = [k for k, (t, _) in MODEL_KINDS.items() if t == DATA_KINDS[cfg.data.kind]]
+        what = {"lm": "language-model", "classification": "classification"}[task]
+        return ("data.kind", f'the {m.kind} model needs {what} data, got "{cfg.data.kind}"',
+                f"set data.kind = {' or '.join(map(toml_repr, fits))}"
+                + (f" or model.kind = {toml_repr(others[0])}" if others else ""))
+    if problem := unread_setting_problem(cfg):
+        return problem
     if m.kind == "mlp" and cfg.memory.checkpointing != "none":
         return ("memory.checkpointing", "activation checkpointing works per transformer block, "
                 "the mlp model has none", 'set memory.checkpointing = "none"')
@@ -166,6 +176,21 @@ def combination_problem(cfg: Config) -> Problem | None:
     if pr.min_scale > pr.init_scale:
         return ("precision.min_scale", f"{pr.min_scale:g} is above init_scale {pr.init_scale:g}",
                 "lower min_scale (0 = never abort)")
+    return None
+
+
+def unread_setting_problem(cfg: Config) -> Problem | None:
+    """A [model] or [data] setting that the chosen model.kind / data.kind does not read, set to anything
+    but its default: it would be silently ignored, so it is an error naming the kind that reads it."""
+    for section, kind in (("model", cfg.model.kind), ("data", cfg.data.kind)):
+        part = getattr(cfg, section)
+        for f in dataclasses.fields(part):
+            only = f.metadata.get("only", ())
+            if only and kind not in only and getattr(part, f.name) != f.default:
+                readers = " or ".join(map(toml_repr, only))
+                return (f"{section}.{f.name}", f"set to {toml_repr(getattr(part, f.name))}, but "
+                        f"{section}.kind = {toml_repr(kind)} does not read it (only {readers} does)",
+                        f"remove it, or set {section}.kind = {toml_repr(only[0])}")
     return None
 
 

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+# data.kind -> what it holds: token streams for language models, or labelled samples for classifiers
+DATA_KINDS = {"stdlib": "lm", "text": "lm", "synthetic-lm": "lm",
+              "synthetic-classification": "classification"}
 DEFAULT_MAX_CHARS = 2_000_000
 SYNTHETIC_LM_VOCAB = 32
 TEXT_SUFFIXES = (".txt", ".md", ".py")
@@ -264,5 +267,4 @@ def make_dataset(data_cfg, model_cfg, seed: int, global_batch: int):
         widths = list(model_cfg.widths)
         x, y = synthetic_classification(data_cfg.n_samples, widths[0], widths[-1], seed)
         return ClassificationDataset(x, y, widths[-1], seed, global_batch, data_cfg.val_fraction)
-    raise DataError(f"data.kind: unknown {kind!r}; "
-                    "use stdlib, text, synthetic-lm or synthetic-classification")
+    raise DataError(f"data.kind: unknown {kind!r}; use one of {', '.join(DATA_KINDS)}")

@@ -14,8 +14,8 @@ outside the blocks) to a multiple of N, so its shard Ψ3 = Σ ceil(Ψ_unit/N):
 | master     | 4Ψ      | 4Ψp/N   | 4Ψp/N   | 4Ψ3     |  (fp16/bf16 only; fp32/fp64 update in place)
 | adam_m, v  | 4Ψ each | 4Ψp/N   | 4Ψp/N   | 4Ψ3     |
 
-For 2-byte training that is REFERENCE §1 (16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N) up to padding, and
-it counts every byte: the original nanoDist table left the fp32 master weights out.
+For 2-byte training that is the ZeRO paper's table (16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N) up to
+padding, and it counts every byte: the original nanoDist table left the fp32 master weights out.
 
 Temporaries: the AdamWs of a rank's pieces (stage 0: everything; 1-2: its part of each bucket; 3: its
 part of each unit) share one scratch array, held for the whole run: two rows of min(largest piece,
@@ -23,7 +23,7 @@ optim.CHUNK) elements of the master dtype. The optimizer step adds an fp32 copy 
 in mixed precision; before it, the gradient norm passes through one float64 buffer of min(largest
 piece, optim.NORM_CHUNK) elements.
 
-Transients (engine.zero_*): stage 2 holds a bucket's p.grad arrays until they are packed into a
+Transients (engine.parallel): stage 2 holds a bucket's p.grad arrays until they are packed into a
 bucket buffer for the reduce-scatter; stage 3 also gathers the outer unit plus one block (two with
 prefetch) of parameters and packs a unit's gradients the same way. The estimate takes one bucket (or
 unit) in flight at a time.
@@ -46,13 +46,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from engine.flat import FlatBuffer, Slot, resolve_dtype
+from engine.build import param_shapes, vocab_size
+from engine.dtypes import is_low_precision, itemsize, master_dtype
+from engine.flat import FlatLayout
 from engine.memory import CATEGORIES, PHASES
 from engine.optim import CHUNK, NORM_CHUNK
+from engine.parallel.buckets import aligned_buckets
 from engine.recompute import checkpointed_blocks
-
-_ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
-_LOW = ("fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -84,12 +84,12 @@ class MemoryEstimate:
         return {c: max(p[c] for p in self.maxima.values()) for c in CATEGORIES}
 
 
-def estimate(cfg, vocab_size: int | None = None) -> MemoryEstimate:
-    """Per-rank memory of training `cfg`. `vocab_size` overrides looking it up (0 = from the data)."""
+def estimate(cfg, vocab: int | None = None) -> MemoryEstimate:
+    """Per-rank memory of training `cfg`. `vocab` overrides looking it up (0 = from the data)."""
     world, stage, dtype = cfg.parallel.world_size, cfg.parallel.zero_stage, cfg.precision.dtype
-    s, ms = _ITEMSIZE[dtype], 8 if dtype == "fp64" else 4
+    s, ms, low = itemsize(dtype), master_dtype(dtype).itemsize, is_low_precision(dtype)
     micro = cfg.train.global_batch // (world * cfg.train.micro_batches)
-    vocab = (vocab_size or vocab_of(cfg)) if cfg.model.kind == "gpt" else 0
+    vocab = (vocab or vocab_size(cfg)) if cfg.model.kind == "gpt" else 0
     shapes = param_shapes(cfg, vocab)
     n = sum(math.prod(shape) for _, shape, _ in shapes)
     pieces, units = _pieces(shapes, cfg, world, stage)  # elements each AdamW updates; stage-3 units
@@ -97,7 +97,7 @@ def estimate(cfg, vocab_size: int | None = None) -> MemoryEstimate:
     states = {
         "parameters": s * ({0: n, 3: owned}.get(stage, owned * world)),
         "gradients": s * ({0: n, 1: owned * world}.get(stage, owned)),
-        "master": 4 * owned if dtype in _LOW else 0,
+        "master": 4 * owned if low else 0,
         "adam_m": ms * owned,
         "adam_v": ms * owned,
     }
@@ -105,79 +105,23 @@ def estimate(cfg, vocab_size: int | None = None) -> MemoryEstimate:
     timeline = _Timeline(states, scratch)
     _replay(timeline, cfg, vocab, micro, _transients(shapes, cfg, pieces, units))
     norm_buf = 8 * min(max(pieces), NORM_CHUNK)  # held while the gradient norm is formed; after it,
-    grad32 = 4 * owned if dtype in _LOW else 0  # the fp32 gradient copy of a mixed-precision update
+    grad32 = 4 * owned if low else 0  # the fp32 gradient copy of a mixed-precision update
     timeline.peaks["optimizer"] = timeline.maxima["optimizer"] = {
         **timeline.base, "temporaries": scratch + max(norm_buf, grad32)}
     return MemoryEstimate(n, world, stage, dtype, cfg.memory.checkpointing, micro, states, timeline.peaks,
                           timeline.maxima)
 
 
-# ---------------------------------------------------------------------- parameters and their layout
-
-def vocab_of(cfg) -> int:
-    """The GPT's vocabulary: the config's number, the synthetic default, or the corpus's characters."""
-    if cfg.model.vocab_size:
-        return cfg.model.vocab_size
-    from engine.data import SYNTHETIC_LM_VOCAB
-    if cfg.data.kind == "synthetic-lm":
-        return SYNTHETIC_LM_VOCAB
-    from engine.build import build_dataset
-    return build_dataset(cfg).vocab_size
-
-
-def param_shapes(cfg, vocab: int) -> list[tuple[str, tuple, int | None]]:
-    """(name, shape, unit) of every parameter in the model's definition order; unit = the block (GPT)
-    or layer (MLP) index it belongs to, None for parameters outside them (engine.nn's layout)."""
-    m, bias = cfg.model, cfg.model.bias
-
-    def linear(name, n_in, n_out, unit, with_bias=bias):
-        weight = [(f"{name}.weight", (n_out, n_in), unit)]
-        return weight + ([(f"{name}.bias", (n_out,), unit)] if with_bias else [])
-
-    def norm(name, dim, unit):
-        return [(f"{name}.weight", (dim,), unit)] + ([(f"{name}.bias", (dim,), unit)] if bias else [])
-
-    if m.kind == "mlp":
-        pairs = enumerate(zip(m.widths[:-1], m.widths[1:]))
-        return [p for i, (a, b) in pairs for p in linear(f"layers.{i}", a, b, i)]
-    c = m.n_embd
-    shapes = [("wte.weight", (vocab, c), None), ("wpe.weight", (m.block_size, c), None)]
-    for i in range(m.n_layer):
-        pre = f"blocks.{i}."
-        shapes += (norm(pre + "ln_1", c, i) + linear(pre + "attn.c_attn", c, 3 * c, i)
-                   + linear(pre + "attn.c_proj", c, c, i) + norm(pre + "ln_2", c, i)
-                   + linear(pre + "mlp.layers.0", c, 4 * c, i) + linear(pre + "mlp.layers.1", 4 * c, c, i))
-    shapes += norm("ln_f", c, None)
-    if not m.tie_weights:
-        shapes += linear("lm_head", c, vocab, None, with_bias=False)
-    return shapes
-
-
-def count_params(cfg, vocab: int) -> int:
-    """Parameters of the model `cfg` describes (equals engine.build.count_params of the built model)."""
-    return sum(math.prod(shape) for _, shape, _ in param_shapes(cfg, vocab))
-
-
-class _Layout(FlatBuffer):
-    """A FlatBuffer's layout and bucket plan without its arrays: the estimator allocates nothing."""
-
-    def __init__(self, shapes, dtype, pad_to: int):
-        self.params, self.dtype, self.slots, start = [None] * len(shapes), resolve_dtype(dtype), [], 0
-        for name, shape, _ in shapes:
-            self.slots.append(Slot(name, start, start + math.prod(shape), shape))
-            start += math.prod(shape)
-        self.numel, self.size = start, -(-start // pad_to) * pad_to
-
+# ---------------------------------------------------------------------- the optimizer's pieces
 
 def _pieces(shapes, cfg, world: int, stage: int) -> tuple[list[int], list[int]]:
     """Elements of each range this rank's optimizer updates, and (stage 3) each unit's padded size,
-    outer unit first. Mirrors engine.ddp (one piece), engine.zero_optimizer (part r of every aligned
-    bucket) and engine.zero3 (part r of every unit)."""
+    outer unit first. Mirrors engine.parallel's ddp (one piece), zero12 (part r of every aligned
+    bucket) and zero3 (part r of every unit)."""
     if stage == 0:
         return [sum(math.prod(shape) for _, shape, _ in shapes)], []
     if stage in (1, 2):
-        from engine.zero_comm import aligned_buckets
-        layout = _Layout(shapes, cfg.precision.dtype, world)
+        layout = FlatLayout([(name, shape) for name, shape, _ in shapes], cfg.precision.dtype, world)
         buckets = aligned_buckets(layout, int(cfg.parallel.bucket_cap_mb * 2**20), world)
         return [(b.end - b.start) // world for b in buckets], []
     groups: dict = {}
@@ -234,7 +178,7 @@ class _Transients:
 
 
 def _transients(shapes, cfg, pieces: list[int], units: list[int]) -> _Transients:
-    s, stage, world = _ITEMSIZE[cfg.precision.dtype], cfg.parallel.zero_stage, cfg.parallel.world_size
+    s, stage, world = itemsize(cfg.precision.dtype), cfg.parallel.zero_stage, cfg.parallel.world_size
     if stage == 2:
         return _Transients(bucket=max(pieces) * world * s, bucket_grads=max(pieces) * world * s)
     if stage != 3:
@@ -251,7 +195,7 @@ def _transients(shapes, cfg, pieces: list[int], units: list[int]) -> _Transients
 def _replay(t: _Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
     """Forward, then backward from the last block, as the trainer and the replicas run them."""
     m, dtype = cfg.model, cfg.precision.dtype
-    s, f, g = _ITEMSIZE[dtype], 8 if dtype == "fp64" else 4, cfg.train.global_batch
+    s, f, g = itemsize(dtype), master_dtype(dtype).itemsize, cfg.train.global_batch
     if m.kind == "mlp":  # one group; stage 3 gathers the layers, taken as co-occurring (an upper bound)
         t.extra["parameters"] = z.outer + (1 + z.prefetch) * z.block
         t.keep(_mlp_saves(m.widths, micro, g, s, f, m.dropout), "forward")

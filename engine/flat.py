@@ -1,11 +1,14 @@
-"""Flat buffers: many parameters packed into one contiguous 1-D array, each parameter a view into it.
+"""Flat layouts and buffers: many parameters packed into one contiguous 1-D array, each a view into it.
 
 Packing makes shards and buckets plain slices: ZeRO shards, DDP buckets, the optimizer and byte
-accounting all work on ranges of one array. A parameter is anything with `.data` (ndarray, reassignable),
-`.grad` (None or ndarray, reassignable) and `.name`.
+accounting all work on ranges of one array.
 
-Layout: parameters in the given order, then zero padding up to a multiple of `pad_to` (the world size,
-so the buffer splits into equal shards; at most pad_to - 1 padding elements).
+`FlatLayout` is where every parameter sits — parameters in the given order, then zero padding up to a
+multiple of `pad_to` (the world size, so the buffer splits into equal shards; at most pad_to - 1 padding
+elements) — and how it cuts into buckets and shards. It holds no arrays: the estimator plans with it,
+ZeRO-3 keeps one as the standard layout checkpoints use. `FlatBuffer` is a layout with its arrays, bound
+to real parameters (anything with `.data` (ndarray, reassignable), `.grad` (None or ndarray,
+reassignable) and `.name`).
 """
 
 from __future__ import annotations
@@ -13,25 +16,18 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import ml_dtypes
 import numpy as np
 
-_DTYPES = {
-    "fp16": np.float16, "float16": np.float16,
-    "bf16": ml_dtypes.bfloat16, "bfloat16": ml_dtypes.bfloat16,
-    "fp32": np.float32, "float32": np.float32,
-    "fp64": np.float64, "float64": np.float64,
-}
+from engine.dtypes import master_dtype, resolve_dtype
 
 
-def resolve_dtype(dtype) -> np.dtype:
-    """np.dtype from a config name ("fp16", "bf16", "fp32", "fp64", or the long names) or a dtype."""
-    return np.dtype(_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
-
-
-def master_dtype(dtype) -> np.dtype:
-    """The optimizer's precision for a buffer dtype: float64 stays float64, everything else float32."""
-    return np.dtype(np.float64) if resolve_dtype(dtype) == np.float64 else np.dtype(np.float32)
+def shard_bounds(n: int, world_size: int, rank: int, start: int = 0) -> tuple[int, int]:
+    """[lo, hi) of `rank`'s shard of n elements beginning at `start`: the first n mod N shards get one
+    extra element, so when N divides n every shard is n / N long. THE shard rule: collectives split
+    buffers by it, ZeRO owns ranges by it."""
+    base, extra = divmod(n, world_size)
+    lo = start + rank * base + min(rank, extra)
+    return lo, lo + base + (rank < extra)
 
 
 class Slot(NamedTuple):
@@ -42,36 +38,83 @@ class Slot(NamedTuple):
     shape: tuple[int, ...]
 
 
-class FlatBuffer:
+class FlatLayout:
+    """Slots of (name, shape) pairs packed in order and padded to a multiple of `pad_to`; no arrays."""
+
+    def __init__(self, shapes, dtype, pad_to: int = 1):
+        self.dtype = resolve_dtype(dtype)
+        self.slots: list[Slot] = []
+        start = 0
+        for name, shape in shapes:
+            shape = tuple(shape)
+            self.slots.append(Slot(name, start, start + math.prod(shape), shape))
+            start += math.prod(shape)
+        self.numel = start
+        self.size = -(-start // pad_to) * pad_to
+        self.padding = self.size - self.numel
+
+    @property
+    def master_dtype(self) -> np.dtype:
+        return master_dtype(self.dtype)
+
+    def view(self, flat: np.ndarray, i: int) -> np.ndarray:
+        """Parameter i's shaped view into any array laid out like this one (data, grad, master, m, v...)."""
+        s = self.slots[i]
+        return flat[s.start:s.end].reshape(s.shape)
+
+    def shard_range(self, rank: int, world: int) -> tuple[int, int]:
+        """Elements [start, end) of rank's equal shard. The layout must be padded to a multiple of world."""
+        if self.size % world:
+            raise ValueError(f"buffer of {self.size} elements does not split into {world} shards; "
+                             f"build it with pad_to={world}")
+        return shard_bounds(self.size, world, rank)
+
+    def buckets(self, cap_bytes: float) -> list[tuple[int, int]]:
+        """Contiguous element ranges in REVERSE parameter order (the order backward produces gradients),
+        each at most cap_bytes unless a single parameter is larger (it then gets a bucket of its own).
+        Boundaries fall on parameter boundaries; the padding joins the first bucket, so the ranges tile
+        the whole buffer."""
+        return [(start, end) for start, end, _ in self.bucket_plan(cap_bytes)]
+
+    def bucket_plan(self, cap_bytes: float) -> list[tuple[int, int, list[int]]]:
+        """(start, end, indices of the parameters inside) of every bucket of `buckets(cap_bytes)`."""
+        itemsize = self.dtype.itemsize
+        plan: list[tuple[int, int, list[int]]] = []
+        end, members = self.size, []
+        for i in reversed(range(len(self.slots))):
+            start = self.slots[i].start
+            # Close the open bucket when adding parameter i would push it over the cap.
+            if members and (end - start) * itemsize > cap_bytes:
+                plan.append((self.slots[members[-1]].start, end, members))
+                end, members = self.slots[members[-1]].start, []
+            members.append(i)
+        plan.append((0, end, members))
+        return plan
+
+    def decay_mask(self) -> np.ndarray:
+        """Flat boolean mask: weight decay on parameters with ndim >= 2 (nanoGPT), not biases/LayerNorm,
+        not padding."""
+        mask = np.zeros(self.size, dtype=bool)
+        for s in self.slots:
+            mask[s.start:s.end] = len(s.shape) >= 2
+        return mask
+
+
+class FlatBuffer(FlatLayout):
     """Parameters (and optionally their gradients) packed into flat arrays, with per-parameter views."""
 
     def __init__(self, params, dtype=None, pad_to: int = 1, grad: bool = True):
         self.params = list(params)
         if not self.params:
             raise ValueError("FlatBuffer needs at least one parameter")
-        self.dtype = resolve_dtype(self.params[0].data.dtype if dtype is None else dtype)
-        self.slots: list[Slot] = []
-        start = 0
-        for p in self.params:
-            shape = tuple(p.data.shape)
-            self.slots.append(Slot(p.name, start, start + math.prod(shape), shape))
-            start += math.prod(shape)
-        self.numel = start
-        self.size = -(-start // pad_to) * pad_to
-        self.padding = self.size - self.numel
+        super().__init__([(p.name, np.shape(p.data)) for p in self.params],
+                         self.params[0].data.dtype if dtype is None else dtype, pad_to)
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.data = np.zeros(self.size, dtype=self.dtype)
         for p, s in zip(self.params, self.slots):
             self.data[s.start:s.end] = np.asarray(p.data).reshape(-1).astype(self.dtype)
         self.grad = np.zeros(self.size, dtype=self.dtype) if grad else None
         self.bind()
-
-    # ------------------------------------------------------------------ views
-
-    def view(self, flat: np.ndarray, i: int) -> np.ndarray:
-        """Parameter i's shaped view into any array laid out like this buffer (grad, master, m, v...)."""
-        s = self.slots[i]
-        return flat[s.start:s.end].reshape(s.shape)
 
     def bind(self) -> None:
         """Point every p.data (and p.grad, when a grad buffer exists) at its view. Called on construction;
@@ -88,64 +131,15 @@ class FlatBuffer:
     def zero_grad(self) -> None:
         self.grad.fill(0)
 
-    # ------------------------------------------------------------------ shards
-
-    def shard_range(self, rank: int, world: int) -> tuple[int, int]:
-        """Elements [start, end) of rank's equal shard. The buffer must be padded to a multiple of world."""
-        if self.size % world:
-            raise ValueError(f"buffer of {self.size} elements does not split into {world} shards; "
-                             f"build it with pad_to={world}")
-        n = self.size // world
-        return rank * n, (rank + 1) * n
-
     def shard(self, rank: int, world: int) -> np.ndarray:
         """View of rank's shard of the parameter buffer."""
-        start, end = self.shard_range(rank, world)
-        return self.data[start:end]
+        return self.data[slice(*self.shard_range(rank, world))]
 
     def grad_shard(self, rank: int, world: int) -> np.ndarray:
         """View of rank's shard of the gradient buffer."""
-        start, end = self.shard_range(rank, world)
-        return self.grad[start:end]
-
-    # ------------------------------------------------------------------ buckets
-
-    def buckets(self, cap_bytes: float) -> list[tuple[int, int]]:
-        """Contiguous element ranges in REVERSE parameter order (the order backward produces gradients),
-        each at most cap_bytes unless a single parameter is larger (it then gets a bucket of its own).
-        Boundaries fall on parameter boundaries; the padding joins the first bucket, so the ranges tile
-        the whole buffer."""
-        return [(start, end) for start, end, _ in self._plan_buckets(cap_bytes)]
+        return self.grad[slice(*self.shard_range(rank, world))]
 
     def bucket_map(self, cap_bytes: float) -> dict[int, int]:
         """id(param) -> index of its bucket in `buckets(cap_bytes)`."""
-        return {id(self.params[i]): b for b, (_, _, members) in enumerate(self._plan_buckets(cap_bytes))
+        return {id(self.params[i]): b for b, (_, _, members) in enumerate(self.bucket_plan(cap_bytes))
                 for i in members}
-
-    def _plan_buckets(self, cap_bytes: float) -> list[tuple[int, int, list[int]]]:
-        itemsize = self.dtype.itemsize
-        plan: list[tuple[int, int, list[int]]] = []
-        end, members = self.size, []
-        for i in reversed(range(len(self.params))):
-            start = self.slots[i].start
-            # Close the open bucket when adding parameter i would push it over the cap.
-            if members and (end - start) * itemsize > cap_bytes:
-                plan.append((self.slots[members[-1]].start, end, members))
-                end, members = self.slots[members[-1]].start, []
-            members.append(i)
-        plan.append((0, end, members))
-        return plan
-
-    # ------------------------------------------------------------------ master copies and masks
-
-    @property
-    def master_dtype(self) -> np.dtype:
-        return master_dtype(self.dtype)
-
-    def decay_mask(self) -> np.ndarray:
-        """Flat boolean mask: weight decay on parameters with ndim >= 2 (nanoGPT), not biases/LayerNorm,
-        not padding."""
-        mask = np.zeros(self.size, dtype=bool)
-        for s in self.slots:
-            mask[s.start:s.end] = len(s.shape) >= 2
-        return mask

@@ -15,9 +15,22 @@ import numpy as np
 from engine import ops
 from engine.tensor import Parameter, Tensor, no_grad
 
+# model.kind -> the data it trains on (engine.data.DATA_KINDS) and what it is
+MODEL_KINDS = {"gpt": ("lm", "character-level transformer"), "mlp": ("classification", "classifier")}
+
 
 class Module:
-    """A tree of modules and Parameters found through attributes (and lists of modules)."""
+    """A tree of modules and Parameters found through attributes (and lists of modules).
+
+    What wrappers (data parallelism, activation checkpointing) may rely on, besides parameters():
+    `units()`, the model's repeated layers in forward order, each called once per forward through
+    `__call__` (so forward hooks see it) — ZeRO-3 gathers them one at a time; `checkpoint_units()`, the
+    units whose forward takes and returns one Tensor and draws randomness only from `rng` — activation
+    checkpointing recomputes those; and `rng`, the one Generator all of the model's dropout draws from
+    (None for a module that draws nothing of its own).
+    """
+
+    rng: np.random.Generator | None = None
 
     def __init__(self):
         self.training = True
@@ -36,6 +49,14 @@ class Module:
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError
+
+    def units(self) -> list[Module]:
+        """The repeated layers, in forward order; [] for a module without any."""
+        return []
+
+    def checkpoint_units(self) -> list[Module]:
+        """The units activation checkpointing may recompute; [] when it cannot."""
+        return []
 
     def named_children(self) -> list[tuple[str, Module]]:
         children = []
@@ -148,6 +169,9 @@ class MLP(Module):
             self._name_parameters()
             init_params(self, 0)
 
+    def units(self) -> list[Module]:
+        return list(self.layers)
+
     def forward(self, x) -> Tensor:
         x = x if isinstance(x, Tensor) else Tensor(np.asarray(x, dtype=self.dtype))
         for i, layer in enumerate(self.layers):
@@ -213,6 +237,12 @@ class GPT(Module):
             self.lm_head.weight = self.wte.weight
         self._name_parameters()
         init_params(self, 0)
+
+    def units(self) -> list[Module]:
+        return list(self.blocks)
+
+    def checkpoint_units(self) -> list[Module]:
+        return list(self.blocks)
 
     def forward(self, idx) -> Tensor:
         idx = idx.data if isinstance(idx, Tensor) else np.asarray(idx)

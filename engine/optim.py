@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+SCHEDULES = ("constant", "cosine")  # lr_at's schedules
 CHUNK = 1 << 16  # elements per pass of the update: its two scratch rows stay in cache
 
 
@@ -109,7 +110,7 @@ def lr_at(step: int, schedule: str, lr: float, min_lr: float = 0.0, warmup_steps
     if schedule == "constant":
         return lr
     if schedule != "cosine":
-        raise ValueError(f"unknown schedule {schedule!r}; use 'constant' or 'cosine'")
+        raise ValueError(f"unknown schedule {schedule!r}; use one of {SCHEDULES}")
     span = max(1, total_steps - 1 - warmup_steps)
     ratio = min(1.0, (step - warmup_steps) / span)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
@@ -140,5 +141,3 @@ def global_norm_clip_scale(sumsq: float, max_norm: float) -> float:
         return 1.0
     return min(1.0, max_norm / (norm + 1e-6))
 
-
-clip_by_global_norm = global_norm_clip_scale  # the name used in CONTRACTS.md

@@ -24,6 +24,8 @@ import numpy as np
 
 from engine.tensor import Tensor, is_grad_enabled, make, no_grad
 
+CHECKPOINTING = ("none", "blocks", "every:K")  # the forms of memory.checkpointing
+
 
 class _Recomputing(threading.local):
     depth = 0
@@ -46,16 +48,16 @@ def checkpointed_blocks(spec: str, n_blocks: int) -> list[int]:
         return list(range(n_blocks))
     if spec.startswith("every:") and spec[6:].isdigit() and int(spec[6:]) >= 1:
         return list(range(0, n_blocks, int(spec[6:])))
-    raise ValueError(f'memory.checkpointing {spec!r} is not "none", "blocks" or "every:K"')
+    raise ValueError(f"memory.checkpointing {spec!r} is not one of {', '.join(CHECKPOINTING)} (K >= 1)")
 
 
 def apply_checkpointing(model, spec: str) -> list[int]:
-    """Checkpoint the model's blocks named by `spec` (in place); returns their indices.
+    """Checkpoint the model's `checkpoint_units()` named by `spec` (in place); returns their indices.
 
-    A model without `.blocks` (the MLP) accepts only "none".
+    A model without any (the MLP) accepts only "none".
     """
-    blocks = getattr(model, "blocks", None)
-    if blocks is None:
+    blocks = model.checkpoint_units()
+    if not blocks:
         if spec != "none":
             raise ValueError(f"memory.checkpointing {spec!r} needs a model with transformer blocks")
         return []

@@ -2,7 +2,7 @@
 
 Every rank runs `train_rank` with its own communicator. The loop knows nothing about how
 gradients are synchronised or where optimizer state lives: that is the replica's job
-(`engine.zero.make_replica`: DDP for stage 0, ZeRO for 1-3). Loss scaling, checkpointing and the
+(`engine.parallel.make_replica`: DDP for stage 0, ZeRO for 1-3). Loss scaling, checkpointing and the
 meters are objects that do nothing when disabled, so there is no `if amp:` forest here.
 
 Events are emitted as JSON dicts (`events.to_json`) so they can cross a process boundary.
@@ -25,12 +25,12 @@ from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
 from engine.config import Config, from_dict, to_dict
 from engine.data import rank_slice
+from engine.dtypes import resolve_dtype
 from engine.estimator import estimate
-from engine.flat import resolve_dtype
 from engine.optim import global_norm_clip_scale, lr_at
+from engine.parallel import make_replica
 from engine.recompute import apply_checkpointing
 from engine.tensor import Tensor, no_grad, set_tape_observer
-from engine.zero import make_replica
 
 
 class Trainer:

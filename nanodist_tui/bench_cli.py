@@ -24,7 +24,7 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
              "cost); on whenever the preset checkpoints")] = False,
          as_json: JsonOpt = False) -> None:
     """Median training-step time: ours, and PyTorch eager on the same shapes (when installed)."""
-    from engine.bench_step import race_torch, time_ours
+    from engine.bench.step import race_torch, time_ours
     from engine.config import replace
     with user_errors():
         cfg, _, _ = load_config(preset, sets, world_size, backend)
@@ -108,7 +108,7 @@ def allreduce(
     as_json: JsonOpt = False,
 ) -> None:
     """All-reduce bandwidth in the NCCL-tests manner (algbw = S/t, busbw = algbw·2(N-1)/N)."""
-    from engine.comm.bench import bench_allreduce, bench_gloo
+    from engine.bench.allreduce import bench_allreduce, bench_gloo
     from nanodist_tui.common import fail
     try:
         size_list = [_parse_size(s) for s in sizes.split(",") if s.strip()]

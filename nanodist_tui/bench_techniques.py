@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
                    warmup: Annotated[int, typer.Option(help="untimed warm-up steps", min=0)] = 3,
                    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
         """Median step time of the preset with each technique switched on, and its cost vs the baseline."""
-        from engine.bench_step import time_ours
+        from engine.bench.step import time_ours
         from engine.config import replace
         with user_errors():
             base, _, _ = load_config(preset, sets, world_size, backend)

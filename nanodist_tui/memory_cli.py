@@ -70,8 +70,9 @@ def _estimated(cfg) -> dict:
 
 def _measured(cfg, steps: int) -> dict | None:
     """The ledger's figures, or None with the reason when this configuration cannot run yet."""
+    from engine.bench.memory import measure
     from engine.comm.base import RankFailure
-    from engine.memory import MODEL_STATES, measure
+    from engine.memory import MODEL_STATES
     try:
         m = measure(cfg, steps)
     except RankFailure as e:

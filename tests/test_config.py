@@ -100,11 +100,25 @@ def test_loss_scale_decision():
     assert from_dict({"precision": {"dtype": "fp16", "loss_scale": 1024}}).precision.loss_scale == 1024.0
 
 
-def test_bf16_needs_ml_dtypes(monkeypatch):
-    monkeypatch.setattr("engine.config_rules._ml_dtypes_available", lambda: False)
-    err = error_of({"precision": {"dtype": "bf16"}})
-    assert err.key == "precision.dtype" and "ml_dtypes" in err.problem
-    from_dict({"precision": {"dtype": "fp16"}})
+@pytest.mark.parametrize("section, kinds, key, value", [
+    ("model", {"model": {"kind": "mlp"}, "data": {"kind": "synthetic-classification"}}, "n_layer", 4),
+    ("model", {"model": {"kind": "mlp"}, "data": {"kind": "synthetic-classification"}}, "block_size", 64),
+    ("model", {"model": {"kind": "gpt"}}, "widths", [4, 2]),
+    ("data", {"data": {"kind": "stdlib"}}, "path", "corpus.txt"),
+    ("data", {"data": {"kind": "stdlib"}}, "n_samples", 128),
+    ("data", {"data": {"kind": "synthetic-lm"}}, "max_chars", 1000),
+])
+def test_a_setting_the_chosen_kind_does_not_read_is_an_error(section, kinds, key, value):
+    d = {k: dict(v) for k, v in kinds.items()}
+    d.setdefault(section, {})[key] = value
+    err = error_of(d)
+    kind = d[section].get("kind", "gpt" if section == "model" else "stdlib")
+    assert err.key == f"{section}.{key}"
+    assert f'{section}.kind = "{kind}" does not read it' in err.problem
+    assert f"set {section}.kind =" in err.fix
+    default = {f.name: f.default for f in dataclasses.fields(getattr(from_dict(kinds), section))}[key]
+    d[section][key] = list(default) if isinstance(default, tuple) else default
+    from_dict(d)  # left at its default, it is harmless
 
 
 def test_model_and_data_must_match():

@@ -9,9 +9,10 @@ import pytest
 
 from engine.comm.launch import run_ranks
 from engine.config import from_dict, to_dict
-from engine.ddp import DataParallel, NaiveDataParallel
+from engine.parallel import make_replica
+from engine.parallel.ddp import DataParallel
+from engine.parallel.ddp_naive import NaiveDataParallel
 from engine.trainer import Trainer
-from engine.zero import make_replica
 
 
 def tiny_gpt(**over) -> dict:

@@ -9,11 +9,12 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from engine.build import build_model
+from engine.bench.memory import measure_rank
+from engine.build import build_model, count_params, param_shapes
 from engine.comm.launch import run_ranks
-from engine.config import PrecisionConfig, from_dict, to_dict
-from engine.estimator import count_params, estimate, param_shapes
-from engine.memory import MODEL_STATES, measure_rank
+from engine.config import DataConfig, PrecisionConfig, from_dict, to_dict
+from engine.estimator import estimate
+from engine.memory import MODEL_STATES
 from engine.presets import load_preset
 from nanodist_tui.cli import app
 
@@ -34,16 +35,23 @@ def tiny(**over):
 
 
 def mlp(**over):
-    return tiny(model__kind="mlp", model__widths=[12, 20, 7], data__kind="synthetic-classification", **over)
+    d = {"name": "est", "seed": 1, "model": {"kind": "mlp", "widths": [12, 20, 7]},
+         "data": {"kind": "synthetic-classification", "n_samples": 128},
+         "train": {"steps": 2, "global_batch": 6, "micro_batches": 1, "eval_every": 0, "eval_batches": 1},
+         "parallel": {"world_size": 3, "bucket_cap_mb": 0.004}}
+    for key, value in over.items():
+        section, name = key.split("__")
+        d.setdefault(section, {})[name] = value
+    return from_dict(d)
 
 
 @pytest.mark.parametrize("cfg", [tiny(), tiny(model__bias=False, model__tie_weights=False), mlp()],
                          ids=["gpt", "gpt-untied-nobias", "mlp"])
 def test_parameter_layout_is_the_models(cfg):
-    model = build_model(cfg, vocab_size=23)
+    model = build_model(cfg, vocab=23)
     shapes = param_shapes(cfg, 23)
     assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == [(n, s) for n, s, _ in shapes]
-    assert count_params(cfg, 23) == sum(p.data.size for p in model.parameters())
+    assert count_params(shapes) == count_params(model) == sum(p.data.size for p in model.parameters())
 
 
 def test_seed_table_is_the_original_nanodist_model():
@@ -97,6 +105,7 @@ def test_fp16_at_the_default_scale_is_measured_over_steps_that_update():
     small) unmeasured. The measurement goes on until `steps` steps have updated, and says how many
     it skipped."""
     cfg = tiny(parallel__zero_stage=2, precision__dtype="fp16", data__kind="stdlib", model__vocab_size=0,
+               data__n_samples=DataConfig.n_samples,  # the corpus is read whole: no synthetic size
                precision__init_scale=PrecisionConfig.init_scale)  # the corpus: its first steps overflow
     e = estimate(cfg)
     scratch, grad32 = e.maxima["backward"]["temporaries"], e.states["adam_m"]  # AdamW's; fp32, as adam_m

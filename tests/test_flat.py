@@ -4,7 +4,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from engine.flat import FlatBuffer, master_dtype, resolve_dtype
+from engine.dtypes import master_dtype, resolve_dtype
+from engine.flat import FlatBuffer
 
 
 class P:

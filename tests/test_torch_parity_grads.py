@@ -7,7 +7,7 @@ from engine import nn, ops
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed: parity vs torch skipped")
 F = torch.nn.functional
-from engine.torch_peer import to_numpy, torch_model_from, torch_params_by_name  # noqa: E402
+from engine.bench.torch_peer import to_numpy, torch_model_from, torch_params_by_name  # noqa: E402
 
 # relative L2 error of each gradient (and of the loss) that each precision must meet
 TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}

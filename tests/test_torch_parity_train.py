@@ -17,7 +17,7 @@ from engine.presets import load_preset
 from engine.trainer import Trainer
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed: training parity vs PyTorch skipped")
-from engine import torch_peer  # noqa: E402 - needs torch, imported once it is known to be there
+from engine.bench import torch_peer  # noqa: E402 - needs torch, imported once it is known to be there
 
 STEPS = 20
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -61,6 +62,19 @@ class ProtocolError(RankFailure):
 
 class StopRequested(Exception):
     """The job was asked to stop and a peer this rank waits on has already left."""
+
+
+def error_line(exc: BaseException) -> str:
+    """The last line of a traceback, e.g. "ValueError: boom" — what a failure message names."""
+    lines = traceback.format_exception_only(type(exc), exc)
+    return lines[-1].strip() if lines else type(exc).__name__
+
+
+def blame(rank: int, exc: BaseException) -> tuple[int, str]:
+    """Which rank an exception raised on ``rank`` points at, and why."""
+    if isinstance(exc, RankFailure):
+        return exc.rank, exc.cause
+    return rank, error_line(exc)
 
 
 class Signals:

@@ -23,6 +23,12 @@ def loads(data: bytes | str):
     return json.loads(data, object_hook=_decode)
 
 
+def as_sent(event: dict) -> dict:
+    """The event as a rank process would deliver it (through JSON), so every backend hands the
+    launcher the same plain dicts and a non-serialisable event fails on threads too."""
+    return loads(dumps(event))
+
+
 def _encode(obj):
     if isinstance(obj, np.ndarray):
         if obj.dtype.name not in DTYPE_NAMES:

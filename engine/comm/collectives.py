@@ -1,4 +1,4 @@
-"""Ring collectives, written once over Communicator point-to-point calls (DESIGN rule 2).
+"""Ring collectives, written once over Communicator point-to-point calls; transports only move bytes.
 
 All work in place on a flat, C-contiguous 1-D buffer. The buffer of n elements is cut into N
 shards with ``shard_bounds`` (sizes differ by at most one; some are empty when n < N). Nothing is
@@ -20,23 +20,16 @@ shard is reduced by exactly one rank and then copied, so all ranks end bitwise i
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from engine.comm.base import Communicator, Reduce
 from engine.comm.meter import metered_phase
+from engine.dtypes import LOW_PRECISION
+from engine.flat import shard_bounds
 
 SEGMENT_BYTES = 4 << 20
 OPS = ("sum", "avg", "max")
 ALGORITHMS = ("ring", "mpi-native")
-_LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-
-
-def shard_bounds(n: int, world_size: int, rank: int) -> tuple[int, int]:
-    """[start, end) of ``rank``'s shard of n elements: the first n mod N shards get one extra."""
-    base, extra = divmod(n, world_size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (rank < extra)
 
 
 def reduce_scatter(comm: Communicator, buf: np.ndarray, op: str = "sum", *,
@@ -125,10 +118,10 @@ def _segments(view: np.ndarray, segment_bytes: int) -> list[np.ndarray]:
 def _reducer(op: str, dtype: np.dtype) -> Reduce:
     if op not in OPS:
         raise ValueError(f"unknown reduction {op!r}; expected one of {OPS}")
-    if op == "avg" and dtype.kind != "f" and dtype not in _LOW_PRECISION:
+    if op == "avg" and dtype.kind != "f" and dtype not in LOW_PRECISION:
         raise TypeError(f"op 'avg' needs a floating dtype, got {dtype}; use 'sum' and divide yourself")
     ufunc = np.maximum if op == "max" else np.add
-    if dtype in _LOW_PRECISION:
+    if dtype in LOW_PRECISION:
         def reduce_low(acc: np.ndarray, inc: np.ndarray) -> None:
             # inf (and inf - inf = nan) are legitimate fp16 results: the loss scaler skips them
             with np.errstate(over="ignore", invalid="ignore"):
@@ -141,7 +134,7 @@ def _reducer(op: str, dtype: np.dtype) -> Reduce:
 
 
 def _divide(shard: np.ndarray, world_size: int) -> None:
-    if shard.dtype in _LOW_PRECISION:
+    if shard.dtype in LOW_PRECISION:
         shard[...] = (shard.astype(np.float32) / world_size).astype(shard.dtype)
     else:
         shard /= world_size

@@ -37,11 +37,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-import traceback
 from collections.abc import Callable
 
-from engine.comm import codec
-from engine.comm.base import RankFailure, Signals, StopRequested
+from engine.comm.base import RankFailure, Signals, StopRequested, blame
+from engine.comm.codec import as_sent
 
 BACKENDS = ("threads", "processes", "tcp", "mpi")
 MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
@@ -110,25 +109,6 @@ def check_environment(backend: str, world_size: int, environ=os.environ) -> None
 def under_mpi() -> bool:
     """True when this process was started by mpiexec/srun as an MPI rank."""
     return any(name in os.environ for name in MPI_ENV)
-
-
-def error_line(exc: BaseException) -> str:
-    """The last line of a traceback, e.g. "ValueError: boom" — what a failure message names."""
-    lines = traceback.format_exception_only(type(exc), exc)
-    return lines[-1].strip() if lines else type(exc).__name__
-
-
-def as_sent(event: dict) -> dict:
-    """The event as a rank process would deliver it (through JSON), so every backend hands
-    on_event the same plain dicts and a non-serialisable event fails on threads too."""
-    return codec.loads(codec.dumps(event))
-
-
-def blame(rank: int, exc: BaseException) -> tuple[int, str]:
-    """Which rank an exception raised on ``rank`` points at, and why."""
-    if isinstance(exc, RankFailure):
-        return exc.rank, exc.cause
-    return rank, error_line(exc)
 
 
 def _run_here(comm, world_size, rank_fn, args, on_event) -> list:

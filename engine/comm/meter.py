@@ -2,7 +2,7 @@
 
 Every communicator reports each send to its meter; collectives name the phase
 ("reduce-scatter", "all-gather", "broadcast", "barrier"; anything else sent is "p2p").
-Bandwidth helpers follow the NCCL-tests definitions (REFERENCE §4): algbw = S / t and
+Bandwidth helpers follow the NCCL-tests definitions (its PERFORMANCE.md): algbw = S / t and
 busbw = algbw × a factor that makes the figure comparable to the link bandwidth.
 """
 

@@ -19,17 +19,17 @@ import threading
 import time
 import traceback
 
-import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
 from engine.comm import codec
-from engine.comm.base import Communicator, PeerTimeout, ProtocolError, Reduce, Signals, StopRequested
+from engine.comm.base import Communicator, PeerTimeout, ProtocolError, Reduce, Signals, StopRequested, blame
+from engine.comm.codec import as_sent
 from engine.comm.meter import TrafficMeter
+from engine.dtypes import LOW_PRECISION
 
 DATA_TAG, EVENT_TAG, DONE_TAG = 11, 12, 13
 MAX_RELAY_BYTES = 1 << 28
-_LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
 class MpiCommunicator(Communicator):
@@ -62,7 +62,7 @@ class MpiCommunicator(Communicator):
         if op not in ("sum", "avg", "max"):
             raise ValueError(f"unknown reduction {op!r}")
         start = time.perf_counter()
-        work = buf.astype(np.float32) if buf.dtype in _LOW_PRECISION else buf
+        work = buf.astype(np.float32) if buf.dtype in LOW_PRECISION else buf
         self._mpi.Allreduce(MPI.IN_PLACE, work, op=MPI.MAX if op == "max" else MPI.SUM)
         if op == "avg":
             work /= self.world_size
@@ -105,8 +105,6 @@ def _raw(arr: np.ndarray) -> list:
 
 def run_mpi_rank(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> list:
     """Run this process's rank; rank 0 relays every rank's events to on_event and gathers results."""
-    from engine.comm.launch import as_sent, blame
-
     world = MPI.COMM_WORLD
     if world.Get_size() != world_size:
         raise ValueError(f"started with {world.Get_size()} MPI ranks but world_size is {world_size}; "

@@ -28,7 +28,7 @@ import time
 import traceback
 
 from engine.comm import codec
-from engine.comm.base import RankFailure, Signals, StopRequested
+from engine.comm.base import RankFailure, Signals, StopRequested, blame
 
 MAX_MESSAGE = 1 << 28
 ABORT_GRACE_S = 3.0
@@ -191,7 +191,6 @@ def child_main(conn) -> None:
                 master_known.set()
 
     threading.Thread(target=listen_to_launcher, name="nanodist-control", daemon=True).start()
-    from engine.comm.launch import blame
     from engine.comm.rendezvous import connect
 
     comm = None

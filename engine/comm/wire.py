@@ -12,8 +12,9 @@ import math
 import struct
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
+
+from engine.dtypes import resolve_dtype
 
 MAGIC = b"NDST"
 VERSION = 1
@@ -32,7 +33,7 @@ NO_SLOT = 0xFFFF     # SHM: an empty message carries no slot
 
 # code -> dtype; codes are part of the wire format, never renumber.
 DTYPES: dict[int, np.dtype] = {
-    1: np.dtype(np.float16), 2: np.dtype(ml_dtypes.bfloat16), 3: np.dtype(np.float32),
+    1: np.dtype(np.float16), 2: resolve_dtype("bf16"), 3: np.dtype(np.float32),
     4: np.dtype(np.float64), 5: np.dtype(np.int8), 6: np.dtype(np.uint8), 7: np.dtype(np.int16),
     8: np.dtype(np.uint16), 9: np.dtype(np.int32), 10: np.dtype(np.uint32), 11: np.dtype(np.int64),
     12: np.dtype(np.uint64), 13: np.dtype(np.bool_),

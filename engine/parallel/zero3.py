@@ -1,10 +1,11 @@
 """ZeRO stage 3: parameters sharded too, gathered layer by layer just before use and freed after.
 
-Units: each GPT block (each MLP layer) is one unit; every parameter outside them (embeddings, final
-LayerNorm, the head, whose weight is tied to the token embedding) forms one outer unit owned by the
-model itself. Each unit has its own flat layout padded to a multiple of N (engine.flat), and rank r
-keeps only part r of it: model-dtype parameters, gradients, and the optimizer state for them
-(engine.zero_shard; the parts of all units are views of one local array per kind).
+Units: each of the model's `units()` (GPT blocks, MLP layers) is one unit; every parameter outside
+them (embeddings, final LayerNorm, the head, whose weight is tied to the token embedding) forms one
+outer unit owned by the model itself. Each unit has its own flat layout padded to a multiple of N
+(engine.flat), and rank r keeps only part r of it: model-dtype parameters, gradients, and the
+optimizer state for them (engine.parallel.shard_optimizer; the parts of all units are views of one
+local array per kind).
 
 Life of a unit in a step (hooks on the unit's module; the model code knows nothing of this):
   forward pre-hook    all-gather the unit (or wait for its prefetch) and bind the parameters to it;
@@ -38,24 +39,12 @@ import numpy as np
 from engine import ops
 from engine.comm.collectives import all_gather, broadcast
 from engine.comm.meter import metered_phase
-from engine.flat import FlatBuffer, Slot, resolve_dtype
+from engine.dtypes import resolve_dtype
+from engine.flat import FlatBuffer, FlatLayout
+from engine.parallel.buckets import part
+from engine.parallel.replica import ShardedReplica
+from engine.parallel.shard_optimizer import Piece
 from engine.tensor import Tensor
-from engine.zero_comm import part
-from engine.zero_shard import Piece, ShardedReplica
-
-
-class StandardLayout:
-    """Where every parameter sits in the standard flat layout (parameter order, padded to a multiple of
-    N): the layout checkpoints use. Holds no parameter data — stage 3 has no full buffer."""
-
-    def __init__(self, params, dtype, world: int):
-        self.params, self.dtype, self.slots, start = params, resolve_dtype(dtype), [], 0
-        for p in params:
-            self.slots.append(Slot(p.name, start, start + p.data.size, tuple(p.data.shape)))
-            start += p.data.size
-        self.numel = start
-        self.size = -(-start // world) * world
-        self.padding = self.size - self.numel
 
 
 class _Unit:
@@ -72,13 +61,14 @@ class _Unit:
 
 
 class Zero3Replica(ShardedReplica):
-    """The replica interface of engine.ddp.DataParallel, with parameters sharded per unit. Piece and
-    group i are this rank's part of unit i and the unit's whole padded layout."""
+    """Parameters sharded per unit. Piece and group i are this rank's part of unit i and the unit's whole
+    padded layout; `flat` is the standard layout (parameter order, padded to N) checkpoints use: stage
+    3 has no full buffer, so it holds no data."""
 
     def __init__(self, cfg, model, comm):
         super().__init__(cfg, model, comm)
         dtype = resolve_dtype(cfg.precision.dtype)
-        self.flat = StandardLayout(self.params, dtype, self.world)
+        self.flat = FlatLayout([(p.name, p.shape) for p in self.params], dtype, self.world)
         self._std_start = {id(p): s.start for p, s in zip(self.params, self.flat.slots)}
         self._empty = np.empty(0, dtype=dtype)
         self.units = self._build_units(model, dtype)
@@ -109,7 +99,7 @@ class Zero3Replica(ShardedReplica):
 
     def _build_units(self, model, dtype) -> list[_Unit]:
         """Shard every unit: pack it (padded to N), start from rank 0's values, keep part r, free it."""
-        modules = list(getattr(model, "blocks", None) or getattr(model, "layers", None) or [])
+        modules = model.units()
         groups = [(m, m.parameters()) for m in modules]
         inside = {id(p) for _, ps in groups for p in ps}
         outer = [p for p in self.params if id(p) not in inside]

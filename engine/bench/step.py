@@ -50,9 +50,9 @@ def race_torch(cfg: Config, warmup: int = 5, steps: int = 20, threads: int = 2) 
         import torch
     except ImportError:
         return None
+    from engine.bench.torch_peer import torch_adamw, torch_model_from, torch_train_step
     from engine.comm.base import Signals
     from engine.comm.threads import ThreadGroup
-    from engine.torch_peer import torch_adamw, torch_model_from, torch_train_step
     from engine.trainer import Trainer
     torch.set_num_threads(threads)
     cfg = replace(replace(cfg, "train.steps", warmup + steps + 1), "train.eval_every", 0)

@@ -8,11 +8,11 @@ index order, so every rank issues the same collectives in the same order. With g
 accumulation only the last micro-batch synchronises (like PyTorch's `no_sync`).
 
 The optimizer side (overflow check, grad norm, AdamW, and in mixed precision the fp32 master, with
-an fp32 gradient that exists only during the update) and the rest of the replica skeleton (scaler,
-step, events, communication thread) are engine.zero_shard, shared with ZeRO 1-3: here the optimizer
-owns one piece, the whole buffer.
+an fp32 gradient that exists only during the update) is engine.parallel.shard_optimizer and the rest
+of the replica skeleton (scaler, step, events, communication thread) engine.parallel.replica, shared
+with ZeRO 1-3: here the optimizer owns one piece, the whole buffer.
 
-`NaiveDataParallel` is the teaching version: one all-reduce of the whole buffer after backward.
+Read engine/parallel/ddp_naive.py first: the same thing with one all-reduce after backward.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import time
 
 from engine.comm.collectives import all_reduce, broadcast
 from engine.flat import FlatBuffer
-from engine.zero_shard import Piece, Replica
+from engine.parallel.replica import Replica
+from engine.parallel.shard_optimizer import Piece
 
 
 class DataParallel(Replica):
@@ -93,16 +94,3 @@ class DataParallel(Replica):
     def load_optimizer_state(self, full: dict) -> None:
         """Set master, m, v, step and the model-dtype parameters from unpadded full-length arrays."""
         self.optimizer.load_local(full["master"], full["m"], full["v"], full["step"])
-
-
-class NaiveDataParallel(DataParallel):
-    """No buckets, no overlap: after backward, one all-reduce of the whole gradient buffer."""
-
-    def _on_grad_ready(self, p) -> None:
-        pass
-
-    def finish_backward(self) -> None:
-        t0 = time.perf_counter()
-        if self._sync:
-            all_reduce(self.comm, self.flat.grad, op="avg", algorithm=self.algorithm)
-        self.comm_wait_s = time.perf_counter() - t0

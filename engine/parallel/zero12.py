@@ -1,10 +1,10 @@
 """ZeRO stages 1 and 2: optimizer state (and, in stage 2, gradients) sharded over the ranks.
 
 Layout: one model-dtype parameter buffer (engine.flat, padded to a multiple of N) cut into buckets
-whose lengths are multiples of N (engine.zero_comm.aligned_buckets). Rank r owns part r of every
-bucket: its optimizer state (fp32 master in mixed precision, Adam m, v) covers exactly those parts,
-and an ordinary AdamW runs on each (engine.zero_shard). After the update every bucket is all-gathered
-from its parts, so all ranks hold the full updated parameters again.
+whose lengths are multiples of N (engine.parallel.buckets). Rank r owns part r of every bucket: its
+optimizer state (fp32 master in mixed precision, Adam m, v) covers exactly those parts, and an
+ordinary AdamW runs on each (engine.parallel.shard_optimizer). After the update every bucket is
+all-gathered from its parts, so all ranks hold the full updated parameters again.
 
 Stage 1 keeps a full gradient buffer, as DDP does: micro-batches accumulate into it, and on the last
 one each bucket is reduce-scattered (not all-reduced: a rank needs only its part) as soon as its
@@ -28,15 +28,17 @@ import numpy as np
 
 from engine.comm.collectives import all_gather, broadcast, reduce_scatter
 from engine.flat import FlatBuffer
-from engine.zero_comm import aligned_buckets, part
-from engine.zero_shard import Piece, ShardedReplica
+from engine.parallel.buckets import aligned_buckets, part
+from engine.parallel.replica import ShardedReplica
+from engine.parallel.shard_optimizer import Piece
 
 
 class ZeroReplica(ShardedReplica):
-    """Stage 1 (`stage=1`) or stage 2 (`stage=2`); the replica interface of engine.ddp.DataParallel.
-    Piece and group b are this rank's part of bucket b and the bucket itself."""
+    """Stage 1 or 2 (cfg.parallel.zero_stage). Piece and group b are this rank's part of bucket b and
+    the bucket itself."""
 
-    def __init__(self, cfg, model, comm, stage: int):
+    def __init__(self, cfg, model, comm):
+        stage = cfg.parallel.zero_stage
         if stage not in (1, 2):
             raise ValueError(f"ZeroReplica implements stages 1 and 2, not {stage}")
         super().__init__(cfg, model, comm)
