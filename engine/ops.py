@@ -15,14 +15,11 @@ from __future__ import annotations
 import functools
 import math
 
-import ml_dtypes
 import numpy as np
 
 from engine import halfconv
+from engine.dtypes import LOW_PRECISION, compute_dtype
 from engine.tensor import Parameter, ScatterGrad, Tensor, make
-
-LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-
 
 # ---- helpers ---------------------------------------------------------------------------------------
 
@@ -36,11 +33,6 @@ def matmul_kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             product = np.matmul(halfconv.astype(a, np.float32), halfconv.astype(b, np.float32))
             return halfconv.astype(product, out_dtype)
     return np.matmul(a, b)
-
-
-def _compute_dtype(dtype) -> np.dtype:
-    """float64 stays float64 (exact parity tests); everything else computes in float32."""
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
 
 def _sum(x: np.ndarray, axis, keepdims: bool = False) -> np.ndarray:
@@ -284,7 +276,7 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 def gelu(x: Tensor) -> Tensor:
     """GPT-2's tanh approximation: 0.5 x (1 + tanh(c (x + k x^3))). Keeps only x."""
-    dtype, cdt, xs = x.dtype, _compute_dtype(x.dtype), x.data
+    dtype, cdt, xs = x.dtype, compute_dtype(x.dtype), x.data
     x32 = halfconv.astype(xs, cdt)
     y = _gelu_tanh(x32)
     y += 1
@@ -337,7 +329,7 @@ def backward_hook(x: Tensor, fn) -> Tensor:
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """Normalise the last axis, then scale and shift. Keeps x, mean and 1/std (float32 inside)."""
-    dtype, cdt, shape = x.dtype, _compute_dtype(x.dtype), x.shape
+    dtype, cdt, shape = x.dtype, compute_dtype(x.dtype), x.shape
     n = shape[-1]
     x2 = halfconv.astype(x.data.reshape(-1, n), cdt)
     mu = _row_sum(x2)
@@ -385,7 +377,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
 
     Keeps q, k, v, the attention probabilities [B, H, T, T] and, with dropout, its boolean mask.
     """
-    dtype, cdt = q.dtype, _compute_dtype(q.dtype)
+    dtype, cdt = q.dtype, compute_dtype(q.dtype)
     scale = 1.0 / math.sqrt(q.shape[-1])
     qd, kd, vd = q.data, k.data, v.data
     att = halfconv.astype(matmul_kernel(qd, _swap(kd)), cdt)
@@ -423,7 +415,7 @@ def cross_entropy(logits: Tensor, targets) -> Tensor:
     """Mean of -log softmax(logits)[target] over all targets; a float32 scalar (float64 for float64
     logits). Keeps the logits and the per-row log-sum-exp; the backward recomputes the softmax."""
     targets = targets.data if isinstance(targets, Tensor) else np.asarray(targets)
-    dtype, cdt = logits.dtype, _compute_dtype(logits.dtype)
+    dtype, cdt = logits.dtype, compute_dtype(logits.dtype)
     vocab = logits.shape[-1]
     x, cols = logits.data.reshape(-1, vocab), targets.reshape(-1)
     x32 = halfconv.astype(x, cdt)
