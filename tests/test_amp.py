@@ -16,7 +16,7 @@ from engine.config import from_dict
 from engine.data import rank_slice
 from engine.flat import FlatBuffer
 from engine.trainer import Trainer
-from tests.test_ddp import tiny_gpt
+from tests.parallel_helpers import tiny_gpt
 
 CLEAN, INF, NAN = None, ("inf", "w"), ("nan", "w")
 

@@ -8,32 +8,12 @@ import numpy as np
 import pytest
 
 from engine.comm.launch import run_ranks
-from engine.config import from_dict, to_dict
+from engine.config import from_dict
 from engine.parallel import make_replica
 from engine.parallel.ddp import DataParallel
 from engine.parallel.ddp_naive import NaiveDataParallel
 from engine.trainer import Trainer
-
-
-def tiny_gpt(**over) -> dict:
-    d = {
-        "name": "tiny", "seed": 3,
-        # No biases: the attention key bias has an exactly-zero true gradient (softmax ignores a constant
-        # shift), so its computed gradient is rounding noise that Adam's normalisation turns into O(lr)
-        # steps of random sign — no two summation orders agree on it, in any precision.
-        "model": {"kind": "gpt", "n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 8, "dropout": 0.0,
-                  "bias": False},
-        "data": {"kind": "synthetic-lm", "n_samples": 512},
-        "train": {"steps": 10, "global_batch": 8, "micro_batches": 1, "eval_every": 0, "eval_batches": 1},
-        "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 1.0},
-        "parallel": {"world_size": 1, "bucket_cap_mb": 0.002},  # tiny buckets: many of them
-        "precision": {"dtype": "fp32"},
-    }
-    for key, value in over.items():
-        section, name = key.split("__")
-        d[section][name] = value
-    d["model"]["vocab_size"] = 32
-    return to_dict(from_dict(d))
+from tests.parallel_helpers import tiny_gpt
 
 
 def _train(comm, emit, cfg_dict, steps, naive=False):

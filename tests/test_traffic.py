@@ -11,8 +11,7 @@ import pytest
 from engine.comm.launch import run_ranks
 from engine.config import from_dict
 from engine.job import run_training
-from tests.test_ddp import tiny_gpt
-from tests.test_zero import _buckets, _ring_bytes, with_parallel
+from tests.parallel_helpers import gradient_group_lengths, ring_bytes, tiny_gpt, with_parallel
 
 STEPS = 3
 # fp64 scalars all-reduced every step besides the gradients: the trainer agrees on [mean loss, stop flag]
@@ -24,18 +23,18 @@ def traced_run(world: int, stage: int) -> tuple[list, list, dict]:
     cfg = with_parallel(tiny_gpt(train__steps=STEPS), world, stage, backend="threads")
     events: list = []
     summary = run_training(from_dict(cfg), on_event=events.append, record=False)
-    lengths = run_ranks(world, "threads", _buckets, args=(cfg,))[0]
+    lengths = run_ranks(world, "threads", gradient_group_lengths, args=(cfg,))[0]
     return events, lengths, summary
 
 
 def expected_phase_bytes(lengths: list[int], world: int, rank: int, stage: int) -> dict[str, int]:
     """Payload bytes rank sends per step in each phase: fp32 buckets (units) by the ring formulas, fp64
     scalars likewise (a ring all-reduce of n elements is a reduce-scatter then an all-gather of n)."""
-    rs = sum(_ring_bytes(n, world, rank)[0] for n in lengths)
-    ag = sum(_ring_bytes(n, world, rank)[1] for n in lengths)
+    rs = sum(ring_bytes(n, world, rank)[0] for n in lengths)
+    ag = sum(ring_bytes(n, world, rank)[1] for n in lengths)
     scalars = [AGREE] + ([NORM] if stage > 0 else [])
-    s_rs = sum(_ring_bytes(n, world, rank)[0] for n in scalars)
-    s_ag = sum(_ring_bytes(n, world, rank)[1] for n in scalars)
+    s_rs = sum(ring_bytes(n, world, rank)[0] for n in scalars)
+    s_ag = sum(ring_bytes(n, world, rank)[1] for n in scalars)
     if stage < 3:  # DDP: all-reduce of every bucket; ZeRO-1/2: reduce-scatter, update, all-gather
         return {"reduce-scatter": 4 * rs + 8 * s_rs, "all-gather": 4 * ag + 8 * s_ag}
     # ZeRO-3: every unit gathered twice (forward, backward) under its own phase, reduce-scattered once
@@ -44,7 +43,7 @@ def expected_phase_bytes(lengths: list[int], world: int, rank: int, stage: int) 
 
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_one_traffic_event_per_rank_per_step_with_ring_bytes(world, stage):
+def test_one_traffic_event_per_rank_per_step_withring_bytes(world, stage):
     events, lengths, summary = traced_run(world, stage)
     assert summary["steps"] == STEPS
     assert len(lengths) >= 2  # several buckets (units): the per-bucket formula is really exercised

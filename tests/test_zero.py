@@ -1,21 +1,16 @@
 """ZeRO stages 1-3 equal DDP (stage 0); shards are views; stage 2 never holds the full gradient; model-state
-bytes equal REFERENCE §1 and per-rank traffic equals the ring formulas exactly."""
+bytes equal the ZeRO paper's formulas and per-rank traffic equals the ring formulas exactly."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.comm.collectives import shard_bounds
 from engine.comm.launch import run_ranks
 from engine.config import from_dict
 from engine.memory import MODEL_STATES
 from engine.trainer import Trainer
-from tests.test_ddp import tiny_gpt
-
-
-def with_parallel(cfg: dict, world: int, stage: int, **extra) -> dict:
-    return dict(cfg, parallel=dict(cfg["parallel"], world_size=world, zero_stage=stage, **extra))
+from tests.parallel_helpers import gradient_group_lengths, ring_bytes, tiny_gpt, with_parallel
 
 
 def _train(comm, emit, cfg_dict, steps):
@@ -206,22 +201,6 @@ def test_model_state_bytes_match_reference_formulas(dtype, world):
 
 # ---------------------------------------------------------------------------------------- traffic
 
-def _ring_bytes(n: int, world: int, rank: int) -> tuple[int, int]:
-    """Elements rank sends in a ring reduce-scatter and all-gather of n elements (collectives.py)."""
-    shard = [shard_bounds(n, world, r) for r in range(world)]
-    size = [b - a for a, b in shard]
-    return n - size[rank], n - size[(rank + 1) % world]
-
-
-def _buckets(comm, emit, cfg_dict):
-    trainer = Trainer(from_dict(cfg_dict), comm)
-    rep = trainer.replica
-    ranges = [(0, u.flat.size) for u in rep.units] if hasattr(rep, "units") else rep.buckets
-    lengths = [r[1] - r[0] for r in ranges]
-    rep.close()
-    return lengths
-
-
 @pytest.mark.parametrize("world", [2, 4])
 def test_bytes_sent_per_rank_match_ring_formulas(world):
     """Stages 0-2 send 2Ψ(N−1)/N elements per rank per step, stage 3 3Ψ(N−1)/N — exactly, given the
@@ -229,14 +208,15 @@ def test_bytes_sent_per_rank_match_ring_formulas(world):
     cfg = tiny_gpt()
     for stage in range(4):
         results = run(cfg, world, stage, steps=1)
-        lengths = run_ranks(world, "threads", _buckets, args=(with_parallel(cfg, world, stage),))[0]
+        staged = with_parallel(cfg, world, stage)
+        lengths = run_ranks(world, "threads", gradient_group_lengths, args=(staged,))[0]
         passes = {0: (1, 1), 1: (1, 1), 2: (1, 1), 3: (1, 2)}[stage]  # (reduce-scatters, all-gathers)
         for rank, r in enumerate(results):
-            rs_ag = [_ring_bytes(n, world, rank) for n in lengths]
+            rs_ag = [ring_bytes(n, world, rank) for n in lengths]
             # fp64 all-reduces: [loss, stop flag] from the trainer, and the grad norm when sharded
-            scalars = 8 * sum(_ring_bytes(2, world, rank))
+            scalars = 8 * sum(ring_bytes(2, world, rank))
             if stage:
-                scalars += 8 * sum(_ring_bytes(1, world, rank))
+                scalars += 8 * sum(ring_bytes(1, world, rank))
             model_bytes = 4 * sum(passes[0] * rs + passes[1] * ag for rs, ag in rs_ag)
             assert r["bytes"] == model_bytes + scalars, (stage, rank)
             ideal = 4 * sum(passes) * sum(lengths) * (world - 1) / world  # 2Ψ(N−1)/N or 3Ψ'(N−1)/N

@@ -1,0 +1,139 @@
+"""The house rules on imports, read from the source: no import cycles between modules, the engine never
+imports the UI stack, model code never imports communication or parallel code, and torch is imported only
+by the benchmark room. Function-level imports count too (they are still dependencies)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "nanodist_tui")
+UI_STACK = ("textual", "typer", "rich", "nanodist_tui", "textual_plotext", "plotext")
+MODEL_CODE = ("engine.tensor", "engine.ops", "engine.nn", "engine.halfconv", "engine.dtypes")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def source_modules() -> dict[str, Path]:
+    return {module_name(f): f for pkg in PACKAGES for f in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def imports_of(path: Path, known: set[str], name: str | None = None) -> set[str]:
+    """Every module `path` (module `name`) imports, absolute or relative, except under TYPE_CHECKING."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    typing_only = {id(node) for block in ast.walk(tree)
+                   if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+                   for stmt in block.body for node in ast.walk(stmt)}
+    here = (name or module_name(path)).split(".")
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here if is_package else here[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            subs = {f"{module}.{alias.name}" for alias in node.names} & known
+            found |= subs if len(subs) == len(node.names) else {module} | subs
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = source_modules()
+    known = set(modules)
+    return {m: imports_of(f, known) for m, f in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), inside the graph only."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v] & graph.keys():
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_engine_never_imports_the_ui_stack():
+    bad = [(m, t) for m, targets in import_graph().items() if top(m) == "engine"
+           for t in targets if top(t) in UI_STACK]
+    assert bad == []
+
+
+def test_model_code_never_imports_communication_or_parallel_code():
+    bad = [(m, t) for m, targets in import_graph().items() if m in MODEL_CODE
+           for t in targets if t.startswith(("engine.comm", "engine.parallel"))]
+    assert bad == []
+
+
+def test_torch_is_imported_only_by_the_benchmark_room():
+    bad = [(m, t) for m, targets in import_graph().items() for t in targets
+           if top(t) == "torch" and not m.startswith("engine.bench")]
+    assert bad == []
+
+
+@pytest.mark.parametrize("source, rule", [
+    ("import textual\n", "ui"), ("from engine.comm.collectives import all_reduce\n", "model"),
+    ("def f():\n    import torch\n", "torch")])
+def test_the_rules_see_what_they_forbid(tmp_path, source, rule):
+    """The checks above would notice a break: a module with a forbidden import is caught."""
+    graph = import_graph()
+    module = {"ui": "engine.trainer", "model": "engine.nn", "torch": "engine.trainer"}[rule]
+    fake = tmp_path / "fake.py"
+    fake.write_text(source)
+    graph[module] = graph[module] | imports_of(fake, set(graph), module)
+    if rule == "ui":
+        assert any(top(t) in UI_STACK for t in graph[module])
+    elif rule == "model":
+        assert any(t.startswith("engine.comm") for t in graph[module])
+    else:
+        assert any(top(t) == "torch" for t in graph[module])
+
+
+def test_a_cycle_is_found():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
