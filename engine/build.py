@@ -45,6 +45,7 @@ def vocab_chars(dataset) -> list[str] | None:
 def build_model(cfg, dataset=None, vocab: int | None = None) -> nn.Module:
     """The model of `cfg`, initialised deterministically from cfg.seed, in the configured precision."""
     m, dtype = cfg.model, resolve_dtype(cfg.precision.dtype)
+    model: nn.Module
     if m.kind == "mlp":
         model = nn.MLP(list(m.widths), dropout=m.dropout, bias=m.bias, dtype=dtype)
     else:
@@ -78,7 +79,8 @@ def param_shapes(cfg, vocab: int) -> list[tuple[str, tuple, int | None]]:
         pairs = enumerate(zip(m.widths[:-1], m.widths[1:]))
         return [p for i, (a, b) in pairs for p in linear(f"layers.{i}", a, b, i)]
     c = m.n_embd
-    shapes = [("wte.weight", (vocab, c), None), ("wpe.weight", (m.block_size, c), None)]
+    shapes: list[tuple[str, tuple, int | None]] = [("wte.weight", (vocab, c), None),
+                                                   ("wpe.weight", (m.block_size, c), None)]
     for i in range(m.n_layer):
         pre = f"blocks.{i}."
         shapes += (norm(pre + "ln_1", c, i) + linear(pre + "attn.c_attn", c, 3 * c, i)

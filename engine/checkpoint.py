@@ -198,13 +198,17 @@ class Checkpoint:
 
     def consolidate(self, keys: tuple[str, ...] = STATE_KEYS) -> dict:
         """Full unpadded arrays (fp32 master, m, v) and the optimizer step, however many ranks saved them."""
-        numel, parts = self.manifest["numel"], {k: [] for k in keys}
+        numel = self.manifest["numel"]
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
         step = None
         for _, _, rank in self._pieces():
             arrays, meta = read_shard(self.path / shard_name(rank), keys)
             step = meta["optimizer_step"] if step is None else step
             for k in keys:
                 parts[k].append(arrays[k])
+        if step is None:
+            raise CheckpointError(f"{self.path}/{MANIFEST}: no shard holds optimizer state; "
+                                  "the checkpoint is damaged")
         full = {k: np.concatenate(v)[:numel] for k, v in parts.items()}
         return full | {"step": int(step)}
 

@@ -71,7 +71,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> tuple[str, int]:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> tuple[str, int]:
     """Write a file via `write(f)` to a temporary name, fsync, rename over `path`, fsync the folder.
     Returns (sha256, size) of the bytes as they went to disk, hashed before the rename."""
     path = Path(path)
@@ -106,7 +106,7 @@ def write_shard(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> tuple[
     """One rank's shard: named arrays plus JSON metadata, uncompressed .npz, written atomically."""
     payload = dict(arrays)
     payload[META_KEY] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    return atomic_write(path, lambda f: np.savez(f, **payload))
+    return atomic_write(path, lambda f: np.savez(f, allow_pickle=False, **payload))
 
 
 def read_shard(path: Path, keys: tuple[str, ...] | None = None) -> tuple[dict[str, np.ndarray], dict]:

@@ -191,7 +191,7 @@ class Config:
 
 _SECTIONS: dict[str, type] = {
     f.name: t for f in dataclasses.fields(Config)
-    if dataclasses.is_dataclass(t := typing.get_type_hints(Config)[f.name])
+    if isinstance(t := typing.get_type_hints(Config)[f.name], type) and dataclasses.is_dataclass(t)
 } | {"sweep": SweepConfig}
 
 # dotted key -> (type hint, dataclass field) for every scalar setting (sweep.space aside)
@@ -398,6 +398,8 @@ def _build_param(key: str, spec: Any) -> SearchParam:
 
 def _check_sweep_bounds(cfg: Config) -> None:
     """Every trial must be a valid config: try each bound / choice in the full config."""
+    if cfg.sweep is None:
+        return
     base = {k: v for k, v in to_dict(cfg).items() if k != "sweep"}
     for key, param in cfg.sweep.space.items():
         tries = [("low", param.low), ("high", param.high)] if param.choices is None else [

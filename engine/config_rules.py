@@ -24,7 +24,8 @@ from engine.recompute import CHECKPOINTING, checkpointed_blocks
 if TYPE_CHECKING:
     from engine.config import Config
 
-Problem = tuple[str, ...]  # (problem, fix) for one setting; (key, problem, fix) across settings
+Problem = tuple[str, str]  # (problem, fix): a rule's verdict on one setting's value
+KeyedProblem = tuple[str, str, str]  # (key, problem, fix): a problem across settings
 
 
 def toml_repr(value: Any) -> str:
@@ -137,7 +138,7 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "sweep.n_trials": _at_least(1),
 }
 
-def combination_problem(cfg: Config) -> Problem | None:
+def combination_problem(cfg: Config) -> KeyedProblem | None:
     """The first rule across settings that cfg breaks, as (key, problem, fix), or None."""
     m, t, o, p, pr = cfg.model, cfg.train, cfg.optim, cfg.parallel, cfg.precision
     split = p.world_size * t.micro_batches
@@ -179,7 +180,7 @@ def combination_problem(cfg: Config) -> Problem | None:
     return None
 
 
-def unread_setting_problem(cfg: Config) -> Problem | None:
+def unread_setting_problem(cfg: Config) -> KeyedProblem | None:
     """A [model] or [data] setting that the chosen model.kind / data.kind does not read, set to anything
     but its default: it would be silently ignored, so it is an error naming the kind that reads it."""
     for section, kind in (("model", cfg.model.kind), ("data", cfg.data.kind)):
@@ -195,7 +196,7 @@ def unread_setting_problem(cfg: Config) -> Problem | None:
 
 
 def data_problem(cfg: Config, n_train_tokens: int, n_val_tokens: int | None,
-                 data_vocab: int | None) -> Problem | None:
+                 data_vocab: int | None) -> KeyedProblem | None:
     """What needs the loaded data: context vs. corpus length, model vocab vs. corpus characters; the first
     problem as (key, problem, fix), or None."""
     if cfg.model.kind != "gpt":

@@ -151,7 +151,7 @@ def from_json(d: dict) -> Any:
     if not isinstance(d, dict):
         raise EventError(f"an event must be a JSON object, got {type(d).__name__}")
     kind = d.get("kind")
-    cls = EVENT_TYPES.get(kind)
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise EventError(f"unknown event kind {kind!r}; known kinds: {', '.join(EVENT_TYPES)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}

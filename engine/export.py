@@ -57,6 +57,7 @@ def build(meta: dict, params: dict[str, np.ndarray], source: str = "model") -> n
     """The fp32 network a model spec describes, with these parameters loaded (names and shapes checked)."""
     spec = dict(meta["model"])
     kind = spec.pop("kind")
+    model: nn.Module
     if kind == "gpt":
         model = nn.GPT(**spec, dtype=np.float32)
     elif kind == "mlp":
@@ -86,7 +87,7 @@ def export_model(ckpt: Checkpoint, out: str | Path) -> Path:
     payload = dict(params_from_checkpoint(ckpt))
     payload[META_KEY] = np.frombuffer(json.dumps(_meta(ckpt)).encode("utf-8"), dtype=np.uint8)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, lambda f: np.savez(f, **payload))
+    atomic_write(out, lambda f: np.savez(f, allow_pickle=False, **payload))
     return out
 
 

@@ -80,7 +80,8 @@ class FlatLayout:
         """(start, end, indices of the parameters inside) of every bucket of `buckets(cap_bytes)`."""
         itemsize = self.dtype.itemsize
         plan: list[tuple[int, int, list[int]]] = []
-        end, members = self.size, []
+        end = self.size
+        members: list[int] = []
         for i in reversed(range(len(self.slots))):
             start = self.slots[i].start
             # Close the open bucket when adding parameter i would push it over the cap.
@@ -116,6 +117,13 @@ class FlatBuffer(FlatLayout):
         self.grad = np.zeros(self.size, dtype=self.dtype) if grad else None
         self.bind()
 
+    @property
+    def grad_buffer(self) -> np.ndarray:
+        """`grad` of a buffer built with grad=True; a ValueError for one built without."""
+        if self.grad is None:
+            raise ValueError("this FlatBuffer was built with grad=False: it has no gradient buffer")
+        return self.grad
+
     def bind(self) -> None:
         """Point every p.data (and p.grad, when a grad buffer exists) at its view. Called on construction;
         call again after anything reassigned them (e.g. after refilling a freed ZeRO-3 buffer)."""
@@ -129,7 +137,7 @@ class FlatBuffer(FlatLayout):
         return self._index[id(param)]
 
     def zero_grad(self) -> None:
-        self.grad.fill(0)
+        self.grad_buffer.fill(0)
 
     def shard(self, rank: int, world: int) -> np.ndarray:
         """View of rank's shard of the parameter buffer."""
@@ -137,7 +145,7 @@ class FlatBuffer(FlatLayout):
 
     def grad_shard(self, rank: int, world: int) -> np.ndarray:
         """View of rank's shard of the gradient buffer."""
-        return self.grad[slice(*self.shard_range(rank, world))]
+        return self.grad_buffer[slice(*self.shard_range(rank, world))]
 
     def bucket_map(self, cap_bytes: float) -> dict[int, int]:
         """id(param) -> index of its bucket in `buckets(cap_bytes)`."""

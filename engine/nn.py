@@ -9,6 +9,7 @@ under its first name. Models never know they are distributed.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -146,7 +147,8 @@ class Dropout(Module):
 
     def __init__(self, p: float, rng: np.random.Generator):
         super().__init__()
-        self.p, self.rng = p, rng
+        self.p = p
+        self.rng: np.random.Generator = rng
 
     def forward(self, x: Tensor) -> Tensor:
         return ops.dropout(x, self.p, self.rng, self.training)
@@ -160,7 +162,7 @@ class MLP(Module):
         super().__init__()
         if len(widths) < 2:
             raise ValueError(f"an MLP needs at least an input and an output width, got {list(widths)}")
-        self.config = dict(widths=list(widths), dropout=dropout, bias=bias)
+        self.config: dict[str, Any] = dict(widths=list(widths), dropout=dropout, bias=bias)
         self.dtype = np.dtype(dtype)
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.layers = [Linear(i, o, bias, dtype) for i, o in zip(widths[:-1], widths[1:])]
@@ -194,9 +196,9 @@ class CausalSelfAttention(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, c = x.shape
-        heads = [h.reshape(b, t, self.n_head, c // self.n_head).transpose(0, 2, 1, 3)
-                 for h in ops.split(self.c_attn(x), 3, axis=-1)]
-        y = ops.causal_attention(*heads, self.dropout, self.rng, self.training)
+        q, k, v = [h.reshape(b, t, self.n_head, c // self.n_head).transpose(0, 2, 1, 3)
+                   for h in ops.split(self.c_attn(x), 3, axis=-1)]
+        y = ops.causal_attention(q, k, v, self.dropout, self.rng, self.training)
         return self.resid_drop(self.c_proj(y.transpose(0, 2, 1, 3).reshape(b, t, c)))
 
 
@@ -223,8 +225,9 @@ class GPT(Module):
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
                  dropout: float = 0.0, tie_weights: bool = True, bias: bool = True, dtype=np.float32):
         super().__init__()
-        self.config = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
-                           n_embd=n_embd, dropout=dropout, tie_weights=tie_weights, bias=bias)
+        self.config: dict[str, Any] = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer,
+                                           n_head=n_head, n_embd=n_embd, dropout=dropout,
+                                           tie_weights=tie_weights, bias=bias)
         self.vocab_size, self.block_size, self.n_layer = vocab_size, block_size, n_layer
         self.rng = np.random.default_rng(0)
         self.wte = Embedding(vocab_size, n_embd, dtype)
@@ -297,5 +300,6 @@ def init_params(model: Module, seed: int) -> None:
         else:
             std = residual_std if getattr(module, "residual", False) else 0.02
             p.data[...] = (rng.standard_normal(p.shape) * std).astype(p.dtype)
-    if isinstance(getattr(model, "rng", None), np.random.Generator):
-        model.rng.bit_generator.state = np.random.default_rng([seed, 1]).bit_generator.state
+    model_rng = getattr(model, "rng", None)
+    if isinstance(model_rng, np.random.Generator):
+        model_rng.bit_generator.state = np.random.default_rng([seed, 1]).bit_generator.state

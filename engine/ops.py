@@ -389,6 +389,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     att = halfconv.astype(att, dtype)
     mask = None
     if training and dropout_p > 0.0:
+        if rng is None:
+            raise ValueError("causal_attention with dropout in training needs an rng")
         mask = rng.random(att.shape, dtype=np.float32) >= dropout_p
         keep_scale = np.asarray(1.0 / (1.0 - dropout_p), dtype=dtype)
     dropped = att if mask is None else att * mask * keep_scale

@@ -148,7 +148,7 @@ def apply_overrides(doc: tomlkit.TOMLDocument | dict, overrides: list[str] | tup
         else:
             _set_plain(doc, key, value)
         set_keys[key] = where
-    plain = doc.unwrap() if before is not None else doc
+    plain = doc.unwrap() if isinstance(doc, tomlkit.TOMLDocument) else doc
     try:
         return config.from_dict(plain, source=source)
     except ConfigError as err:
@@ -197,7 +197,8 @@ def set_value(doc: Any, dotted: str, value: Any) -> None:
     a missing key or table is added at the end of its table, commented with its doc (`_doc_comment`) unless
     `value` is an item that brings its own comment.
     """
-    container, parts, walked = doc, dotted.split("."), []
+    container, parts = doc, dotted.split(".")
+    walked: list[str] = []
     while len(parts) > 1:  # greedy: a table may itself be named with dots ([sweep.space."optim.lr"])
         for n in range(len(parts) - 1, 0, -1):
             name = ".".join(parts[:n])
@@ -231,7 +232,7 @@ def _doc_comment(dotted: str) -> str | None:
         return f"search over {param}: {config.describe(param)}" if config.field_type(param) else None
     if parts[:2] == ("sweep", "space") and len(parts) == 4:
         attr = next((f for f in dataclasses.fields(config.SearchParam) if f.name == parts[3]), None)
-        return attr and _with_default(attr.metadata["doc"], attr.default)
+        return _with_default(attr.metadata["doc"], attr.default) if attr is not None else None
     try:
         text = config.describe(dotted)
     except KeyError:
@@ -336,7 +337,7 @@ def locate_key(text: str, key: str) -> int | None:
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in d.items():
         out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v}
     return out

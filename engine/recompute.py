@@ -19,6 +19,8 @@ identical to training without checkpointing — for about one extra forward per 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +91,8 @@ class CheckpointedForward:
             return (self._recompute_backward(x_data, g, rng_state),)
         return make(y.data, (edge,), backward, (x_data,))
 
-    def _recompute_backward(self, x_data: np.ndarray, g: np.ndarray, rng_state: dict) -> np.ndarray:
+    def _recompute_backward(self, x_data: np.ndarray, g: np.ndarray,
+                            rng_state: Mapping[str, Any]) -> np.ndarray | None:
         leaf = Tensor(x_data, requires_grad=True)
         resume_state = self.rng.bit_generator.state
         self.rng.bit_generator.state = rng_state

@@ -59,7 +59,8 @@ class Trainer:
         self.train_time = 0.0  # seconds spent in train_step, for throughput
         self.stop_agreed = False  # set when any rank was asked to stop (see _agree)
         self.gather_stats = cfg.parallel.backend == "tcp" and self.world > 1  # see _rank_stats
-        self.checkpoints = NoCheckpoints()  # train_rank installs a Checkpointer when the run has a folder
+        # train_rank installs a Checkpointer when the run has a folder
+        self.checkpoints: NoCheckpoints | Checkpointer = NoCheckpoints()
 
     def emit(self, event) -> None:
         self._emit(ev.to_json(event))

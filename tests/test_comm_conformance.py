@@ -1,5 +1,7 @@
 """One conformance suite for every backend (threads N = 1..8, processes N = 2 and 4; mpi in
-test_comm_mpi.py): exact results, bitwise-identical ranks, and exactly the bytes REFERENCE §4 says."""
+test_comm_mpi.py): exact results, bitwise-identical ranks, and exactly the bytes a ring moves
+(engine/comm/collectives.py: (N−1)/N·S per rank in reduce-scatter and again in all-gather when N
+divides the size)."""
 
 from __future__ import annotations
 

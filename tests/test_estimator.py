@@ -1,5 +1,5 @@
-"""The estimator against the model it describes, REFERENCE §1's formulas and the measuring ledger; and the
-`nanodist-tui memory` command."""
+"""The estimator against the model it describes, the ZeRO paper's model-state formulas and the measuring
+ledger; and the `nanodist-tui memory` command."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_seed_table_is_the_original_nanodist_model():
 
 @pytest.mark.parametrize("world", [1, 3, 4])
 def test_model_states_follow_reference_formulas(world):
-    """REFERENCE §1 for 2-byte training: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N, up to padding."""
+    """The ZeRO paper's table for 2-byte training: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N, up to padding."""
     for dtype in ("fp16", "bf16"):
         per_stage = [estimate(tiny(parallel__world_size=world, parallel__zero_stage=s, train__global_batch=12,
                                    precision__dtype=dtype)) for s in range(4)]

@@ -173,8 +173,8 @@ def _unit_sizes(comm, emit, cfg_dict):
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("world", [2, 4])
 def test_model_state_bytes_match_reference_formulas(dtype, world):
-    """REFERENCE §1 with padding: stage 0 16Ψ, 1 4Ψ + 12Ψ/N, 2 2Ψ + 14Ψ/N, 3 16Ψ/N (mixed precision);
-    fp32 trains without a master copy: params 4Ψ, grads 4Ψ, Adam 8Ψ."""
+    """The ZeRO paper's table with padding: stage 0 16Ψ, 1 4Ψ + 12Ψ/N, 2 2Ψ + 14Ψ/N, 3 16Ψ/N (mixed
+    precision); fp32 trains without a master copy: params 4Ψ, grads 4Ψ, Adam 8Ψ."""
     cfg = tiny_gpt(precision__dtype=dtype)
     e = 4 if dtype == "fp32" else 2
     adam = {"master": 0 if dtype == "fp32" else 4, "adam_m": 4, "adam_v": 4}

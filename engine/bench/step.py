@@ -69,7 +69,9 @@ def race_torch(cfg: Config, warmup: int = 5, steps: int = 20, threads: int = 2) 
     # Take turns in blocks, not single steps: each library's BLAS threads spin for a while after their
     # work, and the other's next steps run up to 4x slower until they stop (measured). So each block
     # drops its first SETTLE steps and keeps the rest.
-    mine, theirs, keep = [], [], 5
+    mine: list[float] = []
+    theirs: list[float] = []
+    keep = 5
     try:
         for i in range(warmup):
             ours.train_step()

@@ -6,11 +6,13 @@ so the ratios to the baseline (the preset as written, typically fp32 DDP) are co
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.bench.step import time_ours
 from engine.config import Config, replace
 
 # label -> overrides applied on top of the preset
-TECHNIQUES = {
+TECHNIQUES: dict[str, dict[str, Any]] = {
     "baseline (fp32, DDP)": {},
     "no overlap": {"parallel.overlap": False},
     "fp16 + dynamic scaling": {"precision.dtype": "fp16"},

@@ -112,6 +112,7 @@ class TorchGPT(tnn.Module):
 def torch_model_from(model: nn.Module, fused_attention: bool = False) -> tnn.Module:
     """A torch GPT or MLP with our model's architecture, dtype and exact weights (float16/bfloat16
     weights are copied exactly). forward(idx int64 [B, T] or x [B, in]) returns logits."""
+    twin: tnn.Module
     if isinstance(model, nn.GPT):
         twin = TorchGPT(**model.config, fused_attention=fused_attention)
     elif isinstance(model, nn.MLP):

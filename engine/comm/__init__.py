@@ -8,7 +8,9 @@
   collectives.py  ring reduce-scatter / all-gather / all-reduce, pipelined broadcast
   meter.py        per-rank traffic meter; algbw / busbw
   launch.py       run_ranks for every backend; procs.py spawns and supervises rank processes
-  bench.py        all-reduce benchmark against torch gloo
+  codec.py        JSON (with numpy arrays) between the launcher and its rank processes; never pickle
+
+The all-reduce benchmark against torch gloo is engine/bench/allreduce.py.
 """
 
 from engine.comm.base import Communicator, PeerTimeout, ProtocolError, RankFailure, Signals, StopRequested

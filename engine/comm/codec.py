@@ -44,7 +44,8 @@ def _encode(obj):
 def _decode(obj: dict):
     if "__ndarray__" not in obj:
         return obj
-    dtype = DTYPE_NAMES.get(obj.get("dtype"))
+    name = obj.get("dtype")
+    dtype = DTYPE_NAMES.get(name) if isinstance(name, str) else None
     shape = obj.get("shape")
     if dtype is None or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise ValueError("malformed array in a JSON message")

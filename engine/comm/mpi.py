@@ -131,7 +131,7 @@ def run_mpi_rank(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> 
         sys.stderr.flush()
         world.Abort(1)
     comm.close()
-    if rank != 0:
+    if relay is None:  # rank != 0
         relay_comm.Send([np.frombuffer(codec.dumps(outcome), np.uint8), MPI.BYTE], 0, DONE_TAG)
         return [outcome["value"] if r == rank else None for r in range(world_size)]
     return relay.finish(outcome["value"], timeout_s)

@@ -81,7 +81,8 @@ class _Supervisor:
         self.children, self.on_event, self.stop_event = children, on_event, stop_event
         self.timeout_s = timeout_s
         self.failures: list[tuple[int, int, str]] = []  # (reporting rank, blamed rank, cause) by arrival
-        self.failed_at = self.stop_at = None
+        self.failed_at: float | None = None
+        self.stop_at: float | None = None
         self.interrupted = False
 
     def run(self) -> list:
@@ -159,7 +160,8 @@ class _Supervisor:
             # A rank's own failure explains the others' (they saw its socket close or its abort).
             own = [(blamed, cause) for reporter, blamed, cause in self.failures if reporter == blamed]
             raise RankFailure(*(own or [(b, c) for _, b, c in self.failures])[0])
-        return [child.outcome[1] if child.outcome[0] == "result" else None for child in self.children]
+        return [child.outcome[1] if child.outcome and child.outcome[0] == "result" else None
+                for child in self.children]
 
 
 def child_main(conn) -> None:

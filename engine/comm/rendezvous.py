@@ -83,12 +83,12 @@ def connect(rank: int, world_size: int, master_addr: str, master_port: int, secr
         advertised = local if host in ("0.0.0.0", "") else host
         _send_json(master, {"rank": rank, "world_size": world_size,
                             "listen": [advertised, listener.getsockname()[1]]})
-        table = _recv_json(master, deadline).get("table")
-        if not (isinstance(table, list) and len(table) == world_size):
+        addresses = _recv_json(master, deadline).get("table")
+        if not (isinstance(addresses, list) and len(addresses) == world_size):
             raise SetupError("rank 0 sent a malformed address table")
         socks[0] = master
         for peer in range(1, rank):
-            socks[peer] = _dial(str(table[peer][0]), int(table[peer][1]), secret, deadline)
+            socks[peer] = _dial(str(addresses[peer][0]), int(addresses[peer][1]), secret, deadline)
             _send_json(socks[peer], {"rank": rank, "world_size": world_size})
         while len(socks) < world_size - 1:
             peer, sock, _ = _accept(listener, secret, world_size,

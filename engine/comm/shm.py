@@ -36,7 +36,7 @@ class Segment:
     def __init__(self, path: str, memory: mmap.mmap, slots: int, slot_bytes: int, cookie: bytes):
         self.path, self.slots, self.slot_bytes, self.cookie = path, slots, slot_bytes, cookie
         self._memory = memory
-        self._bytes = np.frombuffer(memory, dtype=np.uint8)
+        self._bytes: np.ndarray | None = np.frombuffer(memory, dtype=np.uint8)  # None once closed
 
     @classmethod
     def create(cls, slots: int, slot_bytes: int) -> Segment:
@@ -77,6 +77,8 @@ class Segment:
 
     def slot(self, index: int, nbytes: int) -> np.ndarray:
         """The first ``nbytes`` of slot ``index`` as a uint8 view (valid until close)."""
+        if self._bytes is None:
+            raise ValueError(f"shared-memory segment {self.path} is closed")
         start = HEADER_BYTES + index * self.slot_bytes
         return self._bytes[start:start + nbytes]
 

@@ -54,7 +54,8 @@ class Link:
         self.me, self.peer, self.sock, self.signals, self.max_bytes = me, peer, sock, signals, max_bytes
         self.out_seg, self.in_seg = out_seg, in_seg
         self.shm = out_seg is not None and in_seg is not None
-        self.free = collections.deque(range(out_seg.slots)) if self.shm else collections.deque()
+        self.free: collections.deque[int] = collections.deque(
+            range(out_seg.slots) if out_seg is not None and self.shm else ())
         self.tx: collections.deque = collections.deque()
         self.inbox: collections.deque = collections.deque()  # SHM frames not yet consumed
         self.rx_op: _RecvOp | None = None
@@ -86,6 +87,7 @@ class Link:
         progressed = False
         while not self.eof:
             if self.rx_payload:
+                assert self.rx_op is not None  # rx_payload is set only by rx_op.accept
                 if not self.rx_op.read_payload():
                     break
                 progressed = True
@@ -116,18 +118,21 @@ class Link:
         if frame.kind == wire.BYE:
             self.bye = frame.flags
         elif frame.kind == wire.ACK:
-            if not self.shm or frame.slot >= self.out_seg.slots or frame.slot in self.free:
+            if not self.shm or self.out_seg is None or frame.slot >= self.out_seg.slots \
+                    or frame.slot in self.free:
                 raise self.protocol_error(f"acknowledged slot {frame.slot} it does not hold")
             self.free.append(frame.slot)
         elif frame.kind == wire.SHM:
             empty = frame.slot == wire.NO_SLOT and frame.nbytes == 0
-            fits = frame.slot < self.in_seg.slots and 0 < frame.nbytes <= self.in_seg.slot_bytes \
-                if self.shm else False
+            fits = self.shm and self.in_seg is not None and frame.slot < self.in_seg.slots \
+                and 0 < frame.nbytes <= self.in_seg.slot_bytes
             if not (self.shm and (empty or fits)):
                 raise self.protocol_error(f"shared-memory frame for slot {frame.slot} does not fit")
             self.inbox.append(frame)
         elif self.shm:
             raise self.protocol_error("inline data on a shared-memory link")
+        elif self.rx_op is None:  # not reached: read() takes no header in socket mode without a receive
+            raise self.protocol_error("a data frame while no receive was waiting")
         else:
             self.rx_op.accept(frame)
 
@@ -164,7 +169,7 @@ class _SendOp:
         elif not link.shm:
             link.tx.append(wire.pack(wire.DATA, self.dtype, self.shape, self.bytes.size))
             if self.bytes.size:
-                link.tx.append(memoryview(self.bytes))
+                link.tx.append(self.bytes.data)  # ndarray.data: a memoryview of the array
             self.queued = progressed = True
         else:
             if not link.free:
@@ -178,10 +183,12 @@ class _SendOp:
             link.tx.append(wire.pack(wire.SHM, self.dtype, (0,), 0, wire.FLAG_LAST, wire.NO_SLOT))
             self.queued = True
             return True
+        seg = link.out_seg
+        assert seg is not None  # only shared-memory links fill slots
         progressed = False
         while self.pos < total and link.free:
-            slot, size = link.free.popleft(), min(link.out_seg.slot_bytes, total - self.pos)
-            link.out_seg.slot(slot, size)[:] = self.bytes[self.pos:self.pos + size]
+            slot, size = link.free.popleft(), min(seg.slot_bytes, total - self.pos)
+            seg.slot(slot, size)[:] = self.bytes[self.pos:self.pos + size]
             self.pos += size
             last = wire.FLAG_LAST if self.pos == total else 0
             link.tx.append(wire.pack(wire.SHM, self.dtype, (size // self.dtype.itemsize,), size, last, slot))
@@ -231,7 +238,7 @@ class _RecvOp:
         want = min(self.bytes.size - self.pos, self.scratch.size)
         target = self.bytes[self.pos:] if self.reduce is None else self.scratch[self.fill:want]
         try:
-            got = self.link.sock.recv_into(memoryview(target))
+            got = self.link.sock.recv_into(target.data)
         except BlockingIOError:
             return False
         except OSError:
@@ -257,6 +264,7 @@ class _RecvOp:
             raise self.link.protocol_error(f"a piece of {frame.nbytes} bytes of {frame.dtype} does not fit "
                                            f"the expected {self.dtype}[{self.flat.size}]")
         if frame.nbytes:
+            assert self.link.in_seg is not None  # SHM frames are accepted only on shared-memory links
             piece = self.link.in_seg.slot(frame.slot, frame.nbytes)
             if self.reduce is None:
                 self.bytes[self.pos:end] = piece
@@ -267,6 +275,7 @@ class _RecvOp:
         self.finished = bool(frame.flags & wire.FLAG_LAST)
 
     def _reduce(self, piece: np.ndarray) -> None:
+        assert self.reduce is not None  # called only for a reduce-on-receive
         start = self.pos // self.dtype.itemsize
         self.reduce(self.flat[start:start + piece.size // self.dtype.itemsize], piece.view(self.dtype))
         self.pos += piece.size
@@ -330,8 +339,9 @@ class TcpCommunicator(Communicator):
             link.tx.append(wire.pack(wire.BYE, flags=reason))
         for link in self.links.values():
             try:
+                all_slots = link.out_seg.slots if link.shm and link.out_seg is not None else 0
                 while healthy and not link.eof and time.monotonic() < deadline and \
-                        (link.tx or len(link.free) < (link.out_seg.slots if link.shm else 0)):
+                        (link.tx or len(link.free) < all_slots):
                     if not (link.flush() | (link.shm and link.read())):
                         select.select([link.sock] if link.shm else [], [link.sock] if link.tx else [],
                                       [], _POLL_S)

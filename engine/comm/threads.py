@@ -34,8 +34,8 @@ class ThreadGroup:
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.signals = signals if signals is not None else Signals()
-        self._mailboxes = {(s, d): collections.deque() for s in range(world_size)
-                           for d in range(world_size) if s != d}
+        self._mailboxes: dict[tuple[int, int], collections.deque[np.ndarray]] = {
+            (s, d): collections.deque() for s in range(world_size) for d in range(world_size) if s != d}
         self._arrived = [threading.Condition() for _ in range(world_size)]
         self._closed: dict[int, bool] = {}  # rank -> it closed because of a stop request
 

@@ -34,7 +34,7 @@ class DataParallel(Replica):
         if self.world > 1:
             broadcast(comm, self.flat.data, root=0)  # every rank starts from rank 0's weights
         self.ledger.hold("parameters", self.flat.data.nbytes)
-        self.ledger.hold("gradients", self.flat.grad.nbytes)
+        self.ledger.hold("gradients", self.flat.grad_buffer.nbytes)
         self.algorithm = cfg.parallel.algorithm  # "ring" (ours) or "mpi-native" (MPI's Allreduce)
         cap = int(cfg.parallel.bucket_cap_mb * 2**20)
         self.buckets, self._bucket_of = self.flat.buckets(cap), self.flat.bucket_map(cap)
@@ -42,7 +42,7 @@ class DataParallel(Replica):
         for p in self.params:
             self._expected[self._bucket_of[id(p)]] += 1
         self._sync = True
-        self._start(cfg, [Piece(self.flat.data, self.flat.grad, self.flat, 0)], sharded=False)
+        self._start(cfg, [Piece(self.flat.data, self.flat.grad_buffer, self.flat, 0)], sharded=False)
 
     # ------------------------------------------------------------------ gradients
 
@@ -64,7 +64,7 @@ class DataParallel(Replica):
             self._launch(self._next)
 
     def _launch(self, b: int) -> None:
-        bucket = self.flat.grad[slice(*self.buckets[b])]
+        bucket = self.flat.grad_buffer[slice(*self.buckets[b])]
         self._worker.submit(lambda: all_reduce(self.comm, bucket, op="avg", algorithm=self.algorithm))
         self._next = b + 1
 

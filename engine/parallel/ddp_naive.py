@@ -20,5 +20,5 @@ class NaiveDataParallel(DataParallel):
     def finish_backward(self) -> None:
         t0 = time.perf_counter()
         if self._sync:
-            all_reduce(self.comm, self.flat.grad, op="avg", algorithm=self.algorithm)
+            all_reduce(self.comm, self.flat.grad_buffer, op="avg", algorithm=self.algorithm)
         self.comm_wait_s = time.perf_counter() - t0

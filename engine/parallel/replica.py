@@ -15,6 +15,7 @@ import numpy as np
 
 from engine.amp import make_scaler
 from engine.comm.collectives import all_gather, reduce_scatter
+from engine.flat import FlatLayout
 from engine.memory import rank_ledger
 from engine.parallel.shard_optimizer import Piece, ShardOptimizer
 from engine.parallel.worker import CommWorker
@@ -41,6 +42,10 @@ class Replica:
         self.scaler = make_scaler(cfg.precision)
         self._worker = CommWorker(self.rank, inline=self.world == 1)
         self._remove_hooks = [p.register_grad_ready_hook(self._on_grad_ready) for p in self.params]
+
+    def _on_grad_ready(self, p) -> None:
+        """The hook `_start` installs: p's gradient is final for this backward. Every replica defines it."""
+        raise NotImplementedError
 
     @property
     def loss_scale(self) -> float:
@@ -95,6 +100,7 @@ class ShardedReplica(Replica):
     contiguous share of the standard layout (`flat`)."""
 
     groups: list[tuple[int, int]]
+    flat: FlatLayout
 
     def __init__(self, cfg, model, comm):
         super().__init__(cfg, model, comm)

@@ -26,9 +26,10 @@ import numpy as np
 
 from engine.comm.collectives import all_reduce
 from engine.dtypes import is_low_precision, master_dtype
+from engine.flat import FlatLayout
 from engine.optim import NORM_CHUNK, AdamW, adamw_scratch, sum_of_squares
 
-_KINDS = (None, "inf", "nan")  # MAX over ranks picks nan over inf over nothing
+_KINDS = ("", "inf", "nan")  # codes 0 (nothing), 1, 2: MAX over ranks picks nan over inf over nothing
 
 
 class Piece(NamedTuple):
@@ -37,7 +38,7 @@ class Piece(NamedTuple):
     the piece starts in it."""
     param: np.ndarray
     grad: np.ndarray
-    flat: object
+    flat: FlatLayout
     offset: int
 
 
@@ -67,7 +68,7 @@ class ShardOptimizer:
         for piece, (lo, hi) in zip(pieces, self.bounds):
             if id(piece.flat) not in masks:
                 masks[id(piece.flat)] = piece.flat.decay_mask()
-            params = self.master[lo:hi] if self.mixed else piece.param
+            params = self.master[lo:hi] if self.master is not None else piece.param
             # In mixed precision the fp32 gradient is made per update (see update()); until then the
             # optimizer points at its own params, a same-shape placeholder it never reads.
             grads = params if self.mixed else piece.grad
@@ -124,8 +125,8 @@ class ShardOptimizer:
     def update(self, lr: float, clip: float, scale: float) -> None:
         """Unscale (1/scale), clip, AdamW on every piece; in mixed precision round the master back into
         the model-dtype parameter pieces. The gradients are consumed (scaled in place or copied)."""
-        inv = 1.0 / scale
-        if not self.mixed:
+        inv, master = 1.0 / scale, self.master
+        if master is None:  # not mixed precision
             for grad in (p.grad for p in self.pieces):
                 if inv != 1.0:
                     grad *= inv
@@ -134,7 +135,7 @@ class ShardOptimizer:
             for opt in self.parts:
                 opt.step(lr)
             return
-        grad32 = np.empty(self.numel, dtype=self.master.dtype)
+        grad32 = np.empty(self.numel, dtype=master.dtype)
         with self.ledger.transient("temporaries", grad32.nbytes):
             for p, (lo, hi) in zip(self.pieces, self.bounds):
                 np.copyto(grad32[lo:hi], p.grad, casting="unsafe")
@@ -147,14 +148,17 @@ class ShardOptimizer:
                 opt.step(lr)
                 opt.grads = opt.params
             for p, (lo, hi) in zip(self.pieces, self.bounds):
-                np.copyto(p.param, self.master[lo:hi], casting="unsafe")
+                np.copyto(p.param, master[lo:hi], casting="unsafe")
 
     # ------------------------------------------------------------------ state (checkpoints)
 
     def local_state(self) -> dict:
         """Copies of the owned master (the parameters themselves outside mixed precision), m and v, in
         piece order, and the step count."""
-        master = self.master.copy() if self.mixed else np.concatenate([p.param for p in self.pieces])
+        if self.master is not None:  # mixed precision
+            master = self.master.copy()
+        else:
+            master = np.concatenate([p.param for p in self.pieces])
         return {"master": master, "m": self.m.copy(), "v": self.v.copy(), "step": self.step_count}
 
     def load_local(self, master: np.ndarray, m: np.ndarray, v: np.ndarray, step: int) -> None:
@@ -163,7 +167,7 @@ class ShardOptimizer:
         np.copyto(self.v, v, casting="same_kind")
         for opt in self.parts:
             opt.t = int(step)
-        if self.mixed:
+        if self.master is not None:  # mixed precision
             np.copyto(self.master, master, casting="same_kind")
         for p, (lo, hi) in zip(self.pieces, self.bounds):
             np.copyto(p.param, master[lo:hi], casting="unsafe")

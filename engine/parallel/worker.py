@@ -12,7 +12,7 @@ from collections.abc import Callable
 class CommTask:
     """One submitted communication task; wait() blocks until it ran and re-raises its error."""
 
-    def __init__(self, fn: Callable[[], None]):
+    def __init__(self, fn: Callable[[], object]):  # its result is not kept
         self.fn = fn
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -42,7 +42,7 @@ class CommWorker:
             self._thread = threading.Thread(target=self._run, name=f"comm-rank{rank}", daemon=True)
             self._thread.start()
 
-    def submit(self, fn: Callable[[], None]) -> CommTask:
+    def submit(self, fn: Callable[[], object]) -> CommTask:
         task = CommTask(fn)
         if self._thread is None:
             self._execute(task)

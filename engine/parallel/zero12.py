@@ -37,6 +37,8 @@ class ZeroReplica(ShardedReplica):
     """Stage 1 or 2 (cfg.parallel.zero_stage). Piece and group b are this rank's part of bucket b and
     the bucket itself."""
 
+    flat: FlatBuffer
+
     def __init__(self, cfg, model, comm):
         stage = cfg.parallel.zero_stage
         if stage not in (1, 2):
@@ -50,13 +52,13 @@ class ZeroReplica(ShardedReplica):
         self.groups = [(b.start, b.end) for b in self.buckets]
         self.parts = [part(b.start, b.end, self.rank, self.world) for b in self.buckets]
         if stage == 1:
-            grads = [self.flat.grad[lo:hi] for lo, hi in self.parts]
+            grads = [self.flat.grad_buffer[lo:hi] for lo, hi in self.parts]
         else:
             self.grad_shard = np.zeros(sum(hi - lo for lo, hi in self.parts), dtype=self.flat.dtype)
             offsets = np.cumsum([0] + [hi - lo for lo, hi in self.parts]).tolist()
             grads = [self.grad_shard[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
         self.ledger.hold("parameters", self.flat.data.nbytes)
-        self.ledger.hold("gradients", self.flat.grad.nbytes if stage == 1 else self.grad_shard.nbytes)
+        self.ledger.hold("gradients", self.flat.grad_buffer.nbytes if stage == 1 else self.grad_shard.nbytes)
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._buckets_of: list[list[int]] = [[] for _ in self.params]
         for b, bucket in enumerate(self.buckets):
@@ -109,7 +111,7 @@ class ZeroReplica(ShardedReplica):
     def _launch(self, b: int) -> None:
         self._next = b + 1
         if self.stage == 1:
-            buf = self.flat.grad[slice(*self.groups[b])]
+            buf = self.flat.grad_buffer[slice(*self.groups[b])]
             self._worker.submit(lambda: reduce_scatter(self.comm, buf, op="avg"))
         else:
             self._reduce_into_shard(b, lambda buf: self._pack(b, buf))

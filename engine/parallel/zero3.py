@@ -44,6 +44,7 @@ from engine.flat import FlatBuffer, FlatLayout
 from engine.parallel.buckets import part
 from engine.parallel.replica import ShardedReplica
 from engine.parallel.shard_optimizer import Piece
+from engine.parallel.worker import CommTask
 from engine.tensor import Tensor
 
 
@@ -53,7 +54,7 @@ class _Unit:
     def __init__(self, module, params, flat, part_range, shard, grad_shard):
         self.module, self.params, self.flat = module, params, flat
         self.part, self.shard, self.grad_shard = part_range, shard, grad_shard
-        self.job = None
+        self.job: CommTask | None = None  # the gather in flight (state "pending")
         self.state = "free"  # free | pending (gather in flight) | ready (parameters bound)
         self.pinned = False  # gathered for backward: stays until its gradients are reduced
         self.ready = 0  # parameters whose gradient is final in this micro-batch
@@ -136,6 +137,7 @@ class Zero3Replica(ShardedReplica):
         if u.state == "free":
             self._start_gather(u)
         if u.state == "pending":
+            assert u.job is not None  # set with state "pending"
             t0 = time.perf_counter()
             u.job.wait()
             self.comm_wait_s += time.perf_counter() - t0
@@ -147,6 +149,7 @@ class Zero3Replica(ShardedReplica):
         if u.state == "free":
             return
         if u.state == "pending":
+            assert u.job is not None  # set with state "pending"
             u.job.wait()
         for p in u.params:
             p.data = self._empty
