@@ -16,9 +16,10 @@ headless preset="quickstart":
 test:
     python -m pytest -q
 
-# Lint.
+# Lint and type-check.
 lint:
     ruff check engine nanodist_tui tests
+    mypy
 
 # Benchmarks: our step vs PyTorch eager, and our all-reduce vs gloo.
 bench:

@@ -124,6 +124,8 @@ class ParallelConfig:
     algorithm: str = _f("ring", f"all-reduce algorithm: {choices_doc(ALGORITHMS)} (mpi-native: MPI's own, "
                         "backend mpi)")
     prefetch: bool = _f(True, "ZeRO-3: gather the next block's parameters ahead of use")
+    ranks_per_node: int = _f(0, "ranks per node: the node grid of hierarchical collectives, hybrid sharding "
+                             "and network emulation; 0 = every rank on one node")
 
 
 @dataclass(frozen=True)

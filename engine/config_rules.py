@@ -123,7 +123,7 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "parallel.world_size": _between(1, 1024),
     "parallel.zero_stage": _between(min(ZERO_STAGES), max(ZERO_STAGES)),
     "parallel.bucket_cap_mb": _positive, "parallel.timeout_s": _positive,
-    "parallel.algorithm": one_of(*ALGORITHMS),
+    "parallel.algorithm": one_of(*ALGORITHMS), "parallel.ranks_per_node": _at_least(0),
     "precision.dtype": one_of(*DTYPES),
     "precision.loss_scale": lambda v: one_of("dynamic")(v) if isinstance(v, str) else _positive(v),
     "precision.init_scale": _positive, "precision.growth_factor": _between(1, math.inf, open_lo=True),
@@ -171,6 +171,9 @@ def combination_problem(cfg: Config) -> KeyedProblem | None:
         return ("data.path", 'kind = "text" needs a file to read', 'set data.path = "corpus.txt"')
     if o.min_lr > o.lr:
         return ("optim.min_lr", f"{o.min_lr:g} is above optim.lr {o.lr:g}", "use at most optim.lr")
+    if p.ranks_per_node and p.world_size % p.ranks_per_node:
+        return ("parallel.ranks_per_node", f"{p.ranks_per_node} does not divide world_size {p.world_size}",
+                "use a divisor of parallel.world_size (or 0: every rank on one node)")
     if p.algorithm == "mpi-native" and p.backend != "mpi":
         return ("parallel.algorithm", f'"mpi-native" needs backend "mpi", got "{p.backend}"',
                 'set parallel.algorithm = "ring" or parallel.backend = "mpi"')

@@ -215,3 +215,11 @@ def test_error_is_one_line_and_picklable():
     err = ConfigError("a.b", "bad\nvalue", "fix\nit", source="f.toml", line=3)
     assert str(err) == "f.toml:3: a.b: bad value; fix it"
     assert str(pickle.loads(pickle.dumps(err))) == str(err)
+
+
+def test_ranks_per_node_must_divide_the_world():
+    assert from_dict({"parallel": {"world_size": 4, "ranks_per_node": 2}}).parallel.ranks_per_node == 2
+    assert from_dict({"parallel": {"world_size": 4}}).parallel.ranks_per_node == 0  # one node
+    err = error_of({"parallel": {"world_size": 4, "ranks_per_node": 3}})
+    assert err.key == "parallel.ranks_per_node" and "does not divide world_size 4" in err.problem
+    assert error_of({"parallel": {"ranks_per_node": -1}}).key == "parallel.ranks_per_node"
