@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from nanodist_tui.bench_techniques import TECHNIQUES
+from engine.bench.techniques import TECHNIQUES
 from nanodist_tui.cli import app
 
 runner = CliRunner()

@@ -20,7 +20,7 @@ from engine.job import run_training
 from engine.trainer import Trainer
 from nanodist_tui.app import NanoDistApp
 from nanodist_tui.cli import app
-from nanodist_tui.runs_cli import replay_events
+from nanodist_tui.replay import replay_events
 from tests.run_helpers import train
 
 runner = CliRunner()

@@ -12,7 +12,9 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.common import PresetOpt, SetOpt, WorldOpt, fail, load_config, user_errors
+from nanodist_tui.cli.errors import fail, user_errors
+from nanodist_tui.cli.options import PresetOpt, SetOpt, WorldOpt
+from nanodist_tui.cli.running import load_config
 
 MB = 1e6
 ROWS = (("parameters", ("parameters",)), ("gradients", ("gradients",)), ("master (fp32)", ("master",)),
@@ -31,12 +33,12 @@ StepsOpt = Annotated[int, typer.Option(help="steps that update the parameters, t
                                       "steps skipped on fp16 overflow do not count", min=1)]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="stages 0-3 x precisions, and baseline (fp32, "
                                           "stage 0) vs optimized (fp16, ZeRO-2, checkpointing)")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
 
 
 def memory(preset: PresetOpt = "seed-table", sets: SetOpt = None, world_size: WorldOpt = None,
            zero: ZeroOpt = None, precision: PrecisionOpt = None, measure: MeasureOpt = False,
-           steps: StepsOpt = 2, compare: CompareOpt = False, as_json: JsonOpt = False) -> None:
+           steps: StepsOpt = 2, compare: CompareOpt = False,
+           as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False) -> None:
     """Per-rank memory by category: estimated from the config, measured with --measure."""
     extra = list(sets or [])
     if zero is not None:
@@ -52,10 +54,6 @@ def memory(preset: PresetOpt = "seed-table", sets: SetOpt = None, world_size: Wo
         _print_compare(report)
     else:
         _print_breakdown(report)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("memory")(memory)
 
 
 # ---------------------------------------------------------------------- gathering figures

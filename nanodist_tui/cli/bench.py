@@ -1,4 +1,5 @@
-"""`nanodist-tui bench ...`: benchmarks measured against a peer in the same run."""
+"""`nanodist-tui bench ...`: step (ours vs PyTorch eager), allreduce (ours vs gloo) and techniques (the
+step-time cost of each memory technique). The measuring is engine.bench's; this module parses and prints."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.common import BackendOpt, PresetOpt, SetOpt, WorldOpt, load_config, user_errors
+from nanodist_tui.cli.errors import fail, user_errors
+from nanodist_tui.cli.options import BackendOpt, JsonOpt, PresetOpt, SetOpt, WorldOpt
+from nanodist_tui.cli.running import load_config
 
 app = typer.Typer(help="Benchmarks: our step vs PyTorch eager, our all-reduce vs gloo.", no_args_is_help=True)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of a table")]
 
 
 @app.command("step")
@@ -109,7 +110,6 @@ def allreduce(
 ) -> None:
     """All-reduce bandwidth in the NCCL-tests manner (algbw = S/t, busbw = algbw·2(N-1)/N)."""
     from engine.bench.allreduce import bench_allreduce, bench_gloo
-    from nanodist_tui.common import fail
     try:
         size_list = [_parse_size(s) for s in sizes.split(",") if s.strip()]
     except ValueError as e:
@@ -140,9 +140,25 @@ def allreduce(
         print("PyTorch not installed: no gloo figures (pip install torch==2.13.0)")
 
 
-def _register_more() -> None:
-    from nanodist_tui import bench_techniques
-    bench_techniques.register(app)
-
-
-_register_more()
+@app.command("techniques")
+def techniques(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldOpt = 4,
+               backend: BackendOpt = None,
+               steps: Annotated[int, typer.Option(help="timed steps per variant (median)", min=1)] = 10,
+               warmup: Annotated[int, typer.Option(help="untimed warm-up steps", min=0)] = 3,
+               as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+    """Median step time of the preset with each technique switched on, and its cost vs the baseline."""
+    from engine.bench.techniques import time_techniques, variants
+    with user_errors():
+        base, _, _ = load_config(preset, sets, world_size, backend)
+        configs = variants(base)
+    rows = time_techniques(configs, warmup, steps)
+    if as_json:
+        report = {"preset": base.name, "world_size": base.parallel.world_size, "rows": rows}
+        print(json.dumps(report, indent=2))
+        return
+    print(f"preset {base.name}, {base.parallel.world_size} rank(s) on {base.parallel.backend}, "
+          f"median of {steps} steps after {warmup} warm-up")
+    print(f"{'technique':32} {'ms/step':>8} {'vs baseline':>12} {'comm wait':>10}")
+    for row in rows:
+        print(f"{row['technique']:32} {row['step_s'] * 1e3:8.1f} {row['vs_baseline']:11.2f}x "
+              f"{row['comm_share']:10.0%}")

@@ -8,41 +8,30 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.common import (
-    BackendOpt,
-    SetOpt,
-    WorldOpt,
+from nanodist_tui.cli.errors import run_errors
+from nanodist_tui.cli.options import BackendOpt, RunDirArg, SetOpt, StepOpt, WorldOpt
+from nanodist_tui.cli.running import (
     check_can_run,
+    require_run_dir,
     run_headless_job,
     run_in_workbench,
     shortcut_overrides,
+    training_job,
 )
-from nanodist_tui.runs_cli import RunDirArg, require_run_dir, run_errors
-
-StepOpt = Annotated[int | None, typer.Option("--step", min=0, help="use the checkpoint of this step "
-                                                                   "(default: the newest finished one)")]
 
 
 def resume(run_dir: RunDirArg, sets: SetOpt = None, world_size: WorldOpt = None, backend: BackendOpt = None,
            step: StepOpt = None,
            no_ui: Annotated[bool, typer.Option("--no-ui", help="train headless")] = False) -> None:
     """Resume a run: same world size continues bitwise-identically; another one reshards the state."""
-    from engine.job import run_training
     from engine.resume import prepare_resume
     require_run_dir(run_dir)
     with run_errors():
         cfg, doc, ckpt = prepare_resume(run_dir, shortcut_overrides(sets, world_size, backend), step)
         check_can_run(cfg)
-
-    def job(emit, stop_event):
-        return run_training(cfg, on_event=emit, stop_event=stop_event, preset_doc=doc, resume_from=ckpt.path)
-
+    job = training_job(cfg, doc, resume_from=ckpt.path)
     if no_ui:
         print(f"resuming from {Path(ckpt.path)} (step {ckpt.step})")
         run_headless_job(job)
     else:
         run_in_workbench(cfg, job)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("resume")(resume)

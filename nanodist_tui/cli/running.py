@@ -1,48 +1,16 @@
-"""What every command shares: the preset options, loading a config, turning user mistakes into one line,
-running a training job headless."""
+"""Getting a training job going from the command line: the config with its overrides, the checks made
+before any rank starts, and the two ways to run the job (the workbench, or headless)."""
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import threading
-from contextlib import contextmanager
-from typing import Annotated
+from pathlib import Path
 
 import typer
 
-from engine.comm.launch import LaunchError
-from engine.config import ConfigError
-from engine.data import DataError
-
-
-class OutDirError(ValueError):
-    """run.out_dir cannot hold run folders."""
-
-
-USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError)
-
-PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="preset name or path to a .toml file")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a key: --set optim.lr=3e-4")]
-WorldOpt = Annotated[int | None, typer.Option("--world-size", "-n", help="ranks (parallel.world_size)")]
-BackendOpt = Annotated[str | None, typer.Option("--backend", "-b",
-                                                 help="threads | processes | tcp | mpi (parallel.backend)")]
-
-
-def fail(message: str, code: int = 2) -> None:
-    """Print one line on stderr and exit."""
-    print(f"error: {message}", file=sys.stderr)
-    raise typer.Exit(code)
-
-
-@contextmanager
-def user_errors():
-    """Turn the errors a user can fix into one line and exit code 2."""
-    try:
-        yield
-    except USER_ERRORS as e:
-        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+from nanodist_tui.cli.errors import USER_ERRORS, OutDirError, fail, user_errors
 
 
 def shortcut_overrides(sets: list[str] | None, world_size: int | None, backend: str | None) -> list[str]:
@@ -79,6 +47,33 @@ def check_can_run(cfg) -> None:
     check_out_dir(cfg.run.out_dir)
 
 
+def check_out_dir(out_dir: str) -> None:
+    """The folder that receives run folders exists (or can be made) and is writable."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        raise OutDirError(f"run.out_dir: cannot write run folders into {out_dir} ({e.strerror}); "
+                          "choose another folder with --set run.out_dir=PATH") from None
+
+
+def require_run_dir(run_dir: Path) -> None:
+    if not run_dir.is_dir():
+        fail(f"{run_dir}: no such run folder; `nanodist-tui runs` lists the runs")
+
+
+def training_job(cfg, doc, resume_from: str | None = None):
+    """The job both modes drive: train `cfg` (from the checkpoint folder `resume_from`, if given) on the
+    calling thread, events to `emit`; returns the run summary."""
+    from engine.job import run_training
+
+    def job(emit, stop_event):
+        return run_training(cfg, on_event=emit, stop_event=stop_event, preset_doc=doc,
+                            resume_from=resume_from)
+    return job
+
+
 def run_in_workbench(cfg, job) -> None:
     """Open the workbench on a training job (new or resumed)."""
     from engine.comm.launch import process_rank
@@ -94,17 +89,6 @@ def run_in_workbench(cfg, job) -> None:
         resource_tracker.ensure_running()
     from nanodist_tui.app import create_app
     create_app(cfg.name, job).run()
-
-
-def check_out_dir(out_dir: str) -> None:
-    """The folder that receives run folders exists (or can be made) and is writable."""
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out_dir):
-            pass
-    except OSError as e:
-        raise OutDirError(f"run.out_dir: cannot write run folders into {out_dir} ({e.strerror}); "
-                          "choose another folder with --set run.out_dir=PATH") from None
 
 
 def run_headless_job(job) -> None:

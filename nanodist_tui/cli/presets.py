@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.common import SetOpt, fail, user_errors
+from nanodist_tui.cli.errors import fail, user_errors
+from nanodist_tui.cli.options import SetOpt
 
 app = typer.Typer(help="Presets: list, show, create from another, compare.", no_args_is_help=True)
 

@@ -4,35 +4,15 @@ played back into the workbench, or printed with --no-ui)."""
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from nanodist_tui.common import fail, user_errors
-
-MAX_PAUSE_S = 2.0  # a replay never waits longer than this between two events
-
-RunDirArg = Annotated[Path, typer.Argument(help="a run folder (runs/<timestamp>-<preset>)",
-                                           show_default=False)]
-
-
-@contextmanager
-def run_errors():
-    """user_errors, plus unusable checkpoints and unreadable event logs: one line, exit code 2."""
-    from engine.checkpoint_io import CheckpointError
-    from engine.events import EventError
-    with user_errors():
-        try:
-            yield
-        except (CheckpointError, EventError) as e:
-            fail(str(e))
-
-
-def require_run_dir(run_dir: Path) -> None:
-    if not run_dir.is_dir():
-        fail(f"{run_dir}: no such run folder; `nanodist-tui runs` lists the runs")
+from nanodist_tui.cli.errors import fail, run_errors
+from nanodist_tui.cli.options import RunDirArg
+from nanodist_tui.cli.running import require_run_dir
+from nanodist_tui.replay import replay_events
 
 
 def _fmt(value, spec: str) -> str:
@@ -64,17 +44,6 @@ def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder h
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
-def replay_events(events: list, emit, stop_event: threading.Event, speed: float) -> None:
-    """Emit recorded events in order; each step takes its recorded time / speed (0 = no pauses)."""
-    for event in events:
-        if stop_event.is_set():
-            return
-        emit(event)
-        pause = getattr(event, "step_time_s", 0.0) if event.kind == "step_end" else 0.0
-        if speed > 0 and pause > 0:
-            stop_event.wait(min(pause / speed, MAX_PAUSE_S))
-
-
 def replay(run_dir: RunDirArg,
            speed: Annotated[float | None, typer.Option(
                "--speed", min=0.0, help="playback speed (1 = as recorded, 0 = no pauses); "
@@ -100,8 +69,3 @@ def replay(run_dir: RunDirArg,
     started = next((e for e in events if e.kind == "run_started"), None)
     name = started.preset if started is not None else run_dir.name
     create_app(name, lambda emit, stop: replay_events(events, emit, stop, speed), replay=True).run()
-
-
-def register(app: typer.Typer) -> None:
-    app.command("runs")(runs)
-    app.command("replay")(replay)

@@ -8,8 +8,9 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.resume_cli import StepOpt
-from nanodist_tui.runs_cli import RunDirArg, require_run_dir, run_errors
+from nanodist_tui.cli.errors import run_errors
+from nanodist_tui.cli.options import RunDirArg, StepOpt
+from nanodist_tui.cli.running import require_run_dir
 
 
 def export(run_dir: RunDirArg,
@@ -49,8 +50,3 @@ def sample(source: Annotated[Path, typer.Argument(help="a run folder, a checkpoi
             loaded = model_from_checkpoint(ckpt)
         text = sample_text(loaded, prompt, tokens, temperature, seed)
     print(text)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("export")(export)
-    app.command("sample")(sample)

@@ -1,0 +1,21 @@
+"""The options and arguments that more than one command takes, spelled once. Their flags and help texts
+are part of the interface: users type them, and tests and the README quote them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+PresetOpt = Annotated[str, typer.Option("--preset", "-p", help="preset name or path to a .toml file")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a key: --set optim.lr=3e-4")]
+WorldOpt = Annotated[int | None, typer.Option("--world-size", "-n", help="ranks (parallel.world_size)")]
+BackendOpt = Annotated[str | None, typer.Option("--backend", "-b",
+                                                 help="threads | processes | tcp | mpi (parallel.backend)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of a table")]
+
+RunDirArg = Annotated[Path, typer.Argument(help="a run folder (runs/<timestamp>-<preset>)",
+                                           show_default=False)]
+StepOpt = Annotated[int | None, typer.Option("--step", min=0, help="use the checkpoint of this step "
+                                                                   "(default: the newest finished one)")]

@@ -1,0 +1,39 @@
+"""`nanodist-tui` without a command (the workbench on a preset, or headless with --no-ui) and
+`nanodist-tui run` (headless)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from nanodist_tui.cli.options import BackendOpt, PresetOpt, SetOpt, WorldOpt
+from nanodist_tui.cli.running import prepare_run, run_headless_job, run_in_workbench, training_job
+
+
+def train(preset: str, sets, world_size, backend, *, headless: bool) -> None:
+    cfg, doc, _ = prepare_run(preset, sets, world_size, backend)
+    job = training_job(cfg, doc)
+    if headless:
+        run_headless_job(job)
+    else:
+        run_in_workbench(cfg, job)
+
+
+def main_callback(
+    ctx: typer.Context,
+    no_ui: Annotated[bool, typer.Option("--no-ui", help="train headless (progress lines, then a summary)")]
+    = False,
+    preset: PresetOpt = "quickstart",
+    sets: SetOpt = None,
+    world_size: WorldOpt = None,
+    backend: BackendOpt = None,
+) -> None:
+    if ctx.invoked_subcommand is None:
+        train(preset, sets, world_size, backend, headless=no_ui)
+
+
+def run(preset: PresetOpt = "quickstart", sets: SetOpt = None, world_size: WorldOpt = None,
+        backend: BackendOpt = None) -> None:
+    """Train a preset headless (the same as `nanodist-tui --no-ui`)."""
+    train(preset, sets, world_size, backend, headless=True)
