@@ -3,8 +3,8 @@
 A job is `job_fn(emit, stop_event)`: it trains on the calling thread, calls `emit(event)` for
 every engine event, returns early once `stop_event` is set and raises on an engine error. The
 CLI passes a real training run or a replay of a recorded one; tests pass a fake. Events go
-through `bridge.EventBatcher` and arrive here as `Tick` messages; panes store what a tick
-brings at once and draw it on a timer, a few times a second.
+through `bridge.EventBatcher` and arrive here as `Tick` messages; panes (widgets/pane.py) store
+what a tick brings at once and draw it on a timer, a few times a second.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ from textual.worker import Worker, WorkerState
 
 from engine.events import RunFailed, RunFinished, RunStarted
 from nanodist_tui.bridge import EventBatcher
+from nanodist_tui.describe import failure
 from nanodist_tui.messages import Tick
 from nanodist_tui.widgets.log_pane import LogPane
 from nanodist_tui.widgets.loss_plot import LossPlot
 from nanodist_tui.widgets.loss_scale_pane import LossScalePane
 from nanodist_tui.widgets.memory_pane import MemoryPane
+from nanodist_tui.widgets.pane import Pane
 from nanodist_tui.widgets.rank_table import RankTable
 from nanodist_tui.widgets.run_header import RunHeader
 
@@ -66,7 +68,7 @@ class NanoDistApp(App[None]):
         self.log_pane = LogPane(id="log")
         curves = (LossPlot(id="loss"), LossScalePane(id="loss-scale"))
         memory = MemoryPane(id="memory")
-        self.panes = (self.header, *curves, memory, self.rank_table, self.log_pane)
+        self.panes: tuple[Pane, ...] = (self.header, *curves, memory, self.rank_table, self.log_pane)
         yield self.header
         with Horizontal(id="curves"):
             yield from curves
@@ -106,8 +108,7 @@ class NanoDistApp(App[None]):
             elif isinstance(event, RunFinished):
                 self._end("stopped" if self.stop_event.is_set() else "finished")
             elif isinstance(event, RunFailed):
-                where = f"rank {event.rank}: " if event.rank is not None else ""
-                self._fail(f"{where}{event.message}")
+                self._fail(failure(event))
 
     def _run_started(self, event: RunStarted) -> None:
         if event.world_size > 1:
@@ -122,7 +123,7 @@ class NanoDistApp(App[None]):
         if event.state == WorkerState.ERROR:
             error = event.worker.error
             message = f"engine error: {type(error).__name__}: {error}"
-            self.log_pane.add(message, style="bold red")
+            self.log_pane.add(message, level="error")
             self._fail(message)
         elif event.state == WorkerState.SUCCESS:
             self._end("stopped" if self.stop_event.is_set() else "finished")
@@ -152,7 +153,7 @@ class NanoDistApp(App[None]):
             self.notify("no training is running")
             return
         self.stop_event.set()
-        self.log_pane.add("stop requested: the job stops at its next check", style="yellow")
+        self.log_pane.add("stop requested: the job stops at its next check", level="warning")
         self._set_state("stopping")
 
     def action_toggle_pause(self) -> None:

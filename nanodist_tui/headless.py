@@ -2,8 +2,9 @@
 
 Rich's live display only prints its final frame when stdout is not a terminal (CI logs, `| tee`),
 so there we print one plain line every `interval_s` seconds instead, plus every discrete event
-(evaluation, loss-scale change, checkpoint, failure) as it happens. Plain lines bypass rich: it would
-wrap them at 80 columns off a terminal (splitting a run id from its label) and read brackets as markup.
+(evaluation, loss-scale change, checkpoint, failure) as it happens, worded as the workbench's log words
+it (describe.py). Plain lines bypass rich: it would wrap them at 80 columns off a terminal (splitting a
+run id from its label) and read brackets as markup.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from engine import events as ev
-from engine.recorder import is_interruption
+from nanodist_tui.describe import describe
 
 
 class HeadlessPrinter:
@@ -41,8 +42,7 @@ class HeadlessPrinter:
 
     def _on_run_started(self, e: ev.RunStarted) -> None:
         self.total = e.total_steps
-        self._print(f"nanoDist: {e.preset} | {e.n_params:,} parameters | {e.world_size} rank(s) | "
-                    f"{e.total_steps} steps | run {e.run_id}")
+        self._print_event(e)
         if self.live:
             self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
@@ -64,26 +64,19 @@ class HeadlessPrinter:
 
     def _on_eval(self, e: ev.Eval) -> None:
         self.last_val = e.val_loss
-        self._print(f"eval  step {e.step}: val loss {e.val_loss:.4f}")
+        self._print_event(e)
 
-    def _on_loss_scale_change(self, e: ev.LossScaleChange) -> None:
-        where = f" (first in {e.first_param})" if e.first_param else ""
-        self._print(f"loss scale step {e.step}: {e.reason}{where}: {e.old_scale:g} -> {e.new_scale:g}")
+    def _print_event(self, e) -> None:
+        self._print(describe(e).text)
 
-    def _on_checkpoint_saved(self, e: ev.CheckpointSaved) -> None:
-        self._print(f"checkpoint step {e.step}: {e.path}")
-
-    def _on_log(self, e: ev.Log) -> None:
-        self._print(f"{e.level}: {e.message}")
+    _on_loss_scale_change = _on_checkpoint_saved = _on_log = _print_event
 
     def _on_run_failed(self, e: ev.RunFailed) -> None:
         self.close()
-        who = f"rank {e.rank}: " if e.rank is not None else ""
-        what = "run stopped" if is_interruption(e.message) else "run failed"  # Ctrl-C is no fault
-        print(f"{what}: {who}{e.message}", file=sys.stderr)
+        print(describe(e).text, file=sys.stderr)
 
     def _on_run_finished(self, e: ev.RunFinished) -> None:
-        self.close()
+        self.close()  # no line: run_headless_job prints the summary next, with every figure
 
     def _print(self, text: str) -> None:
         if self._progress is not None:

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from textual.widgets import RichLog
+from textual.widgets import Footer, RichLog
 
 from engine.events import (
     Eval,
@@ -24,6 +24,7 @@ from nanodist_tui.app import NanoDistApp, create_app
 from nanodist_tui.widgets.log_pane import LogPane
 from nanodist_tui.widgets.loss_plot import LossPlot
 from nanodist_tui.widgets.memory_pane import MemoryPane
+from nanodist_tui.widgets.pane import Pane
 from nanodist_tui.widgets.rank_table import RankTable
 
 SIZE = (160, 50)
@@ -288,5 +289,18 @@ def test_help_key_toggles_the_key_panel():
         await pilot.press("question_mark")
         await pilot.pause()
         assert not app.screen.query("HelpPanel")
+
+    run(scenario, FakeJob(steps=0, then="wait_for_stop"))
+
+
+def test_every_pane_the_app_composes_keeps_the_pane_protocol():
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        assert len(app.panes) == 6 and all(isinstance(pane, Pane) for pane in app.panes)
+        assert not isinstance(app.query_one(Footer), Pane)  # the check tells a pane from any widget
+        # No pane goes unfed: each is one the app feeds, or inside one that feeds it (the loss-scale plot).
+        fed = set(app.panes)
+        for widget in app.screen.query("*"):
+            if isinstance(widget, Pane):
+                assert widget in fed or any(parent in fed for parent in widget.ancestors), widget
 
     run(scenario, FakeJob(steps=0, then="wait_for_stop"))

@@ -191,7 +191,7 @@ def test_runs_errors(in_tmp):
 def test_replay_headless_prints_the_recorded_run(runs):
     result = invoke("replay", runs["gpt"], "--no-ui")
     assert result.exit_code == 0, result.output
-    assert "eval  step 6" in result.output and "checkpoint step 6" in result.output
+    assert "step 6: val loss " in result.output and "step 6: checkpoint saved to " in result.output
     assert result.output.rstrip().splitlines()[-1].startswith("replayed ")
 
 

@@ -1,5 +1,7 @@
 """Headless printer off a terminal: plain, unwrapped lines; periodic steps; every discrete event."""
 import io
+import subprocess
+import sys
 
 from rich.console import Console
 
@@ -40,7 +42,7 @@ def test_plain_mode_prints_steps_every_interval_and_the_last_step():
         clock.now = float(n)  # one step a second
         printer(step(n))
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("nanoDist: quickstart | 123,456 parameters | 2 rank(s) | 10 steps | run ")
+    assert lines[0] == f"run {RUN_ID} started: preset quickstart, 123,456 parameters, 2 rank(s), 10 steps"
     assert [line.split()[1] for line in lines[1:]] == ["1/10", "6/10", "10/10"]
     assert lines[1] == "step 1/10  loss 2.0000  1,234 tok/s  lr 1.00e-03"
 
@@ -50,7 +52,8 @@ def test_plain_lines_are_never_wrapped():
     printer(started())
     printer(ev.Log(level="info", message="x" * 120))
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2 and lines[0].endswith(f"| run {RUN_ID}") and len(lines[0]) > 80
+    assert len(lines) == 2 and lines[0].startswith(f"run {RUN_ID} started: ") and len(lines[0]) > 80
+    assert lines[0].endswith(", 10 steps")
     assert lines[1] == "info: " + "x" * 120
 
 
@@ -59,7 +62,7 @@ def test_default_console_off_a_terminal_prints_plain_unwrapped_lines(capsys):
     assert not printer.live
     printer(started())
     assert capsys.readouterr().out.splitlines() == [
-        f"nanoDist: quickstart | 123,456 parameters | 2 rank(s) | 10 steps | run {RUN_ID}"]
+        f"run {RUN_ID} started: preset quickstart, 123,456 parameters, 2 rank(s), 10 steps"]
 
 
 def test_interval_zero_prints_every_step():
@@ -82,9 +85,9 @@ def test_discrete_events_are_printed_as_they_happen_and_verbatim(capsys):
     printer(step(3))
     assert out.getvalue().splitlines()[1:] == [
         "step 1/10  loss 2.0000  1,234 tok/s  lr 1.00e-03",
-        "eval  step 2: val loss 1.5000",
-        "loss scale step 2: inf (first in w): 1024 -> 512",
-        "checkpoint step 2: runs/x/checkpoints/step-2",
+        "step 2: val loss 1.5000",
+        "step 2: inf overflow, scale 1024 -> 512 (first: w)",
+        "step 2: checkpoint saved to runs/x/checkpoints/step-2",
         "warning: [bold]not markup[/bold] :smile:",
     ]
     printer(ev.RunFailed(message="ValueError: loss is NaN", rank=1))
@@ -106,3 +109,9 @@ def test_summary_lines():
                            "wall_s": 3.25, "stopped": True, "run_dir": "runs/x"})
     assert lines == ["steps          10  (stopped early)", "val loss       4.0000 -> 2.0000  (50.0% lower)",
                      "throughput     10,000 tokens/s", "wall time      3.2 s", "run folder     runs/x"]
+
+
+def test_the_printer_and_the_event_wording_need_no_textual():
+    code = "import sys, nanodist_tui.headless, nanodist_tui.describe; print('textual' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import RichLog
 
 from engine.events import LossScaleChange
+from nanodist_tui.describe import describe_loss_scale
 from nanodist_tui.messages import Tick
-from nanodist_tui.widgets.log_pane import describe_change, write_lines
+from nanodist_tui.widgets.line_log import LineLog
 from nanodist_tui.widgets.loss_scale_plot import OVERFLOW_REASONS, LossScalePlot
 
 
@@ -21,9 +20,8 @@ class LossScalePane(Vertical):
         self.border_title = "loss scale"
         self.skipped_steps = 0
         self.overflows = 0
-        self._pending: list[Text] = []
         self.plot = LossScalePlot(id="loss-scale-plot")
-        self.changes = RichLog(id="loss-scale-log", max_lines=500, wrap=True, markup=False)
+        self.changes = LineLog(id="loss-scale-log", max_lines=500)
 
     def compose(self) -> ComposeResult:
         yield self.plot
@@ -35,10 +33,10 @@ class LossScalePane(Vertical):
         for event in tick.events:
             if isinstance(event, LossScaleChange):
                 self.overflows += event.reason in OVERFLOW_REASONS
-                self._pending.append(describe_change(event))
+                self.changes.queue(describe_loss_scale(event))
 
     def redraw(self) -> None:
         self.plot.redraw()
         if self.skipped_steps or self.overflows:
             self.border_title = f"loss scale · {self.overflows} overflows · {self.skipped_steps} skipped"
-        write_lines(self.changes, self._pending)
+        self.changes.write_queued()

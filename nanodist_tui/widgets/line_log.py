@@ -1,0 +1,27 @@
+"""A RichLog of `describe.Line`s, styled by level; lines queue as ticks arrive and are written on redraw,
+so pausing the display freezes the log too."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import RichLog
+
+from nanodist_tui.describe import Line
+
+LEVEL_STYLES = {"debug": "dim", "warning": "yellow", "error": "bold red", "success": "green"}
+
+
+class LineLog(RichLog):
+    def __init__(self, *, id: str | None = None, max_lines: int) -> None:
+        super().__init__(id=id, max_lines=max_lines, wrap=True, markup=False)
+        self._pending: list[Line] = []
+
+    def queue(self, line: Line) -> None:
+        self._pending.append(line)
+
+    def write_queued(self) -> None:
+        """Write and forget the queued lines, wrapped to the log's current width (RichLog's default is 78)."""
+        width = self.scrollable_content_region.width or None
+        for line in self._pending:
+            self.write(Text(line.text, style=LEVEL_STYLES.get(line.level, "")), width=width)
+        self._pending.clear()
