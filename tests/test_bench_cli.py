@@ -15,10 +15,8 @@ runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("NANODIST_PRESETS", raising=False)
-    return tmp_path
+def _run_in_tmp(in_tmp):
+    """Every test here runs in a fresh folder with only the shipped presets."""
 
 
 def report(*args: str) -> dict:

@@ -15,10 +15,8 @@ FAST = ["--set", "train.steps=12", "--set", "optim.warmup_steps=2", "--set", "tr
 
 
 @pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("NANODIST_PRESETS", raising=False)
-    return tmp_path
+def _run_in_tmp(in_tmp):
+    """Every test here runs in a fresh folder with only the shipped presets."""
 
 
 def test_headless_run_writes_the_run_folder_and_learns(in_tmp):

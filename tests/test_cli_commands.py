@@ -51,10 +51,8 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("NANODIST_PRESETS", raising=False)
-    return tmp_path
+def _run_in_tmp(in_tmp):
+    """Every test here runs in a fresh folder with only the shipped presets."""
 
 
 @pytest.fixture
