@@ -65,11 +65,6 @@ def model_spec(cfg, model) -> dict:
     return {"kind": cfg.model.kind, **model.config}
 
 
-def _rng_state(model) -> dict | None:
-    rng = getattr(model, "rng", None)
-    return rng.bit_generator.state if rng is not None else None
-
-
 def check_layout(ckpt: Checkpoint, layout: list[dict]) -> None:
     """Refuse a checkpoint saved for a different model, naming the first difference."""
     saved = ckpt.manifest["layout"]
@@ -121,7 +116,7 @@ class Checkpointer:
         ranges = _written_ranges(owners[:, 1:])
         state = replica.optimizer_state()  # collective in ZeRO 1-3: every rank calls it
         meta = {"rank": rank, "step": step, "range": ranges[rank], "optimizer_step": int(state["step"]),
-                "scaler": replica.scaler.state_dict(), "rng": _rng_state(trainer.model)}
+                "scaler": replica.scaler.state_dict()}
         arrays = {k: state[k] for k in STATE_KEYS} if ranges[rank] else {}
         digest, size = write_shard(folder / shard_name(rank), arrays, meta)
         records = _gather_ints(comm, [size, *np.frombuffer(bytes.fromhex(digest), dtype=np.int64).tolist()])
@@ -245,7 +240,4 @@ def restore(trainer, ckpt: Checkpoint) -> None:
     meta = ckpt.rank_meta(trainer.rank)
     if ckpt.manifest["precision"] == trainer.cfg.precision.dtype:
         trainer.replica.scaler.load_state_dict(meta["scaler"])
-    rng = getattr(trainer.model, "rng", None)
-    if rng is not None and meta["rng"] is not None:
-        rng.bit_generator.state = meta["rng"]
     trainer.step = ckpt.step

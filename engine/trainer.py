@@ -24,7 +24,7 @@ from engine.comm.collectives import all_gather, all_reduce, broadcast
 from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
 from engine.config import Config, from_dict, to_dict
-from engine.data import rank_slice
+from engine.data import rank_slice, slice_bounds
 from engine.dtypes import resolve_dtype
 from engine.estimator import estimate
 from engine.optim import global_norm_clip_scale, lr_at
@@ -87,6 +87,7 @@ class Trainer:
         loss_sum = 0.0
         for micro in range(n_micro):
             x, y = rank_slice(batch, self.rank, self.world, micro, n_micro)
+            self._key_dropout(len(batch[0]), micro, n_micro)
             self.replica.begin_micro(sync=micro == n_micro - 1)
             with ledger.in_phase("forward"):
                 loss = self._loss(x, y)
@@ -108,6 +109,13 @@ class Trainer:
         mean_loss, self.stop_agreed = self._agree(loss_sum / n_micro, self.should_stop())
         return {"loss": mean_loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
                 "tokens": tokens, "skipped": not stepped}
+
+    def _key_dropout(self, rows: int, micro: int, n_micro: int) -> None:
+        """Dropout masks follow the global row and the step, not the rank: N ranks draw what one
+        process draws for the same rows (engine.dropout_rng)."""
+        rng = getattr(self.model, "rng", None)
+        if rng is not None:
+            rng.begin(self.step, slice_bounds(rows, self.rank, self.world, micro, n_micro)[0])
 
     def _agree(self, loss: float, stop: bool) -> tuple[float, bool]:
         """The step's loss averaged over ranks, and whether ANY rank was asked to stop: ranks notice a
