@@ -10,8 +10,9 @@ once, as DDP and ZeRO buckets expect; the node returns the input's gradient.
 
 Dropout: the model's DropoutRNG (`model.rng`) keys every mask by (seed, step, site, global row); the
 recompute rewinds it to its position (the site counter) from just before the block's forward, so the
-recomputed masks are the same, then puts it back where the rest of the step left it. Recomputation repeats the same arithmetic on the same arrays, so gradients are bitwise
-identical to training without checkpointing — for about one extra forward per checkpointed block.
+recomputed masks are the same, then puts it back where the rest of the step left it. Recomputation
+repeats the same arithmetic on the same arrays, so gradients are bitwise identical to training without
+checkpointing — for about one extra forward per checkpointed block.
 
 `memory.checkpointing`: "none" | "blocks" (every block) | "every:K" (blocks 0, K, 2K, ...).
 """
@@ -19,6 +20,7 @@ identical to training without checkpointing — for about one extra forward per 
 from __future__ import annotations
 
 import threading
+
 import numpy as np
 
 from engine.dropout_rng import DropoutRNG

@@ -24,7 +24,7 @@ from typing import Any
 
 import tomlkit
 
-from engine import config, presets
+from engine import config, presets, run_lock
 from engine import events as ev_types
 from engine.events import EventError, as_event, from_json, to_json
 
@@ -116,6 +116,7 @@ class RunRecorder:
 
     def __init__(self, out_dir: str | Path, preset_name: str, config_doc_or_dict: Any):
         self.run_dir = _new_run_dir(Path(out_dir), preset_name)
+        self._run_lock = run_lock.hold(self.run_dir)  # "a process writes here", for engine.resume
         self._lock = threading.Lock()
         self._started = time.monotonic()
         presets.atomic_write_text(self.run_dir / "config.toml", _config_text(config_doc_or_dict))
@@ -185,6 +186,7 @@ class RunRecorder:
             self._closed = True
             self._events.close()
             self._metrics.close()
+            run_lock.release(self._run_lock, self.run_dir)
 
     def __enter__(self) -> RunRecorder:
         return self
