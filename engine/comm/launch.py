@@ -126,6 +126,13 @@ def _run_here(comm, world_size, rank_fn, args, on_event) -> list:
     return results
 
 
+def _only_blamed_left(threads: list[threading.Thread], group) -> bool:
+    """After a failure, whether the only rank still running is the one blamed (hung in compute: it will
+    not notice the failure, so waiting for it only delays naming it)."""
+    blamed = group.signals.failure[0]
+    return all(not t.is_alive() for r, t in enumerate(threads) if r != blamed)
+
+
 def _run_threads(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> list:
     from engine.comm.threads import ThreadGroup
 
@@ -165,7 +172,7 @@ def _run_threads(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> 
             if stop_at is not None and now - stop_at > timeout_s:
                 stuck = next(r for r, t in enumerate(threads) if t.is_alive())
                 group.fail(stuck, f"did not stop within {timeout_s:g} s of the stop request")
-            if failed_at is not None and now - failed_at > timeout_s:
+            if failed_at is not None and (now - failed_at > timeout_s or _only_blamed_left(threads, group)):
                 break  # ranks stuck in compute are daemon threads: abandon them
             for thread in threads:
                 thread.join(0.05)
