@@ -35,6 +35,7 @@ and raises RankFailure(rank, cause) naming the failed rank and the last line of 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -98,9 +99,23 @@ def check_environment(backend: str, world_size: int, environ=os.environ) -> None
         if int(environ["WORLD_SIZE"]) != world_size:
             raise LaunchError(f"parallel.world_size = {world_size} but WORLD_SIZE={environ['WORLD_SIZE']}; "
                               "make them equal")
-        if not (environ.get("NANODIST_SECRET") or environ.get("NANODIST_SECRET_FILE")):
-            raise LaunchError("parallel.backend = \"tcp\" needs a shared secret: set NANODIST_SECRET or "
-                              "NANODIST_SECRET_FILE (the same on every host)")
+        if int(environ["RANK"]) >= world_size:
+            raise LaunchError(f"RANK={environ['RANK']} is not below WORLD_SIZE={world_size}; give each "
+                              f"process one of the ranks 0 to {world_size - 1}")
+        if not 1 <= int(environ["MASTER_PORT"]) <= 65535:
+            raise LaunchError(f"MASTER_PORT={environ['MASTER_PORT']} is not a TCP port; use one from 1 to "
+                              "65535 (e.g. 29500), the same on every rank")
+        master = environ.get("MASTER_ADDR", "127.0.0.1")
+        try:
+            socket.getaddrinfo(master, None)
+        except (OSError, UnicodeError):
+            raise LaunchError(f"MASTER_ADDR={master!r} is not an address this host can resolve; set it to "
+                              "rank 0's host name or IP address") from None
+        from engine.comm.rendezvous import read_secret  # the socket transport, only for tcp
+        try:
+            read_secret(environ)
+        except ValueError as exc:
+            raise LaunchError(f"parallel.backend = \"tcp\": {exc}") from None
     if backend == "mpi" and not any(name in environ for name in MPI_ENV):
         raise LaunchError(f"parallel.backend = \"mpi\" needs ranks started by MPI: run "
                           f"mpiexec -n {world_size} nanodist-tui run ... --backend mpi")

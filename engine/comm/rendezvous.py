@@ -103,6 +103,8 @@ def connect_from_env(timeout_s: float = 30.0, stop_event: threading.Event | None
 
 
 def read_secret(environ: Mapping[str, str]) -> bytes:
+    """The shared secret, from NANODIST_SECRET or the file NANODIST_SECRET_FILE names; ValueError (one
+    line naming the variable and the fix) when there is none or the file cannot give one."""
     if environ.get("NANODIST_SECRET"):
         return environ["NANODIST_SECRET"].encode()
     path = environ.get("NANODIST_SECRET_FILE")
@@ -110,12 +112,17 @@ def read_secret(environ: Mapping[str, str]) -> bytes:
         raise ValueError("the tcp backend needs a shared secret: set NANODIST_SECRET or NANODIST_SECRET_FILE "
                          "(the same on every host)")
     path = os.path.expanduser(path)
-    if os.stat(path).st_mode & 0o077:
-        log.warning("secret file %s is readable by other users; chmod 600 it", path)
-    with open(path, "rb") as handle:
-        secret = handle.read().strip()
+    try:
+        if os.stat(path).st_mode & 0o077:
+            log.warning("secret file %s is readable by other users; chmod 600 it", path)
+        with open(path, "rb") as handle:
+            secret = handle.read(1 << 16).strip()
+    except OSError as exc:
+        raise ValueError(f"NANODIST_SECRET_FILE {path}: {exc.strerror or exc}; point it at a file holding "
+                         "the shared secret (the same on every host, mode 600)") from None
     if not secret:
-        raise ValueError(f"NANODIST_SECRET_FILE {path} is empty")
+        raise ValueError(f"NANODIST_SECRET_FILE {path} is empty; write the shared secret into it (e.g. "
+                         "`openssl rand -hex 32 > FILE`)")
     return secret
 
 

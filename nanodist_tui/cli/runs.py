@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.errors import fail, run_errors
+from nanodist_tui.cli.errors import fail, user_errors
 from nanodist_tui.cli.options import RunDirArg
 from nanodist_tui.cli.running import require_run_dir
 from nanodist_tui.replay import replay_events
@@ -62,7 +62,7 @@ def replay(run_dir: RunDirArg,
     """Play a recorded run (its events.jsonl) back into the workbench."""
     from engine.recorder import read_events
     require_run_dir(run_dir)
-    with run_errors():
+    with user_errors():
         events = read_events(run_dir)
     if not events:
         fail(f"{run_dir}/events.jsonl: no events recorded")
