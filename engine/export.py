@@ -10,6 +10,7 @@ fp32 for evaluation or sampling; `model_from_checkpoint` does the same straight 
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -117,14 +118,17 @@ def export_model(ckpt: Checkpoint, out: str | Path) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, lambda f: np.savez(f, allow_pickle=False, **payload))
     except OSError as exc:
-        raise ExportError(f"--output {out}: cannot write it ({exc.strerror or exc}); free some space or "
-                          "choose another path") from None
+        fix = "free some space or choose another path" if exc.errno == errno.ENOSPC else "choose another path"
+        raise ExportError(f"--output {out}: cannot write it ({exc.strerror or exc}); {fix}") from None
     return out
 
 
 def read_model(path: str | Path) -> LoadedModel:
     """An exported model file: the fp32 network and its metadata (vocab, step, config)."""
     path = Path(path)
+    if path.is_file() and not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: not a nanoDist model file (not an .npz archive); export one with "
+                              "`nanodist-tui export`")
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}

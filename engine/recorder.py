@@ -266,7 +266,8 @@ def read_events(run_dir: str | Path) -> list:
         except (ValueError, TypeError, RecursionError) as exc:  # JSON and Event errors are ValueErrors
             if number == len(lines):  # no newline after it: the writer stopped mid-line
                 break
-            raise EventError(f"{path}:{number}: {exc}") from None
+            what = f"not JSON ({exc})" if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise EventError(f"{path}:{number}: {what}") from None
     return events
 
 

@@ -113,9 +113,9 @@ def read_secret(environ: Mapping[str, str]) -> bytes:
                          "(the same on every host)")
     path = os.path.expanduser(path)
     try:
-        if os.stat(path).st_mode & 0o077:
-            log.warning("secret file %s is readable by other users; chmod 600 it", path)
         with open(path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_mode & 0o077:
+                log.warning("secret file %s is readable by other users; chmod 600 it", path)
             secret = handle.read(1 << 16).strip()
     except OSError as exc:
         raise ValueError(f"NANODIST_SECRET_FILE {path}: {exc.strerror or exc}; point it at a file holding "
