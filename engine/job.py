@@ -50,7 +50,8 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event)
     except BaseException as e:
         message = _failure_message(e, recorder)
-        bus.emit(ev.RunFailed(message=message, rank=getattr(e, "rank", None)))
+        cause_first = recorder is not None and recorder.failure is not None  # the folder, not a rank
+        bus.emit(ev.RunFailed(message=message, rank=None if cause_first else getattr(e, "rank", None)))
         if recorder:
             recorder.close()
         if recorder and recorder.failure:
