@@ -47,24 +47,20 @@ def write_manifest(run_dir: Path, manifest, step_dir: str = NEWEST) -> Path:
     return path
 
 
+def _parent(manifest: dict, path: tuple):
+    """The container of the field a path of keys and indices leads to."""
+    for key in path[:-1]:
+        manifest = manifest[key]
+    return manifest
+
+
 def _set(*path_and_value):
     *path, value = path_and_value
-
-    def change(m):
-        node = m
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = value
-    return change
+    return lambda m: _parent(m, tuple(path)).__setitem__(path[-1], value)
 
 
 def _drop(*path):
-    def change(m):
-        node = m
-        for key in path[:-1]:
-            node = node[key]
-        del node[path[-1]]
-    return change
+    return lambda m: _parent(m, path).__delitem__(path[-1])
 
 
 def _swap_layout(m):
