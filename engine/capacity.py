@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from engine.comm import cores
 from engine.config import ConfigError
 from engine.estimator import estimate
 
@@ -35,10 +36,12 @@ def available_memory() -> int | None:
 
 
 def local_ranks(cfg) -> int:
-    """Ranks this machine runs: all of them for threads and processes, else one per process (or
-    parallel.ranks_per_node where the node grid says)."""
+    """Ranks this machine runs: all of them for threads and processes; for tcp and mpi what the launcher
+    says runs on this host (LOCAL_WORLD_SIZE, MPI's local size), else parallel.ranks_per_node, else 1."""
     p = cfg.parallel
-    return p.world_size if p.backend in ("threads", "processes") else max(p.ranks_per_node, 1)
+    if p.backend in ("threads", "processes"):
+        return p.world_size
+    return cores.launcher_local_size(p.backend) or max(p.ranks_per_node, 1)
 
 
 def data_bytes(cfg) -> int:
