@@ -214,7 +214,7 @@ def test_added_keys_and_tables_get_their_doc_as_comment():
     assert "lr = 1e-3            # peak learning rate (AdamW); default 3e-4\n" in text  # its own comment
     assert ("[sweep.space.train.micro_batches]  # search over train.micro_batches: gradient-accumulation "
             "micro-batches per step on each rank\n") in text
-    assert 'type = "categorical"  # "float", "int" or "categorical"; default "float"\n' in text
+    assert 'type = "categorical"  # "float" | "int" | "categorical"; default "float"\n' in text
     assert "choices = [1, 2]  # values to pick from (categorical)\n" in text
     for line in text.splitlines():
         if "=" in line and not line.startswith("#"):
