@@ -23,7 +23,8 @@ METRICS: dict[str, tuple[str, str]] = {
 DIRECTIONS = ("minimize", "maximize")
 # sampler -> what it is; "default" leaves the choice to Optuna (TPE)
 SAMPLERS: dict[str, str] = {
-    "default": "Optuna's default (TPE)", "tpe": "tree-structured Parzen estimator", "random": "uniform random",
+    "default": "Optuna's default (TPE)", "tpe": "tree-structured Parzen estimator",
+    "random": "uniform random",
     "grid": "every combination of the space's values", "cmaes": "CMA-ES (one metric, numeric parameters)",
     "nsga2": "NSGA-II genetic search (suits several metrics)",
 }
