@@ -311,8 +311,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint == tuple[int, ...] and isinstance(value, (list, tuple)) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value):
         return tuple(value)
-    if hint == (str | tuple[str, ...]) and (isinstance(value, str) or isinstance(value, (list, tuple)) and all(
-            isinstance(v, str) for v in value)):
+    names = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+    if hint == (str | tuple[str, ...]) and (isinstance(value, str) or names):
         return value if isinstance(value, str) else tuple(value)
     wanted = {bool: "true or false", str: "a string", int: "a whole number", float: "a number",
               tuple[int, ...]: "a list of whole numbers", str | tuple[str, ...]: "a name or a list of names"
@@ -436,7 +436,7 @@ def _build_step(name: str, kind: str, step: Any, log: bool, low: float, high: fl
     spans = (high - low) / step
     if not math.isclose(spans, round(spans), rel_tol=0, abs_tol=1e-9):
         raise ConfigError(f"{name}.step", f"high - low = {high - low:g} is not a multiple of {step:g}",
-                          f"choose a step that divides it, or move high to {low + math.floor(spans) * step:g}")
+                          f"use a step that divides it, or move high to {low + math.floor(spans) * step:g}")
     return step if whole else float(step)
 
 

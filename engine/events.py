@@ -156,6 +156,7 @@ class TrialFinished:
     kind: ClassVar[str] = "trial_finished"
     number: int
     state: str  # one of engine.sweep.settings.OUTCOMES
+    metrics: list  # the study's metric names, in the order of `values`
     values: list | None  # one per metric (pruned: the last value reported); None when failed or rejected
     params: dict
     duration_s: float
@@ -164,6 +165,7 @@ class TrialFinished:
     run_dir: str = ""
     best: list | None = None  # the best trial's number (or the Pareto front's numbers) after this one
     best_values: list | None = None  # the best trial's values (single metric)
+    resumed: bool = False  # a trial of an earlier run of this sweep, reported again when it resumes
 
 
 @dataclass(frozen=True)

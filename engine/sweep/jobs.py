@@ -153,7 +153,7 @@ def job_main(conn) -> None:
     threading.Thread(target=listen_to_launcher, name="nanodist-sweep-control", daemon=True).start()
     try:
         sweep = load_sweep(spec["sweep_dir"])
-        study = open_study(sweep)
+        study = open_study(sweep, spec["job"])
         run_trials(sweep, study, lambda e: send({"type": "event", "data": ev.to_json(e)}), stop, finish,
                    spec["n_trials"], spec["timeout_s"], job=spec["job"], live=spec["live"])
         send({"type": "done"})

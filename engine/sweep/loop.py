@@ -23,7 +23,7 @@ def run_trials(sweep: Sweep, study: optuna.Study, emit, stop_event: threading.Ev
                live: bool = True) -> None:
     """Trials on this thread, one after another, until `n_trials` (None: no limit), the time or a stop."""
     def after_trial(study: optuna.Study, trial: FrozenTrial) -> None:
-        emit(finished_event(study, trial))
+        emit(finished_event(study, trial, sweep.metrics))
         write_trials_csv(study, sweep.metrics, sweep.sweep_dir)
         if stop_event.is_set() or finish_event.is_set():
             study.stop()  # on this, the sweep's own thread: Optuna's stop, after the trial just told
@@ -33,10 +33,11 @@ def run_trials(sweep: Sweep, study: optuna.Study, emit, stop_event: threading.Ev
                    callbacks=[after_trial])
 
 
-def finished_event(study: optuna.Study, t: FrozenTrial) -> ev.TrialFinished:
+def finished_event(study: optuna.Study, t: FrozenTrial, metrics: list[str]) -> ev.TrialFinished:
     best = best_trials(study)
     return ev.TrialFinished(
-        number=t.number, state=outcome(t), values=list(t.values) if t.values else None, params=dict(t.params),
+        number=t.number, state=outcome(t), metrics=metrics, values=list(t.values) if t.values else None,
+        params=dict(t.params),
         duration_s=t.duration.total_seconds() if t.duration else 0.0, steps=t.user_attrs.get("steps", 0),
         reason=t.user_attrs.get("reason", ""), run_dir=t.user_attrs.get("run_dir", ""),
         best=[b.number for b in best], best_values=list(best[0].values) if len(best) == 1 else None)

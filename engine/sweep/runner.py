@@ -10,13 +10,15 @@ once what happened is recorded.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import optuna
+from optuna.trial import TrialState
 
 from engine import events as ev
 from engine.sweep.jobs import run_jobs
-from engine.sweep.loop import run_trials
+from engine.sweep.loop import finished_event, run_trials
 from engine.sweep.results import best_trials, outcome, write_trials_csv
 from engine.sweep.settings import OUTCOMES
 from engine.sweep.storage import fail_orphans
@@ -37,6 +39,7 @@ def run_sweep(sweep: Sweep, emit, stop_event: threading.Event | None = None,
                          storage=sweep.storage.describe(sweep.sweep_dir), metrics=sweep.metrics,
                          directions=sweep.directions, n_trials=n_trials, timeout_s=timeout_s,
                          existing=existing, jobs=jobs))
+    _report_earlier_trials(study, sweep, emit)
     interrupted = False
     try:
         if remaining != 0 and jobs > 1:
@@ -54,6 +57,24 @@ def run_sweep(sweep: Sweep, emit, stop_event: threading.Event | None = None,
         emit(ev.SweepFinished(study=sweep.study_name, counts=result["counts"], best=result["best"],
                               stopped=stopped))
     return result | {"stopped": stopped, "sweep_dir": str(sweep.sweep_dir)}
+
+
+def _report_earlier_trials(study: optuna.Study, sweep: Sweep, emit) -> None:
+    """The finished trials a resumed sweep already holds, as TrialFinished(resumed=True), each with the
+    best value as it stood after it (one metric), so the workbench's table and history show them too."""
+    best: tuple[float, int] | None = None
+    sign = 1.0 if sweep.directions[0] == "minimize" else -1.0
+    for t in study.get_trials(deepcopy=False):
+        if not t.state.is_finished():
+            continue
+        event = dataclasses.replace(finished_event(study, t, sweep.metrics), resumed=True)
+        if len(sweep.metrics) == 1:
+            better = best is None or (t.values is not None and sign * t.values[0] < sign * best[0])
+            if t.state == TrialState.COMPLETE and t.values and better:
+                best = (t.values[0], t.number)
+            event = dataclasses.replace(event, best=[best[1]] if best else [],
+                                        best_values=[best[0]] if best else None)
+        emit(event)
 
 
 def summarize(study: optuna.Study) -> dict:

@@ -26,15 +26,11 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from engine.presets import atomic_write_text
+from engine.sweep.errors import SweepError
 
 RECORD = "sweep.json"
 SQLITE_FILE = "study.db"
 JOURNAL_FILE = "journal.log"
-
-
-class SweepError(ValueError):
-    """A sweep that cannot run as asked: no [sweep] section, a storage that cannot hold it, a folder that
-    is no sweep's (a user mistake: one line, exit 2)."""
 
 
 @dataclass(frozen=True)
