@@ -87,7 +87,8 @@ def test_a_pruned_trial_trains_fewer_steps_and_stops_right_after_its_evaluation(
         assert t.user_attrs["reason"].startswith(f"pruned at step {reported}")
         assert t.params["optim.lr"] == 1e-5  # the pruner stops the learning rate that barely learns
     reports = of_kind(events, "trial_report")
-    assert {(e.number, e.step) for e in reports} == {(t.number, s) for t in trials for s in t.intermediate_values}
+    reported = {(t.number, step) for t in trials for step in t.intermediate_values}
+    assert {(e.number, e.step) for e in reports} == reported
 
 
 def test_resume_keeps_every_trial_and_numbers_on(in_tmp):
@@ -154,8 +155,8 @@ log = true
     last = of_kind(events, "trial_finished")[-1]
     assert set(last.best) == front and last.best_values is None
     for t in trials:  # the second value is the ledger's peak, as each run's own events recorded it
-        peaks = [sum(e["peak"].values()) for e in map(json.loads, open(f"{t.user_attrs['run_dir']}/events.jsonl"))
-                 if e["kind"] == "memory_snapshot"]
+        lines = (in_tmp / t.user_attrs["run_dir"] / "events.jsonl").read_text().splitlines()
+        peaks = [sum(e["peak"].values()) for e in map(json.loads, lines) if e["kind"] == "memory_snapshot"]
         assert t.values[1] == pytest.approx(max(peaks) / 1e6)
 
 
@@ -240,7 +241,8 @@ choices = [3e-3, 1e30]
                (results.outcome(t), t.user_attrs.get("reason", "")) for t in trials}
     for lr in (3e-3, 1e30):
         state, reason = reasons[(2, 9, lr)]
-        assert state == "failed" and reason.startswith("impossible combination") and "train.global_batch" in reason
+        assert state == "failed" and reason.startswith("impossible combination")
+        assert "train.global_batch" in reason
     assert reasons[(1, 8, 1e30)][0] == "failed" and reasons[(1, 8, 1e30)][1].startswith("diverged: loss nan")
     assert reasons[(2, 8, 3e-3)] == ("failed", "rank 1 failed: RuntimeError: injected fault")
     assert reasons[(1, 8, 3e-3)][0] == reasons[(1, 9, 3e-3)][0] == "complete"
@@ -257,7 +259,7 @@ def test_export_best_writes_a_preset_that_loads_and_keeps_the_comments(in_tmp):
     assert cfg.optim.lr == best.params["optim.lr"] and cfg.sweep is None and cfg.name == "best"
     assert cfg.run.out_dir == "runs"  # the preset's own, not the sweep's folder
     written = out.read_text()
-    for line in path.read_text().split("[sweep]")[0].splitlines():  # every line but the swept one and the name
+    for line in path.read_text().split("[sweep]")[0].splitlines():  # all but the swept line and the name
         if "#" in line and not line.startswith(("lr =", "name =", "description =")):
             assert line in written, line
     assert "lr = " in written and "# kept unless swept" in written  # the swept value, with its comment
