@@ -75,10 +75,9 @@ class SweepPane(Vertical):
         yield self.summary
         with Horizontal(id="sweep-body"):
             yield self.table
-            with Vertical(id="sweep-plots"):
-                yield self.history
-                yield self.intermediate
-                yield self.pareto
+            yield self.history
+            yield self.intermediate
+            yield self.pareto
 
     def on_mount(self) -> None:
         self.pareto.display = False  # shown for a study of two metrics

@@ -1,5 +1,6 @@
 """The sweep pane's plots: the optimization history (each complete trial's value and the best so far),
-the running trials' intermediate values (what the pruner sees), and the Pareto front of two metrics.
+the intermediate values (what the pruner sees) of the running trial beside the few before it, and the
+Pareto front of two metrics.
 
 Each is a LivePlot: `collect` stores what a tick's trial events bring, `draw` plots it. They learn the
 metrics and directions from the SweepStarted event.
@@ -13,7 +14,7 @@ from engine.events import SweepStarted, TrialFinished, TrialReport, TrialStarted
 from nanodist_tui.messages import Tick
 from nanodist_tui.widgets.live_plot import LivePlot
 
-MAX_CURVES = 4  # running trials drawn at once (--jobs)
+MAX_CURVES = 4  # the latest trials drawn: the running one(s) and those just before, to compare
 COLORS = ("cyan", "orange", "green", "magenta")
 
 
@@ -64,13 +65,13 @@ class HistoryPlot(LivePlot):
 
 
 class IntermediatePlot(LivePlot):
-    """The values the running trials reported at their evaluations, by training step."""
+    """The values the latest trials reported at their evaluations, by training step."""
 
     PLACEHOLDER = "no evaluation reported yet"
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.border_title = "running trial"
+        self.border_title = "intermediate values"
         self.metric = ""
         self.running: dict[int, list[tuple[int, float]]] = {}  # trial number -> (step, value), oldest first
 
@@ -82,6 +83,7 @@ class IntermediatePlot(LivePlot):
         for e in tick.events:
             if isinstance(e, SweepStarted):
                 self.metric = e.metrics[0]
+                self.border_title = f"intermediate values · {self.metric}"
             elif isinstance(e, TrialStarted):
                 self.running[e.number] = []
                 while len(self.running) > MAX_CURVES:
@@ -90,9 +92,6 @@ class IntermediatePlot(LivePlot):
             elif isinstance(e, TrialReport) and e.number in self.running and _finite(e.value):
                 self.running[e.number].append((e.step, e.value))
                 changed = True
-        if changed:
-            shown = ", ".join(str(n) for n in self.running)
-            self.border_title = f"trial {shown} · {self.metric}" if shown else "running trial"
         return changed
 
     def has_data(self) -> bool:
