@@ -158,8 +158,8 @@ def apply_overrides(doc: tomlkit.TOMLDocument | dict, overrides: list[str] | tup
         if hit:
             err.source = set_keys[hit[0]]
         elif before is not None:  # the key's line, else its table's (a missing key belongs there)
-            err.line = next(filter(None, (locate_key(before, k) for k in [err.key, *_parents(err.key)[::-1]])),
-                            None)
+            lines = (locate_key(before, k) for k in [err.key, *reversed(_parents(err.key))])
+            err.line = next(filter(None, lines), None)
         raise
 
 

@@ -273,7 +273,7 @@ def test_diff_presets():
     assert diff["parallel.zero_stage"] == (0, 2) and diff["parallel.world_size"] == (1, 4)
     assert "optim.beta1" not in diff
     assert presets.diff_presets("quickstart", presets.load_preset("quickstart")[0]) == []
-    assert ("sweep.n_trials", None, 8) in presets.diff_presets("quickstart", "sweep-lr")
+    assert ("sweep.n_trials", None, 20) in presets.diff_presets("quickstart", "sweep-lr")
 
 
 def test_resolved_document_fills_defaults_and_keeps_comments():
