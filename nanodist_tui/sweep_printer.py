@@ -9,13 +9,12 @@ and for `nanodist-tui sweep show`.
 
 from __future__ import annotations
 
-import sys
-
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine import events as ev
 from nanodist_tui.describe import describe, number, params_text, scores_text
+from nanodist_tui.headless import print_line
 
 
 class SweepPrinter:
@@ -53,12 +52,7 @@ class SweepPrinter:
         self._progress.start()
 
     def _print(self, text: str) -> None:
-        if self._progress is not None:
-            self._progress.console.print(text, markup=False, highlight=False)  # above the live bar
-        elif self.live:
-            self.console.print(text, markup=False, highlight=False)
-        else:
-            print(text, file=self.console.file or sys.stdout, flush=True)  # one unwrapped line each
+        print_line(text, self.console, self.live, self._progress)
 
     def close(self) -> None:
         if self._progress is not None:

@@ -16,17 +16,15 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.connection
-import os
 import signal
 import threading
 
 from engine import events as ev
-from engine.comm import codec
+from engine.comm import codec, pipe
+from engine.comm.pipe import MAX_MESSAGE
 from engine.job import one_line
 from engine.sweep.loop import run_trials
 from engine.sweep.study import load_sweep, open_study
-
-MAX_MESSAGE = 1 << 26
 
 
 def shares(remaining: int | None, jobs: int) -> list[int | None]:
@@ -135,22 +133,11 @@ def job_main(conn) -> None:
     """Entry point of a job process (runs in the spawned child)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which tells every job
     spec = codec.loads(conn.recv_bytes(MAX_MESSAGE))
-    stop, finish, send_lock = threading.Event(), threading.Event(), threading.Lock()
-
-    def send(message: dict) -> None:
-        data = codec.dumps(message)
-        with send_lock:
-            conn.send_bytes(data)
-
-    def listen_to_launcher() -> None:
-        while True:
-            try:
-                message = codec.loads(conn.recv_bytes(MAX_MESSAGE))
-            except (EOFError, OSError):
-                os._exit(70)  # the launcher is gone: never linger as an orphan
-            {"stop": stop, "finish": finish}.get(message.get("type"), threading.Event()).set()
-
-    threading.Thread(target=listen_to_launcher, name="nanodist-sweep-control", daemon=True).start()
+    stop, finish = threading.Event(), threading.Event()
+    send = pipe.sender(conn)
+    signals = {"stop": stop, "finish": finish}
+    pipe.listen(conn, lambda message: signals.get(str(message.get("type")), threading.Event()).set(),
+                "nanodist-sweep-control")
     try:
         sweep = load_sweep(spec["sweep_dir"])
         study = open_study(sweep, spec["job"])
