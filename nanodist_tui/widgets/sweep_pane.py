@@ -149,4 +149,8 @@ class SweepPane(Vertical):
             text.append(f"  running: trial {', '.join(map(str, sorted(self.running)))}", style="cyan")
         if self.finished is not None:
             text.append("  stopped" if self.finished.stopped else "  finished", style="bold")
+            if self.finished.best:  # what the command line does next, spelled out here
+                text.append(f"\nbest as a preset: nanodist-tui sweep export-best {s.sweep_dir} -o best.toml"
+                            f"  ·  all trials: {s.sweep_dir}/trials.csv  ·  optuna-dashboard {s.storage}",
+                            style="dim")
         return text
