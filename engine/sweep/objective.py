@@ -92,7 +92,7 @@ class Objective:
         data_key = repr(to_dict(cfg.data))
         if cfg.model.kind == "gpt" and data_key not in self._vocab:
             self._vocab[data_key] = vocab_size(cfg)
-        phase, categories = estimate(cfg, self._vocab.get(data_key)).peak()
+        _, categories = estimate(cfg, self._vocab.get(data_key)).peak()
         return sum(categories.values()) / MB
 
 

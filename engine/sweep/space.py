@@ -33,10 +33,6 @@ def distribution(param: SearchParam) -> BaseDistribution:
     return FloatDistribution(param.low, param.high, log=param.log, step=param.step)
 
 
-def distributions(space: dict[str, SearchParam]) -> dict[str, BaseDistribution]:
-    return {key: distribution(param) for key, param in space.items()}
-
-
 def grid(space: dict[str, SearchParam]) -> dict[str, list]:
     """Every value of each parameter, for the grid sampler (floats need a step: engine.config_rules)."""
     out: dict[str, list] = {}
