@@ -95,3 +95,27 @@ def test_storage_defaults_and_what_a_folder_keeps(tmp_path: Path):
         choose_storage(tmp_path, None, 2)
     with pytest.raises(SweepError, match="drop --storage"):
         choose_storage(tmp_path, "sqlite:///other.db", 1)
+
+
+def test_the_headless_printer_draws_a_bar_on_a_terminal_and_plain_lines_elsewhere():
+    import io
+
+    from rich.console import Console
+
+    from nanodist_tui.sweep_printer import SweepPrinter
+    started = ev.SweepStarted(study="s", sweep_dir="runs/sweep-s", storage="x", metrics=["val_loss"],
+                              directions=["minimize"], n_trials=2, timeout_s=0.0, existing=0, jobs=1)
+    done = ev.TrialFinished(number=0, state="complete", metrics=["val_loss"], values=[1.5],
+                            params={"optim.lr": 0.01}, duration_s=2.0, steps=12, best=[0], best_values=[1.5])
+    line = "trial 0 complete: val_loss 1.5; best 1.5 (trial 0); optim.lr=0.01; 12 steps in 2.0 s"
+    for terminal in (True, False):
+        out = io.StringIO()
+        printer = SweepPrinter(Console(file=out, force_terminal=terminal, width=200))
+        for event in (started, ev.TrialStarted(number=0, params={"optim.lr": 0.01}), done,
+                      ev.SweepFinished(study="s", counts={"complete": 1}, best=[0], stopped=False)):
+            printer(event)
+        text = out.getvalue()
+        assert line in text and "sweep s finished: 1 complete" in text
+        assert ("trials" in text and "\x1b[" in text) if terminal else ("\x1b[" not in text)
+        if not terminal:
+            assert text.splitlines()[1] == line  # one plain line per trial, nothing else between
