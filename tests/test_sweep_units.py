@@ -119,3 +119,14 @@ def test_the_headless_printer_draws_a_bar_on_a_terminal_and_plain_lines_elsewher
         assert ("trials" in text and "\x1b[" in text) if terminal else ("\x1b[" not in text)
         if not terminal:
             assert text.splitlines()[1] == line  # one plain line per trial, nothing else between
+
+
+def test_jobs_split_the_hosts_cpus_between_them():
+    from engine.sweep.jobs import job_cpus
+    assert job_cpus({0, 1}, 2) == [[0], [1]]
+    assert job_cpus({0, 1, 2, 3, 4}, 2) == [[0, 2, 4], [1, 3]]
+    assert job_cpus({3}, 1) == [[3]]
+    assert job_cpus({0, 1}, 3) == [[0], [1], [0]]  # more jobs than CPUs: shared round-robin
+    for cpus, jobs in (({0, 1, 2, 3}, 2), ({0, 1, 2, 3, 4, 5, 6}, 3)):
+        split = job_cpus(cpus, jobs)
+        assert sorted(c for part in split for c in part) == sorted(cpus)  # every CPU used, once

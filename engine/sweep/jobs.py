@@ -10,17 +10,23 @@ A job process is not a daemon, since a trial on the processes backend starts ran
 the launcher always reaps every job before returning, and a job whose pipe closes (the launcher died)
 exits at once. Ctrl-C reaches the whole process group: jobs ignore it, the launcher turns the first one
 into "stop" and waits for them to record their trials, a second one kills them.
+
+Cores: the jobs split this host's CPUs between them (each job's affinity mask; its rank processes inherit
+it), so J jobs of N ranks never run more compute threads than there are cores: each rank's automatic
+thread count (engine.comm.cores) is then its share of its job's CPUs.
 """
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import threading
 
 from engine import events as ev
 from engine.comm import codec, pipe
+from engine.comm.cores import usable_cores
 from engine.comm.pipe import MAX_MESSAGE
 from engine.job import one_line
 from engine.sweep.loop import run_trials
@@ -34,12 +40,23 @@ def shares(remaining: int | None, jobs: int) -> list[int | None]:
     return [n for n in (remaining // jobs + (j < remaining % jobs) for j in range(jobs)) if n]
 
 
+def job_cpus(cpus: set[int], jobs: int) -> list[list[int]]:
+    """Each job's CPUs: the host's CPUs dealt out in turn, so the jobs' sets are disjoint when there are
+    at least as many CPUs as jobs (with fewer, jobs share CPUs round-robin; each gets one)."""
+    ordered = sorted(cpus)
+    if jobs <= len(ordered):
+        return [ordered[j::jobs] for j in range(jobs)]
+    return [[ordered[j % len(ordered)]] for j in range(jobs)]
+
+
 def run_jobs(sweep, jobs: int, remaining: int | None, timeout_s: float, emit, stop_event: threading.Event,
              finish_event: threading.Event) -> None:
     ctx = multiprocessing.get_context("spawn")
     children: list[_Job] = []
+    split = shares(remaining, jobs)
+    cpus = job_cpus(usable_cores(), len(split))
     try:
-        for number, share in enumerate(shares(remaining, jobs)):
+        for number, share in enumerate(split):
             ours, theirs = ctx.Pipe(duplex=True)
             process = ctx.Process(target=job_main, args=(theirs,), name=f"nanodist-sweep-job{number}")
             process.start()
@@ -47,7 +64,7 @@ def run_jobs(sweep, jobs: int, remaining: int | None, timeout_s: float, emit, st
             job = _Job(number, process, ours)
             children.append(job)
             job.tell({"type": "run", "sweep_dir": str(sweep.sweep_dir), "n_trials": share,
-                      "timeout_s": timeout_s, "job": number, "live": number == 0})
+                      "timeout_s": timeout_s, "job": number, "live": number == 0, "cpus": cpus[number]})
         _supervise(children, emit, stop_event, finish_event)
     finally:
         for job in children:
@@ -133,6 +150,8 @@ def job_main(conn) -> None:
     """Entry point of a job process (runs in the spawned child)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which tells every job
     spec = codec.loads(conn.recv_bytes(MAX_MESSAGE))
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, spec["cpus"])  # this job's share of the host (see the module docstring)
     stop, finish = threading.Event(), threading.Event()
     send = pipe.sender(conn)
     signals = {"stop": stop, "finish": finish}
