@@ -93,7 +93,7 @@ def resume_training(run_dir: str | Path, overrides=(), step: int | None = None, 
 def _failure_message(e: BaseException, recorder: RunRecorder | None) -> str:
     """The one line a failed run ends with: what failed, where its traceback is, and — when the run folder
     stopped taking writes first — that, which is the cause."""
-    message = _one_line(e)
+    message = one_line(e)
     if recorder is None:
         return message
     if recorder.failure:
@@ -112,7 +112,8 @@ def _recording_stopped(recorder: RunRecorder) -> str:
             f"stopped; {kept}")
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
+    """An error as the one line a RunFailed event (and a failed trial) carries."""
     if isinstance(e, RankFailure):  # the event names the rank; the message says what happened to it
         return e.cause
     if isinstance(e, KeyboardInterrupt):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from nanodist_tui.cli import bench, memory, model, presets, resume, runs, train
+from nanodist_tui.cli import bench, memory, model, presets, resume, runs, sweep, train
 from nanodist_tui.cli.errors import OneLineErrors
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ app.command("resume")(resume.resume)
 app.command("export")(model.export)
 app.command("sample")(model.sample)
 app.command("memory")(memory.memory)
+app.add_typer(sweep.app, name="sweep")
 app.add_typer(bench.app, name="bench")
 app.add_typer(presets.app, name="presets")
 

@@ -27,6 +27,7 @@ from engine.data import DataError
 from engine.events import EventError
 from engine.export import ExportError
 from engine.recorder import RunFolderError
+from engine.sweep.errors import SweepError
 
 
 class OutDirError(ValueError):
@@ -38,7 +39,7 @@ class UsageError(ValueError):
 
 
 USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError, UsageError,
-               CheckpointError, EventError, ExportError, RunFolderError)
+               CheckpointError, EventError, ExportError, RunFolderError, SweepError)
 
 
 def fail(message: str, code: int = 2) -> None:
