@@ -21,6 +21,7 @@ from typing import Any
 from engine.comm.collectives import ALGORITHMS
 from engine.comm.launch import BACKENDS
 from engine.config_rules import (
+    INT64,
     RULES,
     choices_doc,
     combination_problem,
@@ -160,6 +161,8 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class RunConfig:
     out_dir: str = _f("runs", "folder that receives one sub-folder per run")
+    check_memory: bool = _f(True, "refuse to start when the estimated peak memory of this machine's ranks "
+                            "exceeds its available memory")
 
 
 @dataclass(frozen=True)
@@ -305,6 +308,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint is bool and isinstance(value, bool) or hint is str and isinstance(value, str):
         return value
     if hint is int and is_num and isinstance(value, int):
+        if not -INT64 <= value < INT64:  # numpy (and every rank) would overflow on it
+            raise ConfigError(key, f"{value} does not fit a 64-bit integer", "use a smaller number")
         return value
     if hint is float and is_num:
         return float(value)

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from engine.config import Config, SweepConfig
 
 Problem = tuple[str, str]  # (problem, fix): a rule's verdict on one setting's value
+INT64 = 1 << 63  # whole numbers must fit an int64: numpy holds them so in every rank
+MAX_TIMEOUT_S = 1e6  # about 11.6 days; waits far past it overflow the clock's arithmetic
 KeyedProblem = tuple[str, str, str]  # (key, problem, fix): a problem across settings
 
 
@@ -130,7 +132,8 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "parallel.backend": one_of(*BACKENDS),
     "parallel.world_size": _between(1, 1024),
     "parallel.zero_stage": _between(min(ZERO_STAGES), max(ZERO_STAGES)),
-    "parallel.bucket_cap_mb": _positive, "parallel.timeout_s": _positive,
+    "parallel.bucket_cap_mb": _positive,
+    "parallel.timeout_s": _between(0, MAX_TIMEOUT_S, open_lo=True),
     "parallel.algorithm": one_of(*ALGORITHMS), "parallel.ranks_per_node": _at_least(0),
     "parallel.threads_per_rank": _between(0, 4096),
     "precision.dtype": one_of(*DTYPES),

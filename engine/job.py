@@ -12,12 +12,13 @@ import time
 import uuid
 from pathlib import Path
 
+from engine import error_log
 from engine import events as ev
 from engine.checkpoint import CHECKPOINTS
 from engine.comm.base import RankFailure
 from engine.comm.launch import process_rank, run_ranks
 from engine.config import Config, to_dict
-from engine.recorder import RunRecorder
+from engine.recorder import RecordingError, RunRecorder
 from engine.resume import prepare_resume
 from engine.trainer import train_rank
 
@@ -29,17 +30,18 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     A recorded run checkpoints into its folder; `resume_from` (a checkpoint folder) starts from it."""
     bus = ev.EventBus()
     recorder = None
+    stop_event = stop_event or threading.Event()
     # With tcp/mpi each process runs one rank; only rank 0's process records the run.
     lead = process_rank(cfg.parallel.backend) in (None, 0)
     if record and lead:
         resolved = preset_doc if preset_doc is not None else to_dict(cfg)
-        recorder = RunRecorder(cfg.run.out_dir, cfg.name, resolved)
+        # a folder that stops taking writes stops the run (checkpointing if the disk still allows)
+        recorder = RunRecorder(cfg.run.out_dir, cfg.name, resolved, on_failure=lambda _: stop_event.set())
         bus.subscribe(recorder)
     if on_event is not None:
         bus.subscribe(on_event)
     run_id = recorder.run_id if recorder else uuid.uuid4().hex[:8]
     checkpoint_dir = str(recorder.run_dir / CHECKPOINTS) if recorder else ""
-    stop_event = stop_event or threading.Event()
     t0 = time.perf_counter()
     try:
         results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, train_rank,
@@ -48,10 +50,19 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event,
                             threads_per_rank=cfg.parallel.threads_per_rank)
     except BaseException as e:
-        bus.emit(ev.RunFailed(message=one_line(e), rank=getattr(e, "rank", None)))
+        message = _failure_message(e, recorder)
+        cause_first = recorder is not None and recorder.failure is not None  # the folder, not a rank
+        bus.emit(ev.RunFailed(message=message, rank=None if cause_first else getattr(e, "rank", None)))
         if recorder:
             recorder.close()
+        if recorder and recorder.failure:
+            raise RecordingError(message) from e
         raise
+    if recorder and recorder.failure:
+        message = _recording_stopped(recorder)
+        bus.emit(ev.RunFailed(message=message))
+        recorder.close()
+        raise RecordingError(message)
     mine = [r for r in results if r is not None]  # tcp/mpi: only this process's rank (or all, on rank 0)
     if not mine:
         raise RuntimeError("every rank stopped before finishing its first evaluation")
@@ -77,6 +88,28 @@ def resume_training(run_dir: str | Path, overrides=(), step: int | None = None, 
     is verified (checksums, model layout) before any rank starts."""
     cfg, doc, ckpt = prepare_resume(run_dir, overrides, step)
     return run_training(cfg, on_event=on_event, stop_event=stop_event, preset_doc=doc, resume_from=ckpt.path)
+
+
+def _failure_message(e: BaseException, recorder: RunRecorder | None) -> str:
+    """The one line a failed run ends with: what failed, where its traceback is, and — when the run folder
+    stopped taking writes first — that, which is the cause."""
+    message = one_line(e)
+    if recorder is None:
+        return message
+    if recorder.failure:
+        return f"{_recording_stopped(recorder)}; then stopping failed too: {message}"
+    log = recorder.run_dir / error_log.ERROR_LOG
+    if not isinstance(e, RankFailure) and not isinstance(e, KeyboardInterrupt):
+        log = error_log.write(recorder.run_dir, "the launcher failed", e) or log
+    return f"{message} (traceback in {log})" if log.exists() else message
+
+
+def _recording_stopped(recorder: RunRecorder) -> str:
+    saved = recorder.last_checkpoint
+    kept = (f"checkpoint of step {saved} saved; `nanodist-tui resume {recorder.run_dir}` continues it"
+            if saved is not None else "no checkpoint saved")
+    return (f"recording stopped at step {recorder.summary['steps']}: {recorder.failure}, so the run was "
+            f"stopped; {kept}")
 
 
 def one_line(e: BaseException) -> str:

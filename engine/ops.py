@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from engine import halfconv
+from engine.dropout_rng import DropoutRNG
 from engine.dtypes import LOW_PRECISION, compute_dtype
 from engine.tensor import Parameter, ScatterGrad, Tensor, make
 
@@ -301,11 +302,11 @@ def gelu(x: Tensor) -> Tensor:
     return make(halfconv.astype(y, dtype), (x,), backward, (xs,))
 
 
-def dropout(x: Tensor, p: float, rng: np.random.Generator, training: bool) -> Tensor:
-    """Zero each element with probability p (mask from `rng`) and scale the rest by 1/(1-p)."""
+def dropout(x: Tensor, p: float, rng: DropoutRNG, training: bool) -> Tensor:
+    """Zero each element with probability p (mask from `rng`, axis 0 = rows) and scale the rest by 1/(1-p)."""
     if not training or p == 0.0:
         return x
-    mask = rng.random(x.shape, dtype=np.float32) >= p
+    mask = rng.keep_mask(x.shape, p)
     scale = np.asarray(1.0 / (1.0 - p), dtype=x.dtype)
     y = x.data * mask
     y *= scale
@@ -372,7 +373,7 @@ def _causal_bias(t: int, dtype) -> np.ndarray:
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
-                     rng: np.random.Generator | None = None, training: bool = False) -> Tensor:
+                     rng: DropoutRNG | None = None, training: bool = False) -> Tensor:
     """softmax(q k^T / sqrt(D) + causal mask) [dropout] @ v for q, k, v of shape [B, H, T, D].
 
     Keeps q, k, v, the attention probabilities [B, H, T, T] and, with dropout, its boolean mask.
@@ -391,7 +392,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     if training and dropout_p > 0.0:
         if rng is None:
             raise ValueError("causal_attention with dropout in training needs an rng")
-        mask = rng.random(att.shape, dtype=np.float32) >= dropout_p
+        mask = rng.keep_mask(att.shape, dropout_p)
         keep_scale = np.asarray(1.0 / (1.0 - dropout_p), dtype=dtype)
     dropped = att if mask is None else att * mask * keep_scale
     out = matmul_kernel(dropped, vd)

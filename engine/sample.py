@@ -32,9 +32,11 @@ def encode(vocab: list[str] | None, prompt: str, vocab_size: int) -> list[int]:
 
 
 def decode(vocab: list[str] | None, ids) -> str:
+    """Text of token ids; ids past the corpus's characters (a model vocabulary larger than its corpus)
+    read as U+FFFD."""
     if vocab is None:
         return " ".join(str(int(i)) for i in ids)
-    return "".join(vocab[int(i)] for i in ids)
+    return "".join(vocab[int(i)] if int(i) < len(vocab) else "\ufffd" for i in ids)
 
 
 def sample_text(loaded: LoadedModel, prompt: str, tokens: int = 200, temperature: float = 0.8,

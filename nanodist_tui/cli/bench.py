@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.errors import fail, user_errors
+from nanodist_tui.cli.errors import UsageError, fail, user_errors
 from nanodist_tui.cli.options import BackendOpt, JsonOpt, PresetOpt, SetOpt, WorldOpt
 from nanodist_tui.cli.running import load_config
 
@@ -28,9 +28,11 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
          as_json: JsonOpt = False) -> None:
     """Median training-step time: ours, and PyTorch eager on the same shapes (when installed)."""
     from engine.bench.step import race_torch, time_ours
+    from engine.capacity import check_fits
     from engine.config import replace
     with user_errors():
         cfg, _, _ = load_config(preset, sets, world_size, backend)
+        check_fits(cfg)
     ours = time_ours(cfg, warmup, steps)
     report = {"preset": cfg.name, "world_size": cfg.parallel.world_size, "ours": ours}
     if cfg.parallel.world_size > 1:
@@ -96,6 +98,41 @@ def _fmt_size(n: int) -> str:
     return f"{n} B"
 
 
+def _check_allreduce(backend: str, world_size: int, sizes: str, algorithm: str) -> list[int]:
+    """The message sizes, once every option is known to work here; UsageError/LaunchError otherwise."""
+    import importlib.util
+
+    from engine.capacity import available_memory
+    from engine.comm.collectives import ALGORITHMS
+    from engine.comm.launch import check_environment
+    from engine.config_rules import RULES, choices_doc
+    if backend not in ("threads", "processes", "mpi"):
+        raise UsageError(f'--backend: unknown backend "{backend}"; use threads, processes or mpi')
+    if problem := RULES["parallel.world_size"](world_size):
+        raise UsageError(f"--world-size: {problem[0]}; {problem[1]}")
+    if algorithm not in ALGORITHMS:
+        raise UsageError(f'--algorithm: unknown algorithm "{algorithm}"; use {choices_doc(ALGORITHMS)}')
+    if algorithm == "mpi-native" and backend != "mpi":
+        raise UsageError('--algorithm "mpi-native" needs --backend mpi (MPI\'s own Allreduce)')
+    if backend == "mpi":
+        if importlib.util.find_spec("mpi4py") is None:
+            raise UsageError("--backend mpi needs mpi4py: pip install -e '.[mpi]' (mpi4py and MPICH wheels)")
+        check_environment("mpi", world_size)
+    try:
+        size_list = [_parse_size(s) for s in sizes.split(",") if s.strip()]
+    except ValueError as e:
+        raise UsageError(f"--sizes: {e}") from None
+    if not size_list:
+        raise UsageError("--sizes: no size given; write e.g. --sizes 1MiB,16MiB")
+    available = available_memory()
+    # each rank holds its input, the result and the ring's scratch for the largest message
+    if available is not None and 3 * world_size * max(size_list) > available:
+        raise UsageError(f"--sizes: {_fmt_size(max(size_list))} on {world_size} ranks needs about "
+                         f"{_fmt_size(3 * world_size * max(size_list))} of memory, this machine has "
+                         f"{_fmt_size(available)} available; use smaller sizes or fewer ranks")
+    return size_list
+
+
 @app.command("allreduce")
 def allreduce(
     backend: Annotated[str, typer.Option("--backend", "-b", help="threads | processes | mpi")] = "processes",
@@ -112,12 +149,8 @@ def allreduce(
 ) -> None:
     """All-reduce bandwidth in the NCCL-tests manner (algbw = S/t, busbw = algbw·2(N-1)/N)."""
     from engine.bench.allreduce import bench_allreduce, bench_gloo
-    try:
-        size_list = [_parse_size(s) for s in sizes.split(",") if s.strip()]
-    except ValueError as e:
-        fail(f"--sizes: {e}")
-    if backend not in ("threads", "processes", "mpi"):
-        fail(f'--backend: unknown backend "{backend}"; use threads, processes or mpi')
+    with user_errors():
+        size_list = _check_allreduce(backend, world_size, sizes, algorithm)
     ours = bench_allreduce(backend, world_size, size_list, iters, warmup, algorithm=algorithm)
     gloo = bench_gloo(world_size, size_list, iters, warmup) if vs_gloo else None
     report = {"backend": backend, "world_size": world_size, "algorithm": algorithm,
@@ -150,9 +183,12 @@ def techniques(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: 
                as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """Median step time of the preset with each technique switched on, and its cost vs the baseline."""
     from engine.bench.techniques import time_techniques, variants
+    from engine.capacity import check_fits
     with user_errors():
         base, _, _ = load_config(preset, sets, world_size, backend)
         configs = variants(base)
+        for variant in configs.values():
+            check_fits(variant)
     rows = time_techniques(configs, warmup, steps)
     if as_json:
         report = {"preset": base.name, "world_size": base.parallel.world_size, "rows": rows}

@@ -69,8 +69,10 @@ def _estimated(cfg) -> dict:
 def _measured(cfg, steps: int) -> dict | None:
     """The ledger's figures, or None with the reason when this configuration cannot run yet."""
     from engine.bench.memory import measure
+    from engine.capacity import check_fits
     from engine.comm.base import RankFailure
     from engine.memory import MODEL_STATES
+    check_fits(cfg)  # measuring trains: only what fits here
     try:
         m = measure(cfg, steps)
     except RankFailure as e:

@@ -8,22 +8,22 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.errors import run_errors
+from nanodist_tui.cli.errors import user_errors
 from nanodist_tui.cli.options import RunDirArg, StepOpt
 from nanodist_tui.cli.running import require_run_dir
 
 
 def export(run_dir: RunDirArg,
-           output: Annotated[Path | None, typer.Option("--output", "-o", help="the .npz to write "
-                                                       "(default: RUN_DIR/model.npz)")] = None,
+           output: Annotated[str | None, typer.Option("--output", "-o", help="the .npz to write "
+                                                      "(default: RUN_DIR/model.npz)")] = None,
            step: StepOpt = None) -> None:
     """Write the run's fp32 parameters and model config to one .npz (engine.export.load_model reads it)."""
     from engine.checkpoint import find_checkpoint
     from engine.export import export_model
     require_run_dir(run_dir)
-    with run_errors():
+    with user_errors():
         ckpt = find_checkpoint(run_dir, step)
-        path = export_model(ckpt, output or run_dir / "model.npz")
+        path = export_model(ckpt, run_dir / "model.npz" if output is None else output)
     print(f"wrote {path}: {ckpt.manifest['numel']:,} fp32 parameters from step {ckpt.step}")
 
 
@@ -41,7 +41,7 @@ def sample(source: Annotated[Path, typer.Argument(help="a run folder, a checkpoi
     from engine.sample import sample_text
     if not source.is_file():
         require_run_dir(source)
-    with run_errors():
+    with user_errors():
         if source.is_file():
             loaded = read_model(source)
         else:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.errors import run_errors
+from nanodist_tui.cli.errors import user_errors
 from nanodist_tui.cli.options import BackendOpt, RunDirArg, SetOpt, StepOpt, WorldOpt
 from nanodist_tui.cli.running import (
     check_can_run,
@@ -26,7 +26,7 @@ def resume(run_dir: RunDirArg, sets: SetOpt = None, world_size: WorldOpt = None,
     """Resume a run: same world size continues bitwise-identically; another one reshards the state."""
     from engine.resume import prepare_resume
     require_run_dir(run_dir)
-    with run_errors():
+    with user_errors():
         cfg, doc, ckpt = prepare_resume(run_dir, shortcut_overrides(sets, world_size, backend), step)
         check_can_run(cfg)
     job = training_job(cfg, doc, resume_from=ckpt.path)

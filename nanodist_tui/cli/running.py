@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from nanodist_tui.cli.errors import USER_ERRORS, OutDirError, fail, user_errors
+from nanodist_tui.cli.errors import USER_ERRORS, OutDirError, fail, internal_failure, user_errors
 
 
 def shortcut_overrides(sets: list[str] | None, world_size: int | None, backend: str | None) -> list[str]:
@@ -38,11 +38,19 @@ def prepare_run(preset: str, sets=None, world_size=None, backend=None):
 
 
 def check_can_run(cfg) -> None:
-    """What a valid config can still get wrong on this machine: unreadable data, a backend that cannot
-    start here, a run folder that cannot be made. Raises one of USER_ERRORS."""
-    from engine.build import build_dataset
+    """What a valid config can still get wrong on this machine: unreadable data, sizes it cannot hold, a
+    backend that cannot start here, a run folder that cannot be made. Raises one of USER_ERRORS."""
+    from engine.build import build_dataset, vocab_size
+    from engine.capacity import check_data_fits, check_fits
     from engine.comm.launch import check_environment
-    build_dataset(cfg)
+    from engine.config import ConfigError
+    check_data_fits(cfg)
+    try:
+        dataset = build_dataset(cfg)
+    except MemoryError as e:
+        raise ConfigError("data", f"the dataset does not fit in memory ({e})", "use less data",
+                          source="this machine") from None
+    check_fits(cfg, vocab_size(cfg, dataset) if cfg.model.kind == "gpt" else None)
     check_environment(cfg.parallel.backend, cfg.parallel.world_size)
     check_out_dir(cfg.run.out_dir)
 
@@ -95,7 +103,8 @@ def run_in_workbench(cfg, job, sweep_finish: threading.Event | None = None) -> N
 def run_headless_job(job) -> None:
     """Run `job(emit, stop_event)` (returning the run summary) with the headless printer, then print the
     summary. Ctrl-C ends it with exit code 130, a user mistake with its one line and code 2, a failed
-    rank with code 1 (the printer has already shown the rank and the cause)."""
+    run with code 1 (the printer has already shown its one line: the rank and the cause), any other
+    failure with code 1 and one line naming where its traceback went."""
     from nanodist_tui.headless import HeadlessPrinter, summary_lines
     printer, stop = HeadlessPrinter(), threading.Event()
     try:
@@ -107,9 +116,11 @@ def run_headless_job(job) -> None:
     except USER_ERRORS as e:
         printer.close()
         fail(str(e))
-    except Exception:
+    except Exception as e:
         printer.close()
-        raise typer.Exit(1) from None  # RunFailed was already printed with the rank and cause
+        if not printer.failure_shown:
+            internal_failure(e)
+        raise typer.Exit(1) from None
     if not summary.get("lead", True):
         return  # another process (rank 0's, under mpiexec or a tcp launch) reports this run
     for line in summary_lines(summary):

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.errors import fail, run_errors
+from nanodist_tui.cli.errors import fail, user_errors
 from nanodist_tui.cli.options import RunDirArg
 from nanodist_tui.cli.running import require_run_dir
 from nanodist_tui.replay import replay_events
@@ -23,7 +23,7 @@ def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder h
          = Path("runs")) -> None:
     """List recorded runs, newest first, with their key figures and latest checkpoint."""
     from engine.checkpoint import CHECKPOINTS
-    from engine.checkpoint_io import finished_checkpoints
+    from engine.checkpoint_io import scan_checkpoints
     from engine.recorder import list_runs
     if not out_dir.is_dir():
         fail(f"{out_dir}: no such folder; train a run first (`nanodist-tui run`) or pass --out-dir")
@@ -35,13 +35,22 @@ def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder h
     for r in infos:
         total = r.summary.get("total_steps")
         steps = _fmt(r.steps, "d") + (f"/{total}" if total else "")
-        ckpts = finished_checkpoints(r.run_dir / CHECKPOINTS)
         wall = "-" if r.wall_s is None else f"{r.wall_s:.1f}s"
+        checkpoint = _checkpoint_cell(scan_checkpoints(r.run_dir / CHECKPOINTS))
         rows.append((r.run_id, r.status, steps, _fmt(r.final_val_loss, ".4f"), _fmt(r.best_val_loss, ".4f"),
-                     _fmt(r.tokens_per_s, ",.0f"), wall, f"step {ckpts[-1][0]}" if ckpts else "-"))
+                     _fmt(r.tokens_per_s, ",.0f"), wall, checkpoint))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _checkpoint_cell(scanned) -> str:
+    """The newest good checkpoint, and whether a newer one is damaged (resume would refuse it)."""
+    good = [step for step, _, problem in scanned if problem is None]
+    cell = f"step {good[-1]}" if good else "-"
+    if scanned and scanned[-1][2] is not None:
+        cell += f" (step {scanned[-1][0]} damaged)"
+    return cell
 
 
 def replay(run_dir: RunDirArg,
@@ -53,7 +62,7 @@ def replay(run_dir: RunDirArg,
     """Play a recorded run (its events.jsonl) back into the workbench."""
     from engine.recorder import read_events
     require_run_dir(run_dir)
-    with run_errors():
+    with user_errors():
         events = read_events(run_dir)
     if not events:
         fail(f"{run_dir}/events.jsonl: no events recorded")
