@@ -20,6 +20,7 @@ from engine.nn import MODEL_KINDS
 from engine.optim import SCHEDULES
 from engine.parallel import ZERO_STAGES
 from engine.recompute import CHECKPOINTING, checkpointed_blocks
+from engine.sinks import SINKS
 
 if TYPE_CHECKING:
     from engine.config import Config
@@ -100,8 +101,20 @@ def _checkpointing(v):
         return f"{toml_repr(v)} is not allowed", fix
 
 
-def _non_empty(v):
-    return None if v.strip() else ("is empty", 'give a folder, e.g. "runs"')
+def _non_empty(what: str, example: str):
+    def check(v):
+        return None if v.strip() else ("is empty", f"give {what}, e.g. {toml_repr(example)}")
+    return check
+
+
+def _sinks(v):
+    """Rule for log.to: known sink names, each once."""
+    for name in v:
+        if problem := one_of(*SINKS)(name):
+            return problem
+    if len(set(v)) < len(v):
+        return f"{toml_repr(v)} names a sink twice", "name each sink once"
+    return None
 
 
 # dotted key -> rule; a rule returns None for a good value, else (problem, fix)
@@ -132,7 +145,8 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "precision.min_scale": _at_least(0),
     "memory.checkpointing": _checkpointing,
     "checkpoint.every": _at_least(0), "checkpoint.keep": _at_least(1),
-    "run.out_dir": _non_empty,
+    "run.out_dir": _non_empty("a folder", "runs"),
+    "log.to": _sinks, "log.project": _non_empty("a name", "nanodist"),
     "sweep.metric": one_of("val_loss", "loss", "tokens_per_s"),
     "sweep.direction": one_of("minimize", "maximize"),
     "sweep.n_trials": _at_least(1),

@@ -19,6 +19,7 @@ from engine.comm.launch import process_rank, run_ranks
 from engine.config import Config, to_dict
 from engine.recorder import RunRecorder
 from engine.resume import prepare_resume
+from engine.sinks.runner import SinkSet
 from engine.trainer import train_rank
 
 
@@ -35,6 +36,10 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         resolved = preset_doc if preset_doc is not None else to_dict(cfg)
         recorder = RunRecorder(cfg.run.out_dir, cfg.name, resolved)
         bus.subscribe(recorder)
+    # Telemetry sinks (TensorBoard, W&B, MLflow) write beside the run folder, so only a recorded run has them.
+    sinks = SinkSet(cfg.log.to, recorder.run_dir, cfg.log, bus.emit) if recorder and cfg.log.to else None
+    if sinks:
+        bus.subscribe(sinks)
     if on_event is not None:
         bus.subscribe(on_event)
     run_id = recorder.run_id if recorder else uuid.uuid4().hex[:8]
@@ -48,6 +53,8 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event)
     except BaseException as e:
         bus.emit(ev.RunFailed(message=_one_line(e), rank=getattr(e, "rank", None)))
+        if sinks:
+            sinks.close()
         if recorder:
             recorder.close()
         raise
@@ -63,6 +70,8 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
                               tokens_per_s=summary["tokens_per_s"], wall_s=summary["wall_s"],
                               run_dir=str(recorder.run_dir) if recorder else "")
     bus.emit(finished)
+    if sinks:
+        sinks.close()  # before the recorder: a sink's last failure still reaches the run's log
     if recorder:
         recorder.close()
         summary["run_dir"] = str(recorder.run_dir)
