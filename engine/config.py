@@ -301,7 +301,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint == tuple[int, ...] and isinstance(value, (list, tuple)) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value):
         return tuple(value)
-    if hint == tuple[str, ...] and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+    if hint == tuple[str, ...] and isinstance(value, (list, tuple)) and all(
+            isinstance(v, str) for v in value):
         return tuple(value)
     wanted = {bool: "true or false", str: "a string", int: "a whole number", float: "a number",
               tuple[int, ...]: "a list of whole numbers", tuple[str, ...]: "a list of strings"

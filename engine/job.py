@@ -36,12 +36,12 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         resolved = preset_doc if preset_doc is not None else to_dict(cfg)
         recorder = RunRecorder(cfg.run.out_dir, cfg.name, resolved)
         bus.subscribe(recorder)
+    if on_event is not None:
+        bus.subscribe(on_event)
     # Telemetry sinks (TensorBoard, W&B, MLflow) write beside the run folder, so only a recorded run has them.
     sinks = SinkSet(cfg.log.to, recorder.run_dir, cfg.log, bus.emit) if recorder and cfg.log.to else None
     if sinks:
         bus.subscribe(sinks)
-    if on_event is not None:
-        bus.subscribe(on_event)
     run_id = recorder.run_id if recorder else uuid.uuid4().hex[:8]
     checkpoint_dir = str(recorder.run_dir / CHECKPOINTS) if recorder else ""
     stop_event = stop_event or threading.Event()

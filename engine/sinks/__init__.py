@@ -51,7 +51,8 @@ def missing_library(name: str) -> str | None:
         found = False
     if found:
         return None
-    return f'log.to: the "{name}" sink needs the {module} package, which is not installed; {install_hint(name)}'
+    return (f'log.to: the "{name}" sink needs the {module} package, which is not installed; '
+            f"{install_hint(name)}")
 
 
 def check_available(names) -> None:

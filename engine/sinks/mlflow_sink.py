@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from engine.sinks.scalars import Point
 
@@ -40,7 +41,7 @@ class MlflowSink:
         self.own_store = not log_cfg.mlflow_uri
         self.uri = (Path(run_dir).resolve() / "mlruns").as_uri() if self.own_store else log_cfg.mlflow_uri
         self.experiment = log_cfg.project
-        self._client = None
+        self._client: Any = None
         self.run_id: str | None = None
 
     def open(self, started) -> None:

@@ -51,7 +51,8 @@ class ScalarFolder:
             for link in event.links:
                 key = (int(link["src"]), int(link["dst"]))
                 per_link[key] = per_link.get(key, 0.0) + float(link["bytes"])
-            return [Point(f"traffic/{src}_to_{dst}", b, event.step) for (src, dst), b in sorted(per_link.items())]
+            return [Point(f"traffic/{src}_to_{dst}", sent, event.step)
+                    for (src, dst), sent in sorted(per_link.items())]
         if isinstance(event, (ev.RunFinished, ev.RunFailed)):
             return self.flush()
         return []
@@ -77,7 +78,8 @@ class ScalarFolder:
     def _memory_points(self, rank: int) -> list[Point]:
         step, maxima, top = self._memory.pop(rank)
         prefix = f"memory/rank{rank}/"
-        return [Point(prefix + c, float(b), step) for c, b in maxima.items()] + [Point(prefix + "total", float(top), step)]
+        points = [Point(prefix + category, float(held), step) for category, held in maxima.items()]
+        return points + [Point(prefix + "total", float(top), step)]
 
 
 def _finite(points: list[Point]) -> list[Point]:

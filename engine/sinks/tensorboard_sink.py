@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
 from engine.sinks.scalars import Point
 
@@ -26,7 +27,7 @@ class TensorBoardSink:
 
     def __init__(self, run_dir: Path, log_cfg) -> None:
         self.logdir = logdir(run_dir)
-        self._writer = None
+        self._writer: Any = None
 
     def open(self, started) -> None:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter

@@ -3,7 +3,9 @@
 Offline runs land in RUN_DIR/wandb/offline-run-*/ (`wandb sync RUN_DIR/wandb/offline-run-*` uploads one
 later). Nothing here waits on a network it does not have: without a key the run is offline from the
 start, and an online start gives up after INIT_TIMEOUT_S (the sink then reports once and stops). W&B's
-console capture is off (the workbench owns the terminal) and so are its own messages.
+console capture is off (the workbench owns the terminal) and so are its own messages. W&B's service
+process and threads stay for the life of the process (W&B ends them at exit), so that a process running
+several runs (a sweep) starts them once.
 
 Steps go in as a `step` value beside each row, the x-axis of every chart (`define_metric`), because the
 engine's events do not arrive in strict step order (a rank's memory figures follow its next step).
@@ -15,6 +17,7 @@ import netrc
 import os
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from engine.sinks.scalars import Point
@@ -43,11 +46,14 @@ class WandbSink:
     def __init__(self, run_dir: Path, log_cfg) -> None:
         self.run_dir = Path(run_dir)
         self.project = log_cfg.project
-        self._run = None
+        self._run: Any = None
 
     def open(self, started) -> None:
         import wandb
         settings = wandb.Settings(mode=wandb_mode(), silent=True, console="off", init_timeout=INIT_TIMEOUT_S)
+        # The process-wide settings too: W&B's own usage telemetry reads those, and offline means nothing
+        # is sent anywhere.
+        wandb.setup(settings=settings)
         self._run = wandb.init(project=self.project, name=started.run_id, dir=str(self.run_dir),
                                config=started.config, settings=settings, reinit="create_new")
         self._run.define_metric(STEP_KEY)

@@ -90,8 +90,8 @@ def _replay_sinks(run_dir: Path, to: str | None):
     names = sink_names(to, "--to")
     check_available(names)
     if "tensorboard" in names and any(logdir(run_dir).glob("events.out.tfevents.*")):
-        fail(f"{logdir(run_dir)}: already holds TensorBoard event files (the run logged there live, or was converted "
-             "before); delete that folder to convert the run again")
+        fail(f"{logdir(run_dir)}: already holds TensorBoard event files (the run logged there live, or was "
+             "converted before); delete that folder to convert the run again")
     cfg, _, _ = load_preset(run_dir / "config.toml")
     return names, cfg.log
 
