@@ -112,8 +112,8 @@ def _sinks(v):
     for name in v:
         if problem := one_of(*SINKS)(name):
             return problem
-    if len(set(v)) < len(v):
-        return f"{toml_repr(v)} names a sink twice", "name each sink once"
+    if twice := sorted({name for name in v if v.count(name) > 1}):
+        return f"{toml_repr(twice[0])} is named twice", "name each sink once"
     return None
 
 

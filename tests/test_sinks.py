@@ -11,8 +11,6 @@ import threading
 
 import numpy as np
 import pytest
-from run_helpers import only_run, tiny_config
-from sink_readers import mlflow_run, tensorboard_scalars, wandb_offline_run
 from typer.testing import CliRunner
 
 from engine import events as ev
@@ -21,6 +19,8 @@ from engine.sinks import SINKS, SinkUnavailable, check_available, missing_librar
 from engine.sinks import runner as sink_runner
 from engine.sinks.scalars import Point, ScalarFolder
 from nanodist_tui.cli import app
+from tests.run_helpers import only_run, tiny_config
+from tests.sink_readers import mlflow_run, tensorboard_scalars, wandb_offline_run
 
 MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 INSTALLED = [name for name in SINKS if missing_library(name) is None]
