@@ -2,10 +2,8 @@
 path and the user mistakes (exit code 2, one line, no traceback)."""
 from __future__ import annotations
 
-import asyncio
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +16,6 @@ from engine.events import StepEnd
 from engine.export import load_model, params_from_checkpoint
 from engine.job import run_training
 from engine.trainer import Trainer
-from nanodist_tui.app import NanoDistApp
 from nanodist_tui.cli import app
 from nanodist_tui.replay import replay_events
 from tests.run_helpers import train
@@ -53,26 +50,6 @@ def runs(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _run_in_tmp(in_tmp):
     """Every test here runs in a fresh folder with only the shipped presets."""
-
-
-@pytest.fixture
-def workbench(monkeypatch):
-    """Run the workbench a command opens under Textual's test driver until its run ends; what it showed."""
-    seen: dict = {}
-
-    def run_until_done(self: NanoDistApp) -> None:
-        async def main() -> None:
-            async with self.run_test(size=(160, 50)) as pilot:
-                deadline = time.monotonic() + 30
-                while self.header.state not in ("finished", "failed") and time.monotonic() < deadline:
-                    await pilot.pause(0.05)
-                await pilot.pause(0.4)  # one render tick after the last event
-                seen.update(state=self.header.state, header=str(self.header.content), replay=self.replay)
-                await pilot.press("q")
-        asyncio.run(main())
-
-    monkeypatch.setattr(NanoDistApp, "run", run_until_done)
-    return seen
 
 
 @pytest.fixture

@@ -305,3 +305,17 @@ def test_wandb_online_without_a_network_gives_up_and_training_goes_on(monkeypatc
     (warning,) = [e for e in events if isinstance(e, ev.Log) and e.level == "warning"]
     assert warning.message.startswith("wandb sink failed while opening")
     assert "training goes on" in warning.message
+
+
+def test_replay_to_a_sink_in_the_workbench(logged, tmp_path, workbench):
+    """Without --no-ui the run plays in the workbench and is converted on the way; the sink's line is in
+    the workbench's log."""
+    needs("tensorboard")
+    run_dir, _ = logged
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("tensorboard", "wandb", "mlruns"))
+    result = CliRunner().invoke(app, ["replay", str(copy), "--to", "tensorboard", "--speed", "0"])
+    assert result.exit_code == 0, result.output
+    assert workbench["replay"] and workbench["state"] == "finished"
+    assert f"tensorboard: event files in {copy}" in workbench["log"].replace("\n", "")  # this replay's sink
+    assert tensorboard_scalars(copy / "tensorboard") == tensorboard_scalars(run_dir / "tensorboard")
