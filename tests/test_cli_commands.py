@@ -14,11 +14,10 @@ from engine import nn, presets
 from engine.checkpoint import find_checkpoint
 from engine.events import StepEnd
 from engine.export import load_model, params_from_checkpoint
-from engine.job import run_training
 from engine.trainer import Trainer
 from nanodist_tui.cli import app
 from nanodist_tui.replay import replay_events
-from tests.run_helpers import train
+from tests.run_helpers import gpt_and_mlp_runs, train
 
 runner = CliRunner()
 
@@ -37,14 +36,7 @@ def assert_user_error(result, named: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A finished tiny GPT run (checkpoints at steps 2, 4, 6) and a finished tiny MLP run, in one folder."""
-    out = tmp_path_factory.mktemp("runs")
-    gpt, _ = train(out)
-    cfg, doc, _ = presets.load_preset("mlp", ["train.steps=2", "data.n_samples=256", "train.global_batch=16",
-                                              "model.widths=[16, 8, 4]", "train.eval_every=0",
-                                              "train.eval_batches=1", "optim.warmup_steps=0",
-                                              f"run.out_dir={out}"])
-    mlp = run_training(cfg, preset_doc=doc)
-    return {"out": out, "gpt": gpt["run_dir"], "mlp": mlp["run_dir"]}
+    return gpt_and_mlp_runs(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(autouse=True)

@@ -9,24 +9,15 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from engine import presets
-from engine.job import run_training
 from nanodist_tui.cli import app
-from tests.run_helpers import train
+from tests.run_helpers import gpt_and_mlp_runs
 
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    gpt, _ = train(out)
-    cfg, doc, _ = presets.load_preset("mlp", ["train.steps=2", "data.n_samples=256", "train.global_batch=16",
-                                              "model.widths=[16, 8, 4]", "train.eval_every=0",
-                                              "train.eval_batches=1", "optim.warmup_steps=0",
-                                              f"run.out_dir={out}"])
-    mlp = run_training(cfg, preset_doc=doc)
-    return {"gpt": gpt["run_dir"], "mlp": mlp["run_dir"]}
+    return gpt_and_mlp_runs(tmp_path_factory.mktemp("runs"))
 
 
 def assert_one_line(args, named: str) -> None:

@@ -52,7 +52,7 @@ def missing_library(name: str) -> str | None:
     if found:
         return None
     return (f'log.to: the "{name}" sink needs the {module} package, which is not installed; '
-            f"{install_hint(name)}")
+            f"{install_hint(name)}, or leave {name} out of log.to / --log-to")
 
 
 def check_available(names) -> None:
