@@ -58,8 +58,9 @@ def test_serve_options_out_of_range(runs, args, named):
 
 def test_serve_without_its_extra_names_the_extra(runs, monkeypatch):
     monkeypatch.setitem(sys.modules, "fastapi", None)
-    assert_one_line(["serve", runs["gpt"]], "serve needs fastapi, which is not installed; pip install "
-                                            "'nanodist[serve]'")
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    assert_one_line(["serve", runs["gpt"]], "serve needs fastapi and uvicorn, which are not installed; pip "
+                                            "install 'nanodist[serve]'")
 
 
 @pytest.mark.parametrize("args, named", [
