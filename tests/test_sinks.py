@@ -319,3 +319,22 @@ def test_replay_to_a_sink_in_the_workbench(logged, tmp_path, workbench):
     assert workbench["replay"] and workbench["state"] == "finished"
     assert f"tensorboard: event files in {copy}" in workbench["log"].replace("\n", "")  # this replay's sink
     assert tensorboard_scalars(copy / "tensorboard") == tensorboard_scalars(run_dir / "tensorboard")
+
+
+def test_log_to_in_the_workbench_and_on_resume(in_tmp, workbench):
+    """The workbench (the default command) and `resume` take --log-to like `run`: each run folder gets its
+    event files, holding that run's steps."""
+    needs("tensorboard")
+    fast = ["--set", "train.steps=4", "--set", "train.eval_every=0", "--set", "data.max_chars=20000",
+            "--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.block_size=16",
+            "--set", "train.global_batch=8", "--set", "train.eval_batches=1", "--set", "optim.warmup_steps=0"]
+    result = CliRunner().invoke(app, ["--log-to", "tensorboard", *fast])
+    assert result.exit_code == 0, result.output
+    assert workbench["state"] == "finished"
+    first = only_run(in_tmp / "runs")
+    assert [s for s, _ in tensorboard_scalars(first / "tensorboard")["train/loss"]] == [1, 2, 3, 4]
+    result = CliRunner().invoke(app, ["resume", str(first), "--no-ui", "--log-to", "tensorboard",
+                                      "--set", "train.steps=6"])
+    assert result.exit_code == 0, result.output
+    (resumed,) = [p for p in (in_tmp / "runs").iterdir() if p != first]
+    assert [s for s, _ in tensorboard_scalars(resumed / "tensorboard")["train/loss"]] == [5, 6]
