@@ -22,6 +22,7 @@ The sink interface (what SinkSet calls, all on the sink's own thread, never conc
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -64,7 +65,6 @@ def check_available(names) -> None:
 
 def make_sink(name: str, run_dir: Path, log_cfg):
     """A new, unopened sink writing for the run in `run_dir`; SinkUnavailable if its library is missing."""
-    import importlib
     check_available([name])
     module = importlib.import_module(_SINKS[name][2])
     return module.SINK(run_dir, log_cfg)
