@@ -36,6 +36,7 @@ from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS
 from engine.optim import SCHEDULES
 from engine.recompute import CHECKPOINTING
+from engine.sinks import SINKS
 from engine.sweep.settings import DIRECTIONS, METRICS, PARAM_TYPES, PRUNERS, SAMPLERS
 
 
@@ -166,6 +167,13 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class LogConfig:
+    to: tuple[str, ...] = _f((), f"telemetry sinks besides the run folder, any of {choices_doc(SINKS)}")
+    project: str = _f("nanodist", "the W&B project and the MLflow experiment runs are logged under")
+    mlflow_uri: str = _f("", 'MLflow tracking URI; "" = a file store in the run folder (RUN_DIR/mlruns)')
+
+
+@dataclass(frozen=True)
 class SearchParam:
     type: str = _f("float", choices_doc(PARAM_TYPES))
     low: float | None = _f(None, "lower bound (float, int)")
@@ -210,6 +218,7 @@ class Config:
     memory: MemoryConfig = _section(MemoryConfig, "activation checkpointing")
     checkpoint: CheckpointConfig = _section(CheckpointConfig, "saving training state")
     run: RunConfig = _section(RunConfig, "where results go")
+    log: LogConfig = _section(LogConfig, "TensorBoard, W&B and MLflow")
     sweep: SweepConfig | None = _f(None, "optional Optuna search")
 
 
@@ -321,10 +330,15 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     names = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
     if hint == (str | tuple[str, ...]) and (isinstance(value, str) or names):
         return value if isinstance(value, str) else tuple(value)
+    if hint == tuple[str, ...] and names:
+        return tuple(value)
     wanted = {bool: "true or false", str: "a string", int: "a whole number", float: "a number",
-              tuple[int, ...]: "a list of whole numbers", str | tuple[str, ...]: "a name or a list of names"
+              tuple[int, ...]: "a list of whole numbers", str | tuple[str, ...]: "a name or a list of names",
+              tuple[str, ...]: "a list of strings"
               }.get(hint, '"dynamic" or a number')
     default = _FIELDS[key][1].default
+    if hint == tuple[str, ...] and isinstance(value, str):
+        default = [value]  # one name where a list belongs: the fix is the list of it
     raise ConfigError(key, f"expected {wanted}, got {toml_repr(value)} ({type(value).__name__})",
                       f"write e.g. {key.rpartition('.')[2]} = {toml_repr(default)}")
 

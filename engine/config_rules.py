@@ -21,6 +21,7 @@ from engine.nn import MODEL_KINDS
 from engine.optim import SCHEDULES
 from engine.parallel import ZERO_STAGES
 from engine.recompute import CHECKPOINTING, checkpointed_blocks
+from engine.sinks import SINKS
 from engine.sweep.settings import DIRECTIONS, METRICS, PRUNERS, SAMPLERS, directions_of, metrics_of
 
 if TYPE_CHECKING:
@@ -110,8 +111,20 @@ def _folder_name(v):
     return f"{toml_repr(v)} cannot name a folder", "use letters, digits, '.', '_' and '-' (e.g. lr-search)"
 
 
-def _non_empty(v):
-    return None if v.strip() else ("is empty", 'give a folder, e.g. "runs"')
+def _non_empty(what: str, example: str):
+    def check(v):
+        return None if v.strip() else ("is empty", f"give {what}, e.g. {toml_repr(example)}")
+    return check
+
+
+def _sinks(v):
+    """Rule for log.to: known sink names, each once."""
+    for name in v:
+        if problem := one_of(*SINKS)(name):
+            return problem
+    if twice := sorted({name for name in v if v.count(name) > 1}):
+        return f"{toml_repr(twice[0])} is named twice", "name each sink once"
+    return None
 
 
 # dotted key -> rule; a rule returns None for a good value, else (problem, fix)
@@ -144,7 +157,8 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "precision.min_scale": _at_least(0),
     "memory.checkpointing": _checkpointing,
     "checkpoint.every": _at_least(0), "checkpoint.keep": _at_least(1),
-    "run.out_dir": _non_empty,
+    "run.out_dir": _non_empty("a folder", "runs"),
+    "log.to": _sinks, "log.project": _non_empty("a name", "nanodist"),
     "sweep.study": _folder_name,
     "sweep.metric": lambda v: _names(v, METRICS, "metric"),
     "sweep.direction": lambda v: None if v == "" else _names(v, DIRECTIONS, "direction", repeat=True),

@@ -20,6 +20,7 @@ from engine.comm.launch import process_rank, run_ranks
 from engine.config import Config, to_dict
 from engine.recorder import RecordingError, RunRecorder
 from engine.resume import prepare_resume
+from engine.sinks.runner import SinkSet
 from engine.trainer import train_rank
 
 
@@ -40,6 +41,10 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         bus.subscribe(recorder)
     if on_event is not None:
         bus.subscribe(on_event)
+    # Telemetry sinks (TensorBoard, W&B, MLflow) write beside the run folder, so only a recorded run has them.
+    sinks = SinkSet(cfg.log.to, recorder.run_dir, cfg.log, bus.emit) if recorder and cfg.log.to else None
+    if sinks:
+        bus.subscribe(sinks)
     run_id = recorder.run_id if recorder else uuid.uuid4().hex[:8]
     checkpoint_dir = str(recorder.run_dir / CHECKPOINTS) if recorder else ""
     t0 = time.perf_counter()
@@ -53,6 +58,8 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         message = _failure_message(e, recorder)
         cause_first = recorder is not None and recorder.failure is not None  # the folder, not a rank
         bus.emit(ev.RunFailed(message=message, rank=None if cause_first else getattr(e, "rank", None)))
+        if sinks:
+            sinks.close()
         if recorder:
             recorder.close()
         if recorder and recorder.failure:
@@ -61,6 +68,8 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     if recorder and recorder.failure:
         message = _recording_stopped(recorder)
         bus.emit(ev.RunFailed(message=message))
+        if sinks:
+            sinks.close()
         recorder.close()
         raise RecordingError(message)
     mine = [r for r in results if r is not None]  # tcp/mpi: only this process's rank (or all, on rank 0)
@@ -75,6 +84,8 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
                               tokens_per_s=summary["tokens_per_s"], wall_s=summary["wall_s"],
                               run_dir=str(recorder.run_dir) if recorder else "")
     bus.emit(finished)
+    if sinks:
+        sinks.close()  # before the recorder: a sink's last failure still reaches the run's log
     if recorder:
         recorder.close()
         summary["run_dir"] = str(recorder.run_dir)

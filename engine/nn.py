@@ -260,8 +260,9 @@ class GPT(Module):
         return self.lm_head(self.ln_f(x))
 
     def generate(self, idx, n: int, temperature: float = 1.0,
-                 rng: np.random.Generator | None = None) -> np.ndarray:
-        """Append n sampled tokens to idx[B, T] (temperature 0: greedy), in eval mode, without a tape."""
+                 rng: np.random.Generator | None = None, top_k: int = 0) -> np.ndarray:
+        """Append n sampled tokens to idx[B, T] (temperature 0: greedy), in eval mode, without a tape.
+        top_k > 0 samples among the k most likely tokens only (all tokens tied with the k-th stay in)."""
         rng = rng if rng is not None else np.random.default_rng()
         idx, was_training = np.asarray(idx), self.training
         self.eval()
@@ -272,6 +273,9 @@ class GPT(Module):
                     if temperature == 0:
                         nxt = logits.argmax(-1)
                     else:
+                        if 0 < top_k < logits.shape[-1]:
+                            kth = np.partition(logits, -top_k, axis=-1)[:, -top_k, None]
+                            logits = np.where(logits < kth, -np.inf, logits)
                         p = np.exp((logits - logits.max(-1, keepdims=True)) / temperature)
                         cdf = np.cumsum(p / p.sum(-1, keepdims=True), axis=-1)
                         nxt = np.minimum((cdf < rng.random((len(idx), 1))).sum(-1), self.vocab_size - 1)

@@ -111,6 +111,19 @@ def test_model_code_never_imports_communication_or_parallel_code():
     assert bad == []
 
 
+OPTIONAL_ROOMS = {  # an optional extra's libraries, and the one room that may import them
+    "tensorboard": "engine.sinks", "wandb": "engine.sinks", "mlflow": "engine.sinks",
+    "fastapi": "nanodist_tui.serve", "uvicorn": "nanodist_tui.serve", "starlette": "nanodist_tui.serve"}
+
+
+def test_optional_libraries_are_imported_only_in_their_room():
+    """The sinks' libraries only in engine/sinks/, the web stack only in nanodist_tui/serve/ (so the engine
+    never imports it): without an extra, everything else imports and runs."""
+    bad = [(m, t) for m, targets in import_graph().items() for t in targets
+           if top(t) in OPTIONAL_ROOMS and not m.startswith(OPTIONAL_ROOMS[top(t)])]
+    assert bad == []
+
+
 def test_torch_is_imported_only_by_the_benchmark_room():
     bad = [(m, t) for m, targets in import_graph().items() for t in targets
            if top(t) == "torch" and not m.startswith("engine.bench")]

@@ -27,6 +27,7 @@ from engine.data import DataError
 from engine.events import EventError
 from engine.export import ExportError
 from engine.recorder import RunFolderError
+from engine.sinks import SinkUnavailable
 from engine.sweep.errors import SweepError
 
 
@@ -39,7 +40,7 @@ class UsageError(ValueError):
 
 
 USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError, UsageError,
-               CheckpointError, EventError, ExportError, RunFolderError, SweepError)
+               CheckpointError, EventError, ExportError, RunFolderError, SweepError, SinkUnavailable)
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -13,37 +13,52 @@ import typer
 from nanodist_tui.cli.errors import USER_ERRORS, OutDirError, fail, internal_failure, user_errors
 
 
-def shortcut_overrides(sets: list[str] | None, world_size: int | None, backend: str | None) -> list[str]:
+def shortcut_overrides(sets: list[str] | None, world_size: int | None, backend: str | None,
+                       log_to: str | None = None) -> list[str]:
     extra = list(sets or [])
     if world_size is not None:
         extra.append(f"parallel.world_size={world_size}")
     if backend is not None:
         extra.append(f'parallel.backend="{backend}"')
+    if log_to is not None:
+        extra.append("log.to=[" + ", ".join(f'"{n}"' for n in sink_names(log_to, "--log-to")) + "]")
     return extra
 
 
-def load_config(preset: str, sets=None, world_size=None, backend=None):
+def sink_names(text: str, flag: str) -> list[str]:
+    """The sinks a comma-separated flag names, checked by log.to's own rule; ConfigError naming `flag`."""
+    from engine.config import ConfigError
+    from engine.config_rules import RULES
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if problem := RULES["log.to"](tuple(names)):
+        raise ConfigError("", *problem, source=flag)
+    return names
+
+
+def load_config(preset: str, sets=None, world_size=None, backend=None, log_to=None):
     """(Config, tomlkit document, path) with overrides applied and validated."""
     from engine.presets import load_preset
-    return load_preset(preset, shortcut_overrides(sets, world_size, backend))
+    return load_preset(preset, shortcut_overrides(sets, world_size, backend, log_to))
 
 
-def prepare_run(preset: str, sets=None, world_size=None, backend=None):
+def prepare_run(preset: str, sets=None, world_size=None, backend=None, log_to=None):
     """load_config, plus the checks that need more than the config: the data is readable, the
     backend can start here, the run folder can be made. Mistakes exit 2 before any rank starts."""
     with user_errors():
-        cfg, doc, path = load_config(preset, sets, world_size, backend)
+        cfg, doc, path = load_config(preset, sets, world_size, backend, log_to)
         check_can_run(cfg)
     return cfg, doc, path
 
 
 def check_can_run(cfg) -> None:
     """What a valid config can still get wrong on this machine: unreadable data, sizes it cannot hold, a
-    backend that cannot start here, a run folder that cannot be made. Raises one of USER_ERRORS."""
+    backend that cannot start here, a run folder that cannot be made, a sink whose library is not
+    installed. Raises one of USER_ERRORS."""
     from engine.build import build_dataset, vocab_size
     from engine.capacity import check_data_fits, check_fits
     from engine.comm.launch import check_environment
     from engine.config import ConfigError
+    from engine.sinks import check_available
     check_data_fits(cfg)
     try:
         dataset = build_dataset(cfg)
@@ -53,6 +68,7 @@ def check_can_run(cfg) -> None:
     check_fits(cfg, vocab_size(cfg, dataset) if cfg.model.kind == "gpt" else None)
     check_environment(cfg.parallel.backend, cfg.parallel.world_size)
     check_out_dir(cfg.run.out_dir)
+    check_available(cfg.log.to)
 
 
 def check_out_dir(out_dir: str) -> None:
@@ -125,3 +141,15 @@ def run_headless_job(job) -> None:
         return  # another process (rank 0's, under mpiexec or a tcp launch) reports this run
     for line in summary_lines(summary):
         print(line)
+
+
+def load_source(source: Path, step: int | None):
+    """The fp32 model of a run folder (its newest finished checkpoint, or the one of `step`), a checkpoint
+    folder or an exported .npz, checked (checksums, names, shapes) before use; call inside user_errors()."""
+    from engine.checkpoint import find_checkpoint
+    from engine.export import model_from_checkpoint, read_model
+    if source.is_file():
+        return read_model(source)
+    ckpt = find_checkpoint(source, step)
+    ckpt.verify()
+    return model_from_checkpoint(ckpt)
