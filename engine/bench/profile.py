@@ -67,7 +67,8 @@ class _Patched:
     """engine.ops functions, the tape's gradient sums and the optimizer's parts, timed while inside."""
 
     def __init__(self, clock: _Clock):
-        self.clock, self._undo = clock, []
+        self.clock = clock
+        self._undo: list[tuple[object, str, object]] = []
 
     def __enter__(self):
         clock = self.clock
@@ -123,7 +124,8 @@ def profile_step(cfg: Config, warmup: int = 3, steps: int = 10) -> dict:
         try:
             for _ in range(warmup):
                 trainer.train_step()
-            clock, phase_s = _Clock(lambda: trainer.ledger.phase), defaultdict(float)
+            clock = _Clock(lambda: trainer.ledger.phase)
+            phase_s: dict[str, float] = defaultdict(float)
             switched = [time.perf_counter()]
 
             def on_phase(old: str, new: str) -> None:
