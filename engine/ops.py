@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from engine import halfconv, lowp
+from engine import halfconv, kernels, lowp
 from engine.dtypes import LOW_PRECISION, compute_dtype
 from engine.tensor import Parameter, ScatterGrad, Tensor, make
 
@@ -271,44 +271,11 @@ def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
 
 # ---- activations and regularisation ----------------------------------------------------------------
 
-_GELU_C = math.sqrt(2.0 / math.pi)
-_GELU_K = 0.044715
-
-
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """tanh(c (x + k x^3)), evaluated in one buffer."""
-    t = x * x
-    t *= _GELU_C * _GELU_K
-    t += _GELU_C
-    t *= x
-    return np.tanh(t, out=t)
-
-
 def gelu(x: Tensor) -> Tensor:
-    """GPT-2's tanh approximation: 0.5 x (1 + tanh(c (x + k x^3))). Keeps only x."""
-    dtype, cdt, xs = x.dtype, compute_dtype(x.dtype), x.data
-    x32 = halfconv.astype(xs, cdt)
-    y = _gelu_tanh(x32)
-    y += 1
-    y *= x32
-    y *= 0.5
-
-    def backward(g):
-        x32 = halfconv.astype(xs, cdt)  # keep x in its own dtype, not a float32 copy
-        t = _gelu_tanh(x32)
-        slope = x32 * x32  # d/dx of the tanh argument: c (1 + 3 k x^2)
-        slope *= 3 * _GELU_C * _GELU_K
-        slope += _GELU_C
-        d = t * t  # 0.5 (1 + t) + 0.5 x (1 - t^2) slope
-        np.subtract(1, d, out=d)
-        d *= slope
-        d *= x32
-        d += t
-        d += 1
-        d *= 0.5
-        d *= lowp.widen(g)
-        return (lowp.narrow(d, dtype),)
-    return make(halfconv.astype(y, dtype), (x,), backward, (xs,))
+    """GPT-2's tanh approximation: 0.5 x (1 + tanh(c (x + k x^3))), fused (engine.kernels). Keeps only x,
+    in its own dtype: the backward recomputes the tanh."""
+    xs = x.data
+    return make(kernels.gelu(xs), (x,), lambda g: (kernels.gelu_backward(xs, g),), (xs,))
 
 
 def dropout(x: Tensor, p: float, rng: np.random.Generator, training: bool) -> Tensor:
@@ -337,39 +304,20 @@ def backward_hook(x: Tensor, fn) -> Tensor:
 # ---- fused ops with hand-written backward ----------------------------------------------------------
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-    """Normalise the last axis, then scale and shift. Keeps x, mean and 1/std (float32 inside)."""
-    dtype, cdt, shape = x.dtype, compute_dtype(x.dtype), x.shape
-    n = shape[-1]
-    x2 = halfconv.astype(x.data.reshape(-1, n), cdt)
-    mu = _row_sum(x2)
-    mu /= n
-    xhat = x2 - mu
-    rstd = np.einsum("ij,ij->i", xhat, xhat)[:, None]  # row sums of squares, without a temporary
-    rstd /= n
-    rstd += eps
-    np.sqrt(rstd, out=rstd)
-    np.reciprocal(rstd, out=rstd)
-    xhat *= rstd
-    y = xhat * weight.data.astype(cdt, copy=False)
-    if bias is not None:
-        y += bias.data.astype(cdt, copy=False)
-    get_w, xs = _keep(True, weight), x.data  # keep x in its own dtype, not the float32 copy
+    """Normalise the last axis, then scale and shift, fused (engine.kernels). Keeps x (in its own dtype),
+    mean and 1/std (float32 inside)."""
+    shape, n = x.shape, x.shape[-1]
+    xs = np.ascontiguousarray(x.data).reshape(-1, n)
+    y, mu, rstd = kernels.layer_norm(xs, weight.data, None if bias is None else bias.data, eps)
+    get_w = _keep(True, weight)
 
     def backward(g):
-        g2 = lowp.widen(g.reshape(-1, n))
         w = get_w()
-        xh = halfconv.astype(xs.reshape(-1, n), cdt) - mu
-        xh *= rstd
-        dw = np.einsum("ij,ij->j", g2, xh).astype(w.dtype, copy=False)
-        dx = g2 * w.astype(cdt, copy=False)  # dxhat; dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))
-        xh *= np.einsum("ij,ij->i", dx, xh)[:, None] / n
-        dx -= _row_sum(dx) / n
-        dx -= xh
-        dx *= rstd
-        grads = (lowp.narrow(dx, dtype).reshape(shape), dw)
-        return grads if bias is None else grads + (_col_sum(g2).astype(w.dtype, copy=False),)
+        dx, dw, db = kernels.layer_norm_backward(xs, w, mu, rstd, np.ascontiguousarray(g).reshape(-1, n))
+        grads = (dx.reshape(shape), dw.astype(w.dtype, copy=False))
+        return grads if bias is None else grads + (db.astype(w.dtype, copy=False),)
     inputs = (x, weight) if bias is None else (x, weight, bias)
-    return make(halfconv.astype(y, dtype).reshape(shape), inputs, backward, (xs, mu, rstd))
+    return make(y.reshape(shape), inputs, backward, (x.data, mu, rstd))
 
 
 @functools.lru_cache(maxsize=16)
