@@ -4,7 +4,7 @@ NumPy's own float16 arithmetic (and ml_dtypes' bfloat16) computes each element i
 it back, one element at a time, at ~5-10 ns per element; float32 arithmetic runs at memory speed.
 Doing the same float32 arithmetic on exactly widened operands and rounding the result once gives the
 same bits (float32 holds every 16-bit value exactly, and one rounding of the float32 result is what
-NumPy does per element), so `add` here equals `a + b` bit for bit, several times faster. Fused ops
+NumPy does per element), so `add` here equals `a + b` bit for bit (NaN payloads aside), faster. Fused ops
 go further, as matrix units and fused GPU kernels do: they keep a whole computation in float32 and
 round only what they return.
 
