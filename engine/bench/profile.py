@@ -16,6 +16,7 @@ proportions as they are.
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import time
 from collections import defaultdict
@@ -26,9 +27,9 @@ from engine.comm.threads import ThreadGroup
 from engine.config import Config, replace
 from engine.parallel import shard_optimizer
 
-OPS = ("add", "sub", "neg", "mul", "div", "power", "astype", "matmul", "linear", "reshape", "transpose",
-       "getitem", "split", "concat", "embedding", "sum", "mean", "gelu", "dropout", "backward_hook",
-       "layer_norm", "causal_attention", "cross_entropy")
+ARRAY_HELPERS = ("matmul_kernel", "unbroadcast")  # public functions of engine.ops that are not ops
+OPS = tuple(name for name, fn in vars(ops).items() if inspect.isfunction(fn) and fn.__module__ == ops.__name__
+            and not name.startswith("_") and name not in ARRAY_HELPERS)
 TAPE = {"_accumulate": "tape: gradient sum", "_write_leaf_grad": "tape: parameter gradient"}
 PHASE_COLUMNS = ("forward_ms", "backward_ms", "optimizer_ms")
 OPTIMIZER = {"grad_norm": "optimizer: gradient norm", "find_overflow": "optimizer: overflow check",
@@ -90,8 +91,9 @@ class _Patched:
             return functools.wraps(fn)(run)
 
         self._set(ops, "make", timed_make)
-        for name in OPS:
-            self._set(ops, name, op(name, getattr(ops, name)))
+        for name in OPS:  # an alias (permute = transpose) is timed under the function's own name
+            fn = getattr(ops, name)
+            self._set(ops, name, op(fn.__name__, fn))
         for name, label in TAPE.items():
             self._set(tensor, name, clock.timed(getattr(tensor, name), label))
         for name, label in OPTIMIZER.items():
