@@ -147,6 +147,18 @@ def test_profile_splits_the_step_into_ops_and_phases():
     assert min(other.values()) >= 0  # exclusive times never exceed their phase
 
 
+def test_step_compares_precisions_taking_turns():
+    tiny = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.global_batch=8",
+            "model.block_size=16", "data.max_chars=50000", "precision.init_scale=256"]
+    out = report("step", "--preset", "quickstart", "--compare-precision", "--steps", "4", "--warmup", "1",
+                 *[arg for key in tiny for arg in ("--set", key)])
+    p = out["precision"]
+    assert p["fp32"]["vs_fp32"] == 1.0 and p["threads"] >= 1
+    for dtype in ("fp16", "bf16"):
+        assert p[dtype]["step_s"] > 0 and p[dtype]["skipped"] >= 0
+        assert p[dtype]["vs_fp32"] == pytest.approx(p[dtype]["step_s"] / p["fp32"]["step_s"], rel=1e-12)
+
+
 def test_step_bad_preset_is_one_line():
     assert_user_error(runner.invoke(app, ["bench", "step", "--preset", "no-such-preset"]), "no-such-preset")
 

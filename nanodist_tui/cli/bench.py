@@ -24,6 +24,9 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
          compare_checkpointing: Annotated[bool, typer.Option(
              "--compare-checkpointing", help="also time without/with activation checkpointing (its recompute "
              "cost); on whenever the preset checkpoints")] = False,
+         compare_precision: Annotated[bool, typer.Option(
+             "--compare-precision", help="also time one rank at fp32, fp16 and bf16, taking turns (the "
+             "16-bit cost against fp32)")] = False,
          as_json: JsonOpt = False) -> None:
     """Median training-step time: ours, and PyTorch on the same shapes (when installed): eager on one
     rank, DDP (gloo) on --world-size N --backend processes."""
@@ -44,6 +47,9 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
                  for s, c in variants.items()}
         report["checkpointing"] = {"spec": spec, "off_s": times["none"], "on_s": times[spec],
                                    "extra": times[spec] / times["none"] - 1}
+    if compare_precision:
+        from engine.bench.precision import race_precisions
+        report["precision"] = race_precisions(cfg, warmup, steps)
     if cfg.parallel.world_size == 1:
         peer = race_torch(cfg, warmup, steps)  # ours again, taking turns with PyTorch: a fair ratio
         report["torch"] = peer
@@ -70,6 +76,11 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
         c = report["checkpointing"]
         print(f"  checkpointing {c['spec']}: {c['on_s'] * 1e3:.1f} ms/step vs {c['off_s'] * 1e3:.1f} without "
               f"({c['extra']:+.0%}: the recompute)")
+    if "precision" in report:
+        p = report["precision"]
+        print(f"  one rank, {p['threads']} thread(s), taking turns: " + ", ".join(
+            f"{d} {p[d]['step_s'] * 1e3:.1f} ms ({p[d]['vs_fp32']:.2f}x)" for d in ("fp32", "fp16", "bf16"))
+            + (f"; fp16 skipped {p['fp16']['skipped']} step(s) on overflow" if p["fp16"]["skipped"] else ""))
     if report.get("torch"):
         t = report["torch"]
         print(f"  PyTorch    {t['step_s'] * 1e3:8.1f} ms/step   (torch {t['torch']}, {t['threads']} threads)")
