@@ -1,71 +1,24 @@
-"""Fused elementwise kernels, run block by block and shared among the rank's threads.
+"""Fused elementwise kernels (GELU, layer norm), run block by block and shared among the rank's
+threads (engine.blocks).
 
-Why: a fused op written in NumPy is a chain of whole-array passes (GELU's backward is fifteen), each
-reading and writing the full array through main memory, on one core (NumPy's elementwise loops are
-single-threaded). Run the same chain on blocks of BLOCK elements instead and the block's temporaries
-stay in the core's cache between passes; hand the blocks to `threads` workers and the rank's cores
-share the work, as they already share its matrix products (BLAS). Every element still sees the same
-operations in the same order, so results are unchanged; 16-bit inputs are widened and outputs rounded
-block by block, inside the kernel.
-
-`set_threads(n)` sizes the pool (engine.comm.cores does, with the figure it gives BLAS); 1 runs every
-block on the caller's thread. Model code: nothing here knows about ranks.
+A fused op written in NumPy is a chain of whole-array passes (GELU's backward is fifteen). Run on
+blocks, the chain's temporaries stay in cache; run by the rank's threads, its cores share the work.
+Every element still sees the same operations in the same order, so results are unchanged; 16-bit
+inputs are widened and outputs rounded block by block, inside the kernel. Model code: nothing here
+knows about ranks.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from engine import lowp
+from engine import blocks, lowp
+from engine.blocks import BLOCK
 
-BLOCK = 1 << 15  # elements per block: a few float32 temporaries of it fit a core's L2 cache
 _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_K = 0.044715
-
-_pool: ThreadPoolExecutor | None = None
-_threads = 1
-_lock = threading.Lock()
-
-
-def set_threads(n: int) -> None:
-    """Share each kernel's blocks among `n` threads (1: the caller's thread alone)."""
-    global _pool, _threads
-    with _lock:
-        n = max(1, int(n))
-        if n == _threads:
-            return
-        if _pool is not None:
-            _pool.shutdown(wait=False)
-        _pool = ThreadPoolExecutor(n - 1, thread_name_prefix="nanodist-kernel") if n > 1 else None
-        _threads = n
-
-
-def threads() -> int:
-    return _threads
-
-
-def run_blocks(fn: Callable[[int, int], None], n: int, block: int = BLOCK) -> None:
-    """fn(lo, hi) over [0, n) in blocks of `block`, split into contiguous runs, one per thread."""
-    pool, workers = _pool, _threads
-    if pool is None or n < 2 * block:
-        for lo in range(0, n, block):
-            fn(lo, min(n, lo + block))
-        return
-    per = math.ceil(math.ceil(n / block) / workers) * block  # whole blocks per thread
-
-    def run(start: int) -> None:
-        for lo in range(start, min(n, start + per), block):
-            fn(lo, min(n, lo + block, start + per))
-    futures = [pool.submit(run, start) for start in range(per, n, per)]
-    run(0)
-    for future in futures:
-        future.result()
-
 
 # ---- GELU (GPT-2's tanh approximation) -------------------------------------------------------------
 
@@ -90,7 +43,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
         y *= x32
         y *= 0.5
         out[lo:hi] = lowp.narrow(y, x.dtype)
-    run_blocks(block, src.size)
+    blocks.run(block, src.size)
     return out.reshape(x.shape)
 
 
@@ -114,7 +67,7 @@ def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
         d *= 0.5
         d *= lowp.widen(grad[lo:hi])
         out[lo:hi] = lowp.narrow(d, x.dtype)
-    run_blocks(block, src.size)
+    blocks.run(block, src.size)
     return out.reshape(x.shape)
 
 
@@ -149,7 +102,7 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
         if b32 is not None:
             xhat += b32
         out[lo:hi], mu[lo:hi], rstd[lo:hi] = lowp.narrow(xhat, x.dtype), m, r
-    run_blocks(block, rows, max(1, BLOCK // n))
+    blocks.run(block, rows, max(1, BLOCK // n))
     return out, mu, rstd
 
 
@@ -177,5 +130,5 @@ def layer_norm_backward(x: np.ndarray, w: np.ndarray, mu: np.ndarray, rstd: np.n
         dx -= xh
         dx *= rstd[lo:hi]
         dx_out[lo:hi] = lowp.narrow(dx, x.dtype)
-    run_blocks(block, rows, step)
+    blocks.run(block, rows, step)
     return dx_out, dw_parts.sum(0), db_parts.sum(0)

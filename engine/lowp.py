@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine import halfconv
+from engine import blocks, halfconv
 from engine.dtypes import LOW_PRECISION
 
 
 def widen(a: np.ndarray) -> np.ndarray:
     """`a` in its compute dtype: 16-bit floats exactly as float32; anything else as it is (no copy)."""
-    return halfconv.astype(a, np.float32) if a.dtype in LOW_PRECISION else a
+    return _convert(a, np.dtype(np.float32)) if a.dtype in LOW_PRECISION else a
 
 
 def narrow(x: np.ndarray, dtype) -> np.ndarray:
@@ -32,7 +32,23 @@ def narrow(x: np.ndarray, dtype) -> np.ndarray:
     if x.dtype == dtype:
         return x
     with np.errstate(over="ignore"):
-        return halfconv.astype(x, dtype)
+        return _convert(x, dtype)
+
+
+def _convert(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """a.astype(dtype) through engine.halfconv; a large contiguous array in blocks shared among the
+    rank's threads (engine.blocks), since a conversion costs about as much as a matrix product's
+    share of the step in 16-bit training."""
+    if blocks.threads() == 1 or a.size < 2 * blocks.BLOCK or not a.flags.c_contiguous:
+        return halfconv.astype(a, dtype)
+    out = np.empty(a.shape, dtype)
+    src, dst = a.reshape(-1), out.reshape(-1)
+
+    def block(lo: int, hi: int) -> None:
+        with np.errstate(over="ignore"):  # the thread's own error state
+            dst[lo:hi] = halfconv.astype(src[lo:hi], dtype)
+    blocks.run(block, src.size, 4 * blocks.BLOCK)
+    return out
 
 
 def add(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

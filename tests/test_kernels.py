@@ -8,17 +8,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from engine import kernels, lowp
+from engine import blocks, kernels, lowp
 
 C, K = math.sqrt(2.0 / math.pi), 0.044715
 
 
 @pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
 def threads(request):
-    before = kernels.threads()
-    kernels.set_threads(request.param)
+    before = blocks.threads()
+    blocks.set_threads(request.param)
     yield request.param
-    kernels.set_threads(before)
+    blocks.set_threads(before)
 
 
 def whole_array_gelu(x):
@@ -39,9 +39,9 @@ def test_gelu_and_its_gradient_match_the_formula(threads, n):
 
 def test_blocks_and_threads_do_not_change_a_bit(threads):
     x = np.random.default_rng(0).standard_normal(3 * kernels.BLOCK + 5).astype(np.float32)
-    kernels.set_threads(1)
+    blocks.set_threads(1)
     one = kernels.gelu(x), kernels.gelu_backward(x, x)
-    kernels.set_threads(threads)
+    blocks.set_threads(threads)
     many = kernels.gelu(x), kernels.gelu_backward(x, x)
     for a, b in zip(one, many):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

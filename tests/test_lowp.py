@@ -29,3 +29,18 @@ def test_float32_and_float64_pass_through():
     x = np.arange(5, dtype=np.float32)
     assert lowp.widen(x) is x and lowp.narrow(x, np.float32) is x
     np.testing.assert_array_equal(lowp.add(x, x), 2 * x)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_conversions_shared_among_threads_give_the_same_bits(dtype):
+    from engine import blocks
+    x = np.random.default_rng(1).standard_normal((9, blocks.BLOCK + 17)).astype(np.float32) * 1e3
+    before = blocks.threads()
+    try:
+        blocks.set_threads(2)
+        half = lowp.narrow(x, dtype)
+        back = lowp.widen(half)
+    finally:
+        blocks.set_threads(before)
+    assert np.array_equal(half.view(np.uint16), x.astype(dtype).view(np.uint16))
+    assert np.array_equal(back, half.astype(np.float32))

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from engine import kernels
+from engine import blocks
 
 # Environment variables in which MPI launchers state how many ranks they started on this node, in the
 # order they are trusted. srun's is a compressed list over nodes (see _slurm_tasks_here).
@@ -147,20 +147,20 @@ def limited(threads: int) -> Iterator[None]:
     """Every thread pool threadpoolctl finds (BLAS, OpenMP), and engine.kernels' own, limited to
     `threads` inside the block."""
     from threadpoolctl import threadpool_limits
-    before = kernels.threads()
+    before = blocks.threads()
     with threadpool_limits(limits=threads):
-        kernels.set_threads(threads)
+        blocks.set_threads(threads)
         try:
             yield
         finally:
-            kernels.set_threads(before)
+            blocks.set_threads(before)
 
 
 def apply(threads: int) -> None:
     """Limit this process's pools to `threads` for good (a rank process, before it builds anything)."""
     from threadpoolctl import threadpool_limits
     threadpool_limits(limits=threads)
-    kernels.set_threads(threads)
+    blocks.set_threads(threads)
 
 
 def blas_threads() -> int | None:
