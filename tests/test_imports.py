@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "nanodist_tui")
 UI_STACK = ("textual", "typer", "rich", "nanodist_tui", "textual_plotext", "plotext")
-MODEL_CODE = ("engine.tensor", "engine.ops", "engine.nn", "engine.halfconv", "engine.dtypes")
+MODEL_CODE = ("engine.tensor", "engine.ops", "engine.nn", "engine.halfconv", "engine.lowp", "engine.kernels",
+              "engine.blocks", "engine.dtypes")
 
 
 def module_name(path: Path) -> str:
