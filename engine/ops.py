@@ -21,10 +21,13 @@ import math
 
 import numpy as np
 
-from engine import halfconv, kernels, lowp
+from engine import halfconv, heap, kernels, lowp
 from engine.dropout_rng import DropoutRNG
 from engine.dtypes import LOW_PRECISION, compute_dtype
 from engine.tensor import Parameter, ScatterGrad, Tensor, make
+
+heap.keep_freed_memory()  # a step's large temporaries are reused, not faulted in again each op
+
 
 # ---- helpers ---------------------------------------------------------------------------------------
 
