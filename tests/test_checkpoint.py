@@ -106,7 +106,11 @@ def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one_usable(tmp_p
     assert sorted(folders) == [2, 4]
     assert not (folders[4] / MANIFEST).exists()  # the unfinished checkpoint has no manifest...
     half_written = [p.name for p in folders[4].iterdir() if p.name.endswith(".tmp")]
-    assert bool(half_written) == (when == "during") and all(target in name for name in half_written)
+    assert any(target in name for name in half_written) == (when == "during")
+    # The stalled write is half done; another rank may still have been writing its own shard at the kill
+    # (it does not wait for the stalled one), never anything else.
+    others = [name for name in half_written if target not in name]
+    assert all(name.startswith(".rank-") for name in others) and (not others or target.startswith("rank-"))
     assert [s for s, _ in finished_checkpoints(run_dir / "checkpoints")] == [2]  # ...so it is ignored
 
     ckpt = find_checkpoint(run_dir)
