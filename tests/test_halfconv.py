@@ -1,5 +1,6 @@
 """engine.halfconv against NumPy's own float16 casts, bit for bit (tests/exhaustive_halfconv.py checks every
-float32 input; this runs a sample, the rounding ties and the special values), and matmul_kernel on it."""
+float32 input; this runs a sample, the rounding ties and the special values), and matmul_kernel on it.
+Both paths: the compiled loops (engine.halfconv_jit, skipped only where numba is not installed) and NumPy's."""
 
 import ml_dtypes
 import numpy as np
@@ -8,6 +9,14 @@ import pytest
 from engine import halfconv, ops
 
 BIG = 3 * halfconv._CHUNK + 123  # several passes of the downcast, the last one partial
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def path(request) -> bool:
+    """use_compiled for halfconv's conversions: each test runs on both paths."""
+    if request.param == "compiled" and halfconv.compiled() is None:
+        pytest.skip("numba is not installed: the compiled path is not available")
+    return request.param == "compiled"
 
 
 def astype16(x: np.ndarray) -> np.ndarray:
@@ -21,18 +30,18 @@ def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_array_equal(got.view(bits), want.view(bits))
 
 
-def test_upcast_of_every_half():
+def test_upcast_of_every_half(path):
     halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
-    assert_same_bits(halfconv.to_float32(halves), halves.astype(np.float32))
+    assert_same_bits(halfconv.to_float32(halves, path), halves.astype(np.float32))
 
 
-def test_downcast_of_random_bit_patterns():
+def test_downcast_of_random_bit_patterns(path):
     bits = np.random.default_rng(0).integers(0, 1 << 32, size=4 * BIG, dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)  # about 1 in 256 is inf or nan, 1 in 256 a float32 subnormal
-    assert_same_bits(halfconv.to_float16(x), astype16(x))
+    assert_same_bits(halfconv.to_float16(x, path), astype16(x))
 
 
-def test_downcast_of_ties_and_special_values():
+def test_downcast_of_ties_and_special_values(path):
     """Every point halfway between two neighbouring halves (ties go to the even one, or to inf past
     65504), one float32 ulp either side of it, and zeros, subnormals, overflow, infinities, nans."""
     halves = np.arange(0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
@@ -44,19 +53,19 @@ def test_downcast_of_ties_and_special_values():
     cases = np.concatenate([ties - 1, ties, ties + 1, special])
     x = np.concatenate([cases, cases | 0x80000000]).view(np.float32)  # and their negatives
     assert x.size > halfconv._SMALL  # the vectorised path, not its small-array fallback
-    assert_same_bits(halfconv.to_float16(x), astype16(x))
+    assert_same_bits(halfconv.to_float16(x, path), astype16(x))
 
 
 @pytest.mark.parametrize("view", ["transposed", "heads", "swapped heads", "strided"])
-def test_layout_is_astypes(view):
+def test_layout_is_astypes(view, path):
     """Results are laid out as astype lays them out: a product's rounding may depend on the layout."""
     qkv = np.random.default_rng(1).standard_normal((8, 64, 3 * 96)).astype(np.float32) * 300
     heads = qkv[..., :96].reshape(8, 64, 4, 24).transpose(0, 2, 1, 3)
     x = {"transposed": qkv.T, "heads": heads, "swapped heads": heads.swapaxes(-1, -2),
          "strided": qkv[:, ::2, 1:]}[view]
-    assert_same_bits(halfconv.to_float16(x), astype16(x))
+    assert_same_bits(halfconv.to_float16(x, path), astype16(x))
     x16 = astype16(x)
-    assert_same_bits(halfconv.to_float32(x16), x16.astype(np.float32))
+    assert_same_bits(halfconv.to_float32(x16, path), x16.astype(np.float32))
 
 
 def test_astype_dispatch():
