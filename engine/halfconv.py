@@ -19,8 +19,10 @@ both against astype on every input; tests/test_halfconv.py on samples, every rou
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _UP = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 _UP.flags.writeable = False
 _CHUNK = 1 << 16  # elements per pass of the downcast (its scratch, ~1.25 MiB, stays in L2/L3)
@@ -39,6 +41,8 @@ def astype(a: np.ndarray, dtype, copy: bool = False) -> np.ndarray:
         return to_float32(a)
     if a.dtype == np.float32 and dtype == np.float16:
         return to_float16(a)
+    if a.dtype == np.float32 and dtype == BFLOAT16:
+        return to_bfloat16(a)
     return a.astype(dtype, copy=copy)
 
 
@@ -94,6 +98,17 @@ def to_float16(x: np.ndarray, use_compiled: bool = True) -> np.ndarray:
         for lo in range(0, src.size, n):
             k = min(n, src.size - lo)
             _round(src[lo:lo + k], dst[lo:lo + k], mag[:k], exp[:k], low[:k], _FLOOR[:k], _INF[:k])
+    return out
+
+
+def to_bfloat16(x: np.ndarray, use_compiled: bool = True) -> np.ndarray:
+    """float32 `x` rounded to bfloat16, as ml_dtypes' x.astype(bfloat16) (which is the path without numba)."""
+    jit = compiled() if use_compiled else None
+    if jit is None or x.size < _SMALL:
+        return x.astype(BFLOAT16)
+    out = np.empty_like(x, dtype=BFLOAT16)
+    src, dst = _in_memory_order(x, out)
+    jit.round_bits_bf16(np.ascontiguousarray(src).reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint16))
     return out
 
 

@@ -169,16 +169,30 @@ class ScatterGrad:
     def __init__(self, index, values: np.ndarray, shape: tuple, dtype):
         self.index, self.values, self.shape, self.dtype = index, values, shape, dtype
 
+    def write_into(self, zeros: np.ndarray) -> None:
+        """add_into a buffer of zeros: basic indexing (a slice, as split's parts are) copies the values
+        instead of adding them to zeros, which in 16 bits would widen and round both for nothing (the same
+        values, except that a -0.0 stays -0.0 where 0 + -0.0 gave +0.0: equal, and equal in every sum)."""
+        if _is_basic(self.index):
+            zeros[self.index] = self.values
+        else:
+            self.add_into(zeros)
+
     def add_into(self, buf: np.ndarray) -> None:
         idx = self.index
         if isinstance(idx, np.ndarray) and idx.dtype.kind in "iu":
             rows = np.mod(idx.reshape(-1), buf.shape[0])  # -1 and n-1 are the same row
             _add_rows(buf, rows, self.values.reshape(idx.size, *buf.shape[1:]))
-        elif any(isinstance(i, (np.ndarray, list)) for i in (idx if isinstance(idx, tuple) else (idx,))):
+        elif not _is_basic(idx):
             np.add.at(buf, idx, self.values)  # general advanced indexing: repeated indices must add up
         else:  # basic indexing (slices, ints) never repeats an element
             view = buf[idx]
             lowp.add(view, self.values, out=view)
+
+
+def _is_basic(index) -> bool:
+    """Whether `index` is basic indexing (slices, ints, None, Ellipsis: a view, no element twice)."""
+    return not any(isinstance(i, (np.ndarray, list)) for i in (index if isinstance(index, tuple) else (index,)))
 
 
 def _add_rows(buf: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
@@ -237,9 +251,10 @@ def _accumulate(pending: dict, edge, grad) -> None:
     if isinstance(grad, ScatterGrad):
         if previous is None:
             buf = np.zeros(grad.shape, grad.dtype)
+            grad.write_into(buf)
         else:
             buf = previous[0] if previous[1] else previous[0].copy()
-        grad.add_into(buf)
+            grad.add_into(buf)
         pending[edge] = (buf, True)
     elif previous is None:
         pending[edge] = (grad, False)

@@ -88,3 +88,21 @@ def test_fp16_matmul_kernel_is_the_astype_product(shapes):
         a, b = np.ascontiguousarray(a.T).T, np.ascontiguousarray(b.T).T
     want = astype16(np.matmul(a.astype(np.float32), b.astype(np.float32)))
     assert_same_bits(ops.matmul_kernel(a, b), want)
+
+
+def test_bfloat16_downcast_is_ml_dtypes_bit_for_bit(path):
+    """Random bit patterns (inf, nan and subnormals among them), every tie between neighbouring bfloat16
+    values near 1 and near the largest finite one, one float32 ulp either side, and the special values."""
+    bits = np.random.default_rng(3).integers(0, 1 << 32, size=BIG, dtype=np.uint64).astype(np.uint32)
+    ties = np.concatenate([np.arange(0x3F800000, 0x3F900000, 0x10000), np.arange(0x7F000000, 0x7F800000, 0x10000)])
+    ties = (ties + 0x8000).astype(np.uint32)
+    special = np.array([0, 1, 0x7FFF, 0x8000, 0x18000, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0x7F800000,
+                        0x7F800001, 0x7F812345, 0x7FC00000, 0x7FFFFFFF], dtype=np.uint32)
+    cases = np.concatenate([bits, ties - 1, ties, ties + 1, special])
+    x = np.concatenate([cases, cases | 0x80000000]).view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want, got = x.astype(ml_dtypes.bfloat16), halfconv.to_bfloat16(x, path)
+    assert_same_bits(got, want)
+    heads = x[: 8 * 64 * 96].reshape(8, 64, 4, 24).transpose(0, 2, 1, 3)  # laid out as astype lays it out
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert_same_bits(halfconv.to_bfloat16(heads, path), heads.astype(ml_dtypes.bfloat16))
