@@ -22,6 +22,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from engine.compiled import load
+
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _UP = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 _UP.flags.writeable = False
@@ -46,20 +48,9 @@ def astype(a: np.ndarray, dtype, copy: bool = False) -> np.ndarray:
     return a.astype(dtype, copy=copy)
 
 
-_jit = None  # engine.halfconv_jit once loaded; False where numba is missing
-
-
 def compiled():
-    """engine.halfconv_jit, or None where numba is not installed (imported on first use: fp32 runs and
-    the command line never load numba)."""
-    global _jit
-    if _jit is None:
-        try:
-            from engine import halfconv_jit
-            _jit = halfconv_jit
-        except ImportError:
-            _jit = False
-    return _jit or None
+    """engine.halfconv_jit, or None where numba is not installed (engine.compiled)."""
+    return load("halfconv_jit")
 
 
 def to_float32(a: np.ndarray, use_compiled: bool = True) -> np.ndarray:
