@@ -27,6 +27,7 @@ from engine.compiled import load
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _UP = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 _UP.flags.writeable = False
+_UP_BITS = _UP.view(np.uint32)
 _CHUNK = 1 << 16  # elements per pass of the downcast (its scratch, ~1.25 MiB, stays in L2/L3)
 _SMALL = 1 << 12  # below this, per-call overhead outweighs the gain: plain astype
 _FLOOR = np.full(_CHUNK, 113 << 23, np.uint32)  # float32 exponent field of 2^-14, the smallest normal half
@@ -61,7 +62,7 @@ def to_float32(a: np.ndarray, use_compiled: bool = True) -> np.ndarray:
     src, dst = _in_memory_order(a, out)
     jit = compiled() if use_compiled else None
     if jit is not None:
-        jit.widen_bits(np.ascontiguousarray(src).reshape(-1).view(np.uint16), _UP, dst.reshape(-1))
+        jit.widen_bits(np.ascontiguousarray(src).reshape(-1).view(np.uint16), _UP_BITS, dst.reshape(-1).view(np.uint32))
         return out
     src16, dst = src.reshape(-1).view(np.uint16), dst.reshape(-1)  # reshape: a copy only when strided
     for lo in range(0, src16.size, _CHUNK):  # in chunks: take's index temporary stays in cache

@@ -2,18 +2,23 @@
 
 Why compiled: NumPy's wheels convert halves one element at a time in software, and the best NumPy can
 do instead (a table gather, thirteen integer passes down) still costs 1.2-4 ns per element, about half
-of an fp16 training step. One loop per direction, compiled for this CPU, runs the same integer steps in
-its vector registers in one pass over memory: ~0.5 ns up, ~1 ns down.
+of an fp16 training step. One loop per direction, compiled for this CPU, does it in one pass:
 
-- up: the 65536-entry table of every half's float32 value (astype's own), gathered by the half's bits.
-- down: the float32 bits rounded to the half's 10 mantissa bits (to nearest, ties to even) in integers,
-  written branch-free so that the loop vectorises: normal halves add 0xFFF plus the kept bit's parity,
-  then drop 13 bits and rebase the exponent; subnormal halves shift the full 24-bit mantissa right by
-  14-25 places and round on the bits shifted out; 65520 and above give inf; NaNs keep their top 10
-  payload bits (a payload that would vanish becomes 1), as NumPy converts them.
-
+- Where the CPU converts halves itself (x86's F16C, which every x86 CPU since 2013 has): LLVM's own
+  half <-> float conversions, which become the vector instructions (vcvtph2ps, vcvtps2ph: ~0.3-0.4 ns per
+  element). They round as NumPy does (to nearest, ties to even, subnormals kept); only NaNs differ (the
+  hardware quiets a signalling NaN and drops payload bits NumPy keeps), so NaNs take NumPy's rule in the
+  same loop, branch-free.
+- Elsewhere: integer steps the loop vectorises. Up: the 65536-entry table of every half's float32 bits
+  (astype's own), gathered by the half's bits. Down: the float32 bits rounded to the half's 10 mantissa
+  bits (to nearest, ties to even): normal halves add 0xFFF plus the kept bit's parity, then drop 13
+  bits and rebase the exponent; subnormal halves shift the full 24-bit mantissa right by 14-25 places
+  and round on the bits shifted out; 65520 and above give inf.
+- NaNs, as NumPy converts them: down, the top 10 payload bits (a payload that would vanish becomes 1);
+  up, the payload shifted into place, quiet bit as it was.
 - bfloat16 down: as ml_dtypes' cast (its own ~1 ns per element is the rest of a bf16 step's rounding
-  cost); up stays ml_dtypes' (already a vectorised shift).
+  cost): add 0x7FFF plus the kept bit's parity, drop 16 bits; a NaN becomes the quiet NaN 0x7FC0 with its
+  sign. Up stays ml_dtypes' (already a vectorised shift).
 
 tests/test_halfconv.py checks the loops against astype (every half up; samples, every rounding tie
 and the special values down); tests/exhaustive_halfconv.py every float32 input, by hand.
@@ -22,20 +27,62 @@ and the special values down); tests/exhaustive_halfconv.py every float32 input, 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import binding, ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 _U = np.uint32
+HAS_F16C = bool(binding.get_host_cpu_features().get("f16c", False))
+
+
+@intrinsic
+def _half_to_float_bits(typingctx, bits):  # pragma: no cover - compiled
+    """float32 bits of the half with these bits, by LLVM's fpext (F16C's vcvtph2ps)."""
+    def codegen(context, builder, signature, args):
+        wide = builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return builder.bitcast(wide, ir.IntType(32))
+    return types.uint32(types.uint16), codegen
+
+
+@intrinsic
+def _float_bits_to_half(typingctx, bits):  # pragma: no cover - compiled
+    """Half bits of the float32 with these bits, by LLVM's fptrunc (F16C's vcvtps2ph, to nearest even)."""
+    def codegen(context, builder, signature, args):
+        half = builder.fptrunc(builder.bitcast(args[0], ir.FloatType()), ir.HalfType())
+        return builder.bitcast(half, ir.IntType(16))
+    return types.uint16(types.uint32), codegen
 
 
 @njit(cache=True, nogil=True)
-def widen_bits(halves, table, out):  # pragma: no cover - compiled; tests call it through halfconv
-    """out[i] = table[halves[i]]: uint16 half bits to their float32 values."""
+def _widen_hw(halves, table, out):  # pragma: no cover - compiled
+    """out[i] = float32 bits of half halves[i], by the CPU; NaNs as NumPy widens them."""
+    for i in range(halves.size):
+        h = _U(halves[i])
+        nan = ((h & _U(0x7C00)) == _U(0x7C00)) & ((h & _U(0x3FF)) != _U(0))
+        numpy_nan = ((h & _U(0x8000)) << _U(16)) | _U(0x7F800000) | ((h & _U(0x3FF)) << _U(13))
+        out[i] = numpy_nan if nan else _half_to_float_bits(halves[i])
+
+
+@njit(cache=True, nogil=True)
+def _round_hw(bits, out):  # pragma: no cover - compiled
+    """out[i] = the half bits of float32 bits[i], by the CPU; NaNs as NumPy rounds them."""
+    for i in range(bits.size):
+        x = bits[i]
+        a = x & _U(0x7FFFFFFF)
+        payload = (a & _U(0x7FFFFF)) >> _U(13)
+        numpy_nan = np.uint16((_U(0x7C00) + (payload if payload != _U(0) else _U(1))) | ((x >> _U(16)) & _U(0x8000)))
+        out[i] = numpy_nan if a > _U(0x7F800000) else _float_bits_to_half(x)
+
+
+@njit(cache=True, nogil=True)
+def _widen_table(halves, table, out):  # pragma: no cover - compiled; tests call it through halfconv
+    """out[i] = table[halves[i]]: uint16 half bits to their float32 bits."""
     for i in range(halves.size):
         out[i] = table[halves[i]]
 
 
 @njit(cache=True, nogil=True)
-def round_bits(bits, out):  # pragma: no cover - compiled; tests call it through halfconv
+def _round_integer(bits, out):  # pragma: no cover - compiled; tests call it through halfconv
     """out[i] = the half bits of float32 bits[i], rounded to nearest, ties to even."""
     for i in range(bits.size):
         x = bits[i]
@@ -56,11 +103,14 @@ def round_bits(bits, out):  # pragma: no cover - compiled; tests call it through
 
 @njit(cache=True, nogil=True)
 def round_bits_bf16(bits, out):  # pragma: no cover - compiled; tests call it through halfconv
-    """out[i] = the bfloat16 bits of float32 bits[i] as ml_dtypes rounds them: to nearest, ties to even
-    (add 0x7FFF plus the kept bit's parity, drop 16 bits; overflow carries into inf); a NaN becomes the
-    quiet NaN 0x7FC0 with its sign."""
+    """out[i] = the bfloat16 bits of float32 bits[i] as ml_dtypes rounds them (overflow carries into inf)."""
     for i in range(bits.size):
         x = bits[i]
         rounded = (x + _U(0x7FFF) + ((x >> _U(16)) & _U(1))) >> _U(16)
         nan = ((x >> _U(16)) & _U(0x8000)) | _U(0x7FC0)
         out[i] = np.uint16(nan if (x & _U(0x7FFFFFFF)) > _U(0x7F800000) else rounded)
+
+
+# widen_bits(halves uint16, table uint32, out uint32) and round_bits(bits uint32, out uint16): the CPU's
+# conversions where it has them, the integer loops elsewhere (also for tests: _widen_table, _round_integer).
+widen_bits, round_bits = (_widen_hw, _round_hw) if HAS_F16C else (_widen_table, _round_integer)

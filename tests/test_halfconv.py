@@ -1,6 +1,7 @@
 """engine.halfconv against NumPy's own float16 casts, bit for bit (tests/exhaustive_halfconv.py checks every
 float32 input; this runs a sample, the rounding ties and the special values), and matmul_kernel on it.
-Both paths: the compiled loops (engine.halfconv_jit, skipped only where numba is not installed) and NumPy's."""
+Every path: the compiled loops (engine.halfconv_jit, skipped only where numba is not installed), with the
+CPU's conversions and with integer steps, and NumPy's."""
 
 import ml_dtypes
 import numpy as np
@@ -11,12 +12,21 @@ from engine import halfconv, ops
 BIG = 3 * halfconv._CHUNK + 123  # several passes of the downcast, the last one partial
 
 
-@pytest.fixture(params=["compiled", "numpy"])
-def path(request) -> bool:
-    """use_compiled for halfconv's conversions: each test runs on both paths."""
-    if request.param == "compiled" and halfconv.compiled() is None:
-        pytest.skip("numba is not installed: the compiled path is not available")
-    return request.param == "compiled"
+@pytest.fixture(params=["cpu", "integer", "numpy"])
+def path(request, monkeypatch) -> bool:
+    """use_compiled for halfconv's conversions: each test runs on every path: the compiled loops with the
+    CPU's own conversions (F16C) and with integer steps (the loops of a CPU without F16C), and NumPy."""
+    if request.param == "numpy":
+        return False
+    jit = halfconv.compiled()
+    if jit is None:
+        pytest.skip("numba is not installed: the compiled paths are not available")
+    if request.param == "cpu" and not jit.HAS_F16C:
+        pytest.skip("this CPU has no F16C: its compiled path is the integer one")
+    if request.param == "integer":
+        monkeypatch.setattr(jit, "widen_bits", jit._widen_table)
+        monkeypatch.setattr(jit, "round_bits", jit._round_integer)
+    return True
 
 
 def astype16(x: np.ndarray) -> np.ndarray:
