@@ -17,6 +17,7 @@ import numpy as np
 from engine import blocks, lowp
 from engine.blocks import BLOCK
 from engine.compiled import load
+from engine.dtypes import LOW_PRECISION
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_K = 0.044715
@@ -182,3 +183,19 @@ def layer_norm_backward(x: np.ndarray, w: np.ndarray, mu: np.ndarray, rstd: np.n
         dx_out[lo:hi] = lowp.narrow(dx, x.dtype)
     blocks.run(block, rows, step)
     return dx_out, dw_parts.sum(0), db_parts.sum(0)
+
+
+def warm_up() -> None:
+    """Load the compiled loops (numba and the cached machine code of every loop a float32, float16 or
+    bfloat16 step calls) now rather than inside the first step: a measurement of the step's memory
+    (tracemalloc) or time should not see the loading of code. Does nothing where numba is missing."""
+    if load("kernels_jit") is None:
+        return
+    x = np.linspace(-3, 3, 2 * BLOCK, dtype=np.float32).reshape(-1, 64)
+    w = np.ones(64, np.float32)
+    gelu_backward(gelu(x), x)
+    for bias in (w, None):
+        _, mu, rstd = layer_norm(x, w, bias, 1e-5)
+        layer_norm_backward(x, w, mu, rstd, x)
+    for dtype in LOW_PRECISION:
+        lowp.widen(lowp.narrow(x, dtype))
