@@ -34,3 +34,25 @@ def test_compiled_layer_norm_is_the_numpy_chain_to_float32_rounding(bias):
     for a, c in zip(fast, chain):
         assert a.dtype == c.dtype and a.shape == c.shape
         np.testing.assert_allclose(a, c, rtol=2e-6, atol=2e-6 * float(np.abs(c).max()))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_compiled_attention_softmax_is_the_numpy_chain_bit_for_bit(dtype):
+    """causal_scores and softmax_grad in one pass each: the attention's output and its three gradients
+    have the NumPy chain's bits."""
+    from engine import ops
+    from engine.tensor import Tensor
+
+    def run() -> list[np.ndarray]:
+        rng = np.random.default_rng(8)
+        q, k, v = (Tensor((rng.standard_normal((3, 2, 16, 8)) * 2).astype(dtype), requires_grad=True)
+                   for _ in range(3))
+        out = ops.causal_attention(q, k, v)
+        out.backward(rng.standard_normal(out.shape).astype(dtype))
+        return [out.data, q.grad, k.grad, v.grad]
+    fast = run()
+    with compiled.disabled():
+        chain = run()
+    for a, b in zip(fast, chain):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
