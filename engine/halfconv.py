@@ -62,7 +62,8 @@ def to_float32(a: np.ndarray, use_compiled: bool = True) -> np.ndarray:
     src, dst = _in_memory_order(a, out)
     jit = compiled() if use_compiled else None
     if jit is not None:
-        jit.widen_bits(np.ascontiguousarray(src).reshape(-1).view(np.uint16), _UP_BITS, dst.reshape(-1).view(np.uint32))
+        halves = np.ascontiguousarray(src).reshape(-1).view(np.uint16)
+        jit.widen_bits(halves, _UP_BITS, dst.reshape(-1).view(np.uint32))
         return out
     src16, dst = src.reshape(-1).view(np.uint16), dst.reshape(-1)  # reshape: a copy only when strided
     for lo in range(0, src16.size, _CHUNK):  # in chunks: take's index temporary stays in cache
@@ -100,7 +101,8 @@ def to_bfloat16(x: np.ndarray, use_compiled: bool = True) -> np.ndarray:
         return x.astype(BFLOAT16)
     out = np.empty_like(x, dtype=BFLOAT16)
     src, dst = _in_memory_order(x, out)
-    jit.round_bits_bf16(np.ascontiguousarray(src).reshape(-1).view(np.uint32), dst.reshape(-1).view(np.uint16))
+    bits = np.ascontiguousarray(src).reshape(-1).view(np.uint32)
+    jit.round_bits_bf16(bits, dst.reshape(-1).view(np.uint16))
     return out
 
 

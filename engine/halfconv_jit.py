@@ -60,7 +60,7 @@ def _widen_hw(halves, table, out):  # pragma: no cover - compiled
         h = _U(halves[i])
         nan = ((h & _U(0x7C00)) == _U(0x7C00)) & ((h & _U(0x3FF)) != _U(0))
         numpy_nan = ((h & _U(0x8000)) << _U(16)) | _U(0x7F800000) | ((h & _U(0x3FF)) << _U(13))
-        out[i] = numpy_nan if nan else _half_to_float_bits(halves[i])
+        out[i] = numpy_nan if nan else _half_to_float_bits(halves[i])  # type: ignore[call-arg]
 
 
 @njit(cache=True, nogil=True)
@@ -70,8 +70,9 @@ def _round_hw(bits, out):  # pragma: no cover - compiled
         x = bits[i]
         a = x & _U(0x7FFFFFFF)
         payload = (a & _U(0x7FFFFF)) >> _U(13)
-        numpy_nan = np.uint16((_U(0x7C00) + (payload if payload != _U(0) else _U(1))) | ((x >> _U(16)) & _U(0x8000)))
-        out[i] = numpy_nan if a > _U(0x7F800000) else _float_bits_to_half(x)
+        sign = (x >> _U(16)) & _U(0x8000)
+        numpy_nan = np.uint16((_U(0x7C00) + (payload if payload != _U(0) else _U(1))) | sign)
+        out[i] = numpy_nan if a > _U(0x7F800000) else _float_bits_to_half(x)  # type: ignore[call-arg]
 
 
 @njit(cache=True, nogil=True)

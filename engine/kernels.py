@@ -127,7 +127,8 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
         x2 = lowp.widen(x[lo:hi])
         if jit is not None:
             y = out[lo:hi] if out.dtype == cdt else np.empty(x2.shape, cdt)
-            jit.layer_norm_rows(x2, w32, w32 if b32 is None else b32, cdt.type(eps), cdt.type(1), b32 is not None,
+            shift = w32 if b32 is None else b32  # not read without a bias
+            jit.layer_norm_rows(x2, w32, shift, cdt.type(eps), cdt.type(1), b32 is not None,
                                 y, mu[lo:hi], rstd[lo:hi])
             if out.dtype != cdt:
                 out[lo:hi] = lowp.narrow(y, x.dtype)

@@ -57,7 +57,8 @@ def _row_sums(x, i, m, r, g, w):  # pragma: no cover - compiled
             b0, b1, b2, b3 = a0, a1, a2, a3
         else:
             b0, b1, b2, b3 = a0 * r, a1 * r, a2 * r, a3 * r
-            a0, a1, a2, a3 = g[i, j] * w[j], g[i, j + 1] * w[j + 1], g[i, j + 2] * w[j + 2], g[i, j + 3] * w[j + 3]
+            a0, a1 = g[i, j] * w[j], g[i, j + 1] * w[j + 1]
+            a2, a3 = g[i, j + 2] * w[j + 2], g[i, j + 3] * w[j + 3]
         s0 += a0
         s1 += a1
         s2 += a2

@@ -192,7 +192,8 @@ class ScatterGrad:
 
 def _is_basic(index) -> bool:
     """Whether `index` is basic indexing (slices, ints, None, Ellipsis: a view, no element twice)."""
-    return not any(isinstance(i, (np.ndarray, list)) for i in (index if isinstance(index, tuple) else (index,)))
+    parts = index if isinstance(index, tuple) else (index,)
+    return not any(isinstance(i, (np.ndarray, list)) for i in parts)
 
 
 def _add_rows(buf: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:

@@ -104,7 +104,8 @@ def test_bfloat16_downcast_is_ml_dtypes_bit_for_bit(path):
     """Random bit patterns (inf, nan and subnormals among them), every tie between neighbouring bfloat16
     values near 1 and near the largest finite one, one float32 ulp either side, and the special values."""
     bits = np.random.default_rng(3).integers(0, 1 << 32, size=BIG, dtype=np.uint64).astype(np.uint32)
-    ties = np.concatenate([np.arange(0x3F800000, 0x3F900000, 0x10000), np.arange(0x7F000000, 0x7F800000, 0x10000)])
+    ties = np.concatenate([np.arange(0x3F800000, 0x3F900000, 0x10000),  # near 1
+                           np.arange(0x7F000000, 0x7F800000, 0x10000)])  # up to the largest finite
     ties = (ties + 0x8000).astype(np.uint32)
     special = np.array([0, 1, 0x7FFF, 0x8000, 0x18000, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0x7F800000,
                         0x7F800001, 0x7F812345, 0x7FC00000, 0x7FFFFFFF], dtype=np.uint32)

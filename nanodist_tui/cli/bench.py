@@ -31,8 +31,8 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
              "--compare-precision", help="also time one rank at fp32, fp16 and bf16, taking turns (the "
              "16-bit cost against fp32)")] = False,
          cpu_time: Annotated[bool, typer.Option(
-             "--cpu-time", help="also report CPU seconds per step on one thread: ours at fp32, fp16 and bf16 and "
-             "PyTorch at fp32, taking turns (ratios that hold on a loaded machine)")] = False,
+             "--cpu-time", help="also report CPU seconds per step on one thread: ours at fp32, fp16 and bf16 "
+             "and PyTorch at fp32, taking turns (ratios that hold on a loaded machine)")] = False,
          as_json: JsonOpt = False) -> None:
     """Median training-step time: ours, and PyTorch on the same shapes (when installed): eager on one
     rank, DDP (gloo) on --world-size N --backend processes."""
