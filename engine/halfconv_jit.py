@@ -35,22 +35,22 @@ _U = np.uint32
 HAS_F16C = bool(binding.get_host_cpu_features().get("f16c", False))
 
 
-@intrinsic
-def _half_to_float_bits(typingctx, bits):  # pragma: no cover - compiled
-    """float32 bits of the half with these bits, by LLVM's fpext (F16C's vcvtph2ps)."""
-    def codegen(context, builder, signature, args):
-        wide = builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-        return builder.bitcast(wide, ir.IntType(32))
-    return types.uint32(types.uint16), codegen
+def _llvm_conversion(convert: str, from_float, to_int, signature):
+    """A numba intrinsic: the bits of one float type, reinterpreted, converted by LLVM's `convert`
+    instruction (fpext or fptrunc) to the other float type, whose bits it returns."""
+    @intrinsic
+    def conversion(typingctx, bits):  # pragma: no cover - compiled
+        def codegen(context, builder, sig, args):
+            value = getattr(builder, convert)(builder.bitcast(args[0], from_float), to_float)
+            return builder.bitcast(value, to_int)
+        return signature, codegen
+    to_float = ir.HalfType() if from_float == ir.FloatType() else ir.FloatType()
+    return conversion
 
 
-@intrinsic
-def _float_bits_to_half(typingctx, bits):  # pragma: no cover - compiled
-    """Half bits of the float32 with these bits, by LLVM's fptrunc (F16C's vcvtps2ph, to nearest even)."""
-    def codegen(context, builder, signature, args):
-        half = builder.fptrunc(builder.bitcast(args[0], ir.FloatType()), ir.HalfType())
-        return builder.bitcast(half, ir.IntType(16))
-    return types.uint16(types.uint32), codegen
+# LLVM's fpext (F16C's vcvtph2ps) and fptrunc (vcvtps2ph, to nearest even) on the bits of halves and floats
+_half_to_float_bits = _llvm_conversion("fpext", ir.HalfType(), ir.IntType(32), types.uint32(types.uint16))
+_float_bits_to_half = _llvm_conversion("fptrunc", ir.FloatType(), ir.IntType(16), types.uint16(types.uint32))
 
 
 @njit(cache=True, nogil=True)
@@ -60,7 +60,7 @@ def _widen_hw(halves, table, out):  # pragma: no cover - compiled
         h = _U(halves[i])
         nan = ((h & _U(0x7C00)) == _U(0x7C00)) & ((h & _U(0x3FF)) != _U(0))
         numpy_nan = ((h & _U(0x8000)) << _U(16)) | _U(0x7F800000) | ((h & _U(0x3FF)) << _U(13))
-        out[i] = numpy_nan if nan else _half_to_float_bits(halves[i])  # type: ignore[call-arg]
+        out[i] = numpy_nan if nan else _half_to_float_bits(halves[i])
 
 
 @njit(cache=True, nogil=True)
@@ -72,7 +72,7 @@ def _round_hw(bits, out):  # pragma: no cover - compiled
         payload = (a & _U(0x7FFFFF)) >> _U(13)
         sign = (x >> _U(16)) & _U(0x8000)
         numpy_nan = np.uint16((_U(0x7C00) + (payload if payload != _U(0) else _U(1))) | sign)
-        out[i] = numpy_nan if a > _U(0x7F800000) else _float_bits_to_half(x)  # type: ignore[call-arg]
+        out[i] = numpy_nan if a > _U(0x7F800000) else _float_bits_to_half(x)
 
 
 @njit(cache=True, nogil=True)
