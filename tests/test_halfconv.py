@@ -117,3 +117,10 @@ def test_bfloat16_downcast_is_ml_dtypes_bit_for_bit(path):
     heads = x[: 8 * 64 * 96].reshape(8, 64, 4, 24).transpose(0, 2, 1, 3)  # laid out as astype lays it out
     with np.errstate(over="ignore", invalid="ignore"):
         assert_same_bits(halfconv.to_bfloat16(heads, path), heads.astype(ml_dtypes.bfloat16))
+
+
+def test_bfloat16_upcast_of_every_value_is_ml_dtypes(path):
+    values = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    assert_same_bits(halfconv.bfloat16_to_float32(values, path), values.astype(np.float32))
+    heads = np.tile(values, 8)[: 8 * 64 * 96].reshape(8, 64, 4, 24).transpose(0, 2, 1, 3)
+    assert_same_bits(halfconv.bfloat16_to_float32(heads, path), heads.astype(np.float32))
