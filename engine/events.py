@@ -25,6 +25,7 @@ class RunStarted:
     n_params: int
     world_size: int
     total_steps: int
+    network: str = ""  # "emulated network: ..." when the links are emulated (engine.comm.emulation)
 
 
 @dataclass(frozen=True)

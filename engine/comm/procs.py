@@ -34,11 +34,13 @@ MAX_MESSAGE = 1 << 28
 ABORT_GRACE_S = 3.0
 
 
-def run_processes(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> list:
+def run_processes(world_size, rank_fn, args, on_event, timeout_s, stop_event, network=None) -> list:
+    """``network``: a NetworkEmulation that shapes every rank's links, or None."""
     target = _qualified_name(rank_fn)
     ctx = multiprocessing.get_context("spawn")
     spec = {"world_size": world_size, "target": target, "args": list(args), "secret": secrets.token_hex(32),
-            "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0"}
+            "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0",
+            "network": network.to_dict() if network is not None else None}
     children: list[_Child] = []
     try:
         for rank in range(world_size):
@@ -193,6 +195,7 @@ def child_main(conn) -> None:
                 master_known.set()
 
     threading.Thread(target=listen_to_launcher, name="nanodist-control", daemon=True).start()
+    from engine.comm.emulation import NetworkEmulation
     from engine.comm.rendezvous import connect
 
     comm = None
@@ -202,7 +205,8 @@ def child_main(conn) -> None:
             raise RankFailure(0, "never reported its rendezvous port")
         comm = connect(rank, world_size, "127.0.0.1", master.get("port", 0), bytes.fromhex(spec["secret"]),
                        timeout_s=timeout_s, use_shm=spec["shm"], signals=signals,
-                       on_listening=lambda port: send({"type": "master", "port": port}))
+                       on_listening=lambda port: send({"type": "master", "port": port}),
+                       emulation=NetworkEmulation.from_dict(spec.get("network")))
         value = rank_fn(comm, lambda event: send({"type": "event", "data": event}), *spec["args"])
         send({"type": "result", "value": value})
     except StopRequested:

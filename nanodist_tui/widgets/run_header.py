@@ -78,6 +78,8 @@ class RunHeader(Static):
         if self.started is not None:
             started = self.started
             text.append(f"  {started.world_size} rank(s), {started.n_params:,} parameters", style="dim")
+            if started.network:
+                text.append(f"  {started.network}", style="bold yellow")
         text.append("\n")
         total = self.started.total_steps if self.started else "?"
         if self.latest is None:
