@@ -1,0 +1,50 @@
+"""Fixtures for the projection tests: a small GPT config and a calibration file written by hand (no timing),
+with figures chosen so every prediction can be worked out on paper."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.config import from_dict
+from engine.projection.calibrate import VERSION, Calibration
+from engine.projection.flops import model_signature
+
+# 2 blocks of width 64, context 32, vocabulary 65, synthetic data (nothing to load)
+SMALL = {"name": "small", "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 32, "vocab_size": 65},
+         "data": {"kind": "synthetic-lm", "n_samples": 512}, "train": {"global_batch": 32}}
+VOCAB = 65
+TOKENS = [128, 256, 512, 1024]  # 4, 8, 16, 32 rows of 32 tokens
+
+# the fixture machine: seconds per token of forward, at 1 and at 2 busy ranks (contention: 1.5x slower)
+FORWARD_PER_TOKEN = {"1": 20e-6, "2": 30e-6}
+OPTIMIZER_PER_ELEMENT = {"1": 4e-9, "2": 5e-9}
+OTHER_S = {"1": 1e-3, "2": 1.2e-3}
+ALPHA, BETA, GAMMA = 60e-6, 1 / 4e9, 1 / 6e9
+COPY = {"1": 5e9, "2": 4e9}
+
+
+def small_config(**sections):
+    d = json.loads(json.dumps(SMALL))
+    for section, values in sections.items():
+        d.setdefault(section, {}).update(values)
+    return from_dict(d)
+
+
+def level(name: str) -> dict:
+    per_token = FORWARD_PER_TOKEN[name]
+    return {"tokens": TOKENS, "forward_s": [per_token * t for t in TOKENS],
+            "backward_s": [2 * per_token * t for t in TOKENS],
+            "optimizer_s_per_element": OPTIMIZER_PER_ELEMENT[name], "other_s": OTHER_S[name]}
+
+
+def fixture_calibration(path: Path, cfg=None, dtypes=("fp32", "bf16")) -> Calibration:
+    """Write a calibration for cfg's model (SMALL by default) to `path`; returns it."""
+    cfg = cfg or small_config()
+    data = {"version": VERSION, "host": "fixture", "cores": 2, "peak_flops": 1.0e11,
+            "copy_bytes_per_s": COPY,
+            "transport": {"alpha": ALPHA, "beta": BETA, "gamma": GAMMA, "ranks": 2, "sizes": [],
+                          "gather_s": [], "scatter_s": []},
+            "models": {model_signature(cfg, VOCAB): {d: {"1": level("1"), "2": level("2")} for d in dtypes}}}
+    path.write_text(json.dumps(data))
+    return Calibration(data)
