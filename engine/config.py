@@ -127,6 +127,8 @@ class ParallelConfig:
     prefetch: bool = _f(True, "ZeRO-3: gather the next block's parameters ahead of use")
     ranks_per_node: int = _f(0, "ranks per node: the node grid of hierarchical collectives, hybrid sharding "
                              "and network emulation; 0 = every rank on one node")
+    threads_per_rank: int = _f(0, "BLAS/OpenMP threads of each rank; 0 = auto: the cores this process may "
+                               "use divided by the ranks on its host")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
                             args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),
                             on_event=lambda d: bus.emit(ev.from_json(d)),
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event,
-                            network=network_emulation(cfg))
+                            network=network_emulation(cfg),
+                            threads_per_rank=cfg.parallel.threads_per_rank)
     except BaseException as e:
         bus.emit(ev.RunFailed(message=_one_line(e), rank=getattr(e, "rank", None)))
         if recorder:

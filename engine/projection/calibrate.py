@@ -6,7 +6,7 @@ measured when a projection first needs it.
 What is measured, all on the processes backend (real processes, as training runs them):
 
 * compute: `level` ranks (1 or 2) each train the model alone (a one-rank communicator of its own, so
-  nothing is sent) with `blas_threads(level, cores)` BLAS threads, in step with each other (a barrier
+  nothing is sent) with their auto share of the cores (engine.comm.cores), in step with each other (a barrier
   between steps), timing forward, backward, the optimizer step and the bookkeeping around them (drawing
   the batch, clearing gradients); for every precision and several micro-batch sizes. With 2 ranks the
   host's cores and memory bandwidth are shared: that contention is in the curve, not mistaken later for
@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from engine.comm.collectives import all_gather, reduce_scatter
+from engine.comm.cores import usable_cores
 from engine.comm.launch import run_ranks
 from engine.config import Config, to_dict
 from engine.presets import atomic_write_text
-from engine.projection.compute import blas_threads
 from engine.projection.fit import fit_ring
 from engine.projection.flops import model_signature
 
@@ -60,13 +60,6 @@ def default_path() -> Path:
         return Path(os.environ["NANODIST_CALIBRATION"]).expanduser()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "nanodist" / "calibration.json"
-
-
-def host_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 @dataclass
@@ -130,7 +123,7 @@ def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: l
     path = path or default_path()
     existing = None if fresh else Calibration.load(path)
     data = existing.data if existing else {"version": VERSION, "models": {}}
-    cores = host_cores()
+    cores = len(usable_cores())
     if measure_transport or existing is None:
         data.update(host=socket.gethostname(), cores=cores, peak_flops=peak_matmul_flops(),
                     created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -209,9 +202,8 @@ def measure_compute(cfg: Config, dtypes, rows: list[int], cores: int, steps: int
     for level in LEVELS:
         if level > max(1, cores):
             continue  # more busy ranks than cores is time-slicing, which the model scales
-        threads = blas_threads(level, cores)
-        results = run_ranks(level, "processes", _compute_rank,
-                            (to_dict(cfg), list(dtypes), rows, threads, steps, warmup), timeout_s=300.0)
+        results = run_ranks(level, "processes", _compute_rank, (to_dict(cfg), list(dtypes), rows, steps, warmup),
+                            timeout_s=300.0)  # each rank with its auto share of the cores
         for dtype in dtypes:
             per_rank = [r["curves"][dtype] for r in results]
             entry[dtype][str(level)] = {key: _mean_over_ranks(per_rank, key) for key in per_rank[0]}
@@ -226,25 +218,21 @@ def _mean_over_ranks(per_rank: list[dict], key: str):
     return statistics.mean(values)
 
 
-def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int], threads: int, steps: int,
-                  warmup: int) -> dict:
+def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int], steps: int, warmup: int
+                  ) -> dict:
     """One busy rank: its model alone at every size and precision, in step with the other ranks."""
-    from threadpoolctl import threadpool_limits
-
     from engine.config import from_dict
-    with threadpool_limits(threads):
-        curves = {}
-        for dtype in dtypes:
-            per_size = [_time_phases(comm, from_dict(_single(cfg_dict, dtype, r), source="<calibration>"),
-                                     steps, warmup) for r in rows]
-            tokens = [r * (cfg_dict["model"].get("block_size", 1) if cfg_dict["model"]["kind"] == "gpt" else 1)
-                      for r in rows]
-            curves[dtype] = {"tokens": tokens, "forward_s": [p["forward"] for p in per_size],
-                             "backward_s": [p["backward"] for p in per_size],
-                             "optimizer_s_per_element": statistics.mean(p["optimizer"] / p["n_params"]
-                                                                        for p in per_size),
-                             "other_s": statistics.mean(p["other"] for p in per_size)}
-        return {"curves": curves, "copy_bytes_per_s": _copy_rate(comm)}
+    curves = {}
+    per_row = cfg_dict["model"].get("block_size", 1) if cfg_dict["model"]["kind"] == "gpt" else 1
+    for dtype in dtypes:
+        per_size = [_time_phases(comm, from_dict(_single(cfg_dict, dtype, r), source="<calibration>"), steps,
+                                 warmup) for r in rows]
+        curves[dtype] = {"tokens": [r * per_row for r in rows], "forward_s": [p["forward"] for p in per_size],
+                         "backward_s": [p["backward"] for p in per_size],
+                         "optimizer_s_per_element": statistics.mean(p["optimizer"] / p["n_params"]
+                                                                    for p in per_size),
+                         "other_s": statistics.mean(p["other"] for p in per_size)}
+    return {"curves": curves, "copy_bytes_per_s": _copy_rate(comm)}
 
 
 def _single(cfg_dict: dict, dtype: str, rows: int) -> dict:

@@ -10,7 +10,8 @@ Two sources, one interface (`rate`, `optimizer_s`, `copy_s`, `other_s`, `peak`):
   seconds of the model at several micro-batch sizes, with 1 and with 2 ranks computing at once on the host;
   efficiency is interpolated linearly in log(size) between them. Ranks sharing the host's cores and memory
   bandwidth are part of the curve: the 2-rank curve is measured with both ranks busy. Beyond what was
-  calibrated, more ranks than cores time-slice: time × (ranks × threads) / (calibrated ranks × threads).
+  calibrated, more ranks than cores time-slice: time × (ranks × threads) / (calibrated ranks × threads),
+  threads per rank as the run resolves them (parallel.threads_per_rank; auto: engine.comm.cores.share).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
+from engine.comm.cores import resolve, share
 from engine.dtypes import is_low_precision
 
 PHASES = ("forward", "backward")
@@ -27,9 +29,13 @@ PHASES = ("forward", "backward")
 OPTIMIZER_BYTES = {False: 28, True: 40}
 
 
-def blas_threads(ranks_on_host: int, cores: int) -> int:
-    """BLAS threads per rank when ranks share a host's cores: the cores split evenly, at least one."""
-    return max(1, cores // max(1, ranks_on_host)) if cores else 0
+def demand(ranks_on_host: int, cores: int, threads_per_rank: int, level: int) -> float:
+    """How much more CPU time the ranks ask for than the calibrated `level` had (1 = no more): ranks x
+    their threads over level x the auto share it was measured with; more than the cores is time-slicing."""
+    if not cores:
+        return 1.0
+    asked = ranks_on_host * resolve(threads_per_rank, cores, ranks_on_host)
+    return max(1.0, asked / (level * share(cores, level)))
 
 
 class NominalCompute:
@@ -85,19 +91,16 @@ class Curve:
 class CalibratedCompute:
     """This machine's measured curves for one model (`entry` of a calibration, see calibrate.py)."""
 
-    def __init__(self, calibration, entry: dict, flops_of):
+    def __init__(self, calibration, entry: dict, flops_of, threads_per_rank: int = 0):
         self.calibration, self.entry, self.flops_of = calibration, entry, flops_of
-        self.cores = calibration.cores
+        self.cores, self.threads_per_rank = calibration.cores, threads_per_rank
 
     def _level(self, dtype: str, ranks_on_host: int) -> tuple[dict, float]:
         """The measured level for this many busy ranks, and the time-slicing factor beyond it."""
         by_dtype = self.entry.get(dtype) or self.entry[next(iter(self.entry))]
         levels = sorted(int(k) for k in by_dtype)
         level = max([k for k in levels if k <= ranks_on_host] or levels[:1])
-        threads = blas_threads(ranks_on_host, self.cores)
-        base = blas_threads(level, self.cores)
-        demand = ranks_on_host * threads / (level * base) if level * base else 1.0
-        return by_dtype[str(level)], max(1.0, demand)
+        return by_dtype[str(level)], demand(ranks_on_host, self.cores, self.threads_per_rank, level)
 
     def peak(self, dtype: str) -> float:
         return self.calibration.peak_flops

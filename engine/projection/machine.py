@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from engine.comm.emulation import NetworkEmulation
 from engine.comm.rendezvous import SHM_SLOT_BYTES
 from engine.config import Config, network_emulation
-from engine.projection.calibrate import Calibration, CalibrationError
+from engine.projection.calibrate import LEVELS, Calibration, CalibrationError
 from engine.projection.clusters import Cluster
 from engine.projection.collectives import Link, Topology
-from engine.projection.compute import CalibratedCompute, NominalCompute, blas_threads
+from engine.projection.compute import CalibratedCompute, NominalCompute, demand
 from engine.projection.flops import FlopsOf
 
 
@@ -48,7 +48,7 @@ def make_machine(cluster: Cluster, cfg: Config, ranks: int, calibration: Calibra
         if entry is None:
             raise CalibrationError(f"{cluster.path}: a calibrated cluster, but {flops_of.signature} has no "
                                    "calibration yet; run `nanodist-tui project --calibrate` with its preset")
-        compute = CalibratedCompute(calibration, entry, flops_of)
+        compute = CalibratedCompute(calibration, entry, flops_of, cfg.parallel.threads_per_rank)
     else:
         compute = NominalCompute(cluster)
     if cluster["intra.calibrate"]:
@@ -74,20 +74,11 @@ def _link(cluster: Cluster, side: str) -> Link:
     return Link(cluster[f"{side}.latency_us"] / 1e6, 1 / (gbs * 1e9) if gbs else 0.0)
 
 
-def oversubscription(ranks_on_host: int, cores: int, calibrated_level: int = 2) -> float:
-    """How much more CPU the ranks ask for than the largest calibrated level had (1 = no more)."""
-    if not cores:
-        return 1.0
-    level = min(ranks_on_host, calibrated_level, cores)
-    asked = ranks_on_host * blas_threads(ranks_on_host, cores)
-    had = level * blas_threads(level, cores)
-    return max(1.0, asked / had)
-
-
 def _this_machine(cfg: Config, ranks: int, on_host: int, calibration: Calibration
                   ) -> tuple[Topology, Topology]:
     t = calibration.transport
-    stretch = oversubscription(on_host, calibration.cores)
+    level = min(on_host, max(LEVELS), calibration.cores)
+    stretch = demand(on_host, calibration.cores, cfg.parallel.threads_per_rank, level)
     real = Link(t["alpha"] * stretch, t["beta"] * stretch)
     gamma = t["gamma"] * stretch
     emulation = network_emulation(cfg) or NetworkEmulation()

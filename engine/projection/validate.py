@@ -29,9 +29,8 @@ from engine.build import vocab_size
 from engine.comm.launch import run_ranks
 from engine.config import Config, network_emulation, replace, to_dict
 from engine.memory import MODEL_STATES
-from engine.projection.calibrate import Calibration, calibrate, host_cores, low_quantile
+from engine.projection.calibrate import Calibration, calibrate, low_quantile
 from engine.projection.clusters import Cluster
-from engine.projection.compute import blas_threads
 from engine.projection.project import predict
 
 NOISE = 0.10  # measured step times closer than this are a tie for the ranking
@@ -114,9 +113,9 @@ def validate(base: Config, cluster: Cluster, calibration_path, quick: bool = Fal
 
 def measure_case(cfg: Config, calibration: Calibration, steps: int, warmup: int) -> dict:
     """One run of a case: {step_s, comm_share, states} (lower quartiles over steps, slowest rank)."""
-    threads = blas_threads(cfg.parallel.world_size, calibration.cores or host_cores())
     results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, _validation_rank,
-                        (to_dict(cfg), warmup, steps, threads), timeout_s=120.0, network=network_emulation(cfg))
+                        (to_dict(cfg), warmup, steps), timeout_s=120.0, network=network_emulation(cfg),
+                        threads_per_rank=cfg.parallel.threads_per_rank)
     return {"step_s": max(r["step_s"] for r in results),
             "comm_share": statistics.mean(r["comm_share"] for r in results), "states": results[0]["states"]}
 
@@ -151,32 +150,29 @@ class _TimedComm:
         return self._timed(self._comm.barrier)
 
 
-def _validation_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int, threads: int) -> dict:
-    from threadpoolctl import threadpool_limits
-
+def _validation_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int) -> dict:
     from engine.comm.meter import TrafficMeter
     from engine.config import from_dict
     from engine.trainer import Trainer
     cfg = from_dict(cfg_dict, source="<validation>")
     comm.meter = comm.meter or TrafficMeter(comm.rank)
     timed = _TimedComm(comm)
-    with threadpool_limits(threads):
-        trainer = Trainer(cfg, timed)
-        states = {k: trainer.ledger.current[k] for k in MODEL_STATES}
-        step_s, shares = [], []
-        try:
-            for i in range(warmup + steps):
-                comm.barrier()
-                before = timed.blocking_s
-                t0 = time.perf_counter()
-                trainer.train_step()
-                seconds = time.perf_counter() - t0
-                waited = trainer.replica.comm_wait_s + timed.blocking_s - before
-                if i >= warmup:
-                    step_s.append(seconds)
-                    shares.append(min(1.0, waited / seconds))
-        finally:
-            trainer.replica.close()
+    trainer = Trainer(cfg, timed)
+    states = {k: trainer.ledger.current[k] for k in MODEL_STATES}
+    step_s, shares = [], []
+    try:
+        for i in range(warmup + steps):
+            comm.barrier()
+            before = timed.blocking_s
+            t0 = time.perf_counter()
+            trainer.train_step()
+            seconds = time.perf_counter() - t0
+            waited = trainer.replica.comm_wait_s + timed.blocking_s - before
+            if i >= warmup:
+                step_s.append(seconds)
+                shares.append(min(1.0, waited / seconds))
+    finally:
+        trainer.replica.close()
     return {"step_s": low_quantile(step_s), "comm_share": statistics.median(shares), "states": states}
 
 
