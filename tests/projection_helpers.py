@@ -11,7 +11,8 @@ from engine.projection.calibrate import VERSION, Calibration
 from engine.projection.flops import model_signature
 
 # 2 blocks of width 64, context 32, vocabulary 65, synthetic data (nothing to load)
-SMALL = {"name": "small", "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 32, "vocab_size": 65},
+SMALL = {"name": "small",
+         "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 32, "vocab_size": 65},
          "data": {"kind": "synthetic-lm", "n_samples": 512}, "train": {"global_batch": 32}}
 VOCAB = 65
 TOKENS = [128, 256, 512, 1024]  # 4, 8, 16, 32 rows of 32 tokens

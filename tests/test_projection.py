@@ -82,7 +82,8 @@ def test_a100_cluster_reproduces_the_hand_example():
     assert row.step.exposed_s == pytest.approx(comm, rel=1e-9)
     assert row.step.overlapped_s == pytest.approx(0.0, abs=1e-12)
     assert row.tokens_per_s == pytest.approx(16 * x / (compute + comm), rel=1e-9)
-    assert row.mfu == pytest.approx(row.tokens_per_s * hand_training_flops(cfg, 8) / x / (16 * 312e12), rel=1e-9)
+    per_token = hand_training_flops(cfg, 8) / x
+    assert row.mfu == pytest.approx(row.tokens_per_s * per_token / (16 * 312e12), rel=1e-9)
     # memory: mixed-precision DDP holds 2Ψ + 2Ψ + 12Ψ = 16Ψ of model states (no padding at stage 0)
     assert sum(row.states.values()) == 16 * psi
     assert row.fits is True
@@ -166,10 +167,9 @@ def test_small_buckets_overlap_backward_and_overlap_off_hides_nothing(calibratio
 
 def test_zero3_gathers_are_hidden_by_prefetch(calibration):
     here = load_cluster(HERE)
-    with_prefetch, _, _ = predict(small_config(parallel={"world_size": 2, "zero_stage": 3}), here, calibration,
-                                  VOCAB)
-    without, _, _ = predict(small_config(parallel={"world_size": 2, "zero_stage": 3, "prefetch": False}), here,
-                            calibration, VOCAB)
+    zero3 = {"world_size": 2, "zero_stage": 3}
+    with_prefetch, _, _ = predict(small_config(parallel=zero3), here, calibration, VOCAB)
+    without, _, _ = predict(small_config(parallel={**zero3, "prefetch": False}), here, calibration, VOCAB)
     assert with_prefetch.comm_s == pytest.approx(without.comm_s, rel=1e-9)  # the same gathers
     assert with_prefetch.exposed_s < without.exposed_s
 

@@ -42,7 +42,8 @@ def test_ring_and_friends_equal_their_published_forms(p, n):
     assert ring_all_gather(p, n, LINK) == pytest.approx((p - 1) * A + (p - 1) / p * n * B)
     lg = math.log2(p)
     assert recursive_doubling(p, n, LINK, G) == pytest.approx(lg * (A + n * B + n * G))
-    assert rabenseifner(p, n, LINK, G) == pytest.approx(2 * lg * A + 2 * (p - 1) / p * n * B + (p - 1) / p * n * G)
+    assert rabenseifner(p, n, LINK, G) == pytest.approx(2 * lg * A + 2 * (p - 1) / p * n * B
+                                                        + (p - 1) / p * n * G)
     assert binary_tree(p, n, LINK, G) == pytest.approx(2 * lg * (A + n * B) + lg * n * G)
 
 
@@ -117,7 +118,7 @@ def test_gpt_flops_are_six_psi_plus_attention():
     rows, (L, C, T, V) = 4, (3, 48, 16, 50)
     f = model_flops(cfg, V, rows)
     tokens = rows * T
-    per_block = 12 * C * C + 13 * C  # c_attn 3C² + 3C, c_proj C² + C, fc 4C² + 4C, proj 4C² + C, 2 LayerNorms 4C
+    per_block = 12 * C * C + 13 * C  # c_attn 3C²+3C, c_proj C²+C, fc 4C²+4C, proj 4C²+C, 2 LayerNorms 4C
     non_embedding = L * per_block + 2 * C  # + ln_f
     assert f.params == non_embedding + V * C + T * C  # tied head: wte counted once
     head = 2 * V * C * tokens
@@ -131,7 +132,8 @@ def test_gpt_flops_are_six_psi_plus_attention():
 
 
 def test_mlp_flops():
-    cfg = from_dict({"model": {"kind": "mlp", "widths": [10, 20, 3]}, "data": {"kind": "synthetic-classification"}})
+    cfg = from_dict({"model": {"kind": "mlp", "widths": [10, 20, 3]},
+                     "data": {"kind": "synthetic-classification"}})
     f = model_flops(cfg, 0, rows=8)
     assert f.params == 10 * 20 + 20 + 20 * 3 + 3
     assert f.forward == 2 * f.params * 8 and f.unit_forward == (2 * 220 * 8, 2 * 63 * 8)
@@ -180,12 +182,11 @@ def nccl_table(alpha: float, beta: float, ranks: int, sizes) -> str:
     """An all_reduce_perf table (the current layout, with the root column) for known α and β."""
     lines = ["# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20",
              "#",
-             "#                                                              out-of-place                       "
-             "in-place",
-             "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw "
-             "  busbw #wrong",
-             "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s) "
-             " (GB/s)"]
+             "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place",
+             "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+             "     time   algbw   busbw #wrong",
+             "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)"
+             "            (us)  (GB/s)  (GB/s)"]
     for n in sizes:
         t = 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * n * beta
         alg = n / t / 1e9

@@ -122,7 +122,7 @@ def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: l
     over, keeping nothing of the file."""
     path = path or default_path()
     existing = None if fresh else Calibration.load(path)
-    data = existing.data if existing else {"version": VERSION, "models": {}}
+    data: dict = existing.data if existing else {"version": VERSION, "models": {}}
     cores = len(usable_cores())
     if measure_transport or existing is None:
         data.update(host=socket.gethostname(), cores=cores, peak_flops=peak_matmul_flops(),
@@ -153,7 +153,8 @@ def default_transport_sizes(cfg: Config, vocab: int) -> list[int]:
     from engine.flat import FlatLayout
     shapes = [(name, shape) for name, shape, _ in param_shapes(cfg, vocab)]
     layout = FlatLayout(shapes, cfg.precision.dtype, 2)
-    buckets = [(b - a) * itemsize(cfg.precision.dtype) for a, b in layout.buckets(cfg.parallel.bucket_cap_mb * 2**20)]
+    cap = cfg.parallel.bucket_cap_mb * 2**20
+    buckets = [(b - a) * itemsize(cfg.precision.dtype) for a, b in layout.buckets(cap)]
     around = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20]
     return sorted({max(64, int(n) // 64 * 64) for n in [*buckets, *around]})
 
@@ -182,13 +183,12 @@ def _ring_rank(comm, emit, sizes: list[int], repeats: int) -> dict:
     out: dict[str, list[float]] = {"gather": [], "scatter": []}
     for size in sizes:
         buf = np.ones(size // 4, np.float32)
-        for name, run in (("gather", lambda: all_gather(comm, buf)),
-                          ("scatter", lambda: reduce_scatter(comm, buf))):
+        for name, collective in (("gather", all_gather), ("scatter", reduce_scatter)):
             times = []
             for _ in range(repeats + 2):
                 comm.barrier()
                 t0 = time.perf_counter()
-                run()
+                collective(comm, buf)
                 times.append(time.perf_counter() - t0)
             out[name].append(low_quantile(times[2:]))
     return out
@@ -202,8 +202,8 @@ def measure_compute(cfg: Config, dtypes, rows: list[int], cores: int, steps: int
     for level in LEVELS:
         if level > max(1, cores):
             continue  # more busy ranks than cores is time-slicing, which the model scales
-        results = run_ranks(level, "processes", _compute_rank, (to_dict(cfg), list(dtypes), rows, steps, warmup),
-                            timeout_s=300.0)  # each rank with its auto share of the cores
+        args = (to_dict(cfg), list(dtypes), rows, steps, warmup)
+        results = run_ranks(level, "processes", _compute_rank, args, timeout_s=300.0)  # auto threads per rank
         for dtype in dtypes:
             per_rank = [r["curves"][dtype] for r in results]
             entry[dtype][str(level)] = {key: _mean_over_ranks(per_rank, key) for key in per_rank[0]}
@@ -253,7 +253,8 @@ def _time_phases(comm, cfg: Config, steps: int, warmup: int) -> dict:
     from engine.data import rank_slice
     from engine.trainer import Trainer
     trainer = Trainer(cfg, ThreadGroup(1, cfg.parallel.timeout_s, Signals()).communicator(0))
-    replica, phases = trainer.replica, {"forward": [], "backward": [], "optimizer": [], "other": []}
+    replica = trainer.replica
+    phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": [], "other": []}
     try:
         for i in range(warmup + steps):
             comm.barrier()

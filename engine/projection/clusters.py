@@ -174,9 +174,9 @@ def _validate(flat: dict[str, Any], text: str, source: str) -> dict[str, Any]:
         if kind is float and is_number:
             value = float(value)
         elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ConfigError(key, f"expected {kind.__name__}, got {value!r}", f"write e.g. {key.rpartition('.')[2]} "
-                              f"= {str(default).lower() if isinstance(default, bool) else repr(default)}",
-                              source, line)
+            example = str(default).lower() if isinstance(default, bool) else repr(default)
+            raise ConfigError(key, f"expected {kind.__name__}, got {value!r}",
+                              f"write e.g. {key.rpartition('.')[2]} = {example}", source, line)
         if problem := check(value):
             raise ConfigError(key, f"{value!r} {problem}", "fix the value", source, line)
         values[key] = value
@@ -184,8 +184,8 @@ def _validate(flat: dict[str, Any], text: str, source: str) -> dict[str, Any]:
         raise ConfigError("compute", "no compute figures: give peak_tflops_<dtype> or calibrate = true",
                           "add e.g. peak_tflops_bf16 = 312 under [compute]", source)
     if not values["intra.calibrate"] and values["ranks_per_node"] > 1 and not values["intra.bandwidth_gbs"]:
-        raise ConfigError("intra.bandwidth_gbs", "ranks share a node but the link between them has no bandwidth",
-                          "set intra.bandwidth_gbs (GB/s) or intra.calibrate = true", source)
+        raise ConfigError("intra.bandwidth_gbs", "ranks share a node but the link between them has no "
+                          "bandwidth", "set intra.bandwidth_gbs (GB/s) or intra.calibrate = true", source)
     if values["nodes"] > 1 and not values["inter.bandwidth_gbs"]:
         raise ConfigError("inter.bandwidth_gbs", "several nodes but no link between them",
                           "set inter.bandwidth_gbs (GB/s per NIC)", source)

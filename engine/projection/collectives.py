@@ -92,7 +92,8 @@ def recursive_doubling(p: int, n: float, link: Link, gamma: float) -> float:
 def rabenseifner(p: int, n: float, link: Link, gamma: float) -> float:
     if p == 1:
         return 0.0
-    return 2 * math.ceil(math.log2(p)) * link.alpha + 2 * (p - 1) / p * n * link.beta + (p - 1) / p * n * gamma
+    rounds = math.ceil(math.log2(p))
+    return 2 * rounds * link.alpha + 2 * (p - 1) / p * n * link.beta + (p - 1) / p * n * gamma
 
 
 def binary_tree(p: int, n: float, link: Link, gamma: float) -> float:

@@ -129,13 +129,13 @@ def backward_events(cfg, vocab: int) -> list[BackwardEvent]:
         events.append(BackwardEvent(4.0 * numel[head + ".weight"], group("lm_head.") + group("ln_f."), None))
         for k in reversed(range(m.n_layer)):
             pre = f"blocks.{k}."
-            events += [BackwardEvent(weight(pre + "mlp.layers.1"), group(pre + "mlp.layers.1."), k),
-                       BackwardEvent(weight(pre + "mlp.layers.0"), group(pre + "mlp.layers.0.") + group(pre + "ln_2."),
-                                     k),
-                       BackwardEvent(weight(pre + "attn.c_proj"), group(pre + "attn.c_proj."), k),
+
+            def linear(name: str, norm: str = "", pre: str = pre, k: int = k) -> BackwardEvent:
+                ready = group(pre + name + ".") + (group(pre + norm + ".") if norm else ())
+                return BackwardEvent(weight(pre + name), ready, k)
+            events += [linear("mlp.layers.1"), linear("mlp.layers.0", "ln_2"), linear("attn.c_proj"),
                        BackwardEvent(8.0 * t * c, (), k),  # attention's two products, backward
-                       BackwardEvent(weight(pre + "attn.c_attn"), group(pre + "attn.c_attn.") + group(pre + "ln_1."),
-                                     k)]
+                       linear("attn.c_attn", "ln_1")]
         events.append(BackwardEvent(0.0, group("wpe.") + group("wte."), None))  # the embeddings, last
     total = sum(e.share for e in events) or 1.0
     return [BackwardEvent(e.share / total, e.ready, e.block) for e in events]

@@ -55,12 +55,12 @@ def make_machine(cluster: Cluster, cfg: Config, ranks: int, calibration: Calibra
         if calibration is None:
             raise CalibrationError(f"{cluster.path}: no calibration of this machine's transport yet; run "
                                    "`nanodist-tui project --calibrate`")
-        topology, cpu = _this_machine(cfg, ranks, on_host, calibration)
-        return Machine(cluster, compute, topology, cpu, "ring", on_host)
+        here, host_cpu = _this_machine(cfg, ranks, on_host, calibration)
+        return Machine(cluster, compute, here, host_cpu, "ring", on_host)
     gamma = 1 / (cluster["collectives.reduce_gbs"] * 1e9) if cluster["collectives.reduce_gbs"] else 0.0
     topology = Topology(ranks, per_node, _link(cluster, "intra"), _link(cluster, "inter"), gamma,
                         cluster["inter.nic"])
-    cpu = None
+    cpu: Topology | None = None
     if cluster["compute.cores"]:  # CPU ranks: their transport copies with the cores they compute on
         cpu = Topology(ranks, per_node, Link(0.0, topology.intra.beta), Link(0.0, topology.inter.beta), gamma,
                        cluster["inter.nic"])

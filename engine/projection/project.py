@@ -86,8 +86,8 @@ def predict(cfg: Config, cluster: Cluster, calibration: Calibration | None = Non
     return predict_step(cfg, machine, flops_of, owned), mem, machine
 
 
-def project(cfg: Config, cluster: Cluster, world_sizes=DEFAULT_WORLD_SIZES, calibration: Calibration | None = None,
-            scaling: str = "weak") -> dict:
+def project(cfg: Config, cluster: Cluster, world_sizes=DEFAULT_WORLD_SIZES,
+            calibration: Calibration | None = None, scaling: str = "weak") -> dict:
     """{"preset", "cluster", "scaling", "rows": [Row ...], "skipped": [world sizes left out, with why]}."""
     vocab = vocab_size(cfg) if cfg.model.kind == "gpt" else 0
     flops_of = FlopsOf(cfg, vocab)

@@ -75,7 +75,9 @@ class _Comm:
 
     def half(self, nbytes: float, reduce: bool) -> tuple[float, float]:
         seconds = half_collective_time(self.m.topology, nbytes, reduce, self.m.algorithm)
-        cpu = half_collective_time(self.m.cpu_topology, nbytes, reduce, "ring") if self.m.cpu_topology else 0.0
+        cpu = 0.0
+        if self.m.cpu_topology is not None:
+            cpu = half_collective_time(self.m.cpu_topology, nbytes, reduce, "ring")
         return seconds, cpu
 
 
@@ -141,7 +143,7 @@ class _Plan:
             self.members = [b.members for b in buckets]
         else:
             units: dict = {}
-            for i, (_, shape, unit) in enumerate(shapes):
+            for i, (_, _, unit) in enumerate(shapes):
                 units.setdefault(unit, []).append(i)
             order = ([None] if None in units else []) + sorted(u for u in units if u is not None)
             self.units = order
@@ -160,7 +162,9 @@ def _data_parallel(tl: Timeline, comm: _Comm, plan: _Plan, cfg, events: list[Bac
         tl.compute(t_bwd + len(ckpt) * t_block)
         return
     issue_early = overlap or stage == 2  # stage 2 packs buckets as they fill, overlap or not
-    ready, issued, inflight = set(), 0, []
+    ready: set[int] = set()
+    inflight: list[Task] = []
+    issued = 0
     for event, seconds in _timed(events, t_bwd, t_block, ckpt):
         tl.compute(seconds)
         ready.update(event.ready)

@@ -195,9 +195,10 @@ def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -
     discordant = [(outcomes[i].label, outcomes[j].label) for i, j in beyond_noise
                   if (measured[i] - measured[j]) * (predicted[i] - predicted[j]) <= 0]
     return {
-        "cases": [{"label": o.label, "predicted_s": o.predicted_s, "measured_s": o.measured_s, "error": o.error,
-                   "predicted_comm_share": o.predicted_share, "measured_comm_share": o.measured_share,
-                   "memory_exact": o.memory_exact, "runs_s": [r["step_s"] for r in o.runs]} for o in outcomes],
+        "cases": [{"label": o.label, "predicted_s": o.predicted_s, "measured_s": o.measured_s,
+                   "error": o.error, "predicted_comm_share": o.predicted_share,
+                   "measured_comm_share": o.measured_share, "memory_exact": o.memory_exact,
+                   "runs_s": [r["step_s"] for r in o.runs]} for o in outcomes],
         "mape": statistics.mean(abs(e) for e in errors),
         "max_error": max(abs(e) for e in errors),
         "bias": statistics.mean(errors),

@@ -18,7 +18,8 @@ from nanodist_tui.cli.options import JsonOpt, PresetOpt, SetOpt, WorldOpt
 from nanodist_tui.cli.running import load_config
 
 MB = 1e6
-ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="cluster name (presets/clusters/) or .toml path")]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c",
+                                         help="cluster name (presets/clusters/) or a .toml path")]
 
 
 def _world_sizes(text: str | None) -> tuple[int, ...]:
@@ -38,10 +39,11 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
             world_size: WorldOpt = None,
             world_sizes: Annotated[str | None, typer.Option(help="comma-separated, e.g. 8,64,512 "
                                                             "(default 1,2,4,...,4096)")] = None,
-            scaling: Annotated[str, typer.Option(help="weak: rows per rank fixed; strong: global batch fixed")]
-            = "weak",
+            scaling: Annotated[str, typer.Option(help="weak: rows per rank fixed; strong: global batch "
+                                                 "fixed")] = "weak",
             out: Annotated[Path | None, typer.Option(help="write the JSON report here (default: "
-                                                     "<run.out_dir>/projections/<preset>-on-<cluster>.json)")] = None,
+                                                     "<run.out_dir>/projections/<preset>-on-<cluster>.json)")]
+            = None,
             validate: Annotated[bool, typer.Option("--validate", help="calibrate here, then predict and run "
                                                    "held-out configurations, and compare")] = False,
             quick: Annotated[bool, typer.Option("--quick", help="--validate on 4 cases, not 12")] = False,
@@ -51,13 +53,14 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
             calibration: Annotated[Path | None, typer.Option(help="calibration file (default "
                                                              "~/.cache/nanodist/calibration.json)")] = None,
             clusters: Annotated[bool, typer.Option("--clusters", help="list the cluster files")] = False,
-            nccl_tests: Annotated[Path | None, typer.Option("--nccl-tests", help="fit latency and bandwidth "
-                                                            "to all_reduce_perf output (a file, - for stdin)")]
-            = None,
+            nccl_tests: Annotated[Path | None, typer.Option(
+                "--nccl-tests", help="fit latency and bandwidth to all_reduce_perf output (a file; - for "
+                "stdin)")] = None,
             ranks: Annotated[int | None, typer.Option(min=2, help="--nccl-tests: ranks, when the output does "
                                                       "not say")] = None,
             as_json: JsonOpt = False) -> None:
-    """Predict a run on a cluster you do not have, per world size: step split, tokens/s, scaling, MFU, memory."""
+    """Predict a run on a cluster you do not have, per world size: step split, tokens/s, scaling, MFU and
+    memory."""
     from engine.projection.calibrate import CalibrationError, default_path
     from engine.projection.clusters import load_cluster
     from engine.projection.fit import FitError
@@ -96,8 +99,8 @@ def _calibration_for(cfg, target, path: Path, quiet: bool):
     if existing is not None and not existing.missing(model_signature(cfg, vocab), [cfg.precision.dtype]):
         return existing
     if not quiet:
-        print(f"calibrating this machine for {cfg.name} ({cfg.precision.dtype}); about a minute, saved to {path}",
-              file=sys.stderr)
+        print(f"calibrating this machine for {cfg.name} ({cfg.precision.dtype}); about a minute, saved to "
+              f"{path}", file=sys.stderr)
     return calibrate(cfg, vocab, [cfg.precision.dtype], path=path)
 
 
@@ -123,14 +126,15 @@ def print_projection(data: dict, cfg, target) -> None:
     print(f"{cfg.name} on {target.name}: ZeRO-{p.zero_stage}, {cfg.precision.dtype}, checkpointing "
           f"{cfg.memory.checkpointing}, {data['scaling']} scaling, buckets of {p.bucket_cap_mb:g} MiB")
     head = (f"{'ranks':>6} {'batch':>6} {'step ms':>9} {'compute':>9} {'overlap':>9} {'exposed':>9} "
-            f"{'contend':>8} {'comm':>5} {'tokens/s':>10} {'scaling':>7} {'MFU':>6} {'MB/rank':>8} {'fits':>4}")
+            f"{'contend':>8} {'comm':>5} {'tokens/s':>10} {'scaling':>7} {'MFU':>6} {'MB/rank':>8} "
+            f"{'fits':>4}")
     print(head)
     for r in data["rows"]:
         fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "NO")
-        print(f"{r['world_size']:>6} {r['global_batch']:>6} {r['step_s'] * 1e3:9.2f} {r['compute_s'] * 1e3:9.2f} "
-              f"{r['overlapped_s'] * 1e3:9.2f} {r['exposed_s'] * 1e3:9.2f} {r['interference_s'] * 1e3:8.2f} "
-              f"{r['comm_share']:5.0%} {r['tokens_per_s']:10.3g} {r['scaling_efficiency']:7.0%} {r['mfu']:6.1%} "
-              f"{r['peak_bytes'] / MB:8.1f} {fits:>4}")
+        ms = " ".join(f"{r[k] * 1e3:9.2f}" for k in ("step_s", "compute_s", "overlapped_s", "exposed_s"))
+        print(f"{r['world_size']:>6} {r['global_batch']:>6} {ms} {r['interference_s'] * 1e3:8.2f} "
+              f"{r['comm_share']:5.0%} {r['tokens_per_s']:10.3g} {r['scaling_efficiency']:7.0%} "
+              f"{r['mfu']:6.1%} {r['peak_bytes'] / MB:8.1f} {fits:>4}")
     for s in data["skipped"]:
         print(f"  {s['world_size']} ranks left out: {s['why']}")
     _print_memory(data["rows"])
@@ -183,14 +187,15 @@ def print_validation(r: dict, preset: str) -> None:
     print(f"{'case':48} {'predicted':>10} {'measured':>10} {'error':>7} {'comm pred':>10} {'comm meas':>10} "
           f"{'memory':>7}")
     for c in r["cases"]:
-        print(f"{c['label']:48} {c['predicted_s'] * 1e3:8.1f}ms {c['measured_s'] * 1e3:8.1f}ms {c['error']:+7.1%} "
-              f"{c['predicted_comm_share']:10.1%} {c['measured_comm_share']:10.1%} "
+        print(f"{c['label']:48} {c['predicted_s'] * 1e3:8.1f}ms {c['measured_s'] * 1e3:8.1f}ms "
+              f"{c['error']:+7.1%} {c['predicted_comm_share']:10.1%} {c['measured_comm_share']:10.1%} "
               f"{'exact' if c['memory_exact'] else 'DIFFERS':>7}")
     ranking = "preserved" if r["ranking_preserved"] else "NOT preserved: " + "; ".join(
         f"{a} vs {b}" for a, b in r["discordant"])
-    print(f"step time: MAPE {r['mape']:.1%}, max {r['max_error']:.1%}, bias {r['bias']:+.1%}; comm share within "
-          f"{r['comm_share_points']:.1f} points; model-state memory {'exact' if r['memory_exact'] else 'DIFFERS'}; "
-          f"ranking {ranking} (Kendall tau {r['kendall_tau']:.2f}; ties within {r['noise']:.0%} not counted)")
+    memory = "exact" if r["memory_exact"] else "DIFFERS"
+    print(f"step time: MAPE {r['mape']:.1%}, max {r['max_error']:.1%}, bias {r['bias']:+.1%}; comm share "
+          f"within {r['comm_share_points']:.1f} points; model-state memory {memory}; ranking {ranking} "
+          f"(Kendall tau {r['kendall_tau']:.2f}; ties within {r['noise']:.0%} not counted)")
 
 
 def _calibrate(cfg, path: Path, as_json: bool) -> None:
@@ -216,7 +221,8 @@ def _list_clusters(as_json: bool) -> None:
     for path in list_clusters():
         try:
             c = load_cluster(path)
-            rows.append({"name": path.stem, "path": str(path), "what": c.name, "ranks": c.max_ranks, "error": None})
+            rows.append({"name": path.stem, "path": str(path), "what": c.name, "ranks": c.max_ranks,
+                         "error": None})
         except ConfigError as e:
             rows.append({"name": path.stem, "path": str(path), "what": "", "ranks": 0, "error": str(e)})
     if as_json:
@@ -237,8 +243,8 @@ def _fit_nccl(source: Path, ranks: int | None, as_json: bool) -> None:
     if as_json:
         print(json.dumps(fit, indent=1))
         return
-    print(f"nccl-tests all-reduce, {fit['ranks']} ranks, {fit['rows']} sizes: alpha {fit['alpha'] * 1e6:.1f} us, "
-          f"bus bandwidth {fit['busbw'] / 1e9:.1f} GB/s")
+    print(f"nccl-tests all-reduce, {fit['ranks']} ranks, {fit['rows']} sizes: alpha "
+          f"{fit['alpha'] * 1e6:.1f} us, bus bandwidth {fit['busbw'] / 1e9:.1f} GB/s")
     print("for a cluster file (the link these ranks used):")
     print(f"  bandwidth_gbs = {fit['busbw'] / 1e9:.1f}  # fitted to nccl-tests all_reduce_perf")
     print(f"  latency_us = {fit['alpha'] * 1e6:.1f}  # fitted to nccl-tests all_reduce_perf")

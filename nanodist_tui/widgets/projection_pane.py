@@ -21,12 +21,12 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Select, Static
 from textual_plotext import PlotextPlot
 
-from engine.events import RunStarted, StepEnd
+from engine.events import RunStarted
 from nanodist_tui.messages import Tick
 
 RECENT_STEPS = 30  # the measured step time is the median of this many recent steps
-COLUMNS = ("ranks", "step ms", "compute", "overlap", "exposed", "comm", "tokens/s", "scaling", "MFU", "MB/rank",
-           "fits")
+COLUMNS = ("ranks", "step ms", "compute", "overlap", "exposed", "comm", "tokens/s", "scaling", "MFU",
+           "MB/rank", "fits")
 
 
 def draw_scaling(plt, rows: list[dict]) -> None:
@@ -104,7 +104,7 @@ class ProjectionPane(Vertical):
             self.refresh_projection()
 
     def refresh_projection(self) -> None:
-        self.query_one("#projection-live", Static).update(Text(f"projecting onto {self.cluster} ...", style="dim"))
+        self._say(Text(f"projecting onto {self.cluster} ...", style="dim"))
         self.run_worker(self._compute, thread=True, exclusive=True, group="projection")
 
     def _compute(self) -> None:
@@ -113,8 +113,7 @@ class ProjectionPane(Vertical):
 
     def calibrate(self) -> None:
         """Measure this machine for the run's model on a worker thread, then project again."""
-        self.query_one("#projection-live", Static).update(Text("calibrating this machine (about a minute) ...",
-                                                               style="bold yellow"))
+        self._say(Text("calibrating this machine (about a minute) ...", style="bold yellow"))
         self.run_worker(self._calibrate, thread=True, exclusive=True, group="projection")
 
     def _calibrate(self) -> None:
@@ -128,6 +127,9 @@ class ProjectionPane(Vertical):
             self.app.call_from_thread(self._show, {"error": f"calibration failed: {e}"})
             return
         self._compute()
+
+    def _say(self, text: Text) -> None:
+        self.query_one("#projection-live", Static).update(text)
 
     def _cfg(self):
         from engine.config import from_dict
@@ -149,14 +151,14 @@ class ProjectionPane(Vertical):
         rows = result.get("rows") or []
         for r in rows:
             fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "NO")
-            table.add_row(str(r["world_size"]), f"{r['step_s'] * 1e3:.2f}", f"{r['compute_s'] * 1e3:.2f}",
-                          f"{r['overlapped_s'] * 1e3:.2f}", f"{r['exposed_s'] * 1e3:.2f}", f"{r['comm_share']:.0%}",
-                          f"{r['tokens_per_s']:.3g}", f"{r['scaling_efficiency']:.0%}", f"{r['mfu']:.1%}",
-                          f"{r['peak_bytes'] / 1e6:.1f}", fits)
+            ms = [f"{r[k] * 1e3:.2f}" for k in ("step_s", "compute_s", "overlapped_s", "exposed_s")]
+            table.add_row(str(r["world_size"]), *ms, f"{r['comm_share']:.0%}", f"{r['tokens_per_s']:.3g}",
+                          f"{r['scaling_efficiency']:.0%}", f"{r['mfu']:.1%}", f"{r['peak_bytes'] / 1e6:.1f}",
+                          fits)
         if len(rows) > 1:
             draw_scaling(plot.plt, rows)
         plot.refresh()
-        self.query_one("#projection-live", Static).update(self.live_text())
+        self._say(self.live_text())
 
     def live_text(self) -> Text:
         r = self.result or {}
@@ -169,7 +171,8 @@ class ProjectionPane(Vertical):
                         f"{predicted * 1e3:.1f} ms/step")
         if self.steps:
             measured = statistics.median(self.steps)
-            text.append(f"   measured here {measured * 1e3:.1f} ms/step (median of the last {len(self.steps)})")
+            text.append(f"   measured here {measured * 1e3:.1f} ms/step (median of the last "
+                        f"{len(self.steps)})")
             if predicted is not None and r.get("calibrated"):
                 text.append(f"   error {(predicted - measured) / measured:+.0%}", style="bold")
         if not text:
@@ -192,8 +195,8 @@ def compute_projection(cfg, cluster_name: str, calibration_path: Path | None) ->
             calibration = Calibration.load(calibration_path or default_path())
             vocab = vocab_size(cfg) if cfg.model.kind == "gpt" else 0
             if calibration is None or calibration.missing(model_signature(cfg, vocab), [cfg.precision.dtype]):
-                return {"error": f"{cluster.name}: no calibration of this model in {cfg.precision.dtype} yet; "
-                                 "press c to measure it (about a minute)"}
+                return {"error": f"{cluster.name}: no calibration of this model in {cfg.precision.dtype} "
+                                 "yet; press c to measure it (about a minute)"}
         report = project(cfg, cluster, calibration=calibration)
         live = predict(cfg, cluster, calibration)[0] if cfg.parallel.world_size <= cluster.max_ranks else None
         return {"cluster": cluster.name, "calibrated": cluster.calibrated,

@@ -26,7 +26,7 @@ class ProjectionScreen(Screen):
         self.pane = pane
 
     def compose(self) -> ComposeResult:
-        yield Static("projection: the run on a cluster you do not have (engine.projection)", id="projection-title")
+        yield Static("projection: the run on a cluster you do not have", id="projection-title")
         yield self.pane
         yield Footer()
 
