@@ -49,3 +49,23 @@ def fixture_calibration(path: Path, cfg=None, dtypes=("fp32", "bf16")) -> Calibr
             "models": {model_signature(cfg, VOCAB): {d: {"1": level("1"), "2": level("2")} for d in dtypes}}}
     path.write_text(json.dumps(data))
     return Calibration(data)
+
+
+def nccl_table(alpha: float, beta: float, ranks: int, sizes) -> str:
+    """An all_reduce_perf table (the current layout, with the root column) for known α and β."""
+    lines = ["# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20",
+             "#",
+             "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place",
+             "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+             "     time   algbw   busbw #wrong",
+             "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)"
+             "            (us)  (GB/s)  (GB/s)"]
+    for n in sizes:
+        t = 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * n * beta
+        alg = n / t / 1e9
+        bus = alg * 2 * (ranks - 1) / ranks
+        us = t * 1e6
+        lines.append(f"{n:>12} {n // 4:>13}     float     sum      -1 {us:8.2f} {alg:7.2f} {bus:7.2f}      0 "
+                     f"{us:8.2f} {alg:7.2f} {bus:7.2f}      0")
+    lines.append(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 1.0\n# nranks {ranks}")
+    return "\n".join(lines)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from projection_helpers import nccl_table
 
 from engine.comm.collectives import SEGMENT_BYTES
 from engine.config import from_dict
@@ -177,26 +178,6 @@ def test_tasks_run_one_at_a_time_in_order():
 
 
 # ----------------------------------------------------------------------------- fits
-
-def nccl_table(alpha: float, beta: float, ranks: int, sizes) -> str:
-    """An all_reduce_perf table (the current layout, with the root column) for known α and β."""
-    lines = ["# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20",
-             "#",
-             "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place",
-             "#       size         count      type   redop    root     time   algbw   busbw #wrong"
-             "     time   algbw   busbw #wrong",
-             "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)"
-             "            (us)  (GB/s)  (GB/s)"]
-    for n in sizes:
-        t = 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * n * beta
-        alg = n / t / 1e9
-        bus = alg * 2 * (ranks - 1) / ranks
-        us = t * 1e6
-        lines.append(f"{n:>12} {n // 4:>13}     float     sum      -1 {us:8.2f} {alg:7.2f} {bus:7.2f}      0 "
-                     f"{us:8.2f} {alg:7.2f} {bus:7.2f}      0")
-    lines.append(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 1.0\n# nranks {ranks}")
-    return "\n".join(lines)
-
 
 def test_nccl_tests_output_is_fitted_back_to_its_alpha_beta():
     alpha, beta, ranks = 12e-6, 1 / 180e9, 8
