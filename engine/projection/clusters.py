@@ -23,7 +23,7 @@ from typing import Any
 
 from engine.config import ConfigError
 from engine.dtypes import DTYPES
-from engine.presets import locate_key, search_dirs
+from engine.presets import find_named_file, locate_key, search_dirs
 from engine.projection.collectives import NIC_KINDS
 
 ALGORITHMS = ("auto", "engine")  # auto: the fastest per size (NCCL's rule); engine: the preset's own
@@ -127,18 +127,7 @@ def list_clusters() -> list[Path]:
 
 
 def find_cluster(name_or_path: str | os.PathLike) -> Path:
-    path = Path(name_or_path).expanduser()
-    if path.suffix == ".toml" or len(path.parts) > 1:
-        if path.is_file():
-            return path
-        raise ConfigError("", "file not found", "check the path, or give a cluster name", source=str(path))
-    for folder in cluster_dirs():
-        if (folder / f"{path.name}.toml").is_file():
-            return folder / f"{path.name}.toml"
-    names = [p.stem for p in list_clusters()]
-    close = difflib.get_close_matches(path.name, names, n=1)
-    fix = f"did you mean {close[0]}?" if close else "available: " + (", ".join(names) or "none")
-    raise ConfigError("", "no cluster with this name", fix, source=str(path))
+    return find_named_file(name_or_path, cluster_dirs(), "cluster")
 
 
 def load_cluster(name_or_path: str | os.PathLike) -> Cluster:
