@@ -176,3 +176,12 @@ def test_the_headless_summary_and_the_log_say_the_network_was_emulated():
     started = RunStarted(run_id="r", preset="p", config={}, n_params=1, world_size=2, total_steps=1,
                          network=line)
     assert describe(started).text.endswith(line)
+
+
+def test_memory_measure_of_an_emulated_preset_runs_on_threads():
+    """Memory does not depend on the network: `memory --measure` (threads backend) ignores [emulate]."""
+    from engine.bench.memory import measure
+    cfg = from_dict({"data": {"kind": "synthetic-lm", "n_samples": 256}, "train": {"global_batch": 4},
+                     "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 8, "vocab_size": 20},
+                     "parallel": {"backend": "processes", "world_size": 2}, "emulate": {"latency_us": 100}})
+    assert measure(cfg, steps=1)["steps"] == 1
