@@ -8,7 +8,7 @@ import threading
 import time
 
 from projection_helpers import fixture_calibration, small_config
-from textual.widgets import DataTable, Select, Static
+from textual.widgets import DataTable, Input, Select, Static
 
 from engine.config import to_dict
 from engine.events import RunStarted, StepEnd
@@ -82,5 +82,33 @@ def test_without_a_calibration_the_screen_says_how_to_make_one(in_tmp, monkeypat
             await pilot.pause(0.3)
             await pilot.press("j")
             await wait_for(pilot, lambda: "press c to measure it" in live_text(app))
+
+    asyncio.run(main())
+
+
+def test_nccl_tests_fit_from_the_projection_screen(in_tmp, monkeypatch):
+    from projection_helpers import nccl_table
+    monkeypatch.setenv("NANODIST_CALIBRATION", str(in_tmp / "calibration.json"))
+    fixture_calibration(in_tmp / "calibration.json")
+    table = in_tmp / "allreduce.txt"
+    table.write_text(nccl_table(10e-6, 1 / 200e9, 8, [8 << k for k in range(0, 25, 3)]))
+    app = create_app("small", Job())
+
+    def tools() -> str:
+        return str(app.screen.query_one("#projection-tools", Static).content)
+
+    async def main() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.3)
+            await pilot.press("j")
+            for path, expected in ((table, "latency_us = 10.0, bandwidth_gbs = 200.0"),
+                                   (in_tmp / "missing", "No such file")):
+                await pilot.press("n")
+                field = app.screen.query_one("#projection-nccl", Input)
+                assert field.display and field.has_focus
+                field.value = str(path)
+                await pilot.press("enter")
+                await wait_for(pilot, lambda expected=expected: expected in tools())
+                assert not field.display
 
     asyncio.run(main())

@@ -2,7 +2,8 @@
 beside a live run its predicted step time against the measured one.
 
 The projection (engine.projection, a few hundred milliseconds: memory estimates per world size) runs on a
-worker thread and comes back through `call_from_thread`; the pane only stores ticks in `ingest` (the run's
+worker thread and comes back as a `ProjectionReady` message (post_message: never blocks the worker, so an
+app that is closing cannot deadlock with it); the pane only stores ticks in `ingest` (the run's
 config from RunStarted, recent step times) and draws in `redraw`, when it is on screen. A calibrated
 cluster (this machine) needs a calibration of the run's model: without one the pane says so, and `c`
 (in the projection screen) measures it.
@@ -18,6 +19,7 @@ from pathlib import Path
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.widgets import DataTable, Select, Static
 from textual_plotext import PlotextPlot
 
@@ -30,20 +32,28 @@ COLUMNS = ("ranks", "step ms", "compute", "overlap", "exposed", "comm", "tokens/
 
 
 def draw_scaling(plt, rows: list[dict]) -> None:
-    """Tokens/s against ranks (log-log), with ideal linear scaling from the first row: on any plotext-like
-    object (the plotext module for the CLI, a PlotextPlot's `plt` here)."""
-    xs = [r["world_size"] for r in rows]
-    ys = [r["tokens_per_s"] for r in rows]
-    ideal = [ys[0] * x / xs[0] for x in xs]
+    """Tokens/s against ranks on log axes, with ideal linear scaling from the first row, on any plotext-like
+    object (the plotext module for the CLI, a PlotextPlot's `plt` here). The logarithms are taken here and
+    the axes labelled in the original units: plotext's own log scales re-apply the log to explicit ticks
+    when a widget builds the same figure twice."""
+    xs = [math.log2(r["world_size"]) for r in rows]
+    ys = [math.log10(r["tokens_per_s"]) for r in rows]
+    ideal = [ys[0] + math.log10(r["world_size"] / rows[0]["world_size"]) for r in rows]
     plt.plot(xs, ideal, label="linear scaling", marker="dot")
     plt.plot(xs, ys, label="projected", marker="braille")
-    plt.xscale("log")
-    plt.yscale("log")
-    plt.xticks(xs, [str(x) for x in xs])
-    low, high = math.floor(math.log10(min(ys + ideal))), math.ceil(math.log10(max(ys + ideal)))
-    plt.yticks([10.0**k for k in range(low, high + 1)], [f"1e{k}" for k in range(low, high + 1)])
-    plt.title("tokens/s by ranks")
+    plt.xticks(xs, [str(r["world_size"]) for r in rows])
+    low, high = math.floor(min(ys + ideal)), math.ceil(max(ys + ideal))
+    plt.yticks(list(range(low, high + 1)), [f"1e{k}" for k in range(low, high + 1)])
+    plt.title("tokens/s by ranks (log-log)")
     plt.xlabel("ranks")
+
+
+class ProjectionReady(Message):
+    """A projection computed on a worker thread: {"rows", "live_step_s", ...} or {"error": one line}."""
+
+    def __init__(self, result: dict) -> None:
+        super().__init__()
+        self.result = result
 
 
 class ProjectionPane(Vertical):
@@ -109,7 +119,7 @@ class ProjectionPane(Vertical):
 
     def _compute(self) -> None:
         result = compute_projection(self._cfg(), self.cluster, self.calibration_path)
-        self.app.call_from_thread(self._show, result)
+        self.post_message(ProjectionReady(result))
 
     def calibrate(self) -> None:
         """Measure this machine for the run's model on a worker thread, then project again."""
@@ -124,7 +134,7 @@ class ProjectionPane(Vertical):
             calibrate(cfg, vocab_size(cfg) if cfg.model.kind == "gpt" else 0, [cfg.precision.dtype],
                       path=self.calibration_path or default_path())
         except Exception as e:  # noqa: BLE001 - shown in the pane, never crashes the app
-            self.app.call_from_thread(self._show, {"error": f"calibration failed: {e}"})
+            self.post_message(ProjectionReady({"error": f"calibration failed: {e}"}))
             return
         self._compute()
 
@@ -139,6 +149,9 @@ class ProjectionPane(Vertical):
         return load_preset(self.preset_name)[0]
 
     # ------------------------------------------------------------------ drawing
+
+    def on_projection_ready(self, message: ProjectionReady) -> None:
+        self._show(message.result)
 
     def _show(self, result: dict) -> None:
         self.result = result
