@@ -247,8 +247,9 @@ def test_calibration_is_saved_merged_and_reused(tmp_path, fake_measurements):
     other = small_config(model={"n_layer": 1})
     calibrate(other, VOCAB, ["fp32"], path=path)  # another model joins the same file
     assert len(Calibration.load(path).data["models"]) == 2
-    calibrate(cfg, VOCAB, ["fp32"], path=path, fresh=True)
-    assert fake_measurements["ring"] == 2 and len(Calibration.load(path).data["models"]) == 1
+    calibrate(cfg, VOCAB, ["fp32"], path=path, fresh=True)  # this model again; the other one is kept
+    assert fake_measurements["ring"] == 2 and fake_measurements["compute"][-1] == ["fp32"]
+    assert len(Calibration.load(path).data["models"]) == 2
     assert not list(path.parent.glob(".*.tmp"))  # written atomically: no temporary left behind
 
 

@@ -118,13 +118,15 @@ def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: l
               steps: int = 6, warmup: int = 2, transport_sizes: list[int] | None = None,
               measure_transport: bool = False, fresh: bool = False) -> Calibration:
     """Measure what is missing for cfg's model in `dtypes` (and the host and transport, on a first run or
-    with `measure_transport`), merge it into the calibration at `path` and save it there. `fresh`: start
-    over, keeping nothing of the file."""
+    with `measure_transport`), merge it into the calibration at `path` and save it there. `fresh`: measure
+    the host, the transport and cfg's model in `dtypes` again (other models in the file are kept)."""
     path = path or default_path()
-    existing = None if fresh else Calibration.load(path)
+    existing = Calibration.load(path)
     data: dict = existing.data if existing else {"version": VERSION, "models": {}}
+    if fresh:
+        data["models"].pop(model_signature(cfg, vocab), None)
     cores = len(usable_cores())
-    if measure_transport or existing is None:
+    if measure_transport or fresh or existing is None:
         data.update(host=socket.gethostname(), cores=cores, peak_flops=peak_matmul_flops(),
                     created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         data["transport"] = measure_ring(transport_sizes or default_transport_sizes(cfg, vocab))

@@ -6,10 +6,11 @@ N up to 4, ZeRO 0-3, fp32 and bf16, checkpointing on and off, emulated networks 
 
 Measured per case: the step period (the whole `train_step`, with the loss average after it), and the
 communication the training thread waits on: the replica's waits for its communication thread plus the
-collectives the training thread runs itself (timed through `_TimedComm`). Each case runs `repeats` times,
-interleaved with the other cases so a burst of load from other jobs does not land on one case only; a run's
-figure is the lower quartile of its steps (load only ever slows a step) and a case's the median of its
-runs. Model-state memory is compared byte for byte with the ledger.
+collectives the training thread runs itself (timed through `_TimedComm`). A run's figures are the lower
+quartiles over its steps (load from other jobs only ever slows a step). The validation goes in `repeats`
+rounds, each calibrating afresh and then running every case once, so a prediction and its measurement are
+never far apart in time on a machine whose load drifts; a case's figures are the medians over rounds.
+Model-state memory is compared byte for byte with the ledger.
 
 Summary: mean absolute percentage error of the step time, its maximum, the bias (mean signed error), the
 largest communication-share difference in percentage points, whether memory matched, and whether the
@@ -89,29 +90,32 @@ def case_configs(base: Config, quick: bool = False) -> list[tuple[str, Config]]:
 
 def validate(base: Config, cluster: Cluster, calibration_path, quick: bool = False, repeats: int = 2,
              steps: int = 10, warmup: int = 3, on_progress=lambda text: None) -> dict:
-    """Calibrate (fresh), predict, measure and compare every case; returns the report (see summarize)."""
+    """Rounds of (calibrate afresh, predict and run every case); returns the report (see summarize)."""
     cases = case_configs(base, quick)
     vocab = vocab_size(cases[0][1]) if base.model.kind == "gpt" else 0
-    on_progress("calibrating on this machine (1 and 2 ranks)")
     dtypes = sorted({cfg.precision.dtype for _, cfg in cases})
-    calibration = calibrate(cases[1][1], vocab, dtypes, path=calibration_path, measure_transport=True,
-                            fresh=True)
+    rows = sorted({c.train.global_batch // (c.parallel.world_size * c.train.micro_batches) for _, c in cases})
     runs: dict[str, list[dict]] = {label: [] for label, _ in cases}
-    for repeat, (label, cfg) in itertools.product(range(repeats), cases):
-        on_progress(f"run {repeat + 1}/{repeats}: {label}")
-        runs[label].append(measure_case(cfg, calibration, steps, warmup))
-    outcomes = []
-    for label, cfg in cases:
-        step, mem, _ = predict(cfg, cluster, calibration, vocab)
-        measured = runs[label]
-        states = measured[0]["states"]
-        outcomes.append(Outcome(label, step.step_s, statistics.median(r["step_s"] for r in measured),
-                                step.comm_share, statistics.median(r["comm_share"] for r in measured),
-                                all(states[k] == mem.states[k] for k in MODEL_STATES), measured))
+    for repeat in range(repeats):
+        on_progress(f"round {repeat + 1}/{repeats}: calibrating on this machine (1 and 2 ranks)")
+        calibration = calibrate(cases[0][1], vocab, dtypes, path=calibration_path, rows=rows,
+                                measure_transport=True, fresh=True)
+        for label, cfg in cases:
+            on_progress(f"round {repeat + 1}/{repeats}: {label}")
+            step, mem, _ = predict(cfg, cluster, calibration, vocab)
+            run = measure_case(cfg, steps, warmup)
+            run.update(predicted_s=step.step_s, predicted_share=step.comm_share,
+                       memory_exact=all(run["states"][k] == mem.states[k] for k in MODEL_STATES))
+            runs[label].append(run)
+    def median(measured: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in measured)
+    outcomes = [Outcome(label, median(m, "predicted_s"), median(m, "step_s"), median(m, "predicted_share"),
+                        median(m, "comm_share"), all(r["memory_exact"] for r in m), m)
+                for label, m in runs.items()]
     return summarize(outcomes, calibration)
 
 
-def measure_case(cfg: Config, calibration: Calibration, steps: int, warmup: int) -> dict:
+def measure_case(cfg: Config, steps: int, warmup: int) -> dict:
     """One run of a case: {step_s, comm_share, states} (lower quartiles over steps, slowest rank)."""
     results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, _validation_rank,
                         (to_dict(cfg), warmup, steps), timeout_s=120.0, network=network_emulation(cfg),
@@ -159,7 +163,7 @@ def _validation_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int) -> dic
     timed = _TimedComm(comm)
     trainer = Trainer(cfg, timed)
     states = {k: trainer.ledger.current[k] for k in MODEL_STATES}
-    step_s, shares = [], []
+    step_s, waits = [], []
     try:
         for i in range(warmup + steps):
             comm.barrier()
@@ -170,10 +174,11 @@ def _validation_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int) -> dic
             waited = trainer.replica.comm_wait_s + timed.blocking_s - before
             if i >= warmup:
                 step_s.append(seconds)
-                shares.append(min(1.0, waited / seconds))
+                waits.append(waited)
     finally:
         trainer.replica.close()
-    return {"step_s": low_quantile(step_s), "comm_share": statistics.median(shares), "states": states}
+    step = low_quantile(step_s)
+    return {"step_s": step, "comm_share": min(1.0, low_quantile(waits) / step), "states": states}
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -198,7 +203,8 @@ def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -
         "cases": [{"label": o.label, "predicted_s": o.predicted_s, "measured_s": o.measured_s,
                    "error": o.error, "predicted_comm_share": o.predicted_share,
                    "measured_comm_share": o.measured_share, "memory_exact": o.memory_exact,
-                   "runs_s": [r["step_s"] for r in o.runs]} for o in outcomes],
+                   "runs_s": [r["step_s"] for r in o.runs],
+                   "predicted_runs_s": [r["predicted_s"] for r in o.runs]} for o in outcomes],
         "mape": statistics.mean(abs(e) for e in errors),
         "max_error": max(abs(e) for e in errors),
         "bias": statistics.mean(errors),
