@@ -262,3 +262,33 @@ def test_an_unusable_calibration_is_one_line(tmp_path, text, words):
         Calibration.load(path)
     assert words in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)
     assert Calibration.load(tmp_path / "none.json") is None
+
+
+# ----------------------------------------------------------------------------- the engine's own groups
+
+def _groups_of(comm, emit, cfg_dict):
+    """The byte sizes of the groups this rank's replica communicates in, as the engine built them."""
+    from engine.build import build_model
+    from engine.config import from_dict
+    from engine.dtypes import itemsize
+    from engine.parallel import make_replica
+    cfg = from_dict(cfg_dict)
+    replica = make_replica(cfg, build_model(cfg, vocab=VOCAB), comm)
+    try:
+        s = itemsize(cfg.precision.dtype)
+        if cfg.parallel.zero_stage == 0:
+            return [(b - a) * s for a, b in replica.buckets]
+        return [(b - a) * s for a, b in replica.groups]
+    finally:
+        replica.close()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_the_predicted_groups_are_the_engines(stage):
+    from engine.comm.launch import run_ranks
+    from engine.config import to_dict
+    from engine.projection.step import GroupPlan
+    cfg = small_config(parallel={"world_size": 2, "zero_stage": stage, "bucket_cap_mb": 0.05},
+                       precision={"dtype": "bf16"})
+    built = run_ranks(2, "threads", _groups_of, (to_dict(cfg),))
+    assert built[0] == built[1] == GroupPlan(cfg, VOCAB, 2).sizes

@@ -100,7 +100,7 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) 
     comm = _Comm(machine)
     tl.compute(compute.other_s(dtype, k))
     events = backward_events(cfg, flops_of.vocab)
-    plan = _Plan(cfg, flops_of.vocab, world)
+    plan = GroupPlan(cfg, flops_of.vocab, world)
     program = {0: _data_parallel, 1: _data_parallel, 2: _data_parallel, 3: _zero3}[p.zero_stage]
     for m in range(micro):
         program(tl, comm, plan, cfg, events, t_fwd, t_bwd, t_block_fwd, ckpt, sync=m == micro - 1,
@@ -124,7 +124,7 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) 
         algorithm=machine.algorithm)
 
 
-class _Plan:
+class GroupPlan:
     """The groups a stage communicates in: bucket (stages 0-2) or unit (stage 3) sizes in bytes, and the
     parameter indices each holds."""
 
@@ -152,7 +152,7 @@ class _Plan:
                           for u in order]
 
 
-def _data_parallel(tl: Timeline, comm: _Comm, plan: _Plan, cfg, events: list[BackwardEvent], t_fwd: float,
+def _data_parallel(tl: Timeline, comm: _Comm, plan: GroupPlan, cfg, events: list[BackwardEvent], t_fwd: float,
                    t_bwd: float, t_block: float, ckpt: set, sync: bool, t_units: list[float]) -> None:
     """Stages 0-2: one micro-batch's forward and backward with its bucket collectives."""
     stage, overlap = cfg.parallel.zero_stage, cfg.parallel.overlap
@@ -176,7 +176,7 @@ def _data_parallel(tl: Timeline, comm: _Comm, plan: _Plan, cfg, events: list[Bac
         issued += 1
 
 
-def _issue(tl: Timeline, comm: _Comm, plan: _Plan, stage: int, b: int, inflight: list[Task],
+def _issue(tl: Timeline, comm: _Comm, plan: GroupPlan, stage: int, b: int, inflight: list[Task],
            overlap: bool) -> None:
     size = plan.sizes[b]
     if stage == 0:
@@ -210,7 +210,7 @@ def _timed(events: list[BackwardEvent], t_bwd: float, t_block: float, ckpt: set)
         yield event, event.share * t_bwd + extra
 
 
-def _zero3(tl: Timeline, comm: _Comm, plan: _Plan, cfg, events: list[BackwardEvent], t_fwd: float,
+def _zero3(tl: Timeline, comm: _Comm, plan: GroupPlan, cfg, events: list[BackwardEvent], t_fwd: float,
            t_bwd: float, t_block: float, ckpt: set, sync: bool, t_units: list[float]) -> None:
     """Stage 3: one micro-batch with its unit gathers (forward and backward) and reduce-scatters."""
     if cfg.parallel.world_size == 1:
