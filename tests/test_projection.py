@@ -214,7 +214,7 @@ def fake_measurements(monkeypatch):
     """Replace the timed measurements by counters returning fixed figures."""
     calls = {"ring": 0, "compute": [], "peak": 0}
 
-    def ring_(sizes):
+    def ring_(sizes, dtypes):
         calls["ring"] += 1
         return {"alpha": ALPHA, "beta": BETA, "gamma": GAMMA, "ranks": 2, "sizes": sizes, "gather_s": [],
                 "scatter_s": []}

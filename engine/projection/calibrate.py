@@ -13,7 +13,8 @@ What is measured, all on the processes backend (real processes, as training runs
   communication.
 * copies: bytes per second of a large numpy copy, with the same ranks busy (ZeRO packs and unpacks).
 * transport: two ranks time our ring reduce-scatter and all-gather at the bucket sizes the run uses and
-  sizes around them; fit.fit_ring turns them into α, β, γ.
+  sizes around them; fit.fit_ring turns them into α, β, γ. γ is measured per precision: 16-bit buffers
+  are reduced through float32 (engine.comm.collectives), several times the work of a float32 sum.
 
 A timed figure is the lower quartile of its repetitions: other jobs on a shared machine only ever slow a
 repetition down, so the low quantile estimates the machine's own speed better than the median.
@@ -27,6 +28,7 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +67,8 @@ def default_path() -> Path:
 @dataclass
 class Calibration:
     """A calibration file's contents: {"version", "host", "cores", "peak_flops", "copy_bytes_per_s"
-    {level: B/s}, "transport" {alpha, beta, gamma, sizes, gather_s, scatter_s}, "models" {signature:
+    {level: B/s}, "transport" {alpha, beta, gamma, gamma_by_dtype, sizes, gather_s, scatter_s},
+    "models" {signature:
     {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s}}}}}."""
 
     data: dict
@@ -85,6 +88,10 @@ class Calibration:
     @property
     def transport(self) -> dict:
         return self.data["transport"]
+
+    def gamma(self, dtype: str) -> float:
+        """Seconds per byte our reduction takes in this precision (fp32's when it was not measured)."""
+        return float(self.transport.get("gamma_by_dtype", {}).get(dtype, self.transport["gamma"]))
 
     def model(self, signature: str) -> dict | None:
         return self.data.get("models", {}).get(signature)
@@ -129,7 +136,7 @@ def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: l
     if measure_transport or fresh or existing is None:
         data.update(host=socket.gethostname(), cores=cores, peak_flops=peak_matmul_flops(),
                     created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        data["transport"] = measure_ring(transport_sizes or default_transport_sizes(cfg, vocab))
+        data["transport"] = measure_ring(transport_sizes or default_transport_sizes(cfg, vocab), list(dtypes))
     signature = model_signature(cfg, vocab)
     todo = [d for d in dtypes if d not in data["models"].get(signature, {})]
     if todo:
@@ -172,20 +179,29 @@ def peak_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
     return 2 * n**3 / best
 
 
-def measure_ring(sizes: list[int], ranks: int = 2, repeats: int = 12) -> dict:
-    """α, β, γ of our ring on the processes backend, fitted to all-gathers and reduce-scatters."""
-    results = run_ranks(ranks, "processes", _ring_rank, (list(sizes), repeats), timeout_s=120.0)
-    gather = [max(r["gather"][i] for r in results) for i in range(len(sizes))]
-    scatter = [max(r["scatter"][i] for r in results) for i in range(len(sizes))]
-    fitted = fit_ring(ranks, sizes, gather, scatter)
-    return {**fitted, "ranks": ranks, "sizes": list(sizes), "gather_s": gather, "scatter_s": scatter}
+def measure_ring(sizes: list[int], dtypes=("fp32",), ranks: int = 2, repeats: int = 12) -> dict:
+    """α, β (all-gathers) and γ per precision (reduce-scatters) of our ring on the processes backend."""
+    kinds = ["fp32", *(d for d in dtypes if d != "fp32")]
+    results = run_ranks(ranks, "processes", _ring_rank, (list(sizes), kinds, repeats), timeout_s=120.0)
+
+    def slowest(key: str) -> list[float]:
+        return [max(r[key][i] for r in results) for i in range(len(sizes))]
+    gather = slowest("gather")
+    fitted = fit_ring(ranks, sizes, gather, slowest("scatter fp32"))
+    gammas = {d: fit_ring(ranks, sizes, gather, slowest(f"scatter {d}"))["gamma"] for d in kinds}
+    return {**fitted, "gamma_by_dtype": gammas, "ranks": ranks, "sizes": list(sizes), "gather_s": gather,
+            "scatter_s": slowest("scatter fp32")}
 
 
-def _ring_rank(comm, emit, sizes: list[int], repeats: int) -> dict:
-    out: dict[str, list[float]] = {"gather": [], "scatter": []}
+def _ring_rank(comm, emit, sizes: list[int], dtypes: list[str], repeats: int) -> dict:
+    from engine.dtypes import resolve_dtype
+    out: dict[str, list[float]] = {"gather": [], **{f"scatter {d}": [] for d in dtypes}}
     for size in sizes:
-        buf = np.ones(size // 4, np.float32)
-        for name, collective in (("gather", all_gather), ("scatter", reduce_scatter)):
+        runs: list[tuple[str, Callable, np.ndarray]] = [("gather", all_gather, np.ones(size // 4, np.float32))]
+        for d in dtypes:
+            dtype = resolve_dtype(d)
+            runs.append((f"scatter {d}", reduce_scatter, np.ones(size // dtype.itemsize, dtype)))
+        for name, collective, buf in runs:
             times = []
             for _ in range(repeats + 2):
                 comm.barrier()

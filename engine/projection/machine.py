@@ -80,7 +80,7 @@ def _this_machine(cfg: Config, ranks: int, on_host: int, calibration: Calibratio
     level = min(on_host, max(LEVELS), calibration.cores)
     stretch = demand(on_host, calibration.cores, cfg.parallel.threads_per_rank, level)
     real = Link(t["alpha"] * stretch, t["beta"] * stretch)
-    gamma = t["gamma"] * stretch
+    gamma = calibration.gamma(cfg.precision.dtype) * stretch
     emulation = network_emulation(cfg) or NetworkEmulation()
     per_node = cfg.parallel.ranks_per_node or ranks
     intra = _emulated(real, emulation.shape(0, 1) if per_node > 1 else None)
