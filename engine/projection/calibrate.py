@@ -197,7 +197,8 @@ def _ring_rank(comm, emit, sizes: list[int], dtypes: list[str], repeats: int) ->
     from engine.dtypes import resolve_dtype
     out: dict[str, list[float]] = {"gather": [], **{f"scatter {d}": [] for d in dtypes}}
     for size in sizes:
-        runs: list[tuple[str, Callable, np.ndarray]] = [("gather", all_gather, np.ones(size // 4, np.float32))]
+        runs: list[tuple[str, Callable, np.ndarray]] = [("gather", all_gather,
+                                                          np.ones(size // 4, np.float32))]
         for d in dtypes:
             dtype = resolve_dtype(d)
             runs.append((f"scatter {d}", reduce_scatter, np.ones(size // dtype.itemsize, dtype)))
