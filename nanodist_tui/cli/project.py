@@ -77,7 +77,7 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
             cfg, _, _ = load_config(preset, sets, world_size)
             target = load_cluster(cluster)
         if validate:
-            return _validate(cfg, path, quick, repeats, as_json)
+            return _validate(cfg, path, quick, repeats, as_json, out)
         if calibrate:
             return _calibrate(cfg, path, as_json)
         _project(cfg, target, _world_sizes(world_sizes), scaling, path, out, as_json)
@@ -105,20 +105,26 @@ def _calibration_for(cfg, target, path: Path, quiet: bool):
 
 
 def _project(cfg, target, world_sizes, scaling: str, path: Path, out: Path | None, as_json: bool) -> None:
-    from engine.presets import atomic_write_text
     from engine.projection.project import project
     report = project(cfg, target, world_sizes, _calibration_for(cfg, target, path, as_json), scaling)
     data = {**report, "rows": [row.as_dict() for row in report["rows"]]}
-    out = out or Path(cfg.run.out_dir) / "projections" / f"{cfg.name}-on-{target.path.stem}.json"
-    try:
-        atomic_write_text(out, json.dumps(data, indent=1) + "\n")
-    except OSError as e:
-        fail(f"--out: cannot write {out} ({e.strerror}); choose another file with --out PATH")
+    default = Path(cfg.run.out_dir) / "projections" / f"{cfg.name}-on-{target.path.stem}.json"
+    out = _write_json(data, out or default)
     if as_json:
         print(json.dumps(data, indent=1))
         return
     print_projection(data, cfg, target)
     print(f"JSON written to {out}")
+
+
+def _write_json(data: dict, out: Path) -> Path:
+    """Write the report atomically; an unwritable place is one line, exit code 2."""
+    from engine.presets import atomic_write_text
+    try:
+        atomic_write_text(out, json.dumps(data, indent=1) + "\n")
+    except OSError as e:
+        fail(f"--out: cannot write {out} ({e.strerror}); choose another file with --out PATH")
+    return out
 
 
 def print_projection(data: dict, cfg, target) -> None:
@@ -165,7 +171,7 @@ def scaling_plot(rows: list[dict], width: int = 78, height: int = 16) -> str:
 
 # ---------------------------------------------------------------------- validation and calibration
 
-def _validate(cfg, path: Path, quick: bool, repeats: int, as_json: bool) -> None:
+def _validate(cfg, path: Path, quick: bool, repeats: int, as_json: bool, out: Path | None) -> None:
     from engine.comm.base import RankFailure
     from engine.projection.clusters import load_cluster
     from engine.projection.validate import validate
@@ -175,10 +181,12 @@ def _validate(cfg, path: Path, quick: bool, repeats: int, as_json: bool) -> None
         report = validate(cfg, here, path, quick=quick, repeats=repeats, on_progress=progress)
     except RankFailure as e:
         fail(f"a validation run failed: {e}", code=1)
+    out = _write_json(report, out or Path(cfg.run.out_dir) / "projections" / f"validation-{cfg.name}.json")
     if as_json:
         print(json.dumps(report, indent=1))
         return
     print_validation(report, cfg.name)
+    print(f"JSON written to {out}")
 
 
 def print_validation(r: dict, preset: str) -> None:
