@@ -21,6 +21,7 @@ TOKENS = [128, 256, 512, 1024]  # 4, 8, 16, 32 rows of 32 tokens
 FORWARD_PER_TOKEN = {"1": 20e-6, "2": 30e-6}
 OPTIMIZER_PER_ELEMENT = {"1": 4e-9, "2": 5e-9}
 OTHER_S = {"1": 1e-3, "2": 1.2e-3}
+IMBALANCE = {"1": 0.0, "2": 0.04}  # the faster of 2 ranks waits 4% of a step's compute for the slower
 ALPHA, BETA, GAMMA = 60e-6, 1 / 4e9, 1 / 6e9
 COPY = {"1": 5e9, "2": 4e9}
 
@@ -36,7 +37,8 @@ def level(name: str) -> dict:
     per_token = FORWARD_PER_TOKEN[name]
     return {"tokens": TOKENS, "forward_s": [per_token * t for t in TOKENS],
             "backward_s": [2 * per_token * t for t in TOKENS],
-            "optimizer_s_per_element": OPTIMIZER_PER_ELEMENT[name], "other_s": OTHER_S[name]}
+            "optimizer_s_per_element": OPTIMIZER_PER_ELEMENT[name], "other_s": OTHER_S[name],
+            "imbalance": IMBALANCE[name]}
 
 
 def fixture_calibration(path: Path, cfg=None, dtypes=("fp32", "bf16")) -> Calibration:

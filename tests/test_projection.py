@@ -14,6 +14,7 @@ from projection_helpers import (
     BETA,
     FORWARD_PER_TOKEN,
     GAMMA,
+    IMBALANCE,
     OPTIMIZER_PER_ELEMENT,
     OTHER_S,
     VOCAB,
@@ -105,10 +106,12 @@ def test_two_ranks_from_the_calibration(calibration):
     psi, tokens = n_params(cfg), 16 * 32
     compute = OTHER_S["2"] + 3 * FORWARD_PER_TOKEN["2"] * tokens + OPTIMIZER_PER_ELEMENT["2"] * psi
     comm = ring(2, 4 * psi, ALPHA, BETA, GAMMA) + ring(2, 16, ALPHA, BETA, GAMMA)
+    waits = IMBALANCE["2"] * compute  # for the slower of the two, as calibrated
     assert step.compute_s == pytest.approx(compute, rel=1e-9)
-    assert step.exposed_s == pytest.approx(comm, rel=1e-9)
+    assert step.imbalance_s == pytest.approx(waits, rel=1e-9)
+    assert step.exposed_s == pytest.approx(comm + waits, rel=1e-9)
     assert step.interference_s == 0.0  # the one bucket runs while the training thread waits for it
-    assert step.step_s == pytest.approx(compute + comm, rel=1e-9)
+    assert step.step_s == pytest.approx(compute + comm + waits, rel=1e-9)
 
 
 def test_more_ranks_than_cores_time_slice(calibration):
@@ -119,8 +122,10 @@ def test_more_ranks_than_cores_time_slice(calibration):
     psi, tokens = n_params(cfg), 8 * 32
     compute = 2 * (OTHER_S["2"] + 3 * FORWARD_PER_TOKEN["2"] * tokens + OPTIMIZER_PER_ELEMENT["2"] * psi)
     comm = ring(4, 4 * psi, 2 * ALPHA, 2 * BETA, 2 * GAMMA) + ring(4, 16, 2 * ALPHA, 2 * BETA, 2 * GAMMA)
+    # the slowest of 4 is further from the mean than the slower of 2: E[max of 4 normals] / E[max of 2]
+    waits = IMBALANCE["2"] * compute * 1.0293754 / 0.5641896
     assert step.compute_s == pytest.approx(compute, rel=1e-9)
-    assert step.step_s == pytest.approx(compute + comm, rel=1e-9)
+    assert step.step_s == pytest.approx(compute + comm + waits, rel=1e-6)
 
 
 def test_one_rank_uses_the_one_rank_curve(calibration):
@@ -135,7 +140,7 @@ def test_an_emulated_latency_rides_on_the_real_link(calibration):
     step, _, _ = predict(cfg, load_cluster(HERE), calibration, VOCAB)
     psi = n_params(cfg)
     comm = ring(2, 4 * psi, ALPHA + 2e-3, BETA, GAMMA) + ring(2, 16, ALPHA + 2e-3, BETA, GAMMA)
-    assert step.exposed_s == pytest.approx(comm, rel=1e-9)
+    assert step.exposed_s - step.imbalance_s == pytest.approx(comm, rel=1e-9)
 
 
 def test_checkpointing_adds_one_forward_of_every_block(calibration):
@@ -149,7 +154,7 @@ def test_checkpointing_adds_one_forward_of_every_block(calibration):
     block_share = (2 * (12 * m.n_embd**2 + 13 * m.n_embd) + 4 * m.block_size * m.n_embd) / (
         hand_training_flops(plain, 1) / 3 / m.block_size)  # one block's forward over the model's, per token
     assert b.recompute_s == pytest.approx(m.n_layer * block_share * forward, rel=1e-9)
-    assert b.step_s - a.step_s == pytest.approx(b.recompute_s, rel=1e-6)
+    assert b.step_s - a.step_s == pytest.approx(b.recompute_s * (1 + IMBALANCE["2"]), rel=1e-6)
 
 
 def test_small_buckets_overlap_backward_and_overlap_off_hides_nothing(calibration):
@@ -292,3 +297,19 @@ def test_the_predicted_groups_are_the_engines(stage):
                        precision={"dtype": "bf16"})
     built = run_ranks(2, "threads", _groups_of, (to_dict(cfg),))
     assert built[0] == built[1] == GroupPlan(cfg, VOCAB, 2).sizes
+
+
+def test_the_summary_counts_only_pairs_the_measurements_tell_apart():
+    from engine.projection.validate import Outcome, summarize
+
+    def case(label, predicted, runs):
+        return Outcome(label, predicted, sorted(runs)[len(runs) // 2], 0.1, 0.1, True,
+                       [{"step_s": r, "predicted_s": predicted} for r in runs])
+    fast, slow = case("fast", 1.0, [1.0, 1.02, 1.01]), case("slow", 2.2, [2.0, 2.1, 2.05])
+    wobbly = case("wobbly", 0.9, [1.0, 1.9, 1.05])  # its runs overlap both: ties with each
+    report = summarize([fast, slow, wobbly])
+    assert report["pairs_told_apart"] == 1 and report["ranking_preserved"] is True
+    swapped = summarize([case("fast", 2.0, [1.0, 1.02, 1.01]), slow])
+    assert swapped["ranking_preserved"] is False and swapped["discordant"] == [("fast", "slow")]
+    assert report["mape"] == pytest.approx((0.0 + abs(2.2 - 2.05) / 2.05 + abs(0.9 - 1.05) / 1.05) / 3)
+    assert report["bias"] == pytest.approx((0.0 + (2.2 - 2.05) / 2.05 + (0.9 - 1.05) / 1.05) / 3)

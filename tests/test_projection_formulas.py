@@ -210,3 +210,12 @@ def test_ring_fit_recovers_alpha_beta_gamma():
 def test_line_fit_needs_two_sizes():
     with pytest.raises(FitError):
         line_fit([8, 8], [1.0, 1.1])
+
+
+def test_expected_maximum_of_normals():
+    from engine.projection.compute import expected_max_normal
+    # tabulated values (e.g. Harter 1961): n = 2: 1/sqrt(pi), 3: 0.846284, 4: 1.029375, 8: 1.423600
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-9)
+    for n, value in ((3, 0.846284), (4, 1.029375), (8, 1.423600)):
+        assert expected_max_normal(n) == pytest.approx(value, abs=2e-6)

@@ -10,7 +10,8 @@ What is measured, all on the processes backend (real processes, as training runs
   between steps), timing forward, backward, the optimizer step and the bookkeeping around them (drawing
   the batch, clearing gradients); for every precision and several micro-batch sizes. With 2 ranks the
   host's cores and memory bandwidth are shared: that contention is in the curve, not mistaken later for
-  communication.
+  communication. So is their imbalance: ranks sharing cores do not finish together, and the time the
+  faster one waits at the barrier, as a share of the step's compute, is kept ("imbalance").
 * copies: bytes per second of a large numpy copy, with the same ranks busy (ZeRO packs and unpacks).
 * transport: two ranks time our ring reduce-scatter and all-gather at the bucket sizes the run uses and
   sizes around them; fit.fit_ring turns them into α, β, γ. γ is measured per precision: 16-bit buffers
@@ -69,7 +70,7 @@ class Calibration:
     """A calibration file's contents: {"version", "host", "cores", "peak_flops", "copy_bytes_per_s"
     {level: B/s}, "transport" {alpha, beta, gamma, gamma_by_dtype, sizes, gather_s, scatter_s},
     "models" {signature:
-    {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s}}}}}."""
+    {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s, imbalance}}}}}."""
 
     data: dict
 
@@ -250,7 +251,8 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
                          "backward_s": [p["backward"] for p in per_size],
                          "optimizer_s_per_element": statistics.mean(p["optimizer"] / p["n_params"]
                                                                     for p in per_size),
-                         "other_s": statistics.mean(p["other"] for p in per_size)}
+                         "other_s": statistics.mean(p["other"] for p in per_size),
+                         "imbalance": statistics.mean(p["imbalance"] for p in per_size)}
     return {"curves": curves, "copy_bytes_per_s": _copy_rate(comm)}
 
 
@@ -274,9 +276,11 @@ def _time_phases(comm, cfg: Config, steps: int, warmup: int) -> dict:
     trainer = Trainer(cfg, ThreadGroup(1, cfg.parallel.timeout_s, Signals()).communicator(0))
     replica = trainer.replica
     phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": [], "other": []}
+    waits, computes = [], []
     try:
         for i in range(warmup + steps):
-            comm.barrier()
+            before = time.perf_counter()
+            comm.barrier()  # waits for the slowest rank's previous step
             t0 = time.perf_counter()
             x, y = rank_slice(trainer.dataset.global_batch(i, "train"), 0, 1, 0, 1)
             replica.zero_grad()
@@ -293,9 +297,14 @@ def _time_phases(comm, cfg: Config, steps: int, warmup: int) -> dict:
             if i >= warmup:
                 for key, seconds in zip(phases, (t2 - t1, t3 - t2, t4 - t3, t1 - t0)):
                     phases[key].append(seconds)
+                computes.append(t4 - t0)
+                if i > warmup:  # the first barrier waits for the warm-up, not for a step
+                    waits.append(t0 - before)
     finally:
         replica.close()
-    return {**{k: low_quantile(v) for k, v in phases.items()}, "n_params": trainer.n_params}
+    imbalance = statistics.median(waits) / statistics.median(computes) if waits else 0.0
+    return {**{k: low_quantile(v) for k, v in phases.items()}, "n_params": trainer.n_params,
+            "imbalance": imbalance}
 
 
 def _copy_rate(comm, nbytes: int = 32 << 20, repeats: int = 7) -> float:

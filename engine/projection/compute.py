@@ -29,6 +29,19 @@ PHASES = ("forward", "backward")
 OPTIMIZER_BYTES = {False: 28, True: 40}
 
 
+def expected_max_normal(n: int, points: int = 4001) -> float:
+    """E[max of n independent standard normals] (0 for n = 1; 1/sqrt(pi) for 2), by quadrature."""
+    if n < 2:
+        return 0.0
+    total, width = 0.0, 16.0 / (points - 1)
+    for i in range(points):
+        x = -8.0 + i * width
+        pdf = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        cdf = 0.5 * (1 + math.erf(x / math.sqrt(2)))
+        total += x * n * pdf * cdf ** (n - 1) * width
+    return total
+
+
 def demand(ranks_on_host: int, cores: int, threads_per_rank: int, level: int) -> float:
     """How much more CPU time the ranks ask for than the calibrated `level` had (1 = no more): ranks x
     their threads over level x the auto share it was measured with; more than the cores is time-slicing."""
@@ -66,6 +79,9 @@ class NominalCompute:
         return 2 * nbytes / bandwidth if bandwidth else 0.0  # read and write
 
     def other_s(self, dtype: str, ranks_on_host: int) -> float:
+        return 0.0
+
+    def imbalance_s(self, compute_s: float, dtype: str, ranks_on_host: int) -> float:
         return 0.0
 
 
@@ -125,3 +141,13 @@ class CalibratedCompute:
     def other_s(self, dtype: str, ranks_on_host: int) -> float:
         level, factor = self._level(dtype, ranks_on_host)
         return level["other_s"] * factor
+
+    def imbalance_s(self, compute_s: float, dtype: str, ranks_on_host: int) -> float:
+        """How long the step waits for the slowest of the ranks sharing the host: the calibrated share
+        of compute at 2 ranks (E[max − mean] of 2) scaled to n ranks as normal order statistics are,
+        E[max of n] / E[max of 2]."""
+        if ranks_on_host < 2:
+            return 0.0
+        by_dtype = self.entry.get(dtype) or self.entry[next(iter(self.entry))]
+        share = by_dtype.get("2", {}).get("imbalance", 0.0)
+        return share * compute_s * expected_max_normal(ranks_on_host) / expected_max_normal(2)

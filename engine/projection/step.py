@@ -16,7 +16,8 @@ engine.parallel.buckets, the estimator's units), as the replicas issue it (engin
              (the next one prefetched while this one computes, `parallel.prefetch`) and reduce-scatters it
              when its gradients are final, at most two in flight
     always   the grad norm's 8-byte all-reduce when gradients are sharded, fp16's 16-byte overflow flag
-             likewise, and the 16-byte all-reduce that averages the loss over ranks
+             likewise, and the 16-byte all-reduce that averages the loss over ranks; where ranks share a
+             host, the wait for the slowest of them (compute.py's imbalance, calibrated)
 
 Without `parallel.overlap` every collective is waited for where it is issued.
 """
@@ -44,13 +45,14 @@ class StepBreakdown:
     step_s: float
     compute_s: float
     overlapped_s: float
-    exposed_s: float
+    exposed_s: float  # waits on communication, including imbalance_s
     interference_s: float
     forward_s: float
     backward_s: float
     recompute_s: float
     optimizer_s: float
     comm_s: float  # every collective's time, hidden or not
+    imbalance_s: float  # waiting for slower ranks sharing the host
     algorithm: str
 
     @property
@@ -117,11 +119,12 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) 
             tl.blocking(*comm.half(size, reduce=False))  # the updated parameters, bucket by bucket
     if world > 1:
         tl.blocking(*comm.all_reduce(16))  # the loss, averaged over ranks
+        tl.wait_for_peers(compute.imbalance_s(tl.compute_s, dtype, k))
     return StepBreakdown(
         step_s=tl.step_s, compute_s=tl.compute_s, overlapped_s=tl.overlapped_s, exposed_s=tl.exposed_s,
         interference_s=tl.interference_s, forward_s=micro * t_fwd, backward_s=micro * t_bwd,
         recompute_s=micro * len(ckpt) * t_block_fwd, optimizer_s=t_opt, comm_s=tl.comm_s,
-        algorithm=machine.algorithm)
+        imbalance_s=tl.imbalance_s, algorithm=machine.algorithm)
 
 
 class GroupPlan:

@@ -7,6 +7,7 @@ order submitted. Replaying a step's program on this clock gives what a step cost
                       communication thread: it starts when the thread is free and the work is submitted
     wait(task)        the training thread waits until that collective has finished
     blocking(s, cpu)  a collective the training thread runs itself (the communication thread is idle)
+    wait_for_peers(s) the training thread waits for a slower rank to reach the same collective
 
 Figures: compute (seconds computing), exposed (seconds waiting on communication, or running it),
 overlapped (communication hidden behind compute), and interference — where ranks share a host's cores,
@@ -33,6 +34,7 @@ class Timeline:
     compute_s: float = 0.0
     exposed_s: float = 0.0
     comm_s: float = 0.0  # every collective's seconds, hidden or not
+    imbalance_s: float = 0.0  # waiting for slower ranks (counted in exposed_s)
     tasks: list[Task] = field(default_factory=list)
     busy: list[tuple[float, float]] = field(default_factory=list)  # the training thread computing
     shares_cores: bool = False
@@ -67,9 +69,14 @@ class Timeline:
         self.exposed_s += seconds
         self.comm_s += seconds
 
+    def wait_for_peers(self, seconds: float) -> None:
+        self.now += seconds
+        self.exposed_s += seconds
+        self.imbalance_s += seconds
+
     @property
     def overlapped_s(self) -> float:
-        return max(0.0, self.comm_s - self.exposed_s)
+        return max(0.0, self.comm_s - (self.exposed_s - self.imbalance_s))
 
     @property
     def interference_s(self) -> float:

@@ -14,8 +14,10 @@ Model-state memory is compared byte for byte with the ledger.
 
 Summary: mean absolute percentage error of the step time, its maximum, the bias (mean signed error), the
 largest communication-share difference in percentage points, whether memory matched, and whether the
-ranking of the cases is preserved: Kendall's tau over all pairs, and "preserved" when every pair whose
-measured times differ by more than NOISE is ordered the same way by the prediction.
+ranking of the cases is preserved: Kendall's tau over all pairs, and "preserved" when every pair that the
+measurements tell apart is ordered the same way by the prediction. Two cases are told apart when their
+measured times differ by more than NOISE and by more than their half-ranges over the rounds together
+(a pair whose runs overlap is a tie: the machine could not rank it either).
 """
 
 from __future__ import annotations
@@ -195,8 +197,10 @@ def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -
     errors = [o.error for o in outcomes]
     measured = [o.measured_s for o in outcomes]
     predicted = [o.predicted_s for o in outcomes]
+    spread = [(max(r["step_s"] for r in o.runs) - min(r["step_s"] for r in o.runs)) / 2 for o in outcomes]
     beyond_noise = [(i, j) for i, j in itertools.combinations(range(len(outcomes)), 2)
-                    if abs(measured[i] - measured[j]) > NOISE * min(measured[i], measured[j])]
+                    if abs(measured[i] - measured[j]) > max(NOISE * min(measured[i], measured[j]),
+                                                            spread[i] + spread[j])]
     discordant = [(outcomes[i].label, outcomes[j].label) for i, j in beyond_noise
                   if (measured[i] - measured[j]) * (predicted[i] - predicted[j]) <= 0]
     return {
@@ -213,6 +217,7 @@ def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -
         "kendall_tau": kendall_tau(measured, predicted),
         "ranking_preserved": not discordant,
         "discordant": discordant,
+        "pairs_told_apart": len(beyond_noise),
         "noise": NOISE,
         "calibration": {"alpha": calibration.transport["alpha"], "beta": calibration.transport["beta"],
                         "gamma": calibration.transport["gamma"], "cores": calibration.cores,

@@ -203,7 +203,8 @@ def print_validation(r: dict, preset: str) -> None:
     memory = "exact" if r["memory_exact"] else "DIFFERS"
     print(f"step time: MAPE {r['mape']:.1%}, max {r['max_error']:.1%}, bias {r['bias']:+.1%}; comm share "
           f"within {r['comm_share_points']:.1f} points; model-state memory {memory}; ranking {ranking} "
-          f"(Kendall tau {r['kendall_tau']:.2f}; ties within {r['noise']:.0%} not counted)")
+          f"over the {r['pairs_told_apart']} pairs the measurements tell apart (Kendall tau over all pairs "
+          f"{r['kendall_tau']:.2f})")
 
 
 def _calibrate(cfg, path: Path, as_json: bool) -> None:
