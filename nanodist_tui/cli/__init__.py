@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from nanodist_tui.cli import bench, memory, model, presets, project, resume, runs, train
+from nanodist_tui.cli import bench, memory, model, presets, project, resume, runs, sweep, train
 
 app = typer.Typer(
     help="nanoDist: see, measure and run data-parallel training. Without a command: the workbench.",
@@ -27,6 +27,7 @@ app.command("export")(model.export)
 app.command("sample")(model.sample)
 app.command("memory")(memory.memory)
 app.command("project")(project.project)
+app.add_typer(sweep.app, name="sweep")
 app.add_typer(bench.app, name="bench")
 app.add_typer(presets.app, name="presets")
 
