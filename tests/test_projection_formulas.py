@@ -129,7 +129,8 @@ def test_gpt_flops_are_six_psi_plus_attention():
     # PaLM's count: 6 N tokens + 12 L T C tokens, N the matmul parameters (blocks and the head)
     assert f.training == pytest.approx(6 * (L * per_block + V * C) * tokens + 12 * L * T * C * tokens)
     # full recomputation runs every block's forward again: 8N instead of 6N for the blocks
-    assert f.training + f.recompute(L) == pytest.approx(f.training + 2 * L * per_block * tokens + attention)
+    recomputed = L * f.block_forward
+    assert f.training + recomputed == pytest.approx(f.training + 2 * L * per_block * tokens + attention)
 
 
 def test_mlp_flops():
@@ -138,7 +139,7 @@ def test_mlp_flops():
     f = model_flops(cfg, 0, rows=8)
     assert f.params == 10 * 20 + 20 + 20 * 3 + 3
     assert f.forward == 2 * f.params * 8 and f.unit_forward == (2 * 220 * 8, 2 * 63 * 8)
-    assert f.recompute(1) == 0.0
+    assert f.block_forward == 0.0  # no transformer blocks to recompute
 
 
 def test_backward_runs_from_the_head_to_the_embeddings():

@@ -102,10 +102,6 @@ class Cluster:
         return self.values["nodes"] * self.values["ranks_per_node"]
 
 
-def describe(key: str) -> str:
-    return FIELDS[key][3]
-
-
 def cluster_dirs() -> list[Path]:
     """Existing cluster folders in lookup order."""
     user = [Path(p).expanduser() for p in os.environ.get("NANODIST_CLUSTERS", "").split(os.pathsep) if p]

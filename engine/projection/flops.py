@@ -18,7 +18,6 @@ import math
 from dataclasses import dataclass
 
 from engine.build import param_shapes
-from engine.recompute import checkpointed_blocks
 
 
 @dataclass(frozen=True)
@@ -44,10 +43,6 @@ class ModelFlops:
     def training(self) -> float:
         """6·Ψ·tokens + attention: what MFU counts (recomputation is not useful work)."""
         return 3 * self.forward
-
-    def recompute(self, n_checkpointed: int) -> float:
-        """Extra forward FLOPs of recomputing n_checkpointed blocks in backward."""
-        return n_checkpointed * self.block_forward
 
 
 def model_flops(cfg, vocab: int, rows: int) -> ModelFlops:
@@ -88,13 +83,6 @@ def model_signature(cfg, vocab: int) -> str:
         return f"mlp {'-'.join(map(str, m.widths))} bias={m.bias} dropout={m.dropout:g}"
     return (f"gpt L{m.n_layer} C{m.n_embd} H{m.n_head} T{m.block_size} V{vocab} bias={m.bias} "
             f"tied={m.tie_weights} dropout={m.dropout:g}")
-
-
-def checkpointed(cfg) -> int:
-    """How many blocks activation checkpointing recomputes."""
-    if cfg.model.kind != "gpt":
-        return 0
-    return len(checkpointed_blocks(cfg.memory.checkpointing, cfg.model.n_layer))
 
 
 @dataclass(frozen=True)
