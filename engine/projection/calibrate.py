@@ -124,10 +124,11 @@ class Calibration:
 
 def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: list[int] | None = None,
               steps: int = 6, warmup: int = 2, transport_sizes: list[int] | None = None,
-              measure_transport: bool = False, fresh: bool = False) -> Calibration:
+              measure_transport: bool = False, fresh: bool = False, levels=LEVELS) -> Calibration:
     """Measure what is missing for cfg's model in `dtypes` (and the host and transport, on a first run or
     with `measure_transport`), merge it into the calibration at `path` and save it there. `fresh`: measure
-    the host, the transport and cfg's model in `dtypes` again (other models in the file are kept)."""
+    the host, the transport and cfg's model in `dtypes` again (other models in the file are kept).
+    `levels`: how many busy ranks to measure the compute with (1 and 2 unless a caller needs fewer)."""
     path = path or default_path()
     existing = Calibration.load(path)
     data: dict = existing.data if existing else {"version": VERSION, "models": {}}
@@ -142,7 +143,7 @@ def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: l
     todo = [d for d in dtypes if d not in data["models"].get(signature, {})]
     if todo:
         rows = rows or default_rows(cfg)
-        entry, copies = measure_compute(cfg, todo, rows, cores, steps, warmup)
+        entry, copies = measure_compute(cfg, todo, rows, cores, steps, warmup, levels)
         data["models"].setdefault(signature, {}).update(entry)
         data["copy_bytes_per_s"] = {**data.get("copy_bytes_per_s", {}), **copies}
     calibration = Calibration(data)
@@ -214,12 +215,12 @@ def _ring_rank(comm, emit, sizes: list[int], dtypes: list[str], repeats: int) ->
     return out
 
 
-def measure_compute(cfg: Config, dtypes, rows: list[int], cores: int, steps: int, warmup: int
-                    ) -> tuple[dict, dict]:
+def measure_compute(cfg: Config, dtypes, rows: list[int], cores: int, steps: int, warmup: int,
+                    levels=LEVELS) -> tuple[dict, dict]:
     """{dtype: {level: curve}} for cfg's model, and copy bandwidth per level."""
     entry: dict = {d: {} for d in dtypes}
     copies: dict = {}
-    for level in LEVELS:
+    for level in levels:
         if level > max(1, cores):
             continue  # more busy ranks than cores is time-slicing, which the model scales
         args = (to_dict(cfg), list(dtypes), rows, steps, warmup)

@@ -7,10 +7,15 @@ N up to 4, ZeRO 0-3, fp32 and bf16, checkpointing on and off, emulated networks 
 Measured per case: the step period (the whole `train_step`, with the loss average after it), and the
 communication the training thread waits on: the replica's waits for its communication thread plus the
 collectives the training thread runs itself (timed through `_TimedComm`). A run's figures are the lower
-quartiles over its steps (load from other jobs only ever slows a step). The validation goes in `repeats`
-rounds, each calibrating afresh and then running every case once, so a prediction and its measurement are
-never far apart in time on a machine whose load drifts; a case's figures are the medians over rounds.
-Model-state memory is compared byte for byte with the ledger.
+quartiles over its steps (load from other jobs only ever slows a step).
+
+On a shared machine the load drifts within minutes, so every case is predicted from a calibration taken
+just before it runs — the compute of the case's model in its precision at its micro-batch size with 1 or
+2 busy ranks (as many as it has, at most 2), and the transport — into a temporary file, leaving the
+user's calibration alone. The calibration still runs none of what the case adds: no communication with
+the compute, no ZeRO, no recomputation, no emulated network, never more than 2 ranks. The validation goes
+in `repeats` rounds over every case; a case's figures are the medians over rounds. Model-state memory is
+compared byte for byte with the ledger.
 
 Summary: mean absolute percentage error of the step time, its maximum, the bias (mean signed error), the
 largest communication-share difference in percentage points, whether memory matched, and whether the
@@ -24,15 +29,17 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.build import vocab_size
 from engine.comm.launch import run_ranks
 from engine.config import Config, network_emulation, replace, to_dict
 from engine.memory import MODEL_STATES
-from engine.projection.calibrate import Calibration, calibrate, low_quantile
+from engine.projection.calibrate import LEVELS, Calibration, calibrate, low_quantile
 from engine.projection.clusters import Cluster
 from engine.projection.project import predict
 
@@ -90,31 +97,38 @@ def case_configs(base: Config, quick: bool = False) -> list[tuple[str, Config]]:
     return out
 
 
-def validate(base: Config, cluster: Cluster, calibration_path, quick: bool = False, repeats: int = 2,
-             steps: int = 10, warmup: int = 3, on_progress=lambda text: None) -> dict:
-    """Rounds of (calibrate afresh, predict and run every case); returns the report (see summarize)."""
+def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int = 2, steps: int = 10,
+             warmup: int = 3, on_progress=lambda text: None) -> dict:
+    """Rounds over every case: calibrate for it, predict it, run it; returns the report (see summarize)."""
     cases = case_configs(base, quick)
     vocab = vocab_size(cases[0][1]) if base.model.kind == "gpt" else 0
-    dtypes = sorted({cfg.precision.dtype for _, cfg in cases})
-    rows = sorted({c.train.global_batch // (c.parallel.world_size * c.train.micro_batches) for _, c in cases})
     runs: dict[str, list[dict]] = {label: [] for label, _ in cases}
-    for repeat in range(repeats):
-        on_progress(f"round {repeat + 1}/{repeats}: calibrating on this machine (1 and 2 ranks)")
-        calibration = calibrate(cases[0][1], vocab, dtypes, path=calibration_path, rows=rows,
-                                measure_transport=True, fresh=True)
-        for label, cfg in cases:
-            on_progress(f"round {repeat + 1}/{repeats}: {label}")
-            step, mem, _ = predict(cfg, cluster, calibration, vocab)
-            run = measure_case(cfg, steps, warmup)
-            run.update(predicted_s=step.step_s, predicted_share=step.comm_share,
-                       memory_exact=all(run["states"][k] == mem.states[k] for k in MODEL_STATES))
-            runs[label].append(run)
+    calibration = None
+    for repeat, (label, cfg) in itertools.product(range(repeats), cases):
+        on_progress(f"round {repeat + 1}/{repeats}: {label}: calibrating, predicting, running")
+        calibration = calibrate_for(cfg, vocab)
+        step, mem, _ = predict(cfg, cluster, calibration, vocab)
+        run = measure_case(cfg, steps, warmup)
+        run.update(predicted_s=step.step_s, predicted_share=step.comm_share,
+                   memory_exact=all(run["states"][k] == mem.states[k] for k in MODEL_STATES))
+        runs[label].append(run)
+
     def median(measured: list[dict], key: str) -> float:
         return statistics.median(r[key] for r in measured)
     outcomes = [Outcome(label, median(m, "predicted_s"), median(m, "step_s"), median(m, "predicted_share"),
                         median(m, "comm_share"), all(r["memory_exact"] for r in m), m)
                 for label, m in runs.items()]
     return summarize(outcomes, calibration)
+
+
+def calibrate_for(cfg: Config, vocab: int) -> Calibration:
+    """A fresh calibration for one case (its precision, micro-batch size and busy ranks, the transport at
+    its buckets), in a temporary file."""
+    rows = cfg.train.global_batch // (cfg.parallel.world_size * cfg.train.micro_batches)
+    level = min(cfg.parallel.world_size, max(LEVELS))
+    with tempfile.TemporaryDirectory() as folder:
+        return calibrate(cfg, vocab, [cfg.precision.dtype], path=Path(folder) / "calibration.json",
+                         rows=[rows], levels=(level,), measure_transport=True)
 
 
 def measure_case(cfg: Config, steps: int, warmup: int) -> dict:

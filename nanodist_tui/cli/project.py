@@ -78,7 +78,7 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
             cfg, _, _ = load_config(preset, sets, world_size)
             target = load_cluster(cluster)
         if validate:
-            return _validate(cfg, path, quick, repeats, as_json, out)
+            return _validate(cfg, quick, repeats, as_json, out)
         if calibrate:
             return _calibrate(cfg, path, as_json)
         _project(cfg, target, _world_sizes(world_sizes), scaling, path, out, as_json)
@@ -172,14 +172,14 @@ def scaling_plot(rows: list[dict], width: int = 78, height: int = 16) -> str:
 
 # ---------------------------------------------------------------------- validation and calibration
 
-def _validate(cfg, path: Path, quick: bool, repeats: int, as_json: bool, out: Path | None) -> None:
+def _validate(cfg, quick: bool, repeats: int, as_json: bool, out: Path | None) -> None:
     from engine.comm.base import RankFailure
     from engine.projection.clusters import load_cluster
     from engine.projection.validate import validate
     here = load_cluster("this-machine")
     progress = (lambda text: None) if as_json else (lambda text: print(f"  {text}", file=sys.stderr))
     try:
-        report = validate(cfg, here, path, quick=quick, repeats=repeats, on_progress=progress)
+        report = validate(cfg, here, quick=quick, repeats=repeats, on_progress=progress)
     except RankFailure as e:
         fail(f"a validation run failed: {e}", code=1)
     out = _write_json(report, out or Path(cfg.run.out_dir) / "projections" / f"validation-{cfg.name}.json")

@@ -71,12 +71,10 @@ class ProjectionScreen(Screen):
 
     @work(thread=True, exclusive=True, group="validation")
     def _validate(self) -> None:
-        from engine.projection.calibrate import default_path
         from engine.projection.clusters import load_cluster
         from engine.projection.validate import validate
         try:
-            report = validate(self.pane._cfg(), load_cluster("this-machine"),
-                              self.pane.calibration_path or default_path(), quick=True, repeats=1,
+            report = validate(self.pane._cfg(), load_cluster("this-machine"), quick=True, repeats=1,
                               on_progress=lambda text: self.post_message(ToolsNote(text, "dim")))
         except Exception as e:  # noqa: BLE001 - shown here, never crashes the app
             self.post_message(ToolsNote(f"validation failed: {e}", "bold red"))
