@@ -22,6 +22,7 @@ from engine.comm.collectives import ALGORITHMS
 from engine.comm.emulation import NetworkEmulation
 from engine.comm.launch import BACKENDS
 from engine.config_rules import (
+    INT64,
     RULES,
     choices_doc,
     combination_problem,
@@ -36,6 +37,7 @@ from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS
 from engine.optim import SCHEDULES
 from engine.recompute import CHECKPOINTING
+from engine.sinks import SINKS
 from engine.sweep.settings import DIRECTIONS, METRICS, PARAM_TYPES, PRUNERS, SAMPLERS
 
 
@@ -172,6 +174,15 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class RunConfig:
     out_dir: str = _f("runs", "folder that receives one sub-folder per run")
+    check_memory: bool = _f(True, "refuse to start when the estimated peak memory of this machine's ranks "
+                            "exceeds its available memory")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    to: tuple[str, ...] = _f((), f"telemetry sinks besides the run folder, any of {choices_doc(SINKS)}")
+    project: str = _f("nanodist", "the W&B project and the MLflow experiment runs are logged under")
+    mlflow_uri: str = _f("", 'MLflow tracking URI; "" = a file store in the run folder (RUN_DIR/mlruns)')
 
 
 @dataclass(frozen=True)
@@ -221,6 +232,7 @@ class Config:
     memory: MemoryConfig = _section(MemoryConfig, "activation checkpointing")
     checkpoint: CheckpointConfig = _section(CheckpointConfig, "saving training state")
     run: RunConfig = _section(RunConfig, "where results go")
+    log: LogConfig = _section(LogConfig, "TensorBoard, W&B and MLflow")
     sweep: SweepConfig | None = _f(None, "optional Optuna search")
 
 
@@ -325,6 +337,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint is bool and isinstance(value, bool) or hint is str and isinstance(value, str):
         return value
     if hint is int and is_num and isinstance(value, int):
+        if not -INT64 <= value < INT64:  # numpy (and every rank) would overflow on it
+            raise ConfigError(key, f"{value} does not fit a 64-bit integer", "use a smaller number")
         return value
     if hint is float and is_num:
         return float(value)
@@ -336,10 +350,15 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     names = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
     if hint == (str | tuple[str, ...]) and (isinstance(value, str) or names):
         return value if isinstance(value, str) else tuple(value)
+    if hint == tuple[str, ...] and names:
+        return tuple(value)
     wanted = {bool: "true or false", str: "a string", int: "a whole number", float: "a number",
-              tuple[int, ...]: "a list of whole numbers", str | tuple[str, ...]: "a name or a list of names"
+              tuple[int, ...]: "a list of whole numbers", str | tuple[str, ...]: "a name or a list of names",
+              tuple[str, ...]: "a list of strings"
               }.get(hint, '"dynamic" or a number')
     default = _FIELDS[key][1].default
+    if hint == tuple[str, ...] and isinstance(value, str):
+        default = [value]  # one name where a list belongs: the fix is the list of it
     raise ConfigError(key, f"expected {wanted}, got {toml_repr(value)} ({type(value).__name__})",
                       f"write e.g. {key.rpartition('.')[2]} = {toml_repr(default)}")
 

@@ -22,12 +22,15 @@ from engine.nn import MODEL_KINDS
 from engine.optim import SCHEDULES
 from engine.parallel import ZERO_STAGES
 from engine.recompute import CHECKPOINTING, checkpointed_blocks
+from engine.sinks import SINKS
 from engine.sweep.settings import DIRECTIONS, METRICS, PRUNERS, SAMPLERS, directions_of, metrics_of
 
 if TYPE_CHECKING:
     from engine.config import Config, SweepConfig
 
 Problem = tuple[str, str]  # (problem, fix): a rule's verdict on one setting's value
+INT64 = 1 << 63  # whole numbers must fit an int64: numpy holds them so in every rank
+MAX_TIMEOUT_S = 1e6  # about 11.6 days; waits far past it overflow the clock's arithmetic
 KeyedProblem = tuple[str, str, str]  # (key, problem, fix): a problem across settings
 
 
@@ -109,8 +112,20 @@ def _folder_name(v):
     return f"{toml_repr(v)} cannot name a folder", "use letters, digits, '.', '_' and '-' (e.g. lr-search)"
 
 
-def _non_empty(v):
-    return None if v.strip() else ("is empty", 'give a folder, e.g. "runs"')
+def _non_empty(what: str, example: str):
+    def check(v):
+        return None if v.strip() else ("is empty", f"give {what}, e.g. {toml_repr(example)}")
+    return check
+
+
+def _sinks(v):
+    """Rule for log.to: known sink names, each once."""
+    for name in v:
+        if problem := one_of(*SINKS)(name):
+            return problem
+    if twice := sorted({name for name in v if v.count(name) > 1}):
+        return f"{toml_repr(twice[0])} is named twice", "name each sink once"
+    return None
 
 
 # dotted key -> rule; a rule returns None for a good value, else (problem, fix)
@@ -131,7 +146,8 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "parallel.backend": one_of(*BACKENDS),
     "parallel.world_size": _between(1, 1024),
     "parallel.zero_stage": _between(min(ZERO_STAGES), max(ZERO_STAGES)),
-    "parallel.bucket_cap_mb": _positive, "parallel.timeout_s": _positive,
+    "parallel.bucket_cap_mb": _positive,
+    "parallel.timeout_s": _between(0, MAX_TIMEOUT_S, open_lo=True),
     "parallel.algorithm": one_of(*ALGORITHMS), "parallel.ranks_per_node": _at_least(0),
     **{f"emulate.{key}": _at_least(0) for key in EMULATION_KEYS},
     "parallel.threads_per_rank": _between(0, 4096),
@@ -143,7 +159,8 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "precision.min_scale": _at_least(0),
     "memory.checkpointing": _checkpointing,
     "checkpoint.every": _at_least(0), "checkpoint.keep": _at_least(1),
-    "run.out_dir": _non_empty,
+    "run.out_dir": _non_empty("a folder", "runs"),
+    "log.to": _sinks, "log.project": _non_empty("a name", "nanodist"),
     "sweep.study": _folder_name,
     "sweep.metric": lambda v: _names(v, METRICS, "metric"),
     "sweep.direction": lambda v: None if v == "" else _names(v, DIRECTIONS, "direction", repeat=True),

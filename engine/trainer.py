@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 
+from engine import error_log, memory, ops
 from engine import events as ev
-from engine import memory, ops
 from engine.build import build_dataset, build_model, count_params
 from engine.checkpoint import Checkpointer, NoCheckpoints, find_checkpoint, restore
+from engine.comm.base import RankFailure, StopRequested
 from engine.comm.collectives import all_gather, all_reduce, broadcast
 from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
 from engine.config import Config, from_dict, to_dict
-from engine.data import rank_slice
+from engine.data import rank_slice, slice_bounds
 from engine.dtypes import resolve_dtype
 from engine.estimator import estimate
 from engine.optim import global_norm_clip_scale, lr_at
@@ -87,6 +89,7 @@ class Trainer:
         loss_sum = 0.0
         for micro in range(n_micro):
             x, y = rank_slice(batch, self.rank, self.world, micro, n_micro)
+            self._key_dropout(len(batch[0]), micro, n_micro)
             self.replica.begin_micro(sync=micro == n_micro - 1)
             with ledger.in_phase("forward"):
                 loss = self._loss(x, y)
@@ -108,6 +111,13 @@ class Trainer:
         mean_loss, self.stop_agreed = self._agree(loss_sum / n_micro, self.should_stop())
         return {"loss": mean_loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
                 "tokens": tokens, "skipped": not stepped}
+
+    def _key_dropout(self, rows: int, micro: int, n_micro: int) -> None:
+        """Dropout masks follow the global row and the step, not the rank: N ranks draw what one
+        process draws for the same rows (engine.dropout_rng)."""
+        rng = getattr(self.model, "rng", None)
+        if rng is not None:
+            rng.begin(self.step, slice_bounds(rows, self.rank, self.world, micro, n_micro)[0])
 
     def _agree(self, loss: float, stop: bool) -> tuple[float, bool]:
         """The step's loss averaged over ranks, and whether ANY rank was asked to stop: ranks notice a
@@ -158,8 +168,7 @@ class Trainer:
             val = self.evaluate()
             self._report_eval(val)
         wall = time.perf_counter() - t_start
-        if self.step >= cfg.train.steps:  # a stopped run keeps its last periodic checkpoint
-            self.checkpoints.at_end(self)
+        self.checkpoints.at_end(self)  # finished or stopped, the step reached is kept
         # Throughput over the time spent in training steps (evaluations and checkpoints excluded),
         # the same figure StepEnd.tokens_per_s reports step by step.
         return {"steps": self.step, "initial_val_loss": first_val, "final_val_loss": val,
@@ -223,7 +232,11 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
     if process_rank(cfg.parallel.backend) is not None and comm.world_size > 1:
         # Ranks started by mpiexec or by hand: rank 0's process made the run folder; everyone uses it.
         run_id, checkpoint_dir, resume_from = _from_rank0(comm, run_id, checkpoint_dir, resume_from)
-    trainer = Trainer(cfg, comm, emit, comm.should_stop)
+    try:
+        trainer = Trainer(cfg, comm, emit, comm.should_stop)
+    except Exception as exc:
+        _log_own_failure(exc, comm.rank, checkpoint_dir)
+        raise
     try:
         if checkpoint_dir:
             trainer.checkpoints = Checkpointer(checkpoint_dir, cfg.checkpoint.every, cfg.checkpoint.keep,
@@ -234,8 +247,18 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
             if trainer.rank == 0:
                 trainer.emit(ev.Log(level="info", message=f"resumed at step {ckpt.step} from {ckpt.path}"))
         return trainer.fit(run_id=run_id)
+    except Exception as exc:
+        _log_own_failure(exc, comm.rank, checkpoint_dir)
+        raise
     finally:
         trainer.replica.close()
+
+
+def _log_own_failure(exc: Exception, rank: int, checkpoint_dir: str) -> None:
+    """This rank's own error (not one it saw from a peer): its full traceback into the run folder's
+    error.log, which the one-line failure message points to."""
+    if checkpoint_dir and not isinstance(exc, (RankFailure, StopRequested)):
+        error_log.write(Path(checkpoint_dir).parent, f"rank {rank} failed", exc)
 
 
 def _from_rank0(comm, *texts: str) -> list[str]:

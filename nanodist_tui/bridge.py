@@ -123,9 +123,12 @@ class EventBatcher:
 
     def _flush_loop(self) -> None:
         while True:
-            self._wake.wait()
+            # a timeout, so stopping is seen even when a flush cleared the wake-up close() had just set
+            self._wake.wait(0.25)
             if self._stopping.is_set() or self._app_gone:
                 return
+            if not self._wake.is_set():
+                continue
             # Rate limit: the first event after a quiet spell goes out at once, then one tick per interval.
             delay = self._last_post + self._interval_s - time.monotonic()
             if delay > 0 and self._stopping.wait(delay):

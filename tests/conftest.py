@@ -13,3 +13,28 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("NANODIST_PRESETS", raising=False)
     return tmp_path
+
+
+@pytest.fixture
+def workbench(monkeypatch):
+    """Run the workbench a command opens under Textual's test driver until its run ends; what it showed."""
+    import asyncio
+    import time
+
+    from nanodist_tui.app import NanoDistApp
+    seen: dict = {}
+
+    def run_until_done(self: NanoDistApp) -> None:
+        async def main() -> None:
+            async with self.run_test(size=(160, 50)) as pilot:
+                deadline = time.monotonic() + 30
+                while self.header.state not in ("finished", "failed") and time.monotonic() < deadline:
+                    await pilot.pause(0.05)
+                await pilot.pause(0.4)  # one render tick after the last event
+                seen.update(state=self.header.state, header=str(self.header.content), replay=self.replay,
+                            log="\n".join(strip.text for strip in self.log_pane.lines))
+                await pilot.press("q")
+        asyncio.run(main())
+
+    monkeypatch.setattr(NanoDistApp, "run", run_until_done)
+    return seen

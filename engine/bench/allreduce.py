@@ -10,13 +10,12 @@ processes backend (engine.comm.emulation): what the emulated links deliver is me
 
 from __future__ import annotations
 
-import socket
 import statistics
 import time
 
 import numpy as np
 
-from engine.comm.collectives import all_reduce, broadcast
+from engine.comm.collectives import all_reduce
 from engine.comm.emulation import NetworkEmulation
 from engine.comm.launch import run_ranks
 from engine.comm.meter import algbw, busbw
@@ -87,14 +86,8 @@ def _gloo_rank(comm, emit, sizes, iters, warmup, dtype):
     import torch
     import torch.distributed as dist
 
-    port = np.zeros(1, np.int64)
-    if comm.rank == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port[0] = probe.getsockname()[1]
-    broadcast(comm, port)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=comm.rank,
-                            world_size=comm.world_size)
+    from engine.bench.ddp_peer import init_gloo
+    init_gloo(comm)
     try:
         rows = []
         for size in sizes:

@@ -49,9 +49,17 @@ def race_torch(cfg: Config, warmup: int = 5, steps: int = 20, threads: int = 2) 
     taking turns in this thread so both see the same machine load (these 2-core machines are noisy).
     None when PyTorch is not installed."""
     try:
-        import torch
+        import torch  # noqa: F401 - only checking it is there
     except ImportError:
         return None
+    from engine.comm.cores import limited
+    with limited(threads):  # our pools (BLAS and engine.kernels) the same size as PyTorch's
+        return _race(cfg, warmup, steps, threads)
+
+
+def _race(cfg: Config, warmup: int, steps: int, threads: int) -> dict:
+    import torch
+
     from engine.bench.torch_peer import torch_adamw, torch_model_from, torch_train_step
     from engine.comm.base import Signals
     from engine.comm.threads import ThreadGroup

@@ -39,6 +39,7 @@ and raises RankFailure(rank, cause) naming the failed rank and the last line of 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -115,9 +116,23 @@ def check_environment(backend: str, world_size: int, environ=os.environ) -> None
         if int(environ["WORLD_SIZE"]) != world_size:
             raise LaunchError(f"parallel.world_size = {world_size} but WORLD_SIZE={environ['WORLD_SIZE']}; "
                               "make them equal")
-        if not (environ.get("NANODIST_SECRET") or environ.get("NANODIST_SECRET_FILE")):
-            raise LaunchError("parallel.backend = \"tcp\" needs a shared secret: set NANODIST_SECRET or "
-                              "NANODIST_SECRET_FILE (the same on every host)")
+        if int(environ["RANK"]) >= world_size:
+            raise LaunchError(f"RANK={environ['RANK']} is not below WORLD_SIZE={world_size}; give each "
+                              f"process one of the ranks 0 to {world_size - 1}")
+        if not 1 <= int(environ["MASTER_PORT"]) <= 65535:
+            raise LaunchError(f"MASTER_PORT={environ['MASTER_PORT']} is not a TCP port; use one from 1 to "
+                              "65535 (e.g. 29500), the same on every rank")
+        master = environ.get("MASTER_ADDR", "127.0.0.1")
+        try:
+            socket.getaddrinfo(master, None)
+        except (OSError, UnicodeError):
+            raise LaunchError(f"MASTER_ADDR={master!r} is not an address this host can resolve; set it to "
+                              "rank 0's host name or IP address") from None
+        from engine.comm.rendezvous import read_secret  # the socket transport, only for tcp
+        try:
+            read_secret(environ)
+        except ValueError as exc:
+            raise LaunchError(f"parallel.backend = \"tcp\": {exc}") from None
     if backend == "mpi" and not any(name in environ for name in MPI_ENV):
         raise LaunchError(f"parallel.backend = \"mpi\" needs ranks started by MPI: run "
                           f"mpiexec -n {world_size} nanodist-tui run ... --backend mpi")
@@ -143,6 +158,13 @@ def _run_here(comm, world_size, rank_fn, args, on_event, threads_per_rank: int) 
     finally:
         comm.close()
     return results
+
+
+def _only_blamed_left(threads: list[threading.Thread], group) -> bool:
+    """After a failure, whether the only rank still running is the one blamed (hung in compute: it will
+    not notice the failure, so waiting for it only delays naming it)."""
+    blamed = group.signals.failure[0]
+    return all(not t.is_alive() for r, t in enumerate(threads) if r != blamed)
 
 
 def _run_threads(world_size, rank_fn, args, on_event, timeout_s, stop_event, pool_threads: int) -> list:
@@ -185,7 +207,7 @@ def _run_threads(world_size, rank_fn, args, on_event, timeout_s, stop_event, poo
             if stop_at is not None and now - stop_at > timeout_s:
                 stuck = next(r for r, t in enumerate(threads) if t.is_alive())
                 group.fail(stuck, f"did not stop within {timeout_s:g} s of the stop request")
-            if failed_at is not None and now - failed_at > timeout_s:
+            if failed_at is not None and (now - failed_at > timeout_s or _only_blamed_left(threads, group)):
                 break  # ranks stuck in compute are daemon threads: abandon them
             for thread in threads:
                 thread.join(0.05)

@@ -61,7 +61,10 @@ def new(name: Annotated[str, typer.Argument(help="name of the new preset (./pres
         path = presets.find_preset(source)
         doc = presets.read_document(path)
         presets.apply_overrides(doc, [*(sets or []), f"name={name}"], source=str(path))
-    presets.save_preset(doc, target)
+    try:
+        presets.save_preset(doc, target)
+    except OSError as e:
+        fail(f"{target}: cannot write it ({e.strerror or e}); ./presets must be a folder you can write to")
     print(f"wrote {target} (from {path}{', with ' + ', '.join(sets) if sets else ''})")
 
 

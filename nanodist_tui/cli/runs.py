@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.errors import fail, run_errors
+from nanodist_tui.cli.errors import fail, user_errors
 from nanodist_tui.cli.options import RunDirArg
-from nanodist_tui.cli.running import require_run_dir
+from nanodist_tui.cli.running import require_run_dir, sink_names
 from nanodist_tui.replay import replay_events
 
 
@@ -23,7 +23,7 @@ def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder h
          = Path("runs")) -> None:
     """List recorded runs, newest first, with their key figures and latest checkpoint."""
     from engine.checkpoint import CHECKPOINTS
-    from engine.checkpoint_io import finished_checkpoints
+    from engine.checkpoint_io import scan_checkpoints
     from engine.recorder import list_runs
     if not out_dir.is_dir():
         fail(f"{out_dir}: no such folder; train a run first (`nanodist-tui run`) or pass --out-dir")
@@ -35,13 +35,22 @@ def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder h
     for r in infos:
         total = r.summary.get("total_steps")
         steps = _fmt(r.steps, "d") + (f"/{total}" if total else "")
-        ckpts = finished_checkpoints(r.run_dir / CHECKPOINTS)
         wall = "-" if r.wall_s is None else f"{r.wall_s:.1f}s"
+        checkpoint = _checkpoint_cell(scan_checkpoints(r.run_dir / CHECKPOINTS))
         rows.append((r.run_id, r.status, steps, _fmt(r.final_val_loss, ".4f"), _fmt(r.best_val_loss, ".4f"),
-                     _fmt(r.tokens_per_s, ",.0f"), wall, f"step {ckpts[-1][0]}" if ckpts else "-"))
+                     _fmt(r.tokens_per_s, ",.0f"), wall, checkpoint))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _checkpoint_cell(scanned) -> str:
+    """The newest good checkpoint, and whether a newer one is damaged (resume would refuse it)."""
+    good = [step for step, _, problem in scanned if problem is None]
+    cell = f"step {good[-1]}" if good else "-"
+    if scanned and scanned[-1][2] is not None:
+        cell += f" (step {scanned[-1][0]} damaged)"
+    return cell
 
 
 def replay(run_dir: RunDirArg,
@@ -49,23 +58,67 @@ def replay(run_dir: RunDirArg,
                "--speed", min=0.0, help="playback speed (1 = as recorded, 0 = no pauses); "
                                         "default 1 in the workbench, 0 with --no-ui")] = None,
            no_ui: Annotated[bool, typer.Option("--no-ui", help="print the events instead of opening the "
-                                                              "workbench")] = False) -> None:
-    """Play a recorded run (its events.jsonl) back into the workbench."""
+                                                              "workbench")] = False,
+           to: Annotated[str | None, typer.Option(
+               "--to", help="also write the run to these, comma-separated: tensorboard,wandb,mlflow "
+                            "(into the run folder, as a live run with --log-to would)")] = None) -> None:
+    """Play a recorded run (its events.jsonl) back into the workbench; --to converts it for TensorBoard,
+    W&B or MLflow on the way."""
     from engine.recorder import read_events
     require_run_dir(run_dir)
-    with run_errors():
+    with user_errors():
         events = read_events(run_dir)
+        sinks, log_cfg = _replay_sinks(run_dir, to)
     if not events:
         fail(f"{run_dir}/events.jsonl: no events recorded")
     speed = (0.0 if no_ui else 1.0) if speed is None else speed
     if no_ui:
         from nanodist_tui.headless import HeadlessPrinter
         printer = HeadlessPrinter(live=False)
-        replay_events(events, printer, threading.Event(), speed)
+        written = _replay_through_sinks(events, printer, threading.Event(), speed, sinks, run_dir, log_cfg)
         printer.close()
-        print(f"replayed {len(events)} events from {run_dir}")
+        into = f" and wrote them to {', '.join(written)}" if written else ""
+        print(f"replayed {len(events)} events from {run_dir}{into}")
+        if len(written) < len(sinks):  # the sink's own warning above says why
+            raise typer.Exit(1)
         return
     from nanodist_tui.app import create_app
     started = next((e for e in events if e.kind == "run_started"), None)
     name = started.preset if started is not None else run_dir.name
-    create_app(name, lambda emit, stop: replay_events(events, emit, stop, speed), replay=True).run()
+    create_app(name, lambda emit, stop: _replay_through_sinks(events, emit, stop, speed, sinks, run_dir,
+                                                              log_cfg), replay=True).run()
+
+
+def _replay_sinks(run_dir: Path, to: str | None):
+    """(sink names, the run's [log] settings) for `replay --to`; user errors raise (one line each)."""
+    if to is None:
+        return [], None
+    from engine.presets import load_preset
+    from engine.sinks import check_available
+    from engine.sinks.tensorboard_sink import logdir
+    names = sink_names(to, "--to")
+    check_available(names)
+    if "tensorboard" in names and any(logdir(run_dir).glob("events.out.tfevents.*")):
+        fail(f"{logdir(run_dir)}: already holds TensorBoard event files (the run logged there live, or was "
+             "converted before); delete that folder to convert the run again")
+    cfg, _, _ = load_preset(run_dir / "config.toml")
+    return names, cfg.log
+
+
+def _replay_through_sinks(events, emit, stop, speed: float, names, run_dir: Path, log_cfg) -> list[str]:
+    """Replay into `emit` and, when `names` are given, into those sinks (their messages go to `emit` too);
+    returns the sinks that wrote the whole run."""
+    if not names:
+        replay_events(events, emit, stop, speed)
+        return []
+    from engine.events import EventBus
+    from engine.sinks.runner import SinkSet
+    bus = EventBus()
+    bus.subscribe(emit)
+    sinks = SinkSet(names, run_dir, log_cfg, bus.emit)
+    bus.subscribe(sinks)
+    try:
+        replay_events(events, bus.emit, stop, speed)
+    finally:
+        sinks.close()
+    return sinks.working
