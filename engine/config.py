@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.comm.collectives import ALGORITHMS
+from engine.comm.emulation import NetworkEmulation
 from engine.comm.launch import BACKENDS
 from engine.config_rules import (
     INT64,
@@ -136,6 +137,17 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class EmulateConfig:
+    latency_us: float = _f(0.0, "emulated latency added to every message on a link, in microseconds; "
+                           "0 = none (backends processes and tcp)")
+    bandwidth_gbps: float = _f(0.0, "emulated bandwidth cap per link, in Gbit/s; 0 = uncapped")
+    inter_latency_us: float = _f(0.0, "latency between virtual nodes of parallel.ranks_per_node ranks; "
+                                 "0 = as within a node")
+    inter_bandwidth_gbps: float = _f(0.0, "bandwidth cap between virtual nodes, in Gbit/s; "
+                                     "0 = as within a node")
+
+
+@dataclass(frozen=True)
 class PrecisionConfig:
     dtype: str = _f("fp32", f"{choices_doc(DTYPES)} for parameters and activations")
     loss_scale: str | float = _f("dynamic", '"dynamic" or a fixed number (static); used by fp16 only')
@@ -214,6 +226,8 @@ class Config:
     train: TrainConfig = _section(TrainConfig, "loop lengths and batch sizes")
     optim: OptimConfig = _section(OptimConfig, "AdamW and the learning-rate schedule")
     parallel: ParallelConfig = _section(ParallelConfig, "data parallelism and ZeRO")
+    emulate: EmulateConfig = _section(EmulateConfig, "a slower network, emulated on one machine "
+                                      "(processes, tcp)")
     precision: PrecisionConfig = _section(PrecisionConfig, "number formats and loss scaling")
     memory: MemoryConfig = _section(MemoryConfig, "activation checkpointing")
     checkpoint: CheckpointConfig = _section(CheckpointConfig, "saving training state")
@@ -300,6 +314,12 @@ def replace(cfg: Config, dotted_key: str, value: Any) -> Config:
         node = node.setdefault(part, {})
     node[last] = value
     return from_dict(d, source=f"replace {dotted_key}")
+
+
+def network_emulation(cfg: Config) -> NetworkEmulation | None:
+    """The network emulation cfg asks for (engine.comm.emulation), or None for a real network."""
+    emulation = NetworkEmulation(**to_dict(cfg.emulate), ranks_per_node=cfg.parallel.ranks_per_node)
+    return emulation if emulation.active else None
 
 
 def check_against_data(cfg: Config, n_train_tokens: int, n_val_tokens: int | None = None,

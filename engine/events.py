@@ -26,6 +26,7 @@ class RunStarted:
     n_params: int
     world_size: int
     total_steps: int
+    network: str = ""  # "emulated network: ..." when the links are emulated (engine.comm.emulation)
     threads_per_rank: int = 0  # BLAS/OpenMP threads of each rank (rank 0's host), as resolved; 0 = unknown
 
 

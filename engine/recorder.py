@@ -97,14 +97,14 @@ def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
         "initial_val_loss": None, "final_val_loss": None, "best_val_loss": None,
         "tokens": 0,  # tokens (or samples) processed in this run: the sum over its StepEnd events
         "tokens_per_s": None, "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0, "error": None,
-        "failed_rank": None}
+        "failed_rank": None, "network": None}  # network: "emulated network: ..." when it was emulated
 
 
 def summarize(s: dict[str, Any], ev: Any) -> None:
     """Fold one event into a summary, in place: the recorder's live figures, and a killed run's later."""
     if isinstance(ev, ev_types.RunStarted):
         s.update(n_params=ev.n_params, world_size=ev.world_size, total_steps=ev.total_steps,
-                 threads_per_rank=ev.threads_per_rank or None)
+                 threads_per_rank=ev.threads_per_rank or None, network=ev.network or None)
         s["preset"] = s["preset"] or ev.preset
     elif isinstance(ev, ev_types.StepEnd):
         s.update(steps=ev.step, last_loss=ev.loss, tokens_per_s=ev.tokens_per_s)

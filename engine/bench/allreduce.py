@@ -4,7 +4,8 @@ Each iteration: restore the input (untimed), barrier, time one all-reduce on eve
 iteration's time is the slowest rank's, and a row reports the median over ``iters`` timed
 iterations after ``warmup`` untimed ones. Inputs are small integers, so the float sum is exact
 and ``correct`` is a bitwise comparison with the closed-form sum. Columns: algbw = S / t,
-busbw = algbw · 2(N−1)/N (meter.busbw), in bytes/s.
+busbw = algbw · 2(N−1)/N (meter.busbw), in bytes/s. ``network`` emulates a slower network on the
+processes backend (engine.comm.emulation): what the emulated links deliver is measured the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 import numpy as np
 
 from engine.comm.collectives import all_reduce
+from engine.comm.emulation import NetworkEmulation
 from engine.comm.launch import run_ranks
 from engine.comm.meter import algbw, busbw
 from engine.comm.wire import DTYPE_NAMES
@@ -22,11 +24,12 @@ from engine.comm.wire import DTYPE_NAMES
 
 def bench_allreduce(backend: str = "processes", world_size: int = 2, sizes_bytes=(1 << 24, 1 << 26),
                     iters: int = 20, warmup: int = 3, dtype: str = "float32",
-                    algorithm: str = "ring") -> list[dict]:
+                    algorithm: str = "ring", network: NetworkEmulation | None = None) -> list[dict]:
     """Rows {size, time_s, algbw, busbw, correct} for nanoDist's all-reduce on ``backend``
     (under mpiexec only rank 0 gets rows; the others get [])."""
     per_rank = run_ranks(world_size, backend, _nanodist_rank,
-                         (list(sizes_bytes), iters, warmup, dtype, algorithm), timeout_s=120.0)
+                         (list(sizes_bytes), iters, warmup, dtype, algorithm), timeout_s=120.0,
+                         network=network)
     return _rows(per_rank, list(sizes_bytes), world_size)
 
 

@@ -171,21 +171,44 @@ def allreduce(
     = "ring",
     vs_gloo: Annotated[bool, typer.Option("--vs-gloo", help="also time torch.distributed gloo, same run")]
     = False,
+    latency_us: Annotated[float, typer.Option(min=0, help="emulated latency per message and link, us "
+                                              "(emulate.latency_us; processes backend)")] = 0.0,
+    bandwidth_gbps: Annotated[float, typer.Option(min=0, help="emulated bandwidth cap per link, Gbit/s "
+                                                  "(emulate.bandwidth_gbps)")] = 0.0,
+    inter_latency_us: Annotated[float, typer.Option(min=0, help="emulated latency between virtual nodes, us")]
+    = 0.0,
+    inter_bandwidth_gbps: Annotated[float, typer.Option(min=0, help="emulated bandwidth between virtual "
+                                                        "nodes, Gbit/s")] = 0.0,
+    ranks_per_node: Annotated[int, typer.Option(min=0, help="virtual node size for the inter-node figures "
+                                                "(parallel.ranks_per_node)")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """All-reduce bandwidth in the NCCL-tests manner (algbw = S/t, busbw = algbw·2(N-1)/N)."""
     from engine.bench.allreduce import bench_allreduce, bench_gloo
+    from engine.comm.emulation import NetworkEmulation
+    network = NetworkEmulation(latency_us, bandwidth_gbps, inter_latency_us, inter_bandwidth_gbps,
+                               ranks_per_node)
+    if network.active and backend != "processes":
+        fail(f"--latency-us/--bandwidth-gbps: network emulation needs --backend processes, not {backend}")
+    if (inter_latency_us or inter_bandwidth_gbps) and not 0 < ranks_per_node < world_size:
+        fail("--inter-latency-us/--inter-bandwidth-gbps need --ranks-per-node below --world-size (more than "
+             "one virtual node)")
+    if ranks_per_node and world_size % ranks_per_node:
+        fail(f"--ranks-per-node {ranks_per_node} does not divide --world-size {world_size}")
     with user_errors():
         size_list = _check_allreduce(backend, world_size, sizes, algorithm)
-    ours = bench_allreduce(backend, world_size, size_list, iters, warmup, algorithm=algorithm)
+    ours = bench_allreduce(backend, world_size, size_list, iters, warmup, algorithm=algorithm,
+                           network=network if network.active else None)
     gloo = bench_gloo(world_size, size_list, iters, warmup) if vs_gloo else None
     report = {"backend": backend, "world_size": world_size, "algorithm": algorithm,
-              "ours": ours, "gloo": gloo}
+              "network": network.describe(), "ours": ours, "gloo": gloo}
     if as_json:
         print(json.dumps(report, indent=2))
         return
     print(f"all-reduce, {backend} backend, {world_size} ranks, float32, median of {iters} iterations "
           f"(algbw = S/t, busbw = algbw*2(N-1)/N, GB/s = 1e9 B/s)")
+    if network.active:
+        print(network.describe())
     head = f"{'size':>10} {'time ms':>9} {'algbw':>7} {'busbw':>7} {'ok':>3}"
     if gloo:
         head += f"   {'gloo ms':>9} {'busbw':>7}  {'ours/gloo':>9}"
