@@ -69,7 +69,7 @@ class Crossovers:
         return out.reshape(-1)
 
     @classmethod
-    def from_array(cls, arr: np.ndarray, source: str = "measured") -> Crossovers:
+    def from_array(cls, arr: np.ndarray, source: str = "rank 0's") -> Crossovers:
         rows = arr.reshape(MAX_RULES, 2)
         return cls(tuple((float(b), CANDIDATES[int(i)]) for b, i in rows if i >= 0), source)
 

@@ -36,10 +36,13 @@ from engine.comm.reduction import OPS, check_buffer, segments
 from engine.flat import shard_bounds
 
 SEGMENT_BYTES = 4 << 20
-ALGORITHMS = ("ring", "rhd", "tree", "hierarchical", "auto", "mpi-native")
+# The four algorithms "auto" chooses among (ring, rhd, tree, hierarchical), auto itself, and MPI's own.
+ALGORITHMS = auto.CANDIDATES + ("auto", "mpi-native")
+NEEDS_WORLD = ("hierarchical", "mpi-native")  # a node grid over the world; the MPI world communicator
+ON_ANY_GROUP = tuple(a for a in ALGORITHMS if a not in NEEDS_WORLD)
 
-__all__ = ["ALGORITHMS", "OPS", "SEGMENT_BYTES", "all_gather", "all_reduce", "broadcast", "choose",
-           "reduce_scatter", "shard_bounds"]
+__all__ = ["ALGORITHMS", "ON_ANY_GROUP", "OPS", "SEGMENT_BYTES", "all_gather", "all_reduce", "broadcast",
+           "choose", "hierarchical_reduce_scatter", "reduce_scatter", "shard_bounds"]
 
 
 def reduce_scatter(comm: Communicator, buf: np.ndarray, op: str = "sum", *,
@@ -52,6 +55,21 @@ def reduce_scatter(comm: Communicator, buf: np.ndarray, op: str = "sum", *,
 def all_gather(comm: Communicator, buf: np.ndarray, *, segment_bytes: int = SEGMENT_BYTES) -> None:
     """Every rank contributes its shard (``shard_bounds``) of ``buf``; all end with the whole buffer."""
     ring.all_gather(comm, buf, segment_bytes)
+
+
+def hierarchical_reduce_scatter(grid: NodeGrid, buf: np.ndarray, op: str = "sum", algorithm: str = "ring", *,
+                                crossovers: auto.Crossovers | None = None,
+                                segment_bytes: int = SEGMENT_BYTES) -> tuple[int, int]:
+    """Reduce-scatter inside the node, then all-reduce this rank's node shard across the nodes with
+    ``algorithm`` (one of ON_ANY_GROUP): the shard ends reduced over every rank of the grid, identical on
+    every node. Returns its (start, end). Hybrid sharding's gradient reduction."""
+    if algorithm not in ON_ANY_GROUP:
+        raise ValueError(f"the inter-node step runs on a group of one rank per node: algorithm must be one "
+                         f"of {ON_ANY_GROUP}, got {algorithm!r}")
+
+    def across(comm: Communicator, view: np.ndarray, op: str) -> None:
+        all_reduce(comm, view, op, algorithm, crossovers=crossovers, segment_bytes=segment_bytes)
+    return hierarchical.reduce_scatter(grid, buf, op, segment_bytes, across)
 
 
 def choose(comm: Communicator, buf: np.ndarray, grid: NodeGrid | None = None,

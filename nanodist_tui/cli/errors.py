@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import typer
 
+from engine.comm.auto import TuningError
 from engine.comm.launch import LaunchError
 from engine.config import ConfigError
 from engine.data import DataError
@@ -16,7 +17,7 @@ class OutDirError(ValueError):
     """run.out_dir cannot hold run folders."""
 
 
-USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError)
+USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError, TuningError)
 
 
 def fail(message: str, code: int = 2) -> None:

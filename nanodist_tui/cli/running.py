@@ -39,12 +39,16 @@ def prepare_run(preset: str, sets=None, world_size=None, backend=None):
 
 def check_can_run(cfg) -> None:
     """What a valid config can still get wrong on this machine: unreadable data, a backend that cannot
-    start here, a run folder that cannot be made. Raises one of USER_ERRORS."""
+    start here, a run folder that cannot be made, an unusable tuning file for algorithm "auto". Raises
+    one of USER_ERRORS."""
     from engine.build import build_dataset
     from engine.comm.launch import check_environment
+    from engine.parallel.topology import tables
     build_dataset(cfg)
     check_environment(cfg.parallel.backend, cfg.parallel.world_size)
     check_out_dir(cfg.run.out_dir)
+    if cfg.parallel.algorithm == "auto":
+        tables(cfg)
 
 
 def check_out_dir(out_dir: str) -> None:
