@@ -131,6 +131,8 @@ class ParallelConfig:
                       "nodes; gradients reduced hierarchically")
     tuning_file: str = _f("", 'measured crossovers for algorithm "auto" (bench allreduce --calibrate writes '
                           "them); empty = ~/.cache/nanodist/allreduce-tuning.json")
+    threads_per_rank: int = _f(0, "BLAS/OpenMP threads of each rank; 0 = auto: the cores this process may "
+                               "use divided by the ranks on its host")
 
 
 @dataclass(frozen=True)

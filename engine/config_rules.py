@@ -124,6 +124,7 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "parallel.zero_stage": _between(min(ZERO_STAGES), max(ZERO_STAGES)),
     "parallel.bucket_cap_mb": _positive, "parallel.timeout_s": _positive,
     "parallel.algorithm": one_of(*ALGORITHMS), "parallel.ranks_per_node": _at_least(0),
+    "parallel.threads_per_rank": _between(0, 4096),
     "precision.dtype": one_of(*DTYPES),
     "precision.loss_scale": lambda v: one_of("dynamic")(v) if isinstance(v, str) else _positive(v),
     "precision.init_scale": _positive, "precision.growth_factor": _between(1, math.inf, open_lo=True),

@@ -25,6 +25,7 @@ class RunStarted:
     n_params: int
     world_size: int
     total_steps: int
+    threads_per_rank: int = 0  # BLAS/OpenMP threads of each rank (rank 0's host), as resolved; 0 = unknown
 
 
 @dataclass(frozen=True)

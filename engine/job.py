@@ -45,7 +45,8 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, train_rank,
                             args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),
                             on_event=lambda d: bus.emit(ev.from_json(d)),
-                            timeout_s=cfg.parallel.timeout_s, stop_event=stop_event)
+                            timeout_s=cfg.parallel.timeout_s, stop_event=stop_event,
+                            threads_per_rank=cfg.parallel.threads_per_rank)
     except BaseException as e:
         bus.emit(ev.RunFailed(message=_one_line(e), rank=getattr(e, "rank", None)))
         if recorder:

@@ -141,7 +141,7 @@ class Trainer:
         if self.rank == 0:
             self.emit(ev.RunStarted(run_id=run_id, preset=preset or cfg.name, config=to_dict(cfg),
                                     n_params=self.n_params, world_size=self.world,
-                                    total_steps=cfg.train.steps))
+                                    total_steps=cfg.train.steps, threads_per_rank=self.comm.threads_per_rank))
         val, evaluated_at = self.evaluate(), self.step
         first_val = val
         self._report_eval(val)
@@ -163,7 +163,7 @@ class Trainer:
         # the same figure StepEnd.tokens_per_s reports step by step.
         return {"steps": self.step, "initial_val_loss": first_val, "final_val_loss": val,
                 "tokens_per_s": (self.tokens_seen - tokens_start) / max(self.train_time - train_start, 1e-9),
-                "wall_s": wall}
+                "wall_s": wall, "threads_per_rank": self.comm.threads_per_rank}
 
     def _report_step(self, s: dict) -> None:
         for stats in self._rank_stats(s):

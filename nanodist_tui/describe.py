@@ -11,6 +11,12 @@ from typing import Any, NamedTuple
 from engine.events import CheckpointSaved, Eval, Log, LossScaleChange, RunFailed, RunFinished, RunStarted
 from engine.recorder import is_interruption
 
+
+def threads_note(event: RunStarted) -> str:
+    """ " × 2 threads": each rank's BLAS/OpenMP threads, when the run reported them."""
+    return f" × {event.threads_per_rank} thread(s)" if event.threads_per_rank else ""
+
+
 # The levels a Line has: "info", "debug", "warning", "error" (a Log event's own levels) and "success".
 _LOG_LEVEL_ALIASES = {"warn": "warning"}
 
@@ -45,7 +51,7 @@ def describe(event: Any) -> Line | None:
     """The line for a discrete event; None for the continuous ones (steps, rank stats, traffic, memory)."""
     if isinstance(event, RunStarted):
         return Line(f"run {event.run_id} started: preset {event.preset}, {event.n_params:,} parameters, "
-                    f"{event.world_size} rank(s), {event.total_steps} steps")
+                    f"{event.world_size} rank(s){threads_note(event)}, {event.total_steps} steps")
     if isinstance(event, Eval):
         return Line(f"step {event.step}: val loss {event.val_loss:.4f}")
     if isinstance(event, LossScaleChange):

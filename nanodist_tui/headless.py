@@ -102,6 +102,8 @@ def summary_lines(summary: dict) -> list[str]:
         f"throughput     {summary['tokens_per_s']:,.0f} tokens/s",
         f"wall time      {summary['wall_s']:.1f} s",
     ]
+    if summary.get("threads_per_rank"):
+        lines.insert(3, f"threads/rank   {summary['threads_per_rank']}")
     if summary.get("run_dir"):
         lines.append(f"run folder     {summary['run_dir']}")
     return lines

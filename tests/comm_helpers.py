@@ -240,6 +240,15 @@ def native_check(comm, emit) -> dict:
     return {"rank": comm.rank, "failures": failures}
 
 
+def pool_sizes(comm, emit) -> dict:
+    """What this rank's thread pools are, as threadpoolctl reports them from inside the rank, beside the
+    figure run_ranks resolved and the CPUs the rank may use."""
+    from threadpoolctl import threadpool_info
+    blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    return {"rank": comm.rank, "blas": blas, "resolved": comm.threads_per_rank,
+            "cores": sorted(os.sched_getaffinity(0))}
+
+
 # ---------------------------------------------------------------------------------------- their checks
 # Each algorithm's bytes, written out here from its definition (not imported from the engine).
 
@@ -356,12 +365,13 @@ def assert_algorithm_bytes(results, ranks_per_node: int) -> None:
 if __name__ == "__main__":
     from engine.comm import run_ranks
 
-    # comm_helpers.py [tcp] [conformance | native | algorithms G]
+    # comm_helpers.py [tcp] [conformance | native | pools | algorithms G]
     args = sys.argv[1:]
     transport = args.pop(0) if args[:1] == ["tcp"] else "mpi"
     mode = args[0] if args else "conformance"
     extra = tuple(int(a) for a in args[1:])
-    check = {"native": native_check, "algorithms": algorithm_conformance}.get(mode, conformance)
+    check = {"native": native_check, "pools": pool_sizes, "algorithms": algorithm_conformance}.get(mode,
+                                                                                                 conformance)
     if transport == "tcp":  # one rank of a torchrun-style job, configured by the environment
         rank = int(os.environ["RANK"])
         print(json.dumps(run_ranks(int(os.environ["WORLD_SIZE"]), "tcp", check, extra, timeout_s=120)[rank]))

@@ -52,3 +52,12 @@ def test_mpi_algorithms_on_every_group():
     comm_helpers.assert_algorithms_exact(results, 2)
     comm_helpers.assert_bitwise_within_groups(results)
     comm_helpers.assert_algorithm_bytes(results, 2)
+
+
+def test_mpi_ranks_limit_their_blas_pools_to_their_share_of_the_host():
+    results = mpirun(2, "pools")  # MPICH's Hydra states MPI_LOCALNRANKS=2 to each rank
+    for r in results:
+        others = [set(o["cores"]) for o in results if o["rank"] != r["rank"]]
+        sharing = 1 + sum(bool(set(r["cores"]) & cores) for cores in others)
+        expected = max(1, len(r["cores"]) // sharing)
+        assert r["resolved"] == expected and r["blas"] == [expected], r

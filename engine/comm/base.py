@@ -116,6 +116,7 @@ class Communicator(ABC):
         self.timeout_s = float(timeout_s)
         self.meter = meter
         self.signals = signals if signals is not None else Signals()
+        self.threads_per_rank = 0  # run_ranks sets this rank's share of the host's cores (cores.py)
 
     def global_rank(self, rank: int) -> int:
         """The job-wide rank of this communicator's rank ``rank`` (the identity, but in a group)."""

@@ -27,18 +27,19 @@ import threading
 import time
 import traceback
 
-from engine.comm import codec
+from engine.comm import codec, cores
 from engine.comm.base import RankFailure, Signals, StopRequested, blame
 
 MAX_MESSAGE = 1 << 28
 ABORT_GRACE_S = 3.0
 
 
-def run_processes(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> list:
+def run_processes(world_size, rank_fn, args, on_event, timeout_s, stop_event, threads: int = 1) -> list:
+    """Run rank_fn on `world_size` spawned processes, each limiting its thread pools to `threads`."""
     target = _qualified_name(rank_fn)
     ctx = multiprocessing.get_context("spawn")
     spec = {"world_size": world_size, "target": target, "args": list(args), "secret": secrets.token_hex(32),
-            "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0"}
+            "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0", "threads": threads}
     children: list[_Child] = []
     try:
         for rank in range(world_size):
@@ -169,6 +170,7 @@ def child_main(conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops every rank
     spec = codec.loads(conn.recv_bytes(MAX_MESSAGE))
     rank, world_size, timeout_s = spec["rank"], spec["world_size"], spec["timeout_s"]
+    cores.apply(spec["threads"])  # before rank_fn's module is imported or anything is built
     send_lock, signals, master = threading.Lock(), Signals(), {}
     master_known = threading.Event()
 
@@ -203,6 +205,7 @@ def child_main(conn) -> None:
         comm = connect(rank, world_size, "127.0.0.1", master.get("port", 0), bytes.fromhex(spec["secret"]),
                        timeout_s=timeout_s, use_shm=spec["shm"], signals=signals,
                        on_listening=lambda port: send({"type": "master", "port": port}))
+        comm.threads_per_rank = spec["threads"]
         value = rank_fn(comm, lambda event: send({"type": "event", "data": event}), *spec["args"])
         send({"type": "result", "value": value})
     except StopRequested:
