@@ -4,9 +4,10 @@ A Crossovers table is a list of rules "below B bytes run A", ascending, the last
 is measured, not guessed: ``nanodist-tui bench allreduce --calibrate`` times every candidate at a ladder
 of sizes on the job's backend, world size and node grid (and emulated network, if any), takes the
 fastest at each size and puts each crossover at the geometric mean of the two sizes around the change
-(`fit`). The result is saved in a tuning file (JSON, written atomically) under a key naming what was
-measured; a run looks its own key up (`lookup`) and falls back to the defaults below when the file or
-the key is missing.
+(`fit`, which lets an algorithm keep winning while within 5% of the fastest, so noise between
+near-equals does not flip the choice). The result is saved in a tuning file (JSON, written atomically)
+under a key naming what was measured; a run looks its own key up (`lookup`) and falls back to the
+defaults below when the file or the key is missing.
 
 Defaults (no calibration): measured on the development machine (2 cores; `bench allreduce --calibrate`
 on the processes backend, 4 ranks, with and without a 2 × 2 grid on an emulated slow inter-node link):
@@ -88,13 +89,19 @@ def key(backend: str, world_size: int, ranks_per_node: int, network: str = "") -
     return f"{backend}/n{world_size}/g{ranks_per_node}/{network or 'real'}"
 
 
-def fit(times: dict[int, dict[str, float]]) -> Crossovers:
+def fit(times: dict[int, dict[str, float]], tolerance: float = 0.05) -> Crossovers:
     """Rules from measured seconds per size and algorithm: the fastest at each size, switching at the
-    geometric mean of the two sizes around each change."""
+    geometric mean of the two sizes around each change. An algorithm keeps winning at the next size while
+    it is within ``tolerance`` of the fastest there, so noise between near-equals does not flip it."""
     sizes = sorted(times)
     if not sizes:
         raise ValueError("no measurements to fit crossovers to")
-    best = [min(times[s], key=times[s].__getitem__) for s in sizes]
+    best: list[str] = []
+    for s in sizes:
+        fastest = min(times[s], key=times[s].__getitem__)
+        held = best[-1] if best else None
+        keep = held in times[s] and times[s][held] <= (1 + tolerance) * times[s][fastest]
+        best.append(held if keep and held is not None else fastest)
     rules: list[tuple[float, str]] = []
     for i in range(1, len(sizes)):
         if best[i] != best[i - 1]:
