@@ -62,7 +62,8 @@ def test_tuning_file_round_trip_and_defaults(tmp_path):
     ring = auto.Crossovers(((INF, "ring"),), "measured")
     auto.save(path, "threads/n2/g0/real", ring, {64: {"ring": 1.0}})
     doc = json.loads(path.read_text())
-    assert doc["format"] == auto.FORMAT and set(doc["entries"]) == {"processes/n4/g2/real", "threads/n2/g0/real"}
+    assert doc["format"] == auto.FORMAT
+    assert set(doc["entries"]) == {"processes/n4/g2/real", "threads/n2/g0/real"}
     assert auto.lookup(path, "processes/n4/g2/real", True) == table
     assert auto.lookup(path, "processes/n8/g2/real", True) == auto.default(True)  # another key: defaults
     assert auto.default(False).choose(1 << 30) != "hierarchical"  # one node: never the two-level algorithm
@@ -123,7 +124,8 @@ def test_calibrate_writes_what_auto_then_reads(tmp_path):
         assert at[table.choose(size)] <= 1.05 * min(at.values())
     compared = json.loads(runner.invoke(app, [
         "bench", "allreduce", "-b", "threads", "-n", "4", "--ranks-per-node", "2", "--algorithm", "all",
-        "--sizes", "1KiB,64KiB", "--iters", "2", "--warmup", "0", "--tuning-file", str(path), "--json"]).stdout)
+        "--sizes", "1KiB,64KiB", "--iters", "2", "--warmup", "0", "--tuning-file", str(path),
+        "--json"]).stdout)
     assert compared["crossovers"] == out["crossovers"]
     auto_rows = [r for r in compared["ours"] if r["algorithm"] == "auto"]
     assert [r["chosen"] for r in auto_rows] == [table.choose(1024), table.choose(65536)]

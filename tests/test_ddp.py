@@ -78,7 +78,8 @@ def test_ddp_with_gradient_accumulation(world, dtype, rtol):
 
 @pytest.mark.parametrize("algorithm", ["rhd", "tree", "hierarchical", "auto"])
 def test_ddp_with_each_all_reduce_algorithm_equals_single_process(algorithm):
-    """4 ranks as 2 nodes × 2 (the grid hierarchical and auto read), 3 ranks for the non-power-of-two paths."""
+    """4 ranks as 2 nodes × 2 (the grid hierarchical and auto read); 3 ranks for the non-power-of-two
+    paths."""
     cfg = tiny_gpt(precision__dtype="fp64", train__global_batch=12)
     single = run(cfg, 1)[0]
     for world, per_node in ((4, 2), (3, 3 if algorithm == "hierarchical" else 0)):
