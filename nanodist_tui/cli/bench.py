@@ -252,6 +252,35 @@ def _print_comparison(rows: list[dict], algorithms: tuple[str, ...], crossovers)
         print(f"auto used the {crossovers.source} crossovers: {_describe(crossovers)}")
 
 
+@app.command("traffic")
+def traffic(preset: PresetOpt = "hybrid-4", sets: SetOpt = None, world_size: WorldOpt = None,
+            steps: Annotated[int, typer.Option(help="train this many steps, report the last", min=1)] = 2,
+            as_json: JsonOpt = False) -> None:
+    """Bytes each rank sends in a training step, by group (world, node, cross-node), and across nodes."""
+    from engine.bench.traffic import traffic_per_step
+    with user_errors():
+        cfg, _, _ = load_config(preset, sets, world_size)
+    rows = traffic_per_step(cfg, steps)
+    p = cfg.parallel
+    if as_json:
+        print(json.dumps({"preset": cfg.name, "world_size": p.world_size, "ranks_per_node": p.ranks_per_node,
+                          "zero_stage": p.zero_stage, "hybrid": p.hybrid, "algorithm": p.algorithm,
+                          "step": steps, "ranks": rows}, indent=2))
+        return
+    layout = "hybrid-sharded" if p.hybrid else "flat"
+    print(f"preset {cfg.name}: {p.world_size} ranks{_grid(p.world_size, p.ranks_per_node)}, "
+          f"ZeRO-{p.zero_stage} {layout}, all-reduce {p.algorithm}; bytes sent in step {steps} "
+          "(MB = 1e6 bytes)")
+    seen = {g for r in rows for g in r["by_group"]}
+    groups = [g for g in ("world", "node", "cross") if g in seen] + sorted(seen - {"world", "node", "cross"})
+    print(f"{'rank':>4} " + " ".join(f"{g:>10}" for g in groups) + f" {'total':>10} {'across nodes':>13}")
+    total = {"rank": "all", "by_group": {g: sum(r["by_group"].get(g, 0) for r in rows) for g in groups},
+             "total": sum(r["total"] for r in rows), "across_nodes": sum(r["across_nodes"] for r in rows)}
+    for r in [*rows, total]:
+        print(f"{r['rank']:>4} " + " ".join(f"{r['by_group'].get(g, 0) / 1e6:10.3f}" for g in groups)
+              + f" {r['total'] / 1e6:10.3f} {r['across_nodes'] / 1e6:13.3f}")
+
+
 @app.command("techniques")
 def techniques(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldOpt = 4,
                backend: BackendOpt = None,
