@@ -65,16 +65,21 @@ def test_stages_equal_ddp(world, flavour):
         assert max(ddp[0]["norms"]) > 0.3  # clipping is really exercised
     for stage in (1, 2, 3):
         zero = run(cfg, world, stage)
-        for r in zero:
-            np.testing.assert_allclose(r["losses"], ddp[0]["losses"], rtol=rtol)
-            # the gradient norm formed from shards equals the unsharded one
-            np.testing.assert_allclose(r["norms"], ddp[0]["norms"], rtol=rtol)
-        state = consolidated(zero)
-        for key in ("master", "m", "v"):
-            scale = np.abs(reference[key]).max()
-            np.testing.assert_allclose(state[key], reference[key], rtol=rtol, atol=rtol * scale,
-                                       err_msg=f"stage {stage} {key}")
+        assert_equals_ddp(zero, ddp, reference, rtol, f"stage {stage}")
         assert zero[0]["state"]["step"] == ddp[0]["state"]["step"] == 10
+
+
+def assert_equals_ddp(zero: list[dict], ddp: list[dict], reference: dict, rtol: float, label: str) -> None:
+    """Every rank's losses and gradient norms (formed from shards, when sharded) equal DDP's, and so do
+    the consolidated master, m and v."""
+    for r in zero:
+        np.testing.assert_allclose(r["losses"], ddp[0]["losses"], rtol=rtol)
+        np.testing.assert_allclose(r["norms"], ddp[0]["norms"], rtol=rtol)
+    state = consolidated(zero)
+    for key in ("master", "m", "v"):
+        scale = np.abs(reference[key]).max()
+        np.testing.assert_allclose(state[key], reference[key], rtol=rtol, atol=rtol * scale,
+                                   err_msg=f"{label} {key}")
 
 
 def test_stage3_with_untied_weights_and_no_prefetch_equals_ddp():
@@ -259,14 +264,7 @@ def test_hybrid_sharding_equals_ddp(flavour):
         hybrid = run(cfg, 4, stage, **HYBRID)
         assert [r["range"] for r in hybrid[:2]] == [r["range"] for r in hybrid[2:]]  # nodes hold the same
         assert hybrid[1]["range"][1] == hybrid[1]["state"]["m"].size * 2  # each rank: half of the state
-        for r in hybrid:
-            np.testing.assert_allclose(r["losses"], ddp[0]["losses"], rtol=rtol)
-            np.testing.assert_allclose(r["norms"], ddp[0]["norms"], rtol=rtol)
-        state = consolidated(hybrid)
-        for key in ("master", "m", "v"):
-            scale = np.abs(reference[key]).max()
-            np.testing.assert_allclose(state[key], reference[key], rtol=rtol, atol=rtol * scale,
-                                       err_msg=f"hybrid stage {stage} {key}")
+        assert_equals_ddp(hybrid, ddp, reference, rtol, f"hybrid stage {stage}")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
