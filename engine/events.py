@@ -68,8 +68,9 @@ class Traffic:
                    (ZeRO-3) | "barrier" | "p2p" | "mpi-native"
         group      the communicator: "world", "node<m>" (the ranks of node m), "cross<j>" (local rank j
                    of every node), or another process group's name
-        algorithm  what ran: "ring" | "rhd" | "tree" | "hierarchical" (auto shows the one it chose) |
-                   "chain" (broadcast) | "dissemination" (barrier) | "p2p" | "mpi-native"
+        algorithm  what ran: "ring" | "rhd" | "tree" | "hierarchical" (its steps inside the node; its
+                   inter-node step shows the algorithm run there) — auto shows the one it chose —
+                   | "chain" (broadcast) | "dissemination" (barrier) | "p2p" | "mpi-native"
         bytes, seconds   payload sent, and the time its sends took
     A link whose src and dst sit on different nodes (rank // parallel.ranks_per_node) crossed nodes."""
     kind: ClassVar[str] = "traffic"

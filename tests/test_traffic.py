@@ -71,7 +71,8 @@ def test_single_rank_emits_no_traffic():
 
 def test_traffic_events_name_the_group_and_algorithm_of_every_link():
     """DDP with the hierarchical all-reduce on 2 nodes × 2: gradient buckets go reduce-scatter and
-    all-gather inside the node (node<m>), all-reduce across (cross<j>), all booked as "hierarchical"; the
+    all-gather inside the node (node<m>, booked as "hierarchical"), all-reduce across (cross<j>, booked as
+    the ring that runs there); the
     trainer's scalars go around the world ring. Fewer bytes cross the nodes than with the flat ring."""
     crossing = {}
     for algorithm in ("ring", "hierarchical"):
@@ -82,7 +83,7 @@ def test_traffic_events_name_the_group_and_algorithm_of_every_link():
         kinds = {(link["group"], link["phase"], link["algorithm"]) for link in links}
         if algorithm == "hierarchical":
             assert {(f"node{m}", phase, "hierarchical") for m in (0, 1) for phase in
-                    ("reduce-scatter", "all-gather")} | {(f"cross{j}", "all-reduce", "hierarchical")
+                    ("reduce-scatter", "all-gather")} | {(f"cross{j}", "all-reduce", "ring")
                                                          for j in (0, 1)} <= kinds
             for link in links:  # node links stay inside a node, cross links join the same local rank
                 if link["group"].startswith("node"):

@@ -14,6 +14,9 @@ node's last rank sends all of it to the next node. Cost (one NIC per rank): 2(Gâ
 Steps 1-2 alone are the gradient reduction of hybrid sharding (engine.parallel): every rank ends with its
 node shard reduced over the whole world, replicated across the nodes. The inter-node step is a ring
 unless the caller passes another all-reduce. avg divides the finished shard by N once.
+
+The meter books steps 1 and 3 as algorithm "hierarchical" (groups node<m>) and step 2 as phase
+"all-reduce" under the inter-node algorithm's own name (groups cross<j>), so a link shows what crossed.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 
 from engine.comm import ring
 from engine.comm.group import NodeGrid
-from engine.comm.meter import metered
+from engine.comm.meter import metered, metered_phase
 from engine.comm.reduction import check_buffer, divide, reducer
 
 NAME = "hierarchical"
@@ -42,7 +45,7 @@ def reduce_scatter(grid: NodeGrid, buf: np.ndarray, op: str, segment_bytes: int,
     with metered(meter, "reduce-scatter", NAME):
         start, end = ring.reduce_scatter(grid.intra, buf, partial, segment_bytes)
     shard = buf[start:end]
-    with metered(meter, "all-reduce", NAME):
+    with metered_phase(meter, "all-reduce"):  # booked under the inter-node algorithm's own name
         if inter_all_reduce is None:
             ring.all_reduce(grid.inter, shard, partial, segment_bytes)
         else:

@@ -10,7 +10,8 @@ A link is (src, dst, phase, group, algorithm), with global ranks:
              the pipelined broadcast, "dissemination" for the barrier; "p2p" outside any collective)
 
 Labels nest: the outermost one wins (a caller's label says more than the collective's: ZeRO-3 calls its
-all-gathers "param-gather"; a hierarchical all-reduce books its ring steps as "hierarchical").
+all-gathers "param-gather"; a hierarchical all-reduce books its ring steps inside the node as
+"hierarchical").
 Bandwidth helpers follow the NCCL-tests definitions (its PERFORMANCE.md): algbw = S / t and
 busbw = algbw × a factor that makes the figure comparable to the link bandwidth.
 """
