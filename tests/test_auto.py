@@ -56,7 +56,7 @@ def test_crossovers_travel_as_a_fixed_size_array():
 
 def test_tuning_file_round_trip_and_defaults(tmp_path):
     path = tmp_path / "sub" / "tuning.json"
-    assert auto.lookup(path, "processes/n4/g2/real", True) == auto.default(True)  # no file yet
+    assert auto.lookup(path, "processes/n4/g2/real", 4, True) == auto.default(4, True)  # no file yet
     table = auto.Crossovers(((100.0, "tree"), (INF, "hierarchical")), "measured")
     auto.save(path, "processes/n4/g2/real", table, {64: {"tree": 1.0}, 256: {"hierarchical": 1.0}})
     ring = auto.Crossovers(((INF, "ring"),), "measured")
@@ -64,9 +64,11 @@ def test_tuning_file_round_trip_and_defaults(tmp_path):
     doc = json.loads(path.read_text())
     assert doc["format"] == auto.FORMAT
     assert set(doc["entries"]) == {"processes/n4/g2/real", "threads/n2/g0/real"}
-    assert auto.lookup(path, "processes/n4/g2/real", True) == table
-    assert auto.lookup(path, "processes/n8/g2/real", True) == auto.default(True)  # another key: defaults
-    assert auto.default(False).choose(1 << 30) != "hierarchical"  # one node: never the two-level algorithm
+    assert auto.lookup(path, "processes/n4/g2/real", 4, True) == table
+    assert auto.lookup(path, "processes/n8/g2/real", 8, True) == auto.default(8, True)  # another key
+    for world in range(1, 9):  # one level: never the two-level algorithm; rhd only on powers of two
+        rules = [a for _, a in auto.default(world, False).rules]
+        assert "hierarchical" not in rules and ("rhd" in rules) == (world & (world - 1) == 0)
     assert [p.name for p in path.parent.iterdir()] == ["tuning.json"]  # written atomically: no leftovers
 
 
@@ -81,7 +83,7 @@ def test_unusable_tuning_files_are_one_line_errors(tmp_path, content, named):
     path = tmp_path / "t.json"
     path.write_text(content)
     with pytest.raises(auto.TuningError) as err:
-        auto.lookup(path, "k", False)
+        auto.lookup(path, "k", 4, False)
     assert named in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)
 
 
@@ -120,7 +122,7 @@ def test_calibrate_writes_what_auto_then_reads(tmp_path):
     assert all(r["correct"] for r in rows)
     for size in (1024, 65536):  # the saved rule names the fastest measured at each size (or one within 5%)
         at = {r["algorithm"]: r["time_s"] for r in rows if r["size"] == size}
-        table = auto.lookup(path, out["key"], True)
+        table = auto.lookup(path, out["key"], 4, True)
         assert at[table.choose(size)] <= 1.05 * min(at.values())
     compared = json.loads(runner.invoke(app, [
         "bench", "allreduce", "-b", "threads", "-n", "4", "--ranks-per-node", "2", "--algorithm", "all",

@@ -9,13 +9,17 @@ near-equals does not flip the choice). The result is saved in a tuning file (JSO
 under a key naming what was measured; a run looks its own key up (`lookup`) and falls back to the
 defaults below when the file or the key is missing.
 
-Defaults (no calibration): measured on the development machine (2 cores; `bench allreduce --calibrate`
-on the processes backend, 4 ranks, with and without a 2 × 2 grid on an emulated slow inter-node link):
-  one level   tree below 16 KiB, rhd below 1 MiB, ring above
-  two levels  tree below 16 KiB, rhd below 256 KiB, hierarchical above
-The tree's few whole-buffer steps win while per-message cost dominates; halving-doubling's 2·lg N steps
-win at medium sizes; above, the ring — or, with nodes, the hierarchical all-reduce, which sends only
-1/G of the bytes over the slow links — moves the fewest bytes over the slowest link.
+Defaults (no calibration), measured with `bench allreduce --calibrate` on the development machine
+(processes backend, emulated links: 50 µs and 10 Gbit/s per link on one level; 100 µs and 1 Gbit/s
+between two nodes of 2 ranks, real links inside):
+  one level, N a power of two   tree below 32 KiB, rhd above
+  one level, other N            tree below 128 KiB, ring above
+  two levels (a NodeGrid of more than one node of more than one rank)
+                                tree below 128 KiB, hierarchical above
+The tree's few whole-buffer steps win while per-message cost dominates. Above, halving-doubling moves
+the ring's bytes in 2·lg N steps instead of 2(N−1) — unless N is not a power of two, when its extra fold
+and unfold of the whole buffer cost more than the ring's extra steps; with nodes, the hierarchical
+all-reduce sends only 1/G of the bytes over the slow links between them.
 
 Every rank must pick the same algorithm for the same buffer: a job agrees on rank 0's table
 (engine.parallel.topology broadcasts it), and the choice depends only on the buffer's size in bytes.
@@ -76,12 +80,16 @@ class Crossovers:
 
 
 KiB = 1024
-DEFAULT_ONE_LEVEL = Crossovers(((16 * KiB, "tree"), (1024 * KiB, "rhd"), (math.inf, "ring")))
-DEFAULT_TWO_LEVEL = Crossovers(((16 * KiB, "tree"), (256 * KiB, "rhd"), (math.inf, "hierarchical")))
+DEFAULT_POWER_OF_TWO = Crossovers(((32 * KiB, "tree"), (math.inf, "rhd")))
+DEFAULT_OTHER = Crossovers(((128 * KiB, "tree"), (math.inf, "ring")))
+DEFAULT_TWO_LEVEL = Crossovers(((128 * KiB, "tree"), (math.inf, "hierarchical")))
 
 
-def default(two_level: bool) -> Crossovers:
-    return DEFAULT_TWO_LEVEL if two_level else DEFAULT_ONE_LEVEL
+def default(world_size: int, two_level: bool) -> Crossovers:
+    """The documented defaults for an all-reduce over ``world_size`` ranks (on a two-level grid or not)."""
+    if two_level:
+        return DEFAULT_TWO_LEVEL
+    return DEFAULT_POWER_OF_TWO if world_size & (world_size - 1) == 0 else DEFAULT_OTHER
 
 
 def key(backend: str, world_size: int, ranks_per_node: int, network: str = "") -> str:
@@ -129,11 +137,12 @@ def read(path: Path) -> dict:
     return doc["entries"]
 
 
-def lookup(path: Path, table_key: str, two_level: bool) -> Crossovers:
-    """The measured crossovers saved under ``table_key``, else the defaults."""
+def lookup(path: Path, table_key: str, world_size: int, two_level: bool) -> Crossovers:
+    """The measured crossovers saved under ``table_key`` (an all-reduce over ``world_size`` ranks, on a
+    two-level grid or not), else the defaults."""
     entry = read(path).get(table_key)
     if entry is None:
-        return default(two_level)
+        return default(world_size, two_level)
     try:
         rules = tuple((math.inf if b is None else float(b), str(a)) for b, a in entry["rules"])
         found = Crossovers(rules, "measured")

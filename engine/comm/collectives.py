@@ -76,7 +76,7 @@ def choose(comm: Communicator, buf: np.ndarray, grid: NodeGrid | None = None,
            crossovers: auto.Crossovers | None = None) -> str:
     """The algorithm "auto" runs for ``buf`` on ``comm``: the crossovers' (default ones without)."""
     two_level = grid is not None and grid.two_level
-    table = crossovers if crossovers is not None else auto.default(two_level)
+    table = crossovers if crossovers is not None else auto.default(comm.world_size, two_level)
     chosen = table.choose(buf.nbytes)
     return "ring" if chosen == "hierarchical" and not two_level else chosen
 

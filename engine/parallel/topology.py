@@ -37,8 +37,9 @@ def tables(cfg) -> tuple[auto.Crossovers, auto.Crossovers]:
     path = auto.tuning_path(p.tuning_file)
     per_node = p.ranks_per_node or p.world_size
     two_level = 1 < per_node < p.world_size
-    world = auto.lookup(path, auto.key(p.backend, p.world_size, p.ranks_per_node), two_level)
-    across = auto.lookup(path, auto.key(p.backend, p.world_size // per_node, 1), False)
+    nodes = p.world_size // per_node
+    world = auto.lookup(path, auto.key(p.backend, p.world_size, p.ranks_per_node), p.world_size, two_level)
+    across = auto.lookup(path, auto.key(p.backend, nodes, 1), nodes, False)
     return world, across
 
 

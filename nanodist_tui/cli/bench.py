@@ -141,7 +141,8 @@ def allreduce(
     crossovers = None
     if "auto" in algorithms:
         try:
-            crossovers = auto.lookup(path, auto.key(backend, world_size, ranks_per_node), two_level)
+            crossovers = auto.lookup(path, auto.key(backend, world_size, ranks_per_node), world_size,
+                                     two_level)
         except auto.TuningError as e:
             fail(str(e))
     ours = bench_allreduce(backend, world_size, size_list, iters, warmup, algorithm=algorithms,
