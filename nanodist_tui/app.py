@@ -32,6 +32,7 @@ from nanodist_tui.widgets.memory_pane import MemoryPane
 from nanodist_tui.widgets.pane import Pane
 from nanodist_tui.widgets.rank_table import RankTable
 from nanodist_tui.widgets.run_header import RunHeader
+from nanodist_tui.widgets.sweep_pane import SweepPane
 
 Emit = Callable[[Any], None]
 JobFn = Callable[[Emit, threading.Event], None]
@@ -45,15 +46,18 @@ class NanoDistApp(App[None]):
     CSS_PATH = "app.tcss"
     BINDINGS = [
         Binding("s", "stop_training", "Stop training"),
+        Binding("x", "finish_sweep", "Stop sweep after this trial"),  # sweeps only (check_action)
         Binding("p", "toggle_pause", "Pause display"),
         Binding("question_mark", "toggle_help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),  # ctrl+q (Textual's own binding) runs the same action
     ]
 
-    def __init__(self, preset_name: str, job_fn: JobFn, *, replay: bool = False) -> None:
+    def __init__(self, preset_name: str, job_fn: JobFn, *, replay: bool = False,
+                 sweep_finish: threading.Event | None = None) -> None:
         super().__init__()
         self.preset_name = preset_name
         self.replay = replay
+        self.sweep_finish = sweep_finish  # set: the job is a sweep, and this ends it after the running trial
         self.job_fn = job_fn
         self.stop_event = threading.Event()
         self.display_paused = False
@@ -70,6 +74,10 @@ class NanoDistApp(App[None]):
         memory = MemoryPane(id="memory")
         self.panes: tuple[Pane, ...] = (self.header, *curves, memory, self.rank_table, self.log_pane)
         yield self.header
+        if self.sweep_finish is not None:  # trials, best so far, history; the live panes follow its trials
+            sweep = SweepPane(id="sweep")
+            self.panes += (sweep,)
+            yield sweep
         with Horizontal(id="curves"):
             yield from curves
         with Horizontal(id="resources"):
@@ -105,6 +113,8 @@ class NanoDistApp(App[None]):
         for event in tick.events:
             if isinstance(event, RunStarted):
                 self._run_started(event)
+            elif self.sweep_finish is not None:
+                continue  # a trial's run ending is not the sweep's: the sweep pane and the log show it
             elif isinstance(event, RunFinished):
                 self._end("stopped" if self.stop_event.is_set() else "finished")
             elif isinstance(event, RunFailed):
@@ -156,6 +166,16 @@ class NanoDistApp(App[None]):
         self.log_pane.add("stop requested: the job stops at its next check", level="warning")
         self._set_state("stopping")
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.sweep_finish is not None if action == "finish_sweep" else True
+
+    def action_finish_sweep(self) -> None:
+        """The sweep's own thread sees the event after the running trial and calls Optuna's stop."""
+        if self.sweep_finish is None or self.header.state in TERMINAL_STATES:
+            return
+        self.sweep_finish.set()
+        self.log_pane.add("the sweep stops after the running trial", level="warning")
+
     def action_toggle_pause(self) -> None:
         self.display_paused = not self.display_paused
         self.header.display_paused = self.display_paused
@@ -182,6 +202,8 @@ class NanoDistApp(App[None]):
         self.exit()
 
 
-def create_app(preset_name: str, job_fn: JobFn, *, replay: bool = False) -> NanoDistApp:
-    """The app for one run; shared by the CLI (real or replayed run) and the tests (fake jobs)."""
-    return NanoDistApp(preset_name, job_fn, replay=replay)
+def create_app(preset_name: str, job_fn: JobFn, *, replay: bool = False,
+               sweep_finish: threading.Event | None = None) -> NanoDistApp:
+    """The app for one run, or for a sweep (`sweep_finish` given); shared by the CLI (real or replayed
+    run, sweep) and the tests (fake jobs)."""
+    return NanoDistApp(preset_name, job_fn, replay=replay, sweep_finish=sweep_finish)

@@ -27,10 +27,10 @@ import threading
 import time
 import traceback
 
-from engine.comm import codec, cores
+from engine.comm import codec, cores, pipe
 from engine.comm.base import RankFailure, Signals, StopRequested, blame
+from engine.comm.pipe import MAX_MESSAGE
 
-MAX_MESSAGE = 1 << 28
 ABORT_GRACE_S = 3.0
 
 
@@ -171,30 +171,21 @@ def child_main(conn) -> None:
     spec = codec.loads(conn.recv_bytes(MAX_MESSAGE))
     rank, world_size, timeout_s = spec["rank"], spec["world_size"], spec["timeout_s"]
     cores.apply(spec["threads"])  # before rank_fn's module is imported or anything is built
-    send_lock, signals, master = threading.Lock(), Signals(), {}
+    signals, master = Signals(), {}
     master_known = threading.Event()
+    send = pipe.sender(conn)
 
-    def send(message: dict) -> None:
-        data = codec.dumps(message)
-        with send_lock:
-            conn.send_bytes(data)
+    def on_message(message: dict) -> None:
+        kind = message.get("type")
+        if kind == "stop":
+            signals.stop.set()
+        elif kind == "abort":
+            signals.fail(int(message["rank"]), str(message["cause"]))
+        elif kind == "master":
+            master["port"] = int(message["port"])
+            master_known.set()
 
-    def listen_to_launcher() -> None:
-        while True:
-            try:
-                message = codec.loads(conn.recv_bytes(MAX_MESSAGE))
-            except (EOFError, OSError):
-                os._exit(70)  # the launcher is gone: never linger as an orphan
-            kind = message.get("type")
-            if kind == "stop":
-                signals.stop.set()
-            elif kind == "abort":
-                signals.fail(int(message["rank"]), str(message["cause"]))
-            elif kind == "master":
-                master["port"] = int(message["port"])
-                master_known.set()
-
-    threading.Thread(target=listen_to_launcher, name="nanodist-control", daemon=True).start()
+    pipe.listen(conn, on_message, "nanodist-control")
     from engine.comm.rendezvous import connect
 
     comm = None

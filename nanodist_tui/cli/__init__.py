@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from nanodist_tui.cli import bench, memory, model, presets, resume, runs, train
+from nanodist_tui.cli import bench, memory, model, presets, resume, runs, sweep, train
 
 app = typer.Typer(
     help="nanoDist: see, measure and run data-parallel training. Without a command: the workbench.",
@@ -26,6 +26,7 @@ app.command("resume")(resume.resume)
 app.command("export")(model.export)
 app.command("sample")(model.sample)
 app.command("memory")(memory.memory)
+app.add_typer(sweep.app, name="sweep")
 app.add_typer(bench.app, name="bench")
 app.add_typer(presets.app, name="presets")
 

@@ -78,21 +78,22 @@ def training_job(cfg, doc, resume_from: str | None = None):
     return job
 
 
-def run_in_workbench(cfg, job) -> None:
-    """Open the workbench on a training job (new or resumed)."""
+def run_in_workbench(cfg, job, sweep_finish: threading.Event | None = None) -> None:
+    """Open the workbench on a training job (new or resumed), or on a sweep (`sweep_finish`: the event
+    that ends it after the running trial)."""
     from engine.comm.launch import process_rank
     if process_rank(cfg.parallel.backend) not in (None, 0):
         # Under mpiexec or a tcp launch every process runs this command; only rank 0's shows the
         # workbench (it receives every rank's events), the others train headless and quietly.
         run_headless_job(job)
         return
-    if cfg.parallel.backend == "processes":
+    if cfg.parallel.backend == "processes" or sweep_finish is not None:  # a sweep may spawn --jobs
         # Start multiprocessing's helper process now: once Textual owns the terminal, sys.stderr has no
         # file descriptor, and spawning the tracker from inside the app fails ("bad value(s) in fds_to_keep").
         from multiprocessing import resource_tracker
         resource_tracker.ensure_running()
     from nanodist_tui.app import create_app
-    create_app(cfg.name, job).run()
+    create_app(cfg.name, job, sweep_finish=sweep_finish).run()
 
 
 def run_headless_job(job) -> None:

@@ -27,10 +27,14 @@ class LossPlot(LivePlot):
         for step in tick.steps:
             # Skipped (overflowed) steps carry no usable loss.
             if not step.skipped and math.isfinite(step.loss):
+                if self.train.starts_over(step.step):  # a sweep's next trial
+                    self.train.clear()
                 self.train.append(step.step, step.loss)
                 changed = True
         for event in tick.events:
             if isinstance(event, Eval) and math.isfinite(event.val_loss):
+                if self.val.starts_over(event.step):
+                    self.val.clear()
                 self.val.append(event.step, event.val_loss)
                 changed = True
         return changed

@@ -31,6 +31,9 @@ class LossScalePlot(LivePlot):
         changed = False
         for step in tick.steps:
             if step.loss_scale is not None and step.loss_scale > 0:  # a log axis needs positive values
+                if self.scale.starts_over(step.step, repeats=True):  # skipped steps repeat theirs
+                    self.scale.clear()
+                    self.overflows.clear()
                 self.scale.append(step.step, step.loss_scale)
                 changed = True
         for event in tick.events:
