@@ -193,7 +193,7 @@ def test_shard_bounds_cover_exactly():
 # column of a node grid (ranks_per_node = G), and a strict subset with renumbered ranks. The bytes are
 # held to each algorithm's own formula, written out here from its definition.
 
-ALGO_GRIDS = [(1, 0), (2, 1), (3, 0), (4, 2), (5, 0), (6, 3), (6, 2), (7, 0), (8, 4)]
+ALGO_GRIDS = [(1, 0), (2, 1), (3, 0), (4, 2), (6, 3), (6, 2), (7, 0), (8, 4)]  # groups of 1..8 ranks
 ALGO_SPAWNED = [("processes", 4, 2), ("processes-socket", 3, 0), ("tcp", 4, 2)]
 ALGO_JOBS = [("threads", n, g) for n, g in ALGO_GRIDS] + [pytest.param(*j, marks=pytest.mark.slow)
                                                           for j in ALGO_SPAWNED]
