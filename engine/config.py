@@ -127,11 +127,16 @@ class ParallelConfig:
     bucket_cap_mb: float = _f(25.0, "gradient bucket size in MiB for overlapped all-reduce")
     overlap: bool = _f(True, "start each bucket's communication while backward still runs")
     timeout_s: float = _f(30.0, "seconds a rank waits on a peer before the run fails")
-    algorithm: str = _f("ring", f"all-reduce algorithm: {choices_doc(ALGORITHMS)} (mpi-native: MPI's own, "
-                        "backend mpi)")
+    algorithm: str = _f("ring", f"all-reduce of DDP's buckets (stage 0) and of hybrid sharding's inter-node "
+                        f"step: {choices_doc(ALGORITHMS)} (hierarchical needs ranks_per_node; auto picks by "
+                        "message size from measured crossovers; mpi-native: MPI's own, backend mpi)")
     prefetch: bool = _f(True, "ZeRO-3: gather the next block's parameters ahead of use")
     ranks_per_node: int = _f(0, "ranks per node: the node grid of hierarchical collectives, hybrid sharding "
                              "and network emulation; 0 = every rank on one node")
+    hybrid: bool = _f(False, "ZeRO 1-3 shard inside each node (ranks_per_node ranks) and replicate across "
+                      "nodes; gradients reduced hierarchically")
+    tuning_file: str = _f("", 'measured crossovers for algorithm "auto" (bench allreduce --calibrate writes '
+                          "them); empty = ~/.cache/nanodist/allreduce-tuning.json")
     threads_per_rank: int = _f(0, "BLAS/OpenMP threads of each rank; 0 = auto: the cores this process may "
                                "use divided by the ranks on its host")
 

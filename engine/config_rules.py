@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from engine.comm.collectives import ALGORITHMS
+from engine.comm.collectives import ALGORITHMS, ON_ANY_GROUP
 from engine.comm.emulation import EMULATION_KEYS
 from engine.comm.launch import BACKENDS, EMULATING_BACKENDS
 from engine.data import DATA_KINDS
@@ -239,6 +239,8 @@ def combination_problem(cfg: Config) -> KeyedProblem | None:
     if p.ranks_per_node and p.world_size % p.ranks_per_node:
         return ("parallel.ranks_per_node", f"{p.ranks_per_node} does not divide world_size {p.world_size}",
                 "use a divisor of parallel.world_size (or 0: every rank on one node)")
+    if problem := _collective_problem(p):
+        return problem
     if problem := emulation_problem(cfg):
         return problem
     if p.algorithm == "mpi-native" and p.backend != "mpi":
@@ -247,6 +249,28 @@ def combination_problem(cfg: Config) -> KeyedProblem | None:
     if pr.min_scale > pr.init_scale:
         return ("precision.min_scale", f"{pr.min_scale:g} is above init_scale {pr.init_scale:g}",
                 "lower min_scale (0 = never abort)")
+    return None
+
+
+def _collective_problem(p) -> KeyedProblem | None:
+    """The all-reduce algorithm and hybrid sharding against the node grid and the ZeRO stage."""
+    if p.algorithm == "hierarchical" and not p.ranks_per_node:
+        return ("parallel.algorithm", '"hierarchical" needs a node grid',
+                "set parallel.ranks_per_node (ranks on each node, a divisor of world_size)")
+    if p.hybrid and p.zero_stage == 0:
+        return ("parallel.hybrid", "shards ZeRO state inside a node, but zero_stage 0 shards nothing",
+                'set parallel.zero_stage to 1, 2 or 3 (or, for DDP, parallel.algorithm = "hierarchical")')
+    if p.hybrid and not p.ranks_per_node:
+        return ("parallel.hybrid", "needs a node grid to shard inside",
+                "set parallel.ranks_per_node (ranks on each node, a divisor of world_size)")
+    if p.hybrid and p.algorithm not in ON_ANY_GROUP:
+        return ("parallel.algorithm", f"{toml_repr(p.algorithm)} cannot run hybrid sharding's inter-node "
+                "step (a group of one rank per node)",
+                f"use one of {', '.join(map(toml_repr, ON_ANY_GROUP))}")
+    if p.zero_stage and not p.hybrid and p.algorithm != "ring":
+        return ("parallel.algorithm", f"set to {toml_repr(p.algorithm)}, but ZeRO stages 1-3 reduce-scatter "
+                "and all-gather on the ring: no all-reduce reads it",
+                'remove it, or set parallel.hybrid = true to reduce gradients across nodes with it')
     return None
 
 

@@ -8,13 +8,11 @@ load -> save unchanged is byte-identical, and `set_value` rewrites exactly one l
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import importlib.util
 import os
 import re
-import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ import tomlkit
 from tomlkit.exceptions import ParseError, TOMLKitError
 from tomlkit.items import Float, Item
 
-from engine import config
+from engine import atomic_file, config
 from engine.config import Config, ConfigError
 
 
@@ -296,25 +294,7 @@ def resolved_document(doc: Any) -> tomlkit.TOMLDocument:
 
 def save_preset(doc: Any, path: str | os.PathLike) -> None:
     """Write a document atomically: nobody ever sees a half-written preset."""
-    atomic_write_text(path, doc if isinstance(doc, str) else doc.as_string())
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write to a temporary file in the same folder, fsync it, then os.replace it over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic_file.atomic_write_text(path, doc if isinstance(doc, str) else doc.as_string())
 
 
 _PART = r'"(?:[^"\\]|\\.)*"|\'[^\']*\'|[A-Za-z0-9_-]+'

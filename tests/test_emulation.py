@@ -84,14 +84,17 @@ def test_emulated_links_deliver_the_latency_and_bandwidth_asked_for():
     """Two ranks: an all-reduce of S bytes is 2 messages of S/2 (reduce-scatter, all-gather), so on links
     of latency L and bandwidth B it takes 2(L + S/2/B). The pacer never releases a byte earlier, so that
     is a floor at every size; above it come the real transport's own time for the message (measured in
-    the same test) and a few milliseconds of scheduling noise on a loaded 2-core box. The slope between
-    the smallest and the largest size is the delivered bandwidth."""
+    the same test) and a few milliseconds of scheduling noise on a loaded 2-core box (the fastest of three
+    runs is taken, as load only adds). The slope between the smallest and the largest size is the
+    delivered bandwidth."""
     latency, gbps = 10e-3, 0.5
     sizes = [256, 1 << 19, 1 << 20, 1 << 21]
     real = [r["time_s"] for r in bench_allreduce("processes", 2, sizes, iters=5, warmup=1)]
-    rows = bench_allreduce("processes", 2, sizes, iters=5, warmup=1,
-                           network=NetworkEmulation(latency_us=latency * 1e6, bandwidth_gbps=gbps))
-    assert all(row["correct"] for row in rows)
+    network = NetworkEmulation(latency_us=latency * 1e6, bandwidth_gbps=gbps)
+    runs = [bench_allreduce("processes", 2, sizes, iters=5, warmup=1, network=network) for _ in range(3)]
+    assert all(row["correct"] for rows in runs for row in rows)
+    # other jobs on the box only ever slow a run down: each size's fastest of three runs
+    rows = [min(at_size, key=lambda row: row["time_s"]) for at_size in zip(*runs)]
     per_byte = 8 / (gbps * 1e9)
     for size, row, alone in zip(sizes, rows, real):
         asked = 2 * (latency + size / 2 * per_byte)

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.atomic_file import atomic_write_text
 from engine.comm.collectives import all_gather, reduce_scatter
 from engine.comm.cores import usable_cores
 from engine.comm.launch import run_ranks
 from engine.config import Config, to_dict
-from engine.presets import atomic_write_text
 from engine.projection.fit import fit_ring
 from engine.projection.flops import model_signature
 

@@ -120,7 +120,7 @@ def _project(cfg, target, world_sizes, scaling: str, path: Path, out: Path | Non
 
 def _write_json(data: dict, out: Path) -> Path:
     """Write the report atomically; an unwritable place is one line, exit code 2."""
-    from engine.presets import atomic_write_text
+    from engine.atomic_file import atomic_write_text
     try:
         atomic_write_text(out, json.dumps(data, indent=1) + "\n")
     except OSError as e:
