@@ -46,3 +46,7 @@ sweep preset="sweep-lr":
 # The memory table of the README (seed-table preset, estimated and measured).
 memory-table:
     nanodist-tui memory --preset seed-table --compare --measure
+
+# The projection's validation table of the README (calibrates, then runs 12 held-out configurations).
+projection-validate:
+    nanodist-tui project --validate --repeats 3

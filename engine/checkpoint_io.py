@@ -15,25 +15,22 @@ range, loss-scaler state) is JSON stored as a uint8 array under `__meta__`. Neve
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
 import shutil
-import tempfile
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 
+from engine.atomic_file import atomic_write, fsync_dir, sha256_file
 from engine.checkpoint_schema import FORMAT, MANIFEST, VERSION, CheckpointError, check_manifest, shard_name
 
 META_KEY = "__meta__"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
-__all__ = ["FORMAT", "MANIFEST", "META_KEY", "VERSION", "CheckpointError", "atomic_write", "checkpoint_dirs",
+__all__ = ["FORMAT", "MANIFEST", "META_KEY", "VERSION", "CheckpointError", "checkpoint_dirs",
            "clean_leftovers", "finished_checkpoints", "make_dir", "prune", "read_manifest", "read_shard",
            "remove_tmp_files", "scan_checkpoints", "shard_headers", "shard_name", "step_dir_name", "step_of",
            "verify_shard", "write_manifest", "write_shard"]
@@ -47,49 +44,6 @@ def step_of(folder: Path) -> int | None:
     """The step a step-NNNNNN folder name holds; None for any other name."""
     match = _STEP_DIR.match(folder.name)
     return int(match.group(1)) if match else None
-
-
-def fsync_dir(path: Path) -> None:
-    """Make renames and new entries in `path` durable (a no-op where folders cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a folder; the rename is still atomic
-    finally:
-        os.close(fd)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> tuple[str, int]:
-    """Write a file via `write(f)` to a temporary name, fsync, rename over `path`, fsync the folder.
-    Returns (sha256, size) of the bytes as they went to disk, hashed before the rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are ordinary readable files
-        digest, size = sha256_file(Path(tmp)), os.path.getsize(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
-    return digest, size
 
 
 def make_dir(path: Path) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.comm.collectives import ALGORITHMS
+from engine.comm.emulation import NetworkEmulation
 from engine.comm.launch import BACKENDS
 from engine.config_rules import (
     INT64,
@@ -126,13 +127,29 @@ class ParallelConfig:
     bucket_cap_mb: float = _f(25.0, "gradient bucket size in MiB for overlapped all-reduce")
     overlap: bool = _f(True, "start each bucket's communication while backward still runs")
     timeout_s: float = _f(30.0, "seconds a rank waits on a peer before the run fails")
-    algorithm: str = _f("ring", f"all-reduce algorithm: {choices_doc(ALGORITHMS)} (mpi-native: MPI's own, "
-                        "backend mpi)")
+    algorithm: str = _f("ring", f"all-reduce of DDP's buckets (stage 0) and of hybrid sharding's inter-node "
+                        f"step: {choices_doc(ALGORITHMS)} (hierarchical needs ranks_per_node; auto picks by "
+                        "message size from measured crossovers; mpi-native: MPI's own, backend mpi)")
     prefetch: bool = _f(True, "ZeRO-3: gather the next block's parameters ahead of use")
     ranks_per_node: int = _f(0, "ranks per node: the node grid of hierarchical collectives, hybrid sharding "
                              "and network emulation; 0 = every rank on one node")
+    hybrid: bool = _f(False, "ZeRO 1-3 shard inside each node (ranks_per_node ranks) and replicate across "
+                      "nodes; gradients reduced hierarchically")
+    tuning_file: str = _f("", 'measured crossovers for algorithm "auto" (bench allreduce --calibrate writes '
+                          "them); empty = ~/.cache/nanodist/allreduce-tuning.json")
     threads_per_rank: int = _f(0, "BLAS/OpenMP threads of each rank; 0 = auto: the cores this process may "
                                "use divided by the ranks on its host")
+
+
+@dataclass(frozen=True)
+class EmulateConfig:
+    latency_us: float = _f(0.0, "emulated latency added to every message on a link, in microseconds; "
+                           "0 = none (backends processes and tcp)")
+    bandwidth_gbps: float = _f(0.0, "emulated bandwidth cap per link, in Gbit/s; 0 = uncapped")
+    inter_latency_us: float = _f(0.0, "latency between virtual nodes of parallel.ranks_per_node ranks; "
+                                 "0 = as within a node")
+    inter_bandwidth_gbps: float = _f(0.0, "bandwidth cap between virtual nodes, in Gbit/s; "
+                                     "0 = as within a node")
 
 
 @dataclass(frozen=True)
@@ -214,6 +231,8 @@ class Config:
     train: TrainConfig = _section(TrainConfig, "loop lengths and batch sizes")
     optim: OptimConfig = _section(OptimConfig, "AdamW and the learning-rate schedule")
     parallel: ParallelConfig = _section(ParallelConfig, "data parallelism and ZeRO")
+    emulate: EmulateConfig = _section(EmulateConfig, "a slower network, emulated on one machine "
+                                      "(processes, tcp)")
     precision: PrecisionConfig = _section(PrecisionConfig, "number formats and loss scaling")
     memory: MemoryConfig = _section(MemoryConfig, "activation checkpointing")
     checkpoint: CheckpointConfig = _section(CheckpointConfig, "saving training state")
@@ -300,6 +319,12 @@ def replace(cfg: Config, dotted_key: str, value: Any) -> Config:
         node = node.setdefault(part, {})
     node[last] = value
     return from_dict(d, source=f"replace {dotted_key}")
+
+
+def network_emulation(cfg: Config) -> NetworkEmulation | None:
+    """The network emulation cfg asks for (engine.comm.emulation), or None for a real network."""
+    emulation = NetworkEmulation(**to_dict(cfg.emulate), ranks_per_node=cfg.parallel.ranks_per_node)
+    return emulation if emulation.active else None
 
 
 def check_against_data(cfg: Config, n_train_tokens: int, n_val_tokens: int | None = None,

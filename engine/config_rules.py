@@ -13,8 +13,9 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from engine.comm.collectives import ALGORITHMS
-from engine.comm.launch import BACKENDS
+from engine.comm.collectives import ALGORITHMS, ON_ANY_GROUP
+from engine.comm.emulation import EMULATION_KEYS
+from engine.comm.launch import BACKENDS, EMULATING_BACKENDS
 from engine.data import DATA_KINDS
 from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS
@@ -148,6 +149,7 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "parallel.bucket_cap_mb": _positive,
     "parallel.timeout_s": _between(0, MAX_TIMEOUT_S, open_lo=True),
     "parallel.algorithm": one_of(*ALGORITHMS), "parallel.ranks_per_node": _at_least(0),
+    **{f"emulate.{key}": _at_least(0) for key in EMULATION_KEYS},
     "parallel.threads_per_rank": _between(0, 4096),
     "precision.dtype": one_of(*DTYPES),
     "precision.loss_scale": lambda v: one_of("dynamic")(v) if isinstance(v, str) else _positive(v),
@@ -237,12 +239,55 @@ def combination_problem(cfg: Config) -> KeyedProblem | None:
     if p.ranks_per_node and p.world_size % p.ranks_per_node:
         return ("parallel.ranks_per_node", f"{p.ranks_per_node} does not divide world_size {p.world_size}",
                 "use a divisor of parallel.world_size (or 0: every rank on one node)")
+    if problem := _collective_problem(p):
+        return problem
+    if problem := emulation_problem(cfg):
+        return problem
     if p.algorithm == "mpi-native" and p.backend != "mpi":
         return ("parallel.algorithm", f'"mpi-native" needs backend "mpi", got "{p.backend}"',
                 'set parallel.algorithm = "ring" or parallel.backend = "mpi"')
     if pr.min_scale > pr.init_scale:
         return ("precision.min_scale", f"{pr.min_scale:g} is above init_scale {pr.init_scale:g}",
                 "lower min_scale (0 = never abort)")
+    return None
+
+
+def _collective_problem(p) -> KeyedProblem | None:
+    """The all-reduce algorithm and hybrid sharding against the node grid and the ZeRO stage."""
+    if p.algorithm == "hierarchical" and not p.ranks_per_node:
+        return ("parallel.algorithm", '"hierarchical" needs a node grid',
+                "set parallel.ranks_per_node (ranks on each node, a divisor of world_size)")
+    if p.hybrid and p.zero_stage == 0:
+        return ("parallel.hybrid", "shards ZeRO state inside a node, but zero_stage 0 shards nothing",
+                'set parallel.zero_stage to 1, 2 or 3 (or, for DDP, parallel.algorithm = "hierarchical")')
+    if p.hybrid and not p.ranks_per_node:
+        return ("parallel.hybrid", "needs a node grid to shard inside",
+                "set parallel.ranks_per_node (ranks on each node, a divisor of world_size)")
+    if p.hybrid and p.algorithm not in ON_ANY_GROUP:
+        return ("parallel.algorithm", f"{toml_repr(p.algorithm)} cannot run hybrid sharding's inter-node "
+                "step (a group of one rank per node)",
+                f"use one of {', '.join(map(toml_repr, ON_ANY_GROUP))}")
+    if p.zero_stage and not p.hybrid and p.algorithm != "ring":
+        return ("parallel.algorithm", f"set to {toml_repr(p.algorithm)}, but ZeRO stages 1-3 reduce-scatter "
+                "and all-gather on the ring: no all-reduce reads it",
+                'remove it, or set parallel.hybrid = true to reduce gradients across nodes with it')
+    return None
+
+
+def emulation_problem(cfg: Config) -> KeyedProblem | None:
+    """[emulate] works where the socket transport paces sends, and inter-node figures need nodes."""
+    e, p = cfg.emulate, cfg.parallel
+    set_keys = [k for k in EMULATION_KEYS if getattr(e, k)]
+    if set_keys and p.backend not in EMULATING_BACKENDS:
+        return (f"emulate.{set_keys[0]}", "network emulation lives in the socket transport, not the "
+                f"{toml_repr(p.backend)} backend",
+                f"set parallel.backend = {toml_repr(EMULATING_BACKENDS[0])} "
+                "(or remove the [emulate] settings)")
+    inter = [k for k in set_keys if k.startswith("inter_")]
+    if inter and not (0 < p.ranks_per_node < p.world_size):
+        return (f"emulate.{inter[0]}", "a link between virtual nodes needs more than one node, but "
+                f"parallel.ranks_per_node = {p.ranks_per_node} with world_size {p.world_size} makes one",
+                "set parallel.ranks_per_node to a divisor of world_size below it (e.g. 2 of 4)")
     return None
 
 

@@ -16,6 +16,9 @@ outside the blocks) to a multiple of N, so its shard Ψ3 = Σ ceil(Ψ_unit/N):
 
 For 2-byte training that is the ZeRO paper's table (16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N) up to
 padding, and it counts every byte: the original nanoDist table left the fp32 master weights out.
+Hybrid sharding (`parallel.hybrid`) shards inside a node only: N above is then the node's G =
+`parallel.ranks_per_node` ranks (padding to multiples of G), while the micro-batch still splits over
+all N ranks.
 
 Temporaries: the AdamWs of a rank's pieces (stage 0: everything; 1-2: its part of each bucket; 3: its
 part of each unit) share one scratch array, held for the whole run: two rows of min(largest piece,
@@ -92,14 +95,15 @@ def estimate(cfg, vocab: int | None = None) -> MemoryEstimate:
     world, stage, dtype = cfg.parallel.world_size, cfg.parallel.zero_stage, cfg.precision.dtype
     s, ms, low = itemsize(dtype), master_dtype(dtype).itemsize, is_low_precision(dtype)
     micro = cfg.train.global_batch // (world * cfg.train.micro_batches)
+    shards = shard_count(cfg)
     vocab = (vocab or vocab_size(cfg)) if cfg.model.kind == "gpt" else 0
     shapes = param_shapes(cfg, vocab)
     n = sum(math.prod(shape) for _, shape, _ in shapes)
-    pieces, units = _pieces(shapes, cfg, world, stage)  # elements each AdamW updates; stage-3 units
+    pieces, units = _pieces(shapes, cfg, shards, stage)  # elements each AdamW updates; stage-3 units
     owned = sum(pieces)
     states = {
-        "parameters": s * ({0: n, 3: owned}.get(stage, owned * world)),
-        "gradients": s * ({0: n, 1: owned * world}.get(stage, owned)),
+        "parameters": s * ({0: n, 3: owned}.get(stage, owned * shards)),
+        "gradients": s * ({0: n, 1: owned * shards}.get(stage, owned)),
         "master": 4 * owned if low else 0,
         "adam_m": ms * owned,
         "adam_v": ms * owned,
@@ -115,24 +119,30 @@ def estimate(cfg, vocab: int | None = None) -> MemoryEstimate:
                           timeline.maxima)
 
 
+def shard_count(cfg) -> int:
+    """Ranks ZeRO state is split over: the world, or under hybrid sharding the ranks of one node."""
+    p = cfg.parallel
+    return (p.ranks_per_node or p.world_size) if p.hybrid else p.world_size
+
+
 # ---------------------------------------------------------------------- the optimizer's pieces
 
-def _pieces(shapes, cfg, world: int, stage: int) -> tuple[list[int], list[int]]:
+def _pieces(shapes, cfg, shards: int, stage: int) -> tuple[list[int], list[int]]:
     """Elements of each range this rank's optimizer updates, and (stage 3) each unit's padded size,
     outer unit first. Mirrors engine.parallel's ddp (one piece), zero12 (part r of every aligned
     bucket) and zero3 (part r of every unit)."""
     if stage == 0:
         return [sum(math.prod(shape) for _, shape, _ in shapes)], []
     if stage in (1, 2):
-        layout = FlatLayout([(name, shape) for name, shape, _ in shapes], cfg.precision.dtype, world)
-        buckets = aligned_buckets(layout, int(cfg.parallel.bucket_cap_mb * 2**20), world)
-        return [(b.end - b.start) // world for b in buckets], []
+        layout = FlatLayout([(name, shape) for name, shape, _ in shapes], cfg.precision.dtype, shards)
+        buckets = aligned_buckets(layout, int(cfg.parallel.bucket_cap_mb * 2**20), shards)
+        return [(b.end - b.start) // shards for b in buckets], []
     groups: dict = {}
     for _, shape, unit in shapes:
         groups[unit] = groups.get(unit, 0) + math.prod(shape)
     outer = [groups.pop(None)] if None in groups else [0]
-    units = [math.ceil(k / world) * world for k in outer + [groups[u] for u in sorted(groups)]]
-    return [u // world for u in units if u], units
+    units = [math.ceil(k / shards) * shards for k in outer + [groups[u] for u in sorted(groups)]]
+    return [u // shards for u in units if u], units
 
 
 # ---------------------------------------------------------------------- one micro-batch, replayed
@@ -217,7 +227,7 @@ def _gradient_flow(shapes, cfg) -> tuple[int, int]:
     the last bucket (unit) holding it is packed; buckets pack in order once complete, units as they
     complete; a packed buffer counts until a later pack retires it (two in flight at most, one without
     overlap) or backward ends."""
-    s, world, stage = itemsize(cfg.precision.dtype), cfg.parallel.world_size, cfg.parallel.zero_stage
+    s, world, stage = itemsize(cfg.precision.dtype), shard_count(cfg), cfg.parallel.zero_stage
     sizes = [math.prod(shape) * s for _, shape, _ in shapes]
     if stage == 2:
         layout = FlatLayout([(name, shape) for name, shape, _ in shapes], cfg.precision.dtype, world)

@@ -26,6 +26,7 @@ class RunStarted:
     n_params: int
     world_size: int
     total_steps: int
+    network: str = ""  # "emulated network: ..." when the links are emulated (engine.comm.emulation)
     threads_per_rank: int = 0  # BLAS/OpenMP threads of each rank (rank 0's host), as resolved; 0 = unknown
 
 
@@ -62,10 +63,22 @@ class RankStats:
 
 @dataclass(frozen=True)
 class Traffic:
+    """What `rank` sent in `step`, one row per link (engine.comm.meter):
+        src, dst   global ranks (dst -1: handed to MPI's own Allreduce, wire traffic unknown)
+        phase      "reduce-scatter" | "all-gather" | "all-reduce" (hierarchical's inter-node step) |
+                   "reduce" | "broadcast" (tree; rhd's fold for non-powers of two) | "param-gather"
+                   (ZeRO-3) | "barrier" | "p2p" | "mpi-native"
+        group      the communicator: "world", "node<m>" (the ranks of node m), "cross<j>" (local rank j
+                   of every node), or another process group's name
+        algorithm  what ran: "ring" | "rhd" | "tree" | "hierarchical" (its steps inside the node; its
+                   inter-node step shows the algorithm run there) — auto shows the one it chose —
+                   | "chain" (broadcast) | "dissemination" (barrier) | "p2p" | "mpi-native"
+        bytes, seconds   payload sent, and the time its sends took
+    A link whose src and dst sit on different nodes (rank // parallel.ranks_per_node) crossed nodes."""
     kind: ClassVar[str] = "traffic"
     step: int
     rank: int
-    links: list  # [{"src", "dst", "phase", "bytes", "seconds"}]
+    links: list  # [{"src", "dst", "phase", "group", "algorithm", "bytes", "seconds"}]
 
 
 @dataclass(frozen=True)

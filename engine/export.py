@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from engine import nn
+from engine.atomic_file import atomic_write
 from engine.checkpoint import Checkpoint
-from engine.checkpoint_io import META_KEY, CheckpointError, atomic_write
+from engine.checkpoint_io import META_KEY, CheckpointError
 from engine.checkpoint_schema import check_model_spec, check_vocab, spec_layout
 
 FORMAT = "nanodist-model"

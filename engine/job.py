@@ -17,7 +17,7 @@ from engine import events as ev
 from engine.checkpoint import CHECKPOINTS
 from engine.comm.base import RankFailure
 from engine.comm.launch import process_rank, run_ranks
-from engine.config import Config, to_dict
+from engine.config import Config, network_emulation, to_dict
 from engine.recorder import RecordingError, RunRecorder
 from engine.resume import prepare_resume
 from engine.sinks.runner import SinkSet
@@ -53,6 +53,7 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
                             args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),
                             on_event=lambda d: bus.emit(ev.from_json(d)),
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event,
+                            network=network_emulation(cfg),
                             threads_per_rank=cfg.parallel.threads_per_rank)
     except BaseException as e:
         message = _failure_message(e, recorder)

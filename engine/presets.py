@@ -8,13 +8,11 @@ load -> save unchanged is byte-identical, and `set_value` rewrites exactly one l
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import importlib.util
 import os
 import re
-import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ import tomlkit
 from tomlkit.exceptions import ParseError, TOMLKitError
 from tomlkit.items import Float, Item
 
-from engine import config
+from engine import atomic_file, config
 from engine.config import Config, ConfigError
 
 
@@ -77,19 +75,25 @@ def list_presets() -> list[PresetInfo]:
 
 def find_preset(name_or_path: str | os.PathLike) -> Path:
     """Path of a preset given by name (search folders) or by path; ConfigError if there is none."""
+    return find_named_file(name_or_path, [folder for _, folder in search_dirs()], "preset")
+
+
+def find_named_file(name_or_path: str | os.PathLike, folders: list[Path], what: str) -> Path:
+    """A TOML file given by path, or by name: the first `folders` entry holding <name>.toml. ConfigError
+    (naming a close name, or the ones there are) when there is none; `what` is "preset", "cluster", ..."""
     path = Path(name_or_path).expanduser()
     if path.suffix == ".toml" or len(path.parts) > 1:
         if path.is_file():
             return path
-        raise ConfigError("", "file not found", "check the path, or give the name of a preset",
+        raise ConfigError("", "file not found", f"check the path, or give the name of a {what}",
                           source=str(path))
-    for _, folder in search_dirs():
+    for folder in folders:
         if (folder / f"{path.name}.toml").is_file():
             return folder / f"{path.name}.toml"
-    names = [p.name for p in list_presets()]
+    names = sorted({p.stem for folder in folders for p in folder.glob("*.toml")})
     close = difflib.get_close_matches(path.name, names, n=1)
     fix = f"did you mean {close[0]}?" if close else "available: " + (", ".join(names) or "none")
-    raise ConfigError("", "no preset with this name", fix, source=str(path))
+    raise ConfigError("", f"no {what} with this name", fix, source=str(path))
 
 
 def read_document(path: str | os.PathLike) -> tomlkit.TOMLDocument:
@@ -290,25 +294,7 @@ def resolved_document(doc: Any) -> tomlkit.TOMLDocument:
 
 def save_preset(doc: Any, path: str | os.PathLike) -> None:
     """Write a document atomically: nobody ever sees a half-written preset."""
-    atomic_write_text(path, doc if isinstance(doc, str) else doc.as_string())
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write to a temporary file in the same folder, fsync it, then os.replace it over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic_file.atomic_write_text(path, doc if isinstance(doc, str) else doc.as_string())
 
 
 _PART = r'"(?:[^"\\]|\\.)*"|\'[^\']*\'|[A-Za-z0-9_-]+'

@@ -31,7 +31,7 @@ from typing import Any
 
 import tomlkit
 
-from engine import config, presets, run_lock
+from engine import atomic_file, config, presets, run_lock
 from engine import events as ev_types
 from engine.events import EventError, as_event, from_json, to_json
 
@@ -97,14 +97,14 @@ def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
         "initial_val_loss": None, "final_val_loss": None, "best_val_loss": None,
         "tokens": 0,  # tokens (or samples) processed in this run: the sum over its StepEnd events
         "tokens_per_s": None, "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0, "error": None,
-        "failed_rank": None}
+        "failed_rank": None, "network": None}  # network: "emulated network: ..." when it was emulated
 
 
 def summarize(s: dict[str, Any], ev: Any) -> None:
     """Fold one event into a summary, in place: the recorder's live figures, and a killed run's later."""
     if isinstance(ev, ev_types.RunStarted):
         s.update(n_params=ev.n_params, world_size=ev.world_size, total_steps=ev.total_steps,
-                 threads_per_rank=ev.threads_per_rank or None)
+                 threads_per_rank=ev.threads_per_rank or None, network=ev.network or None)
         s["preset"] = s["preset"] or ev.preset
     elif isinstance(ev, ev_types.StepEnd):
         s.update(steps=ev.step, last_loss=ev.loss, tokens_per_s=ev.tokens_per_s)
@@ -138,7 +138,7 @@ class RunRecorder:
         self.run_dir = Path()
         try:
             self.run_dir = _new_run_dir(Path(out_dir), preset_name)
-            presets.atomic_write_text(self.run_dir / "config.toml", config_text)
+            atomic_file.atomic_write_text(self.run_dir / "config.toml", config_text)
             # kept open for the run's lifetime (closed in close()), so no context manager
             self._events = open(self.run_dir / "events.jsonl", "a", encoding="utf-8")  # noqa: SIM115
             self._metrics = open(self.run_dir / "metrics.csv", "w", encoding="utf-8", newline="")  # noqa: SIM115
@@ -218,7 +218,7 @@ class RunRecorder:
         if self.summary["wall_s"] is None:
             self.summary["wall_s"] = round(time.monotonic() - self._started, 3)
         text = json.dumps({k: _finite(v) for k, v in self.summary.items()}, indent=2) + "\n"
-        presets.atomic_write_text(self.run_dir / "summary.json", text)
+        atomic_file.atomic_write_text(self.run_dir / "summary.json", text)
 
     def close(self) -> None:
         """Flush everything and write summary.json; a run that never finished is marked "stopped". After

@@ -151,7 +151,8 @@ class Trainer:
         if self.rank == 0:
             self.emit(ev.RunStarted(run_id=run_id, preset=preset or cfg.name, config=to_dict(cfg),
                                     n_params=self.n_params, world_size=self.world,
-                                    total_steps=cfg.train.steps, threads_per_rank=self.comm.threads_per_rank))
+                                    total_steps=cfg.train.steps, threads_per_rank=self.comm.threads_per_rank,
+                                    network=self.network_report()["network"]))
         val, evaluated_at = self.evaluate(), self.step
         first_val = val
         self._report_eval(val)
@@ -172,7 +173,14 @@ class Trainer:
         # the same figure StepEnd.tokens_per_s reports step by step.
         return {"steps": self.step, "initial_val_loss": first_val, "final_val_loss": val,
                 "tokens_per_s": (self.tokens_seen - tokens_start) / max(self.train_time - train_start, 1e-9),
-                "wall_s": wall, "threads_per_rank": self.comm.threads_per_rank}
+                "wall_s": wall, "threads_per_rank": self.comm.threads_per_rank, **self.network_report()}
+
+    def network_report(self) -> dict:
+        """{"network": "emulated network: ..." or "" for a real one, "links": what the emulation held on
+        this rank's links ([{peer, messages, bytes, wire_s}])} — from the transport itself, so an
+        emulated run can never pass for a real one."""
+        report = getattr(self.comm, "network_report", None)
+        return report() if report is not None else {"network": "", "links": []}
 
     def _report_step(self, s: dict) -> None:
         for stats in self._rank_stats(s):

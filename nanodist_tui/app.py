@@ -30,6 +30,8 @@ from nanodist_tui.widgets.loss_plot import LossPlot
 from nanodist_tui.widgets.loss_scale_pane import LossScalePane
 from nanodist_tui.widgets.memory_pane import MemoryPane
 from nanodist_tui.widgets.pane import Pane
+from nanodist_tui.widgets.projection_pane import ProjectionPane
+from nanodist_tui.widgets.projection_screen import ProjectionScreen
 from nanodist_tui.widgets.rank_table import RankTable
 from nanodist_tui.widgets.run_header import RunHeader
 from nanodist_tui.widgets.sweep_pane import SweepPane
@@ -48,6 +50,7 @@ class NanoDistApp(App[None]):
         Binding("s", "stop_training", "Stop training"),
         Binding("x", "finish_sweep", "Stop sweep after this trial"),  # sweeps only (check_action)
         Binding("p", "toggle_pause", "Pause display"),
+        Binding("j", "projection", "Projection"),
         Binding("question_mark", "toggle_help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),  # ctrl+q (Textual's own binding) runs the same action
     ]
@@ -72,7 +75,9 @@ class NanoDistApp(App[None]):
         self.log_pane = LogPane(id="log")
         curves = (LossPlot(id="loss"), LossScalePane(id="loss-scale"))
         memory = MemoryPane(id="memory")
-        self.panes: tuple[Pane, ...] = (self.header, *curves, memory, self.rank_table, self.log_pane)
+        self.projection = ProjectionPane(self.preset_name, id="projection")  # on its own screen (`j`)
+        self.panes: tuple[Pane, ...] = (self.header, *curves, memory, self.rank_table, self.log_pane,
+                                        self.projection)
         yield self.header
         if self.sweep_finish is not None:  # trials, best so far, history; the live panes follow its trials
             sweep = SweepPane(id="sweep")
@@ -87,6 +92,7 @@ class NanoDistApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.install_screen(ProjectionScreen(self.projection), name="projection")
         self.title = f"nanoDist · {self.preset_name}"
         self._batcher.start()
         self.engine_worker = self.run_worker(
@@ -182,6 +188,9 @@ class NanoDistApp(App[None]):
         self.header.redraw(force=True)
         if not self.display_paused:
             self._redraw()
+
+    def action_projection(self) -> None:
+        self.push_screen("projection")
 
     def action_toggle_help(self) -> None:
         if self.screen.query(HelpPanel):

@@ -96,7 +96,8 @@ def describe(event: Any) -> Line | None:
     """The line for a discrete event; None for the continuous ones (steps, rank stats, traffic, memory)."""
     if isinstance(event, RunStarted):
         return Line(f"run {event.run_id} started: preset {event.preset}, {event.n_params:,} parameters, "
-                    f"{event.world_size} rank(s){threads_note(event)}, {event.total_steps} steps")
+                    f"{event.world_size} rank(s){threads_note(event)}, {event.total_steps} steps"
+                    + (f"; {event.network}" if event.network else ""))
     if isinstance(event, Eval):
         return Line(f"step {event.step}: val loss {event.val_loss:.4f}")
     if isinstance(event, LossScaleChange):

@@ -111,6 +111,8 @@ def summary_lines(summary: dict) -> list[str]:
     ]
     if summary.get("threads_per_rank"):
         lines.insert(3, f"threads/rank   {summary['threads_per_rank']}")
+    if summary.get("network"):
+        lines.append(f"network        {summary['network']}")
     if summary.get("run_dir"):
         lines.append(f"run folder     {summary['run_dir']}")
     return lines

@@ -3,7 +3,8 @@ backends can run them, and they return plain JSON (failures, digests, byte count
 
 As a script it runs the conformance job on one rank of an external launch and prints JSON:
 ``mpiexec -n 4 python tests/comm_helpers.py`` (rank 0 prints every rank's results; ``native``
-checks the mpi-native all-reduce), or ``python tests/comm_helpers.py tcp`` with the torchrun-style
+checks the mpi-native all-reduce, ``algorithms G`` every all-reduce algorithm on every group of a
+G-ranks-per-node grid), or ``python tests/comm_helpers.py tcp [algorithms G]`` with the torchrun-style
 environment (each rank prints its own).
 """
 
@@ -21,6 +22,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.comm import TrafficMeter, all_gather, all_reduce, broadcast, reduce_scatter, shard_bounds  # noqa: E402
+from engine.comm.auto import Crossovers  # noqa: E402
+from engine.comm.group import Group, NodeGrid  # noqa: E402
 
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64"]
 LOW_PRECISION = ("float16", "bfloat16")
@@ -48,20 +51,22 @@ def rank_input(dtype: str, n: int, rank: int, seed: int) -> np.ndarray:
 
 
 def reference(dtype: str, op: str, inputs: list[np.ndarray]) -> np.ndarray:
+    """np.max, or np.sum in float64 for floats (exact for the small integers of float16/bfloat16) and in
+    the integer dtype itself for integers (wrapping, as the collectives do)."""
     stack, dt = np.stack(inputs), inputs[0].dtype
     if op == "max":
         return stack.max(axis=0)
-    if dtype in LOW_PRECISION:
-        total = stack.astype(np.float32).sum(axis=0)
-        return (total / len(inputs) if op == "avg" else total).astype(dt)
-    total = stack.sum(axis=0, dtype=dt)
-    return total / len(inputs) if op == "avg" else total
+    if dtype in LOW_PRECISION or dt.kind == "f":
+        total = stack.astype(np.float64).sum(axis=0)
+        total = total / len(inputs) if op == "avg" else total
+        return total.astype(dt) if dtype in LOW_PRECISION else total
+    return stack.sum(axis=0, dtype=dt)
 
 
 def matches(dtype: str, got: np.ndarray, want: np.ndarray) -> bool:
     if dtype in ("float32", "float64"):
         tol = 1e-12 if dtype == "float64" else 1e-5
-        return bool(np.allclose(got, want, rtol=tol, atol=tol))
+        return bool(np.allclose(got.astype(np.float64), want, rtol=tol, atol=tol))
     return got.tobytes() == want.tobytes()  # integers, max, and exact low-precision sums: bitwise
 
 
@@ -109,6 +114,66 @@ def conformance(comm, emit, seed: int = 0) -> dict:
             if comm.meter.bytes_sent("broadcast") != (buf.nbytes if rank != (root - 1) % size else 0):
                 failures.append(f"broadcast-bytes/{dtype}/{n}")
     failures += _point_to_point(comm)
+    comm.barrier()
+    return {"rank": rank, "failures": failures, "digests": digests, "traffic": traffic}
+
+
+ALGORITHMS = ("ring", "rhd", "tree", "auto")  # on any communicator; "hierarchical" needs a node grid
+GROUP_DTYPES = ["bfloat16", "float64", "int32"]  # in groups: low precision, float, integer
+# "auto" under crossovers that switch inside the sizes tested (the defaults switch at kilobytes)
+AUTO_RULES = Crossovers(((64, "tree"), (2048, "rhd"), (float("inf"), "hierarchical")))
+
+
+def views(comm, ranks_per_node: int) -> list[tuple[str, object, object]]:
+    """(view, communicator, its node grid or None) this rank belongs to: the world, and with a node grid
+    its node and its cross-node column; with N >= 3, every rank but rank 1 in reverse order (a group that
+    is a strict subset with its ranks renumbered)."""
+    size = comm.world_size
+    grid = NodeGrid(comm, ranks_per_node) if ranks_per_node else None
+    out: list[tuple[str, object, object]] = [("world", comm, grid)]
+    if grid is not None:
+        out += [("node", grid.intra, None), ("cross", grid.inter, None)]
+    subset = [r for r in reversed(range(size)) if r != 1]
+    if size >= 3 and comm.rank in subset:
+        out.append(("subset", Group(comm, subset, "subset"), None))
+    return out
+
+
+def algorithm_conformance(comm, emit, ranks_per_node: int = 0, seed: int = 1) -> dict:
+    """all_reduce with every algorithm on every view (world, node, cross-node, subset): results against
+    the reference, digests (ranks of one view must agree bitwise) and the bytes sent by phase and group,
+    with the global ranks and algorithm labels the meter booked."""
+    rank = comm.rank
+    comm.meter = TrafficMeter(rank)
+    failures, digests, traffic = [], {}, []
+    for view, sub, grid in views(comm, ranks_per_node):
+        algorithms = ALGORITHMS + (("hierarchical",) if grid is not None else ())
+        members = [sub.global_rank(r) for r in range(sub.world_size)]
+        for algorithm in algorithms:
+            for dtype in DTYPES if view == "world" else GROUP_DTYPES:
+                ops = ["sum", "max"] + (["avg"] if dtype not in ("int32", "int64") else [])
+                for n in sizes_for(sub.world_size):
+                    inputs = [rank_input(dtype, n, r, seed) for r in members]
+                    for op in ops:
+                        case = f"{view}/{algorithm}/{op}/{dtype}/{n}"
+                        buf = inputs[sub.rank].copy()
+                        comm.meter.begin_step(0)
+                        all_reduce(sub, buf, op, algorithm, grid=grid, crossovers=AUTO_RULES,
+                                   segment_bytes=SEGMENT)
+                        if not matches(dtype, buf, reference(dtype, op, inputs)):
+                            failures.append(case)
+                        digests[case] = digest(buf)
+                        links = comm.meter.snapshot()
+                        if any(link["src"] != rank or link["dst"] not in members for link in links):
+                            failures.append(f"{case}: a link outside the view {members}: {links}")
+                        by_phase: dict[str, int] = {}
+                        for link in links:
+                            where = f"{link['phase']}@{link['group']}"
+                            by_phase[where] = by_phase.get(where, 0) + link["bytes"]
+                        traffic.append({"view": view, "algorithm": algorithm, "op": op, "dtype": dtype,
+                                        "n": n, "itemsize": buf.itemsize, "rank": sub.rank,
+                                        "size": sub.world_size, "group": sub.name, "bytes": by_phase,
+                                        "labels": sorted({link["algorithm"] for link in links})})
     comm.barrier()
     return {"rank": rank, "failures": failures, "digests": digests, "traffic": traffic}
 
@@ -184,17 +249,151 @@ def pool_sizes(comm, emit) -> dict:
             "cores": sorted(os.sched_getaffinity(0))}
 
 
+# ---------------------------------------------------------------------------------------- their checks
+# Each algorithm's bytes, written out here from its definition (not imported from the engine).
+
+def ring_elements(n: int, size: int, rank: int) -> tuple[int, int]:
+    """A ring reduce-scatter sends every shard but the rank's own, an all-gather every shard but the next
+    rank's."""
+    shard = [e - s for s, e in (shard_bounds(n, size, r) for r in range(size))]
+    return n - shard[rank], n - shard[(rank + 1) % size]
+
+
+def tree_parent(q: int) -> int:
+    return q - (q & -q)  # clear the lowest set bit: the binomial tree rooted at 0
+
+
+def expected_elements(algorithm: str, n: int, size: int, rank: int, group: str, grid: int) -> dict:
+    """Elements `rank` sends per 'phase@group' (None where the formula is only fixed in aggregate)."""
+    if algorithm == "ring":
+        rs, ag = ring_elements(n, size, rank)
+        return {f"reduce-scatter@{group}": rs, f"all-gather@{group}": ag}
+    if algorithm == "tree":
+        kids = sum(1 for q in range(1, size) if tree_parent(q) == rank)
+        return {f"reduce@{group}": n if rank else 0, f"broadcast@{group}": kids * n}
+    if algorithm == "rhd":
+        power = 1 << (size.bit_length() - 1)
+        extra = size - power
+        if rank < 2 * extra and rank % 2 == 0:  # folded into rank + 1: sends its buffer, gets the result
+            return {f"reduce@{group}": n}
+        me = rank // 2 if rank < 2 * extra else rank - extra
+        lo, hi = shard_bounds(n, power, me)
+        out = {f"reduce-scatter@{group}": n - (hi - lo),
+               f"all-gather@{group}": n - n // power if n % power == 0 else None}
+        if rank < 2 * extra:
+            out[f"broadcast@{group}"] = n
+        return out
+    assert algorithm == "hierarchical"
+    node, local = divmod(rank, grid)
+    lo, hi = shard_bounds(n, grid, local)
+    rs, ag = ring_elements(n, grid, local)
+    cross_rs, cross_ag = ring_elements(hi - lo, size // grid, node)
+    return {f"reduce-scatter@node{node}": rs, f"all-gather@node{node}": ag,
+            f"all-reduce@cross{local}": cross_rs + cross_ag}
+
+
+def chosen_by_auto(t: dict, grid: int) -> str:
+    """What the conformance job's crossovers pick for the size; hierarchical falls back to the ring
+    where the view has no two-level grid."""
+    chosen = AUTO_RULES.choose(t["n"] * t["itemsize"])
+    two_level = t["view"] == "world" and 1 < grid < t["size"]
+    return "ring" if chosen == "hierarchical" and not two_level else chosen
+
+
+def assert_algorithms_exact(results, ranks_per_node: int) -> None:
+    """Every rank's results equal the reference, and every view a rank belongs to was run."""
+    world_size = len(results)
+    assert [r["rank"] for r in results] == list(range(world_size))
+    for result in results:
+        assert result["failures"] == [], f"rank {result['rank']}: {result['failures'][:5]}"
+    views = {t["view"] for r in results for t in r["traffic"]}
+    assert "world" in views and ("subset" in views) == (world_size >= 3)
+    assert ({"node", "cross"} <= views) == bool(ranks_per_node)
+
+
+def assert_bitwise_within_groups(results) -> None:
+    """The ranks of one group end every case with the same bits."""
+    by_group: dict = {}
+    for result in results:
+        for t in result["traffic"]:
+            case = f"{t['view']}/{t['algorithm']}/{t['op']}/{t['dtype']}/{t['n']}"
+            by_group.setdefault((t["group"], case), set()).add(result["digests"][case])
+    assert by_group and all(len(digests) == 1 for digests in by_group.values())
+
+
+def assert_algorithm_bytes(results, ranks_per_node: int) -> None:
+    """Each rank's bytes per phase and group against the algorithm's formula; auto's against the formula of
+    the algorithm its default crossovers name for the size, which is also the label the meter shows."""
+    aggregate: dict = {}
+    closed_forms = 0
+    for result in results:
+        for t in result["traffic"]:
+            algorithm = chosen_by_auto(t, ranks_per_node) if t["algorithm"] == "auto" else t["algorithm"]
+            n, item, size = t["n"], t["itemsize"], t["size"]
+            want = expected_elements(algorithm, n, size, t["rank"], t["group"], ranks_per_node)
+            got = dict(t["bytes"])
+            for where, elements in want.items():
+                if elements is None:  # fixed in aggregate only: summed over the ranks below
+                    key = (t["group"], t["algorithm"], t["op"], t["dtype"], n, item, size, where)
+                    aggregate[key] = aggregate.get(key, 0) + got.pop(where, 0)
+                elif elements:
+                    assert got.pop(where, 0) == elements * item, (t, where)
+            assert got == {}, (t, "unexpected traffic")
+            if algorithm == "hierarchical":  # inside the node its own name; across, the ring it runs there
+                inside = any(w.startswith(("reduce-scatter@node", "all-gather@node")) for w in t["bytes"])
+                across = any(w.startswith("all-reduce@cross") for w in t["bytes"])
+                want = ({"hierarchical"} if inside else set()) | ({"ring"} if across else set())
+                assert t["labels"] == sorted(want), t
+            elif t["bytes"]:
+                assert t["labels"] == [algorithm], t
+            if algorithm == "hierarchical" and n % ranks_per_node == 0 and \
+                    (n // ranks_per_node) % (size // ranks_per_node) == 0:
+                g, m = ranks_per_node, size // ranks_per_node
+                node = t["bytes"].get(f"reduce-scatter@node{t['rank'] // g}", 0) + \
+                    t["bytes"].get(f"all-gather@node{t['rank'] // g}", 0)
+                cross = t["bytes"].get(f"all-reduce@cross{t['rank'] % g}", 0)
+                assert node * g == 2 * (g - 1) * n * item and cross * m * g == 2 * (m - 1) * n * item
+                closed_forms += 1
+            power = 1 << (size.bit_length() - 1)  # rhd: 2(P−1)/P·S on the ranks that are not folded
+            if (algorithm == "ring" and n % size == 0) or \
+                    (algorithm == "rhd" and n % power == 0 and t["rank"] >= 2 * (size - power)):
+                p = size if algorithm == "ring" else power
+                assert sum(t["bytes"].values()) * p == 2 * (p - 1) * n * item, t
+                closed_forms += 1
+    for key, total in aggregate.items():  # rhd's doubling: the participants send (P−1)·n between them
+        _, _, _, _, n, item, size, _ = key
+        power = 1 << (size.bit_length() - 1)
+        assert total == (power - 1) * n * item, key
+    assert closed_forms > 0 or len(results) == 1
+
+
 if __name__ == "__main__":
     from engine.comm import run_ranks
 
-    mode = sys.argv[1] if len(sys.argv) > 1 else "mpi"
-    if mode == "tcp":  # one rank of a torchrun-style job, configured by the environment
+    # comm_helpers.py [tcp] [conformance | native | pools | algorithms G]
+    args = sys.argv[1:]
+    transport = args.pop(0) if args[:1] == ["tcp"] else "mpi"
+    mode = args[0] if args else "conformance"
+    extra = tuple(int(a) for a in args[1:])
+    check = {"native": native_check, "pools": pool_sizes, "algorithms": algorithm_conformance}.get(mode,
+                                                                                                 conformance)
+    if transport == "tcp":  # one rank of a torchrun-style job, configured by the environment
         rank = int(os.environ["RANK"])
-        print(json.dumps(run_ranks(int(os.environ["WORLD_SIZE"]), "tcp", conformance)[rank]))
+        print(json.dumps(run_ranks(int(os.environ["WORLD_SIZE"]), "tcp", check, extra, timeout_s=120)[rank]))
     else:
         from mpi4py import MPI
 
-        check = {"native": native_check, "pools": pool_sizes}.get(mode, conformance)
-        results = run_ranks(MPI.COMM_WORLD.Get_size(), "mpi", check)
+        results = run_ranks(MPI.COMM_WORLD.Get_size(), "mpi", check, extra, timeout_s=120)
         if MPI.COMM_WORLD.Get_rank() == 0:
             print(json.dumps(results))
+
+
+def slow_sendrecv(comm, emit, nbytes: int, timeout_s: float) -> float:
+    """One sendrecv of nbytes with the peer under a short timeout; returns the seconds it took."""
+    comm.timeout_s = timeout_s  # after the rendezvous, which needs the launch's longer timeout
+    out, inc = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    peer = 1 - comm.rank
+    start = time.perf_counter()
+    comm.sendrecv(peer, out, peer, inc)
+    assert inc.all()
+    return time.perf_counter() - start

@@ -295,7 +295,7 @@ def test_help_key_toggles_the_key_panel():
 
 def test_every_pane_the_app_composes_keeps_the_pane_protocol():
     async def scenario(app: NanoDistApp, pilot) -> None:
-        assert len(app.panes) == 6 and all(isinstance(pane, Pane) for pane in app.panes)
+        assert len(app.panes) == 7 and all(isinstance(pane, Pane) for pane in app.panes)
         assert not isinstance(app.query_one(Footer), Pane)  # the check tells a pane from any widget
         # No pane goes unfed: each is one the app feeds, or inside one that feeds it (the loss-scale plot).
         fed = set(app.panes)

@@ -189,3 +189,24 @@ def test_techniques_one_row_per_technique():
     for row in rows:
         assert row["step_s"] > 0 and 0 <= row["comm_share"] <= 1, row
         assert row["vs_baseline"] == pytest.approx(row["step_s"] / baseline, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- traffic
+
+def test_traffic_counts_what_crosses_the_nodes():
+    """Hybrid ZeRO-2 on 2 nodes × 2 against flat ZeRO-2 on the same grid: hybrid keeps the parameter
+    gathers in the node and sends only the node shard of each bucket across, so every rank's bytes across
+    nodes are its cross-node group's (plus, on the ranks whose ring neighbour is on the next node, the
+    trainer's scalars); flat, the two ranks whose ring neighbour is on the next node send everything
+    across, the others nothing."""
+    small = ["--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "data.max_chars=20000"]
+    hybrid = report("traffic", "--preset", "hybrid-4", *small)
+    flat = report("traffic", "--preset", "zero2-4", "--set", "parallel.ranks_per_node=2", *small)
+    assert (hybrid["hybrid"], flat["hybrid"], hybrid["ranks_per_node"], hybrid["step"]) == (True, False, 2, 2)
+    for r in hybrid["ranks"]:
+        assert set(r["by_group"]) == {"world", "node", "cross"}
+        assert r["across_nodes"] == r["by_group"]["cross"] + (r["by_group"]["world"] if r["rank"] % 2 else 0)
+    crossing = [r["across_nodes"] for r in flat["ranks"]]
+    assert crossing[0] == crossing[2] == 0
+    assert [crossing[r] for r in (1, 3)] == [flat["ranks"][r]["total"] for r in (1, 3)]
+    assert sum(r["across_nodes"] for r in hybrid["ranks"]) < sum(crossing)

@@ -92,11 +92,11 @@ def _no_mpi4py(tmp: Path, monkeypatch) -> None:
 
 
 def _disk_full_on_run_folder(tmp: Path, monkeypatch) -> None:
-    from engine import presets
+    from engine import atomic_file
 
     def full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
-    monkeypatch.setattr(presets, "atomic_write_text", full)
+    monkeypatch.setattr(atomic_file, "atomic_write_text", full)
 
 
 def _bug_in(module: str, name: str):
@@ -261,7 +261,8 @@ CASES: dict[str, tuple[list[str], dict]] = {
     "bench allreduce: mpi without mpi4py": (["bench", "allreduce", "-b", "mpi"],
                                             {"named": "mpi4py", "setup": _no_mpi4py}),
     "bench allreduce: mpi outside mpiexec": (["bench", "allreduce", "-b", "mpi"], {"named": "mpiexec"}),
-    "bench allreduce: unknown algorithm": (["bench", "allreduce", "--algorithm", "tree"], {"named": "tree"}),
+    "bench allreduce: unknown algorithm": (["bench", "allreduce", "--algorithm", "butterfly"],
+                                            {"named": "butterfly"}),
     "bench allreduce: mpi-native off mpi": (["bench", "allreduce", "--algorithm", "mpi-native"],
                                             {"named": "--backend mpi"}),
     "bench allreduce: unknown backend": (["bench", "allreduce", "-b", "gloo"], {"named": "gloo"}),

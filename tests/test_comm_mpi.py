@@ -1,5 +1,6 @@
 """The conformance suite under ``mpiexec -n 2`` and ``-n 4`` (needs the ``mpi`` extra: mpi4py + mpich),
-plus the "mpi-native" alternative all-reduce."""
+every all-reduce algorithm on every group of a 2 × 2 node grid, plus the "mpi-native" alternative
+all-reduce."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 
+import comm_helpers
 import pytest
 
 pytest.importorskip("mpi4py")
@@ -19,10 +21,11 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 
 
-def mpirun(n: int, mode: str = "mpi") -> list:
+def mpirun(n: int, mode: str = "conformance", *args) -> list:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, TESTS])}
-    command = [MPIEXEC, "-n", str(n), sys.executable, os.path.join(TESTS, "comm_helpers.py"), mode]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    command = [MPIEXEC, "-n", str(n), sys.executable, os.path.join(TESTS, "comm_helpers.py"), mode,
+               *map(str, args)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -42,6 +45,13 @@ def test_mpi_conformance(world_size):
 def test_mpi_native_all_reduce_matches_ring():
     results = mpirun(2, "native")
     assert results == [{"rank": r, "failures": []} for r in range(2)]
+
+
+def test_mpi_algorithms_on_every_group():
+    results = mpirun(4, "algorithms", 2)
+    comm_helpers.assert_algorithms_exact(results, 2)
+    comm_helpers.assert_bitwise_within_groups(results)
+    comm_helpers.assert_algorithm_bytes(results, 2)
 
 
 def test_mpi_ranks_limit_their_blas_pools_to_their_share_of_the_host():

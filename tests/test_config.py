@@ -223,3 +223,32 @@ def test_ranks_per_node_must_divide_the_world():
     err = error_of({"parallel": {"world_size": 4, "ranks_per_node": 3}})
     assert err.key == "parallel.ranks_per_node" and "does not divide world_size 4" in err.problem
     assert error_of({"parallel": {"ranks_per_node": -1}}).key == "parallel.ranks_per_node"
+
+
+def test_algorithms_and_hybrid_sharding_against_the_grid_and_stage():
+    grid = {"world_size": 4, "ranks_per_node": 2}
+    hybrid = {**grid, "zero_stage": 2, "hybrid": True, "algorithm": "auto"}
+    assert from_dict({"parallel": {**grid, "algorithm": "hierarchical"}}).parallel.algorithm == "hierarchical"
+    assert from_dict({"parallel": hybrid}).parallel.hybrid
+    for algorithm in ("rhd", "tree", "auto"):
+        assert from_dict({"parallel": {"world_size": 4, "algorithm": algorithm}}).parallel.algorithm \
+            == algorithm
+    cases = [  # (parallel settings, key named, words in the problem, words in the fix)
+        ({"world_size": 4, "algorithm": "hierarchical"}, "parallel.algorithm", "needs a node grid",
+         "ranks_per_node"),
+        ({**grid, "hybrid": True}, "parallel.hybrid", "zero_stage 0 shards nothing",
+         "zero_stage to 1, 2 or 3"),
+        ({"world_size": 4, "zero_stage": 1, "hybrid": True}, "parallel.hybrid", "needs a node grid",
+         "ranks_per_node"),
+        ({**grid, "zero_stage": 3, "hybrid": True, "algorithm": "hierarchical"}, "parallel.algorithm",
+         "inter-node step", '"rhd"'),
+        ({"world_size": 4, "zero_stage": 2, "algorithm": "rhd"}, "parallel.algorithm",
+         "no all-reduce reads it", "parallel.hybrid = true"),
+        ({"world_size": 4, "algorithm": "halving"}, "parallel.algorithm", "not allowed", '"rhd"'),
+    ]
+    for settings, key, problem, fix in cases:
+        err = error_of({"parallel": settings})
+        assert (err.key, problem in err.problem, fix in err.fix) == (key, True, True), (settings, str(err))
+    # the allowed values in the field doc and the message come from the one tuple
+    from engine.comm.collectives import ALGORITHMS
+    assert all(f'"{a}"' in config.describe("parallel.algorithm") for a in ALGORITHMS)

@@ -76,6 +76,19 @@ def test_ddp_with_gradient_accumulation(world, dtype, rtol):
     assert_matches_single(multi, single, rtol)
 
 
+@pytest.mark.parametrize("algorithm", ["rhd", "tree", "hierarchical", "auto"])
+def test_ddp_with_each_all_reduce_algorithm_equals_single_process(algorithm):
+    """4 ranks as 2 nodes × 2 (the grid hierarchical and auto read); 3 ranks for the non-power-of-two
+    paths."""
+    cfg = tiny_gpt(precision__dtype="fp64", train__global_batch=12)
+    single = run(cfg, 1)[0]
+    for world, per_node in ((4, 2), (3, 3 if algorithm == "hierarchical" else 0)):
+        multi = run(dict(cfg, parallel=dict(cfg["parallel"], algorithm=algorithm, ranks_per_node=per_node)),
+                    world)
+        assert_replicas_identical(multi)
+        assert_matches_single(multi, single, 1e-12)
+
+
 def test_naive_and_bucketed_agree():
     cfg = tiny_gpt(precision__dtype="fp64")
     bucketed = run(cfg, 2, steps=4)

@@ -121,6 +121,26 @@ def test_estimate_equals_the_ledger_to_the_byte(stage, world, cap, dtype, checkp
         assert peaks == {c: predicted[c] for c in peaks}, f"rank {r['rank']}"
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_hybrid_estimate_equals_measurement(stage):
+    """Hybrid sharding (4 ranks as 2 nodes × 2): model states exactly, sharded over the node; the
+    optimizer's temporaries and stage 3's gathered parameters exactly; activations (of the micro-batch the
+    whole world splits) within 10%, as for flat ZeRO."""
+    cfg = tiny(parallel__zero_stage=stage, precision__dtype="bf16", parallel__world_size=4,
+               parallel__ranks_per_node=2, parallel__hybrid=True, train__global_batch=8)
+    e = estimate(cfg)
+    flat = estimate(tiny(parallel__zero_stage=stage, precision__dtype="bf16", parallel__world_size=4,
+                         train__global_batch=8))
+    assert sum(e.states.values()) > sum(flat.states.values())  # G-way, not N-way, sharding
+    assert e.micro_batch == flat.micro_batch == 2
+    for r in measured(cfg):
+        assert {k: r["at_rest"][k] for k in STATES} == e.states
+        assert r["maxima"]["optimizer"]["temporaries"] == e.maxima["optimizer"]["temporaries"]
+        assert r["maxima"]["forward"]["parameters"] == e.maxima["forward"]["parameters"]
+        assert r["maxima"]["forward"]["activations"] == pytest.approx(e.maxima["forward"]["activations"],
+                                                                      rel=0.10)
+
+
 def test_fp16_at_the_default_scale_is_measured_over_steps_that_update():
     """At the default initial loss scale (2^16) the first fp16 steps overflow and skip the update, which
     would leave its fp32 gradient copy (here the largest temporary: small buckets keep AdamW's pieces

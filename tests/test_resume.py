@@ -105,6 +105,26 @@ def test_resume_at_another_world_size_and_stage(tmp_path, saved, loaded):
     assert started.world_size == n_b and started.config["parallel"]["zero_stage"] == stage_b
 
 
+HYBRID_2X2 = ["parallel.world_size=4", "parallel.ranks_per_node=2", "parallel.hybrid=true"]
+
+
+@pytest.mark.parametrize("saved, loaded", [
+    (["parallel.world_size=4", "parallel.zero_stage=2"], [*HYBRID_2X2, "parallel.zero_stage=3"]),
+    ([*HYBRID_2X2, "parallel.zero_stage=1"], ["parallel.world_size=2", "parallel.zero_stage=0",
+                                             "parallel.hybrid=false", "parallel.ranks_per_node=0"]),
+], ids=["flat-stage2-to-hybrid-stage3", "hybrid-stage1-to-N2-DDP"])
+def test_resume_reshards_to_and_from_hybrid_sharding(tmp_path, saved, loaded):
+    """A hybrid checkpoint holds one node's shards (the other node's are the same and not written);
+    consolidating gives the full state, whichever way it was sharded."""
+    original, _ = train(tmp_path / "a", *saved, "train.steps=4", "checkpoint.every=0")
+    same = resume_training(original["run_dir"], [*loaded, "train.steps=4"])
+    assert_same_state(state_at(same["run_dir"]), state_at(original["run_dir"]))
+    events: list = []
+    more = resume_training(original["run_dir"], [*loaded, "train.steps=8"], on_event=events.append)
+    assert sorted(step_losses(events)) == list(range(5, 9))
+    assert more["final_val_loss"] < original["final_val_loss"]
+
+
 def _train_and_keep_state(comm, emit, cfg_dict, ckpt_dir):
     cfg = from_dict(cfg_dict)
     trainer = Trainer(cfg, comm, emit)

@@ -67,3 +67,29 @@ def test_single_rank_emits_no_traffic():
     run_training(from_dict(cfg), on_event=events.append, record=False)
     assert [e for e in events if e.kind == "traffic"] == []
     assert [e.bytes_sent for e in events if e.kind == "rank_stats"] == [0, 0]
+
+
+def test_traffic_events_name_the_group_and_algorithm_of_every_link():
+    """DDP with the hierarchical all-reduce on 2 nodes × 2: gradient buckets go reduce-scatter and
+    all-gather inside the node (node<m>, booked as "hierarchical"), all-reduce across (cross<j>, booked as
+    the ring that runs there); the
+    trainer's scalars go around the world ring. Fewer bytes cross the nodes than with the flat ring."""
+    crossing = {}
+    for algorithm in ("ring", "hierarchical"):
+        cfg = with_parallel(tiny_gpt(train__steps=2), 4, 0, ranks_per_node=2, algorithm=algorithm)
+        events: list = []
+        run_training(from_dict(cfg), on_event=events.append, record=False)
+        links = [link for e in events if e.kind == "traffic" and e.step == 2 for link in e.links]
+        kinds = {(link["group"], link["phase"], link["algorithm"]) for link in links}
+        if algorithm == "hierarchical":
+            assert {(f"node{m}", phase, "hierarchical") for m in (0, 1) for phase in
+                    ("reduce-scatter", "all-gather")} | {(f"cross{j}", "all-reduce", "ring")
+                                                         for j in (0, 1)} <= kinds
+            for link in links:  # node links stay inside a node, cross links join the same local rank
+                if link["group"].startswith("node"):
+                    assert link["dst"] // 2 == link["src"] // 2, link
+                if link["group"].startswith("cross"):
+                    assert link["dst"] % 2 == link["src"] % 2, link
+        assert ("world", "reduce-scatter", "ring") in kinds  # the scalars
+        crossing[algorithm] = sum(link["bytes"] for link in links if link["src"] // 2 != link["dst"] // 2)
+    assert crossing["hierarchical"] < crossing["ring"]

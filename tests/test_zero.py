@@ -1,5 +1,7 @@
 """ZeRO stages 1-3 equal DDP (stage 0); shards are views; stage 2 never holds the full gradient; model-state
-bytes equal the ZeRO paper's formulas and per-rank traffic equals the ring formulas exactly."""
+bytes equal the ZeRO paper's formulas and per-rank traffic equals the ring formulas exactly. Hybrid sharding
+(inside a node, replicated across nodes) likewise: equal to DDP, the formulas over the node, exact bytes per
+group."""
 
 from __future__ import annotations
 
@@ -63,16 +65,21 @@ def test_stages_equal_ddp(world, flavour):
         assert max(ddp[0]["norms"]) > 0.3  # clipping is really exercised
     for stage in (1, 2, 3):
         zero = run(cfg, world, stage)
-        for r in zero:
-            np.testing.assert_allclose(r["losses"], ddp[0]["losses"], rtol=rtol)
-            # the gradient norm formed from shards equals the unsharded one
-            np.testing.assert_allclose(r["norms"], ddp[0]["norms"], rtol=rtol)
-        state = consolidated(zero)
-        for key in ("master", "m", "v"):
-            scale = np.abs(reference[key]).max()
-            np.testing.assert_allclose(state[key], reference[key], rtol=rtol, atol=rtol * scale,
-                                       err_msg=f"stage {stage} {key}")
+        assert_equals_ddp(zero, ddp, reference, rtol, f"stage {stage}")
         assert zero[0]["state"]["step"] == ddp[0]["state"]["step"] == 10
+
+
+def assert_equals_ddp(zero: list[dict], ddp: list[dict], reference: dict, rtol: float, label: str) -> None:
+    """Every rank's losses and gradient norms (formed from shards, when sharded) equal DDP's, and so do
+    the consolidated master, m and v."""
+    for r in zero:
+        np.testing.assert_allclose(r["losses"], ddp[0]["losses"], rtol=rtol)
+        np.testing.assert_allclose(r["norms"], ddp[0]["norms"], rtol=rtol)
+    state = consolidated(zero)
+    for key in ("master", "m", "v"):
+        scale = np.abs(reference[key]).max()
+        np.testing.assert_allclose(state[key], reference[key], rtol=rtol, atol=rtol * scale,
+                                   err_msg=f"{label} {key}")
 
 
 def test_stage3_with_untied_weights_and_no_prefetch_equals_ddp():
@@ -240,3 +247,75 @@ def test_stage3_books_parameter_gathers_as_their_own_phase():
     assert {"param-gather", "reduce-scatter"} <= phases
     stage2 = run_ranks(2, "threads", _phases, args=(with_parallel(tiny_gpt(), 2, 2),))[0]
     assert "param-gather" not in stage2 and "all-gather" in stage2
+
+
+# ---------------------------------------------------------------------------------------- hybrid sharding
+# 4 ranks as 2 nodes × 2 ranks: ZeRO state sharded inside each node, replicated across the nodes.
+HYBRID = dict(ranks_per_node=2, hybrid=True)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_hybrid_sharding_equals_ddp(flavour):
+    over, rtol = FLAVOURS[flavour]
+    cfg = tiny_gpt(**over)
+    ddp = run(cfg, 4, 0)
+    reference = consolidated(ddp)
+    for stage in (1, 2, 3):
+        hybrid = run(cfg, 4, stage, **HYBRID)
+        assert [r["range"] for r in hybrid[:2]] == [r["range"] for r in hybrid[2:]]  # nodes hold the same
+        assert hybrid[1]["range"][1] == hybrid[1]["state"]["m"].size * 2  # each rank: half of the state
+        assert_equals_ddp(hybrid, ddp, reference, rtol, f"hybrid stage {stage}")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_hybrid_model_state_bytes_are_the_zero_formulas_over_a_node(dtype):
+    """The ZeRO paper's table with G = 2 (the node) in place of N = 4: stage 1 4Ψ + 12Ψ/G, 2 2Ψ + 14Ψ/G,
+    3 16Ψ/G (mixed precision), each padded to multiples of G."""
+    cfg = tiny_gpt(precision__dtype=dtype)
+    e, g = (4 if dtype == "fp32" else 2), 2
+    adam = {"master": 0 if dtype == "fp32" else 4, "adam_m": 4, "adam_v": 4}
+    for stage in (1, 2, 3):
+        layout = run_ranks(4, "threads", _unit_sizes, args=(with_parallel(cfg, 4, stage, **HYBRID),))[0]
+        padded = sum(layout["units"]) if stage == 3 else layout["size"]
+        assert padded % g == 0 and padded - layout["numel"] < g * (len(layout["units"] or [0]))
+        params, grads, opt = {1: (padded, padded, padded // g), 2: (padded, padded // g, padded // g),
+                              3: (padded // g,) * 3}[stage]
+        expected = {"parameters": params * e, "gradients": grads * e, **{k: opt * b for k, b in adam.items()}}
+        for r in run(cfg, 4, stage, steps=2, **HYBRID):
+            assert r["at_rest"] == expected == r["after"], (stage, r["at_rest"], expected)
+
+
+def _traffic_by_group(comm, emit, cfg_dict):
+    trainer = Trainer(from_dict(cfg_dict), comm)
+    trainer.train_step()
+    rows = comm.meter.snapshot()
+    trainer.replica.close()
+    by: dict[str, int] = {}
+    for row in rows:
+        kind = row["group"].rstrip("0123456789")  # world, node<m>, cross<j>
+        by[kind] = by.get(kind, 0) + row["bytes"]
+    crossing = sum(row["bytes"] for row in rows if row["src"] // 2 != row["dst"] // 2)
+    return {"by": by, "crossing": crossing, "labels": sorted({(row["group"].rstrip("0123456789"),
+                                                               row["algorithm"]) for row in rows})}
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_hybrid_traffic_per_group_is_exact(stage):
+    """Per step: each bucket (unit) is reduce-scattered in the node (G = 2), its node shard all-reduced
+    across the 2 nodes, and (stages 1-2 after the update, 3 twice for the gathers) all-gathered in the
+    node; the world carries only the trainer's fp64 scalars. All by the ring formulas."""
+    cfg = with_parallel(tiny_gpt(), 4, stage, **HYBRID)
+    lengths = run_ranks(4, "threads", gradient_group_lengths, args=(cfg,))[0]
+    results = run_ranks(4, "threads", _traffic_by_group, args=(cfg,))
+    gathers = 2 if stage == 3 else 1
+    for rank, r in enumerate(results):
+        node, local = divmod(rank, 2)
+        inside = sum(ring_bytes(n, 2, local)[0] + gathers * ring_bytes(n, 2, local)[1] for n in lengths)
+        shards = [n // 2 for n in lengths]  # buckets are padded to multiples of G: equal node shards
+        across = sum(sum(ring_bytes(k, 2, node)) for k in shards)
+        scalars = 8 * sum(ring_bytes(2, 4, rank)) + 8 * sum(ring_bytes(1, 2, local))  # loss+stop; grad norm
+        assert r["by"] == {"node": 4 * inside + 8 * sum(ring_bytes(1, 2, local)), "cross": 4 * across,
+                           "world": 8 * sum(ring_bytes(2, 4, rank))}, (stage, rank)
+        assert sum(r["by"].values()) == 4 * inside + 4 * across + scalars
+        assert across * 2 == sum(lengths)  # 2(M−1)/M · Ψ/G = Ψ/2 elements per rank cross the nodes
+        assert {("node", "hierarchical"), ("cross", "ring"), ("node", "ring")} <= set(r["labels"])

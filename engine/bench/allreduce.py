@@ -4,7 +4,13 @@ Each iteration: restore the input (untimed), barrier, time one all-reduce on eve
 iteration's time is the slowest rank's, and a row reports the median over ``iters`` timed
 iterations after ``warmup`` untimed ones. Inputs are small integers, so the float sum is exact
 and ``correct`` is a bitwise comparison with the closed-form sum. Columns: algbw = S / t,
-busbw = algbw · 2(N−1)/N (meter.busbw), in bytes/s.
+busbw = algbw · 2(N−1)/N (meter.busbw), in bytes/s. ``network`` emulates a slower network on the
+processes backend (engine.comm.emulation): what the emulated links deliver is measured the same way.
+
+Several algorithms are measured in one run taking turns, iteration by iteration at each size, so every
+one sees the same load (this machine's noise would otherwise decide the comparison). "hierarchical" runs
+on the node grid of ``ranks_per_node``; "auto" picks with the crossovers it is given (what a training run
+with this backend, world size and grid would look up), and its rows say what it chose.
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ import time
 
 import numpy as np
 
-from engine.comm.collectives import all_reduce
+from engine.comm.auto import Crossovers
+from engine.comm.collectives import all_reduce, choose
+from engine.comm.emulation import NetworkEmulation
+from engine.comm.group import NodeGrid
 from engine.comm.launch import run_ranks
 from engine.comm.meter import algbw, busbw
 from engine.comm.wire import DTYPE_NAMES
@@ -22,12 +31,26 @@ from engine.comm.wire import DTYPE_NAMES
 
 def bench_allreduce(backend: str = "processes", world_size: int = 2, sizes_bytes=(1 << 24, 1 << 26),
                     iters: int = 20, warmup: int = 3, dtype: str = "float32",
-                    algorithm: str = "ring") -> list[dict]:
-    """Rows {size, time_s, algbw, busbw, correct} for nanoDist's all-reduce on ``backend``
-    (under mpiexec only rank 0 gets rows; the others get [])."""
+                    algorithm: str | tuple[str, ...] = "ring", ranks_per_node: int = 0,
+                    crossovers: Crossovers | None = None,
+                    network: NetworkEmulation | None = None) -> list[dict]:
+    """Rows {size, algorithm, time_s, algbw, busbw, correct} (auto's also {chosen}) for nanoDist's
+    all-reduce on ``backend``, by size, then algorithm in the order given (under mpiexec only rank 0
+    gets rows; the others get [])."""
+    algorithms = (algorithm,) if isinstance(algorithm, str) else tuple(algorithm)
+    table = crossovers.to_array().tolist() if crossovers is not None else None
     per_rank = run_ranks(world_size, backend, _nanodist_rank,
-                         (list(sizes_bytes), iters, warmup, dtype, algorithm), timeout_s=120.0)
-    return _rows(per_rank, list(sizes_bytes), world_size)
+                         (list(sizes_bytes), iters, warmup, dtype, list(algorithms), ranks_per_node, table),
+                         timeout_s=120.0, network=network)
+    if any(rank_rows is None for rank_rows in per_rank):
+        return []  # an MPI rank other than 0: rank 0 gathers and reports every rank's times
+    cases = [(size, a) for size in sizes_bytes for a in algorithms]
+    rows = _rows(per_rank, [size for size, _ in cases], world_size)
+    for row, (_, a), chosen in zip(rows, cases, per_rank[0]):
+        row["algorithm"] = a
+        if a == "auto":
+            row["chosen"] = chosen["chosen"]
+    return rows
 
 
 def bench_gloo(world_size: int = 2, sizes_bytes=(1 << 24, 1 << 26), iters: int = 20, warmup: int = 3,
@@ -43,6 +66,7 @@ def bench_gloo(world_size: int = 2, sizes_bytes=(1 << 24, 1 << 26), iters: int =
 
 
 def _rows(per_rank: list, sizes: list[int], world_size: int) -> list[dict]:
+    """One row per measured case (``sizes[i]`` bytes), from every rank's times."""
     if any(rank_rows is None for rank_rows in per_rank):
         return []  # an MPI rank other than 0: rank 0 gathers and reports every rank's times
     rows = []
@@ -62,20 +86,28 @@ def _inputs(size_bytes: int, dtype: str, rank: int, world_size: int) -> tuple[np
     return (pattern + rank).astype(dt), (pattern * world_size + world_size * (world_size - 1) // 2).astype(dt)
 
 
-def _nanodist_rank(comm, emit, sizes, iters, warmup, dtype, algorithm):
+def _nanodist_rank(comm, emit, sizes, iters, warmup, dtype, algorithms, ranks_per_node, table):
+    """Per size, the algorithms take turns each iteration; one row per (size, algorithm)."""
+    grid = NodeGrid(comm, ranks_per_node) if ranks_per_node else None
+    crossovers = Crossovers.from_array(np.array(table)) if table is not None else None
     rows = []
     for size in sizes:
         source, expected = _inputs(size, dtype, comm.rank, comm.world_size)
-        buf, times, correct = source.copy(), [], True
+        buf = source.copy()
+        times: list[list[float]] = [[] for _ in algorithms]
+        correct = [True] * len(algorithms)
         for i in range(warmup + iters):
-            np.copyto(buf, source)
-            comm.barrier()
-            start = time.perf_counter()
-            all_reduce(comm, buf, "sum", algorithm)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-            correct = correct and bool(np.array_equal(buf, expected))
-        rows.append({"times": times, "correct": correct})
+            turn = i % len(algorithms)  # rotate who goes first: no algorithm always follows another
+            for k in list(range(turn, len(algorithms))) + list(range(turn)):
+                np.copyto(buf, source)
+                comm.barrier()
+                start = time.perf_counter()
+                all_reduce(comm, buf, "sum", algorithms[k], grid=grid, crossovers=crossovers)
+                if i >= warmup:
+                    times[k].append(time.perf_counter() - start)
+                correct[k] = correct[k] and bool(np.array_equal(buf, expected))
+        chosen = choose(comm, buf, grid, crossovers)
+        rows += [{"times": t, "correct": c, "chosen": chosen} for t, c in zip(times, correct)]
     return rows
 
 

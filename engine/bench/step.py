@@ -11,7 +11,7 @@ import statistics
 import time
 
 from engine.comm.launch import run_ranks
-from engine.config import Config, replace, to_dict
+from engine.config import Config, network_emulation, replace, to_dict
 
 
 def _bench_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int, should_stop=None) -> dict:
@@ -33,6 +33,7 @@ def time_ours(cfg: Config, warmup: int = 5, steps: int = 20) -> dict:
     cfg = replace(replace(cfg, "train.steps", warmup + steps + 1), "train.eval_every", 0)
     results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, _bench_rank,
                         args=(to_dict(cfg), warmup, steps), timeout_s=cfg.parallel.timeout_s,
+                        network=network_emulation(cfg),
                         threads_per_rank=cfg.parallel.threads_per_rank)
     step = max(statistics.median(r["times"]) for r in results)  # the slowest rank sets the pace
     wait = max(statistics.median(r["waits"]) for r in results)

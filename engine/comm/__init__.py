@@ -1,12 +1,17 @@
-"""Communication runtime: transports, ring collectives written once, the traffic meter, the launcher.
+"""Communication runtime: transports, collectives written once, process groups, the traffic meter, the
+launcher.
 
   base.py         Communicator interface and its rules; RankFailure, PeerTimeout, StopRequested
+  group.py        process groups (a view over a parent communicator); NodeGrid, the nodes × ranks grid
   threads.py      threads backend (in-process mailboxes)
   tcp.py          socket transport with the shared-memory fast path (processes, tcp backends)
   wire.py auth.py shm.py rendezvous.py   its frame header, handshake, segments, rendezvous
   mpi.py          mpi backend (mpi4py), and MPI's native Allreduce as algorithm "mpi-native"
-  collectives.py  ring reduce-scatter / all-gather / all-reduce, pipelined broadcast
-  meter.py        per-rank traffic meter; algbw / busbw
+  collectives.py  the collectives' entry points and ALGORITHMS; the algorithms, one file per family:
+  ring.py halving.py tree.py hierarchical.py   ring, recursive halving-doubling, binomial tree, two-level
+  auto.py         algorithm "auto": measured crossovers by message size, the tuning file
+  reduction.py    sum / avg / max, segments, the pairwise exchange
+  meter.py        per-rank traffic meter (link = src, dst, phase, group, algorithm); algbw / busbw
   launch.py       run_ranks for every backend; procs.py spawns and supervises rank processes
   codec.py        JSON (with numpy arrays) between the launcher and its rank processes; never pickle
 

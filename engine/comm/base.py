@@ -24,8 +24,11 @@ Rules every backend keeps (tests/test_comm_conformance.py checks them on each on
 * Stop: ``should_stop()`` turns True when the launcher is asked to stop (UI stop, Ctrl-C). A call
   blocked on a peer that has already left because of that stop raises StopRequested.
 * Metering: every send (and the send half of every sendrecv) is reported to ``meter``, if set, as
-  ``meter.record(phase, src, dst, nbytes, seconds)`` with the meter's current phase; ``nbytes`` is
-  the payload (fixed frame headers and acknowledgements are not counted).
+  ``meter.record(phase, src, dst, nbytes, seconds, group)`` with the meter's current labels, global
+  ranks and the communicator's ``name`` ("world", or a process group's); ``nbytes`` is the payload
+  (fixed frame headers and acknowledgements are not counted).
+* Groups: engine.comm.group.Group is a Communicator over a subset of another's ranks that moves its
+  bytes through the parent's transport; ``global_rank(r)`` maps one of its ranks to the job's.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.comm.meter import TrafficMeter, metered_phase
+from engine.comm.meter import WORLD, TrafficMeter, metered
 
 Reduce = Callable[[np.ndarray, np.ndarray], None]
 
@@ -102,6 +105,8 @@ class Communicator(ABC):
     """Rank ``rank`` of ``world_size``; a transport implements ``_send``, ``_recv``, ``_sendrecv``
     and ``close``."""
 
+    name = WORLD  # what the meter books this communicator's traffic under
+
     def __init__(self, rank: int, world_size: int, timeout_s: float = 30.0,
                  meter: TrafficMeter | None = None, signals: Signals | None = None):
         if not 0 <= rank < world_size:
@@ -112,6 +117,10 @@ class Communicator(ABC):
         self.meter = meter
         self.signals = signals if signals is not None else Signals()
         self.threads_per_rank = 0  # run_ranks sets this rank's share of the host's cores (cores.py)
+
+    def global_rank(self, rank: int) -> int:
+        """The job-wide rank of this communicator's rank ``rank`` (the identity, but in a group)."""
+        return rank
 
     def should_stop(self) -> bool:
         """True once the launcher was asked to stop; poll it between steps and return from rank_fn."""
@@ -142,7 +151,7 @@ class Communicator(ABC):
     def barrier(self) -> None:
         """Dissemination barrier: ceil(log2 N) rounds of one-byte sendrecv, no rank leaves early."""
         token, incoming = np.zeros(1, np.uint8), np.zeros(1, np.uint8)
-        with metered_phase(self.meter, "barrier"):
+        with metered(self.meter, "barrier", "dissemination"):
             distance = 1
             while distance < self.world_size:
                 self.sendrecv((self.rank + distance) % self.world_size, token,
@@ -169,8 +178,8 @@ class Communicator(ABC):
 
     def _record(self, dst: int, nbytes: int, start: float) -> None:
         if self.meter is not None:
-            self.meter.record(self.meter.current_phase, self.rank, dst, nbytes,
-                              time.perf_counter() - start)
+            self.meter.record(self.meter.current_phase, self.global_rank(self.rank), self.global_rank(dst),
+                              nbytes, time.perf_counter() - start, self.name)
 
 
 def _check_out(out: np.ndarray) -> None:

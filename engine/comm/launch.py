@@ -47,15 +47,22 @@ from collections.abc import Callable
 from engine.comm import cores
 from engine.comm.base import RankFailure, Signals, StopRequested, blame
 from engine.comm.codec import as_sent
+from engine.comm.emulation import NetworkEmulation
 
 BACKENDS = ("threads", "processes", "tcp", "mpi")
+EMULATING_BACKENDS = ("processes", "tcp")  # the socket transport's: it paces sends (emulation.py)
 MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
 
 def run_ranks(world_size: int, backend: str, rank_fn: Callable, args: tuple = (),
               on_event: Callable[[dict], None] | None = None, timeout_s: float = 30.0,
-              stop_event: threading.Event | None = None, threads_per_rank: int = 0) -> list:
-    """Run ``rank_fn(comm, emit, *args)`` on every rank; returns the ranks' return values by rank."""
+              stop_event: threading.Event | None = None, threads_per_rank: int = 0,
+              network: NetworkEmulation | None = None) -> list:
+    """Run ``rank_fn(comm, emit, *args)`` on every rank; returns the ranks' return values by rank.
+    ``network`` (processes and tcp: the socket transport) emulates latency and bandwidth per link."""
+    if network is not None and network.active and backend not in EMULATING_BACKENDS:
+        raise ValueError("network emulation needs the socket transport (backend "
+                         f"{' or '.join(EMULATING_BACKENDS)}), not {backend!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     on_event = on_event or (lambda event: None)
@@ -67,10 +74,11 @@ def run_ranks(world_size: int, backend: str, rank_fn: Callable, args: tuple = ()
             return _run_threads(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event, threads)
     if backend == "processes":
         from engine.comm.procs import run_processes
-        return run_processes(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event, threads)
+        return run_processes(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event, threads,
+                             network)
     if backend == "tcp":
         from engine.comm.rendezvous import connect_from_env
-        comm = connect_from_env(timeout_s=timeout_s, stop_event=stop_event)
+        comm = connect_from_env(timeout_s=timeout_s, stop_event=stop_event, emulation=network)
         if comm.world_size != world_size:
             comm.close()
             raise ValueError(f"WORLD_SIZE is {comm.world_size} but world_size is {world_size}")

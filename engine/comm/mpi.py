@@ -69,7 +69,8 @@ class MpiCommunicator(Communicator):
         if work is not buf:
             buf[...] = work.astype(buf.dtype)
         if self.meter is not None:
-            self.meter.record("mpi-native", self.rank, -1, buf.nbytes, time.perf_counter() - start)
+            self.meter.record("mpi-native", self.rank, -1, buf.nbytes, time.perf_counter() - start,
+                              algorithm="mpi-native")
 
     def close(self) -> None:
         if self._mpi != MPI.COMM_NULL:

@@ -38,12 +38,15 @@ ABORT_GRACE_S = 3.0
 COLLECT_S = 0.3  # after a first timeout, how long to gather the others before naming the hung rank
 
 
-def run_processes(world_size, rank_fn, args, on_event, timeout_s, stop_event, threads: int = 1) -> list:
-    """Run rank_fn on `world_size` spawned processes, each limiting its thread pools to `threads`."""
+def run_processes(world_size, rank_fn, args, on_event, timeout_s, stop_event, threads: int = 1,
+                  network=None) -> list:
+    """Run rank_fn on `world_size` spawned processes, each limiting its thread pools to `threads`;
+    ``network``: a NetworkEmulation that shapes every rank's links, or None."""
     target = _qualified_name(rank_fn)
     ctx = multiprocessing.get_context("spawn")
     spec = {"world_size": world_size, "target": target, "args": list(args), "secret": secrets.token_hex(32),
-            "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0", "threads": threads}
+            "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0", "threads": threads,
+            "network": network.to_dict() if network is not None else None}
     children: list[_Child] = []
     try:
         for rank in range(world_size):
@@ -222,6 +225,7 @@ def child_main(conn) -> None:
             master_known.set()
 
     pipe.listen(conn, on_message, "nanodist-control")
+    from engine.comm.emulation import NetworkEmulation
     from engine.comm.rendezvous import connect
 
     comm = None
@@ -231,7 +235,8 @@ def child_main(conn) -> None:
             raise RankFailure(0, "never reported its rendezvous port")
         comm = connect(rank, world_size, "127.0.0.1", master.get("port", 0), bytes.fromhex(spec["secret"]),
                        timeout_s=timeout_s, use_shm=spec["shm"], signals=signals,
-                       on_listening=lambda port: send({"type": "master", "port": port}))
+                       on_listening=lambda port: send({"type": "master", "port": port}),
+                       emulation=NetworkEmulation.from_dict(spec.get("network")))
         comm.threads_per_rank = spec["threads"]
         value = rank_fn(comm, lambda event: send({"type": "event", "data": event}), *spec["args"])
         send({"type": "result", "value": value})

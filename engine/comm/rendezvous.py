@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from engine.comm import shm
 from engine.comm.admission import Door, dial, join, recv_json, send_json
 from engine.comm.base import Signals
+from engine.comm.emulation import NetworkEmulation
 from engine.comm.meter import TrafficMeter
 from engine.comm.tcp import Link, TcpCommunicator
 
@@ -49,9 +50,11 @@ SHM_SLOTS, SHM_SLOT_BYTES = 4, 1 << 20
 def connect(rank: int, world_size: int, master_addr: str, master_port: int, secret: bytes, *,
             bind_addr: str | None = None, timeout_s: float = 30.0, use_shm: bool = True,
             meter: TrafficMeter | None = None, signals: Signals | None = None,
-            on_listening: Callable[[int], None] | None = None) -> TcpCommunicator:
+            on_listening: Callable[[int], None] | None = None,
+            emulation: NetworkEmulation | None = None) -> TcpCommunicator:
     """Wire rank ``rank`` into the job; ``master_port`` 0 lets rank 0 pick a free port and report it
-    through ``on_listening(port)`` (how the processes launcher does it, without port races)."""
+    through ``on_listening(port)`` (how the processes launcher does it, without port races).
+    ``emulation`` shapes the links (latency, bandwidth cap, virtual nodes: emulation.py)."""
     signals = signals if signals is not None else Signals()
     deadline = time.monotonic() + timeout_s
     use_shm = use_shm and shm.available()
@@ -82,11 +85,12 @@ def connect(rank: int, world_size: int, master_addr: str, master_port: int, secr
     listener.close()
     # Ascending peer order on every rank visits pairs in one global (low, high) order: no deadlock.
     links = {peer: _make_link(rank, peer, socks[peer], signals, use_shm, deadline) for peer in sorted(socks)}
-    return TcpCommunicator(rank, world_size, links, timeout_s, meter, signals)
+    return TcpCommunicator(rank, world_size, links, timeout_s, meter, signals, emulation)
 
 
 def connect_from_env(timeout_s: float = 30.0, stop_event: threading.Event | None = None,
-                     meter: TrafficMeter | None = None, environ: Mapping[str, str] = os.environ):
+                     meter: TrafficMeter | None = None, environ: Mapping[str, str] = os.environ,
+                     emulation: NetworkEmulation | None = None):
     """``connect`` configured like torchrun: MASTER_ADDR (default 127.0.0.1), MASTER_PORT, RANK,
     WORLD_SIZE, NANODIST_SECRET or NANODIST_SECRET_FILE, optional NANODIST_BIND_ADDR, NANODIST_SHM=0."""
     def integer(name: str) -> int:
@@ -99,7 +103,7 @@ def connect_from_env(timeout_s: float = 30.0, stop_event: threading.Event | None
     return connect(integer("RANK"), integer("WORLD_SIZE"), environ.get("MASTER_ADDR", "127.0.0.1"),
                    integer("MASTER_PORT"), read_secret(environ), bind_addr=environ.get("NANODIST_BIND_ADDR"),
                    timeout_s=timeout_s, use_shm=environ.get("NANODIST_SHM", "1") != "0", meter=meter,
-                   signals=Signals(stop_event))
+                   signals=Signals(stop_event), emulation=emulation)
 
 
 def read_secret(environ: Mapping[str, str]) -> bytes:

@@ -8,7 +8,10 @@ The model never knows it is distributed; a replica finds what it needs through t
     ddp.py               stage 0 (DDP): bucketed all-reduce overlapped with backward
     zero12.py            stages 1-2: optimizer state (and, stage 2, gradients) sharded over buckets
     zero3.py             stage 3: parameters sharded too, gathered layer by layer
+                         (both shard over the world, or hybrid: inside a node, replicated across nodes)
     replica.py           the skeleton every replica shares (scaler, step, events, hooks, comm thread)
+    topology.py          how its collectives run: all-reduce algorithm, node grid, "auto"'s crossovers,
+                         and where ZeRO shards (the world, or each node under hybrid sharding)
     shard_optimizer.py   AdamW over the ranges a rank owns; overflow check; gradient norm
     buckets.py           gradient buckets aligned to the world size
     worker.py            the per-rank communication thread

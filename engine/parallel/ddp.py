@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from engine.comm.collectives import all_reduce, broadcast
+from engine.comm.collectives import broadcast
 from engine.flat import FlatBuffer
 from engine.parallel.replica import Replica
 from engine.parallel.shard_optimizer import Piece
@@ -35,7 +35,6 @@ class DataParallel(Replica):
             broadcast(comm, self.flat.data, root=0)  # every rank starts from rank 0's weights
         self.ledger.hold("parameters", self.flat.data.nbytes)
         self.ledger.hold("gradients", self.flat.grad_buffer.nbytes)
-        self.algorithm = cfg.parallel.algorithm  # "ring" (ours) or "mpi-native" (MPI's Allreduce)
         cap = int(cfg.parallel.bucket_cap_mb * 2**20)
         self.buckets, self._bucket_of = self.flat.buckets(cap), self.flat.bucket_map(cap)
         self._expected = [0] * len(self.buckets)
@@ -65,7 +64,7 @@ class DataParallel(Replica):
 
     def _launch(self, b: int) -> None:
         bucket = self.flat.grad_buffer[slice(*self.buckets[b])]
-        self._worker.submit(lambda: all_reduce(self.comm, bucket, op="avg", algorithm=self.algorithm))
+        self._worker.submit(lambda: self.topology.all_reduce(bucket, "avg"))
         self._next = b + 1
 
     def finish_backward(self) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 
-from engine.comm.collectives import all_reduce
 from engine.parallel.ddp import DataParallel
 
 
@@ -20,5 +19,5 @@ class NaiveDataParallel(DataParallel):
     def finish_backward(self) -> None:
         t0 = time.perf_counter()
         if self._sync:
-            all_reduce(self.comm, self.flat.grad_buffer, op="avg", algorithm=self.algorithm)
+            self.topology.all_reduce(self.flat.grad_buffer, "avg")
         self.comm_wait_s = time.perf_counter() - t0

@@ -14,10 +14,10 @@ from contextlib import nullcontext
 import numpy as np
 
 from engine.amp import make_scaler
-from engine.comm.collectives import all_gather, reduce_scatter
 from engine.flat import FlatLayout
 from engine.memory import rank_ledger
 from engine.parallel.shard_optimizer import Piece, ShardOptimizer
+from engine.parallel.topology import Topology
 from engine.parallel.worker import CommTask, CommWorker
 
 
@@ -28,6 +28,7 @@ class Replica:
 
     def __init__(self, cfg, model, comm):
         self.comm, self.rank, self.world = comm, comm.rank, comm.world_size
+        self.topology = Topology(cfg, comm)  # algorithm, node grid, where ZeRO shards
         self.ledger = rank_ledger()  # captured here: the communication thread reports to it too
         self.params = model.parameters()
         self.overlap = cfg.parallel.overlap
@@ -37,7 +38,7 @@ class Replica:
     def _start(self, cfg, pieces: list[Piece], sharded: bool) -> None:
         """Once the storage is laid out: the optimizer over `pieces`, the loss scaler, the communication
         thread (none with one rank: jobs then run inline) and the gradient-ready hooks."""
-        self.optimizer = ShardOptimizer(cfg, pieces, self.comm, sharded=sharded,
+        self.optimizer = ShardOptimizer(cfg, pieces, self.topology.shard_comm, sharded=sharded,
                                         param_names=[p.name for p in self.params], ledger=self.ledger)
         self.scaler = make_scaler(cfg.precision)
         self._worker = CommWorker(self.rank, inline=self.world == 1)
@@ -97,13 +98,17 @@ class ShardedReplica(Replica):
     """ZeRO 1-3: piece i is this rank's part of group i (a bucket or a unit), which spans `groups[i]` =
     [start, end) of the layout the piece's offset counts in. Gradient groups are reduce-scattered on
     the communication thread into the gradient shard; checkpoint state is regrouped into the rank's
-    contiguous share of the standard layout (`flat`)."""
+    contiguous share of the standard layout (`flat`).
+
+    State is split into `shards` parts and this rank holds part `shard_rank`: over the world, or under
+    hybrid sharding over the rank's node (every node then holds the same parts; engine.parallel.topology)."""
 
     groups: list[tuple[int, int]]
     flat: FlatLayout
 
     def __init__(self, cfg, model, comm):
         super().__init__(cfg, model, comm)
+        self.shard_rank, self.shards = self.topology.shard_comm.rank, self.topology.shard_comm.world_size
         self._inflight: list[tuple[CommTask, np.ndarray]] = []  # gradient buffers being reduced (<= 2)
 
     def _reduce_into_shard(self, i: int, pack: Callable[[np.ndarray], None]) -> None:
@@ -119,7 +124,7 @@ class ShardedReplica(Replica):
         shard, lo = piece.grad, piece.offset - start
 
         def reduce_into_shard() -> None:
-            reduce_scatter(self.comm, buf, op="avg")
+            self.topology.reduce_scatter(buf, "avg")
             np.add(shard, buf[lo:lo + shard.size], out=shard)
         self._inflight.append((self._worker.submit(reduce_into_shard), buf))
         if not self.overlap:
@@ -147,12 +152,12 @@ class ShardedReplica(Replica):
     def owned_range(self) -> tuple[int, int]:
         """This rank's equal, contiguous share of the standard padded layout, as checkpoints store it.
         (Its optimizer really owns part r of every group; optimizer_state() regroups.)"""
-        return self.flat.shard_range(self.rank, self.world)
+        return self.flat.shard_range(self.shard_rank, self.shards)
 
     def optimizer_state(self) -> dict:
         """Master, m, v over owned_range() (fp32 copies) and the step. Collective: each group's parts are
-        all-gathered (one group and one kind at a time, as a temporary) and every rank keeps what falls
-        in its range."""
+        all-gathered (one group and one kind at a time, as a temporary; inside the node under hybrid
+        sharding) and every rank keeps what falls in its range."""
         local = self.optimizer.local_state()
         start, end = self.owned_range()
         out = {"step": local["step"]}
@@ -164,7 +169,7 @@ class ShardedReplica(Replica):
                 self.ledger.add("temporaries", whole.nbytes)
                 lo = piece.offset - g_start  # where this rank's part sits in the group
                 whole[lo:lo + b - a] = local[key][a:b]
-                all_gather(self.comm, whole)
+                self.topology.all_gather(whole)
                 self._keep_owned(i, whole, out[key], start, end)
                 self.ledger.sub("temporaries", whole.nbytes)
         return out

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.comm.collectives import all_gather, broadcast, reduce_scatter
+from engine.comm.collectives import broadcast
 from engine.flat import FlatBuffer
 from engine.parallel.buckets import aligned_buckets, part
 from engine.parallel.replica import ShardedReplica
@@ -45,12 +45,12 @@ class ZeroReplica(ShardedReplica):
             raise ValueError(f"ZeroReplica implements stages 1 and 2, not {stage}")
         super().__init__(cfg, model, comm)
         self.stage = stage
-        self.flat = FlatBuffer(self.params, dtype=cfg.precision.dtype, pad_to=self.world, grad=stage == 1)
+        self.flat = FlatBuffer(self.params, dtype=cfg.precision.dtype, pad_to=self.shards, grad=stage == 1)
         if self.world > 1:
             broadcast(comm, self.flat.data, root=0)  # every rank starts from rank 0's weights
-        self.buckets = aligned_buckets(self.flat, int(cfg.parallel.bucket_cap_mb * 2**20), self.world)
+        self.buckets = aligned_buckets(self.flat, int(cfg.parallel.bucket_cap_mb * 2**20), self.shards)
         self.groups = [(b.start, b.end) for b in self.buckets]
-        self.parts = [part(b.start, b.end, self.rank, self.world) for b in self.buckets]
+        self.parts = [part(b.start, b.end, self.shard_rank, self.shards) for b in self.buckets]
         if stage == 1:
             grads = [self.flat.grad_buffer[lo:hi] for lo, hi in self.parts]
         else:
@@ -112,7 +112,7 @@ class ZeroReplica(ShardedReplica):
         self._next = b + 1
         if self.stage == 1:
             buf = self.flat.grad_buffer[slice(*self.groups[b])]
-            self._worker.submit(lambda: reduce_scatter(self.comm, buf, op="avg"))
+            self._worker.submit(lambda: self.topology.reduce_scatter(buf, "avg"))
         else:
             self._reduce_into_shard(b, lambda buf: self._pack(b, buf))
 
@@ -138,7 +138,7 @@ class ZeroReplica(ShardedReplica):
         if not super().step(lr, clip, step):
             return False
         for start, end in self.groups:
-            all_gather(self.comm, self.flat.data[start:end])
+            self.topology.all_gather(self.flat.data[start:end])
         return True
 
     # ------------------------------------------------------------------ checkpoint state

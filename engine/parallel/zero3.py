@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from engine import ops
-from engine.comm.collectives import all_gather, broadcast
+from engine.comm.collectives import broadcast
 from engine.comm.meter import metered_phase
 from engine.dtypes import resolve_dtype
 from engine.flat import FlatBuffer, FlatLayout
@@ -69,7 +69,7 @@ class Zero3Replica(ShardedReplica):
     def __init__(self, cfg, model, comm):
         super().__init__(cfg, model, comm)
         dtype = resolve_dtype(cfg.precision.dtype)
-        self.flat = FlatLayout([(p.name, p.shape) for p in self.params], dtype, self.world)
+        self.flat = FlatLayout([(p.name, p.shape) for p in self.params], dtype, self.shards)
         self._std_start = {id(p): s.start for p, s in zip(self.params, self.flat.slots)}
         self._empty = np.empty(0, dtype=dtype)
         self.units = self._build_units(model, dtype)
@@ -108,10 +108,10 @@ class Zero3Replica(ShardedReplica):
             groups.insert(0, (model, outer))
         units = []
         for module, params in groups:
-            flat = FlatBuffer(params, dtype=dtype, pad_to=self.world, grad=False)
+            flat = FlatBuffer(params, dtype=dtype, pad_to=self.shards, grad=False)
             if self.world > 1:
                 broadcast(self.comm, flat.data, root=0)
-            lo, hi = part(0, flat.size, self.rank, self.world)
+            lo, hi = part(0, flat.size, self.shard_rank, self.shards)
             units.append(_Unit(module, params, flat, (lo, hi), flat.data[lo:hi].copy(), None))
             for p in params:
                 p.data = self._empty
@@ -131,7 +131,7 @@ class Zero3Replica(ShardedReplica):
     def _gather(self, buf: np.ndarray) -> None:
         """All-gather one unit's parameters; the meter books it as "param-gather" (stage 3's extra Ψ)."""
         with metered_phase(self.comm.meter, "param-gather"):
-            all_gather(self.comm, buf)
+            self.topology.all_gather(buf)
 
     def _ensure(self, u: _Unit, pin: bool) -> None:
         if u.state == "free":

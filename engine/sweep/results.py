@@ -11,7 +11,7 @@ import optuna
 import tomlkit
 from optuna.trial import FrozenTrial, TrialState
 
-from engine import presets
+from engine import atomic_file, presets
 from engine.config import ConfigError
 from engine.sweep.settings import METRICS
 from engine.sweep.space import trial_document
@@ -64,7 +64,7 @@ def write_trials_csv(study: optuna.Study, metrics: list[str], sweep_dir: Path) -
         row |= row.pop("params") | {k: t.user_attrs[k] for k in measured if k in t.user_attrs}
         writer.writerow({k: "" if v is None else v for k, v in row.items()})
     path = Path(sweep_dir) / TRIALS_CSV
-    presets.atomic_write_text(path, out.getvalue())
+    atomic_file.atomic_write_text(path, out.getvalue())
     return path
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from nanodist_tui.cli import bench, memory, model, presets, resume, runs, serve, sweep, train
+from nanodist_tui.cli import bench, memory, model, presets, project, resume, runs, serve, sweep, train
 from nanodist_tui.cli.errors import OneLineErrors
 
 app = typer.Typer(
@@ -30,6 +30,7 @@ app.command("export")(model.export)
 app.command("sample")(model.sample)
 app.command("serve")(serve.serve)
 app.command("memory")(memory.memory)
+app.command("project")(project.project)
 app.add_typer(sweep.app, name="sweep")
 app.add_typer(bench.app, name="bench")
 app.add_typer(presets.app, name="presets")

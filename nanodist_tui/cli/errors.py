@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 
 from engine import error_log
 from engine.checkpoint_io import CheckpointError
+from engine.comm.auto import TuningError
 from engine.comm.launch import LaunchError
 from engine.config import ConfigError
 from engine.data import DataError
@@ -40,7 +41,8 @@ class UsageError(ValueError):
 
 
 USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError, UsageError,
-               CheckpointError, EventError, ExportError, RunFolderError, SweepError, SinkUnavailable)
+               CheckpointError, EventError, ExportError, RunFolderError, SweepError, SinkUnavailable,
+               TuningError)
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -84,9 +84,11 @@ def _measured(cfg, steps: int) -> dict | None:
 
 
 def _describe(cfg) -> dict:
+    from engine.estimator import shard_count
     p = cfg.parallel
     return {"preset": cfg.name, "world_size": p.world_size, "zero_stage": p.zero_stage,
             "bucket_cap_mb": p.bucket_cap_mb,
+            "sharded_over": shard_count(cfg) if p.zero_stage else 1,
             "dtype": cfg.precision.dtype, "checkpointing": cfg.memory.checkpointing,
             "micro_batch_rows": cfg.train.global_batch // (p.world_size * cfg.train.micro_batches)}
 
@@ -102,14 +104,22 @@ def optimized(cfg):
     bucket size a user would pick for the lowest peak (engine.estimator.bucket_cap_for_memory)."""
     from engine.config import replace
     from engine.estimator import bucket_cap_for_memory
-    cfg = replace(replace(cfg, "precision.dtype", "fp16"), "parallel.zero_stage", 2)
+    cfg = with_stage(replace(cfg, "precision.dtype", "fp16"), 2)
     cfg = replace(cfg, "memory.checkpointing", "blocks" if cfg.model.kind == "gpt" else "none")
     return replace(cfg, "parallel.bucket_cap_mb", bucket_cap_for_memory(cfg))
 
 
+def with_stage(cfg, stage: int):
+    """cfg at another ZeRO stage; at stage 0 (nothing to shard) hybrid sharding is off."""
+    from engine.config import replace
+    if stage == 0 and cfg.parallel.hybrid:
+        cfg = replace(cfg, "parallel.hybrid", False)
+    return replace(cfg, "parallel.zero_stage", stage)
+
+
 def baseline(cfg):
     from engine.config import replace
-    cfg = replace(replace(cfg, "precision.dtype", "fp32"), "parallel.zero_stage", 0)
+    cfg = with_stage(replace(cfg, "precision.dtype", "fp32"), 0)
     return replace(cfg, "memory.checkpointing", "none")
 
 
@@ -118,7 +128,7 @@ def _compare(cfg, measure: bool, steps: int) -> dict:
     grid = []
     for stage in STAGES:
         for dtype in PRECISIONS:
-            c = replace(replace(cfg, "parallel.zero_stage", stage), "precision.dtype", dtype)
+            c = replace(with_stage(cfg, stage), "precision.dtype", dtype)
             grid.append({"zero_stage": stage, "dtype": dtype, "estimate": _estimated(c)})
     base, opt = baseline(cfg), optimized(cfg)
     pair = {name: _breakdown(c, measure, steps) for name, c in (("baseline", base), ("optimized", opt))}
@@ -136,7 +146,10 @@ def _sum(cats: dict | None, keys) -> int | None:
 
 
 def _header(r: dict, n_params: int) -> str:
-    return (f"{r['preset']}: {n_params:,} parameters, {r['world_size']} rank(s), ZeRO-{r['zero_stage']}, "
+    hybrid = (f" (hybrid: sharded over a node's {r['sharded_over']} ranks)"
+              if r["zero_stage"] and r["sharded_over"] != r["world_size"] else "")
+    return (f"{r['preset']}: {n_params:,} parameters, {r['world_size']} rank(s), "
+            f"ZeRO-{r['zero_stage']}{hybrid}, "
             f"{r['dtype']}, checkpointing {r['checkpointing']}, micro-batch {r['micro_batch_rows']} row(s)")
 
 

@@ -53,11 +53,12 @@ def prepare_run(preset: str, sets=None, world_size=None, backend=None, log_to=No
 def check_can_run(cfg) -> None:
     """What a valid config can still get wrong on this machine: unreadable data, sizes it cannot hold, a
     backend that cannot start here, a run folder that cannot be made, a sink whose library is not
-    installed. Raises one of USER_ERRORS."""
+    installed, an unusable tuning file for algorithm "auto". Raises one of USER_ERRORS."""
     from engine.build import build_dataset, vocab_size
     from engine.capacity import check_data_fits, check_fits
     from engine.comm.launch import check_environment
     from engine.config import ConfigError
+    from engine.parallel.topology import tables
     from engine.sinks import check_available
     check_data_fits(cfg)
     try:
@@ -69,6 +70,8 @@ def check_can_run(cfg) -> None:
     check_environment(cfg.parallel.backend, cfg.parallel.world_size)
     check_out_dir(cfg.run.out_dir)
     check_available(cfg.log.to)
+    if cfg.parallel.algorithm == "auto":
+        tables(cfg)
 
 
 def check_out_dir(out_dir: str) -> None:

@@ -80,6 +80,8 @@ class RunHeader(Static):
             text.append(f"  {started.world_size} rank(s), {started.n_params:,} parameters", style="dim")
             if started.threads_per_rank:  # each rank's share of the host's cores (parallel.threads_per_rank)
                 text.append(f"  {started.threads_per_rank} thread(s)/rank", style="dim")
+            if started.network:
+                text.append(f"  {started.network}", style="bold yellow")
         text.append("\n")
         total = self.started.total_steps if self.started else "?"
         if self.latest is None:
