@@ -8,9 +8,9 @@ NumPy does per element), so `add` here equals `a + b` bit for bit (NaN payloads 
 go further, as matrix units and fused GPU kernels do: they keep a whole computation in float32 and
 round only what they return.
 
-float16 <-> float32 and float32 -> bfloat16 go through engine.halfconv (compiled loops where numba is
-installed); bfloat16 -> float32 through ml_dtypes' own cast (a vectorised 16-bit shift). float32 and
-float64 pass through untouched.
+float16 <-> float32 and bfloat16 <-> float32 go through engine.halfconv (compiled loops where numba is
+installed; NumPy's and ml_dtypes' own casts otherwise, with the same bits). float32 and float64 pass
+through untouched.
 """
 
 from __future__ import annotations
