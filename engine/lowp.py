@@ -8,8 +8,9 @@ NumPy does per element), so `add` here equals `a + b` bit for bit (NaN payloads 
 go further, as matrix units and fused GPU kernels do: they keep a whole computation in float32 and
 round only what they return.
 
-float16 <-> float32 goes through engine.halfconv; bfloat16 through ml_dtypes' own casts (already
-vectorised: a 16-bit shift up, round-to-nearest-even down). float32 and float64 pass through untouched.
+float16 <-> float32 and bfloat16 <-> float32 go through engine.halfconv (compiled loops where numba is
+installed; NumPy's and ml_dtypes' own casts otherwise, with the same bits). float32 and float64 pass
+through untouched.
 """
 
 from __future__ import annotations
@@ -31,15 +32,19 @@ def narrow(x: np.ndarray, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if x.dtype == dtype:
         return x
+    if x.dtype == np.float32 and dtype in LOW_PRECISION:
+        return _convert(x, dtype)  # halfconv's casts never warn on overflow (an errstate costs microseconds)
     with np.errstate(over="ignore"):
         return _convert(x, dtype)
 
 
 def _convert(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """a.astype(dtype) through engine.halfconv; a large contiguous array in blocks shared among the
-    rank's threads (engine.blocks), since a conversion costs about as much as a matrix product's
-    share of the step in 16-bit training."""
-    if blocks.threads() == 1 or a.size < 2 * blocks.BLOCK or not a.flags.c_contiguous:
+    rank's threads (engine.blocks). Only arrays large enough to repay handing work to another thread
+    (tens of microseconds): the compiled conversions (~0.3-1 ns per element) need ~16 blocks for that,
+    NumPy's (1-4 ns) two."""
+    shared_from = (16 if halfconv.compiled() is not None else 2) * blocks.BLOCK
+    if blocks.threads() == 1 or a.size < shared_from or not a.flags.c_contiguous:
         return halfconv.astype(a, dtype)
     out = np.empty(a.shape, dtype)
     src, dst = a.reshape(-1), out.reshape(-1)

@@ -21,10 +21,13 @@ import math
 
 import numpy as np
 
-from engine import halfconv, kernels, lowp
+from engine import halfconv, heap, kernels, lowp
 from engine.dropout_rng import DropoutRNG
 from engine.dtypes import LOW_PRECISION, compute_dtype
 from engine.tensor import Parameter, ScatterGrad, Tensor, make
+
+heap.keep_freed_memory()  # a step's large temporaries are reused, not faulted in again each op
+
 
 # ---- helpers ---------------------------------------------------------------------------------------
 
@@ -341,9 +344,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     scale = 1.0 / math.sqrt(q.shape[-1])
     qd, kd, vd = q.data, k.data, v.data
     att = matmul_kernel(qd, _swap(kd), out_dtype=cdt)
-    att *= scale
-    att += _causal_bias(q.shape[-2], cdt)
-    att -= att.max(-1, keepdims=True)
+    kernels.causal_scores(att, scale, _causal_bias(q.shape[-2], cdt))
     np.exp(att, out=att)
     att /= _row_sum(att)
     att = lowp.narrow(att, dtype)
@@ -368,9 +369,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
         if mask is not None:
             dp *= mask
             dp *= keep_scale
-        dp -= _row_sum(dp * a32)  # softmax backward: ds = a * (dp - sum(dp * a))
-        dp *= a32
-        dp *= scale
+        kernels.softmax_grad(dp, a32, _row_sum(dp * a32), scale)  # ds = a (dp - sum(dp a)), scaled
         return matmul_kernel(dp, kd, out_dtype=dtype), matmul_kernel(_swap(dp), qd, out_dtype=dtype), dv
     saved = (qd, kd, vd, att) if mask is None else (qd, kd, vd, att, mask)
     return make(out, (q, k, v), backward, saved)

@@ -169,16 +169,31 @@ class ScatterGrad:
     def __init__(self, index, values: np.ndarray, shape: tuple, dtype):
         self.index, self.values, self.shape, self.dtype = index, values, shape, dtype
 
+    def write_into(self, zeros: np.ndarray) -> None:
+        """add_into a buffer of zeros: basic indexing (a slice, as split's parts are) copies the values
+        instead of adding them to zeros, which in 16 bits would widen and round both for nothing (the same
+        values, except that a -0.0 stays -0.0 where 0 + -0.0 gave +0.0: equal, and equal in every sum)."""
+        if _is_basic(self.index):
+            zeros[self.index] = self.values
+        else:
+            self.add_into(zeros)
+
     def add_into(self, buf: np.ndarray) -> None:
         idx = self.index
         if isinstance(idx, np.ndarray) and idx.dtype.kind in "iu":
             rows = np.mod(idx.reshape(-1), buf.shape[0])  # -1 and n-1 are the same row
             _add_rows(buf, rows, self.values.reshape(idx.size, *buf.shape[1:]))
-        elif any(isinstance(i, (np.ndarray, list)) for i in (idx if isinstance(idx, tuple) else (idx,))):
+        elif not _is_basic(idx):
             np.add.at(buf, idx, self.values)  # general advanced indexing: repeated indices must add up
         else:  # basic indexing (slices, ints) never repeats an element
             view = buf[idx]
             lowp.add(view, self.values, out=view)
+
+
+def _is_basic(index) -> bool:
+    """Whether `index` is basic indexing (slices, ints, None, Ellipsis: a view, no element twice)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return not any(isinstance(i, (np.ndarray, list)) for i in parts)
 
 
 def _add_rows(buf: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
@@ -232,21 +247,51 @@ def _topological(root) -> list:
 
 def _accumulate(pending: dict, edge, grad) -> None:
     """Sum gradients arriving at one edge. Arrays we allocated ("owned") are added to in place;
-    others may alias another edge's gradient, so the first sum makes a new array."""
+    others may alias another edge's gradient, so the first sum makes a new array. A buffer of zeros
+    that only slices have been written into (split's parts) keeps the list of those slices: a part
+    that overlaps none of them is copied in, not added to zeros."""
     previous = pending.get(edge)
     if isinstance(grad, ScatterGrad):
         if previous is None:
             buf = np.zeros(grad.shape, grad.dtype)
+            grad.write_into(buf)
+            written = [grad.index] if _slices_only(grad.index) else None
         else:
             buf = previous[0] if previous[1] else previous[0].copy()
-        grad.add_into(buf)
-        pending[edge] = (buf, True)
+            written = previous[2] if len(previous) > 2 else None
+            if written is not None and _slices_only(grad.index) and not any(
+                    _overlap(grad.index, w, buf.shape) for w in written):
+                buf[grad.index] = grad.values
+                written = written + [grad.index]
+            else:
+                grad.add_into(buf)
+                written = None
+        pending[edge] = (buf, True) if written is None else (buf, True, written)
     elif previous is None:
         pending[edge] = (grad, False)
     elif previous[1]:
         lowp.add(previous[0], grad, out=previous[0])
+        if len(previous) > 2:
+            pending[edge] = previous[:2]  # no longer zeros outside its slices
     else:
         pending[edge] = (lowp.add(previous[0], grad), True)
+
+
+def _slices_only(index) -> bool:
+    """An index of slices without steps (what split makes): its region is a box."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(i, slice) and i.step in (None, 1) for i in parts)
+
+
+def _overlap(a, b, shape: tuple) -> bool:
+    """Whether the boxes of two slices-only indexes into an array of `shape` share an element."""
+    a, b = (i if isinstance(i, tuple) else (i,) for i in (a, b))
+    for axis, n in enumerate(shape):
+        ra = a[axis].indices(n) if axis < len(a) else (0, n, 1)
+        rb = b[axis].indices(n) if axis < len(b) else (0, n, 1)
+        if max(ra[0], rb[0]) >= min(ra[1], rb[1]):
+            return False  # disjoint along this axis
+    return True
 
 
 def run_backward(root, grad: np.ndarray) -> None:
@@ -264,7 +309,7 @@ def run_backward(root, grad: np.ndarray) -> None:
                         _accumulate(pending, inp, g)
             edge.free()
         elif entry is not None:
-            _write_leaf_grad(edge, *entry)
+            _write_leaf_grad(edge, entry[0], entry[1])
 
 
 def _write_leaf_grad(leaf: Tensor, grad: np.ndarray, owned: bool) -> None:

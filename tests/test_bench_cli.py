@@ -152,6 +152,22 @@ def test_step_compares_precisions_taking_turns():
         assert p[dtype]["vs_fp32"] == pytest.approx(p[dtype]["step_s"] / p["fp32"]["step_s"], rel=1e-12)
 
 
+def test_step_cpu_time_of_one_thread_taking_turns():
+    tiny = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.global_batch=8",
+            "model.block_size=16", "data.max_chars=50000", "precision.init_scale=256"]
+    out = report("step", "--preset", "quickstart", "--cpu-time", "--steps", "4", "--warmup", "1",
+                 *[arg for key in tiny for arg in ("--set", key)])
+    c = out["cpu_time"]
+    assert c["fp32"]["vs_fp32"] == 1.0
+    for dtype in ("fp16", "bf16"):
+        assert c[dtype]["cpu_s"] > 0
+        assert c[dtype]["vs_fp32"] == pytest.approx(c[dtype]["cpu_s"] / c["fp32"]["cpu_s"], rel=1e-12)
+    if c["torch"] is None:  # PyTorch is a test extra: without it there is no peer figure, and no ratio
+        assert c["ratio"] is None
+    else:
+        assert c["ratio"] == pytest.approx(c["fp32"]["cpu_s"] / c["torch"]["cpu_s"], rel=1e-12)
+
+
 def test_step_bad_preset_is_one_line():
     assert_user_error(runner.invoke(app, ["bench", "step", "--preset", "no-such-preset"]), "no-such-preset")
 

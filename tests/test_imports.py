@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "nanodist_tui")
 UI_STACK = ("textual", "typer", "rich", "nanodist_tui", "textual_plotext", "plotext")
-MODEL_CODE = ("engine.tensor", "engine.ops", "engine.nn", "engine.halfconv", "engine.lowp", "engine.kernels",
+MODEL_CODE = ("engine.tensor", "engine.ops", "engine.nn", "engine.halfconv", "engine.halfconv_jit",
+              "engine.lowp", "engine.kernels", "engine.kernels_jit", "engine.compiled", "engine.heap",
               "engine.blocks", "engine.dtypes")
 
 

@@ -1,4 +1,6 @@
-"""engine.kernels: block by block and shared among threads, the same results as whole-array NumPy."""
+"""engine.kernels: block by block and shared among threads, the same results as whole-array NumPy; every
+test on both paths (the compiled loops of engine.kernels_jit, skipped only where numba is missing, and
+NumPy's chains)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,20 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from engine import blocks, kernels, lowp
+from engine import blocks, compiled, kernels, lowp
 
 C, K = math.sqrt(2.0 / math.pi), 0.044715
+
+
+@pytest.fixture(params=["compiled", "numpy"], autouse=True)
+def path(request):
+    if request.param == "numpy":
+        with compiled.disabled():
+            yield request.param
+        return
+    if compiled.load("kernels_jit") is None:
+        pytest.skip("numba is not installed: the compiled path is not available")
+    yield request.param
 
 
 @pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
@@ -71,3 +84,4 @@ def test_layer_norm_and_its_gradients_match_float64(threads):
     np.testing.assert_allclose(dx, ref_dx, rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(dw, (g * xhat).sum(0), rtol=1e-10)
     np.testing.assert_allclose(db, g.sum(0), rtol=1e-10)
+

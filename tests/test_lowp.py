@@ -34,7 +34,7 @@ def test_float32_and_float64_pass_through():
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
 def test_conversions_shared_among_threads_give_the_same_bits(dtype):
     from engine import blocks
-    x = np.random.default_rng(1).standard_normal((9, blocks.BLOCK + 17)).astype(np.float32) * 1e3
+    x = np.random.default_rng(1).standard_normal((17, blocks.BLOCK + 17)).astype(np.float32) * 1e3
     before = blocks.threads()
     try:
         blocks.set_threads(2)

@@ -342,3 +342,24 @@ def test_backward_hook_runs_before_the_layer_below_it():
     out.sum().backward()
     assert events == ["hook", "w ready"]
     np.testing.assert_allclose(x.grad, np.full((1, 3), 10.0))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_gradients_of_slices_written_into_zeros_or_summed(dtype):
+    """Split's parts (disjoint: copied into the zero buffer), a part used twice, and overlapping slices
+    (summed where they overlap): the gradient is the sum of the upstream gradients at every element."""
+    rng = np.random.default_rng(11)
+    x = Tensor(rng.standard_normal((4, 9)).astype(dtype), requires_grad=True)
+    a, b, c = ops.split(x, 3, axis=-1)
+    left, right = x[:, :5], x[:, 4:]  # overlap in column 4
+    weights = [rng.standard_normal(s).astype(dtype) for s in ((4, 3), (4, 3), (4, 3), (4, 5), (4, 5))]
+    parts = [a, b, c, left, right]
+    loss = ops.sum(parts[0] * Tensor(weights[0]))
+    for part, w in zip(parts[1:], weights[1:]):
+        loss = loss + ops.sum(part * Tensor(w))
+    loss = loss + ops.sum(b * Tensor(weights[1]))  # b twice
+    loss.backward()
+    want = np.zeros((4, 9))
+    for (lo, hi), w in zip([(0, 3), (3, 6), (6, 9), (0, 5), (4, 9), (3, 6)], weights + [weights[1]]):
+        want[:, lo:hi] += w.astype(np.float64)
+    np.testing.assert_allclose(x.grad.astype(np.float64), want, rtol=1e-2 if dtype == np.float16 else 1e-12)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import tracemalloc
 
+from engine import kernels
 from engine.comm.launch import EMULATING_BACKENDS, run_ranks
 from engine.config import EmulateConfig, from_dict, replace, to_dict
 from engine.memory import CATEGORIES, PHASES
@@ -24,10 +25,12 @@ def measure_rank(comm, emit, cfg_dict: dict, steps: int, trace: bool = False) ->
     peaked in any step (`peaks`) and each category's own maximum (`maxima`). With `trace` (one rank
     per process: tracemalloc is process-wide) tracemalloc runs from before the model is built and
     `traced` gives its peak per phase minus `baseline`, what it sees at rest beyond the ledger (the
-    data set, Python objects): the cross-check of the ledger on a real process.
+    data set, Python objects): the cross-check of the ledger on a real process. The compiled loops are
+    loaded before tracing starts, as modules are imported before it.
     """
     cfg = from_dict(cfg_dict, source="<memory measure>")
     if trace:
+        kernels.warm_up()  # numba's code and its caches are the interpreter's, not the run's memory
         tracemalloc.start()
     trainer = Trainer(cfg, comm)
     ledger = trainer.ledger

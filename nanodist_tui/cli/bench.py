@@ -32,6 +32,9 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
          compare_precision: Annotated[bool, typer.Option(
              "--compare-precision", help="also time one rank at fp32, fp16 and bf16, taking turns (the "
              "16-bit cost against fp32)")] = False,
+         cpu_time: Annotated[bool, typer.Option(
+             "--cpu-time", help="also report CPU seconds per step on one thread: ours at fp32, fp16 and bf16 "
+             "and PyTorch at fp32, taking turns (ratios that hold on a loaded machine)")] = False,
          as_json: JsonOpt = False) -> None:
     """Median training-step time: ours, and PyTorch on the same shapes (when installed): eager on one
     rank, DDP (gloo) on --world-size N --backend processes."""
@@ -57,6 +60,9 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
     if compare_precision:
         from engine.bench.precision import race_precisions
         report["precision"] = race_precisions(cfg, warmup, steps)
+    if cpu_time:
+        from engine.bench.cpu_time import cpu_time_race
+        report["cpu_time"] = cpu_time_race(cfg, warmup, steps)
     if cfg.parallel.world_size == 1:
         peer = race_torch(cfg, warmup, steps)  # ours again, taking turns with PyTorch: a fair ratio
         report["torch"] = peer
@@ -88,6 +94,12 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
         print(f"  one rank, {p['threads']} thread(s), taking turns: " + ", ".join(
             f"{d} {p[d]['step_s'] * 1e3:.1f} ms ({p[d]['vs_fp32']:.2f}x)" for d in ("fp32", "fp16", "bf16"))
             + (f"; fp16 skipped {p['fp16']['skipped']} step(s) on overflow" if p["fp16"]["skipped"] else ""))
+    if "cpu_time" in report:
+        c = report["cpu_time"]
+        print("  one thread, CPU time per step, taking turns: " + ", ".join(
+            f"{d} {c[d]['cpu_s'] * 1e3:.1f} ms ({c[d]['vs_fp32']:.2f}x)" for d in ("fp32", "fp16", "bf16"))
+            + (f"; PyTorch fp32 {c['torch']['cpu_s'] * 1e3:.1f} ms, ratio ours/PyTorch = {c['ratio']:.2f}"
+               if c["torch"] else "; PyTorch not installed"))
     if report.get("torch"):
         t = report["torch"]
         print(f"  PyTorch    {t['step_s'] * 1e3:8.1f} ms/step   (torch {t['torch']}, {t['threads']} threads)")
