@@ -25,6 +25,8 @@ class RunStarted:
     n_params: int
     world_size: int
     total_steps: int
+    first_step: int = 0  # the step a resumed run starts from
+    run_dir: str = ""  # the run folder, when the run is recorded
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,13 @@ class CheckpointSaved:
 
 
 @dataclass(frozen=True)
+class RunPaused:
+    kind: ClassVar[str] = "run_paused"
+    step: int  # every rank holds (or goes on) after this step
+    paused: bool  # True: held on request; False: training goes on
+
+
+@dataclass(frozen=True)
 class Log:
     kind: ClassVar[str] = "log"
     level: str  # "debug" | "info" | "warning" | "error"
@@ -110,6 +119,7 @@ class RunFinished:
     tokens_per_s: float
     wall_s: float
     run_dir: str | None
+    stopped: bool = False  # stopped on request before train.steps; its last checkpoint is at `steps`
 
 
 @dataclass(frozen=True)
@@ -120,8 +130,8 @@ class RunFailed:
 
 
 EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
-    RunStarted, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, LossScaleChange, CheckpointSaved, Log,
-    RunFinished, RunFailed)}
+    RunStarted, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, LossScaleChange, CheckpointSaved,
+    RunPaused, Log, RunFinished, RunFailed)}
 
 
 class EventError(ValueError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -32,17 +33,19 @@ from engine.parallel import make_replica
 from engine.recompute import apply_checkpointing
 from engine.tensor import Tensor, no_grad, set_tape_observer
 
+PAUSE_POLL_S = 0.1  # how often paused ranks check, together, whether to go on
+
 
 class Trainer:
     """One rank's model, data, replica and loop state."""
 
     def __init__(self, cfg: Config, comm, emit=lambda d: None, should_stop=lambda: False,
-                 replica_factory=make_replica):
+                 replica_factory=make_replica, should_pause=lambda: False):
         self.cfg, self.comm = cfg, comm
         self.rank, self.world = comm.rank, comm.world_size
         if comm.meter is None:
             comm.meter = TrafficMeter(comm.rank)
-        self._emit, self.should_stop = emit, should_stop
+        self._emit, self.should_stop, self.should_pause = emit, should_stop, should_pause
         self.dataset = build_dataset(cfg)
         self.model = build_model(cfg, self.dataset)
         self.dtype = resolve_dtype(cfg.precision.dtype)
@@ -58,6 +61,7 @@ class Trainer:
         self.tokens_seen = 0
         self.train_time = 0.0  # seconds spent in train_step, for throughput
         self.stop_agreed = False  # set when any rank was asked to stop (see _agree)
+        self.pause_agreed = False  # set when any rank was asked to hold after this step
         self.gather_stats = cfg.parallel.backend == "tcp" and self.world > 1  # see _rank_stats
         # train_rank installs a Checkpointer when the run has a folder
         self.checkpoints: NoCheckpoints | Checkpointer = NoCheckpoints()
@@ -105,16 +109,36 @@ class Trainer:
         tokens = cfg.train.global_batch * self.dataset.tokens_per_row
         self.tokens_seen += tokens
         self.train_time += step_time
-        mean_loss, self.stop_agreed = self._agree(loss_sum / n_micro, self.should_stop())
+        mean_loss, self.stop_agreed, self.pause_agreed = self._agree(loss_sum / n_micro)
         return {"loss": mean_loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
                 "tokens": tokens, "skipped": not stepped}
 
-    def _agree(self, loss: float, stop: bool) -> tuple[float, bool]:
-        """The step's loss averaged over ranks, and whether ANY rank was asked to stop: ranks notice a
-        stop request at different moments, and must leave the loop after the same step, or one would
-        start evaluating while another still sends gradients."""
-        mean_loss, stop_share = self._mean_over_ranks(loss, float(stop))
-        return mean_loss, stop_share > 0
+    def _agree(self, loss: float) -> tuple[float, bool, bool]:
+        """The step's loss averaged over ranks, and whether ANY rank was asked to stop, or to pause:
+        ranks notice a request at different moments (and on tcp or mpi only one process hears it), and
+        must leave or hold the loop after the same step, or one would start evaluating while another
+        still sends gradients."""
+        mean_loss, stop_share, pause_share = self._mean_over_ranks(
+            loss, float(self.should_stop()), float(self.should_pause()))
+        return mean_loss, stop_share > 0, pause_share > 0
+
+    def _hold(self) -> None:
+        """Paused: every rank waits here, after the same step, until no rank asks to pause any more or one
+        asks to stop; the ranks poll the two flags together, so they also go on after the same poll."""
+        if self.rank == 0:
+            self.emit(ev.RunPaused(step=self.step, paused=True))
+        while True:
+            time.sleep(PAUSE_POLL_S)
+            pause_share, stop_share = self._mean_over_ranks(float(self.should_pause()),
+                                                            float(self.should_stop()))
+            if stop_share > 0:
+                self.stop_agreed = True
+                break
+            if pause_share == 0:
+                break
+        self.pause_agreed = False
+        if self.rank == 0:
+            self.emit(ev.RunPaused(step=self.step, paused=False))
 
     def _mean_over_ranks(self, *values: float) -> list[float]:
         """Each value averaged over the ranks, in one small fp64 all-reduce."""
@@ -136,12 +160,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def fit(self, run_id: str = "", preset: str = "") -> dict:
+    def fit(self, run_id: str = "", preset: str = "", run_dir: str = "") -> dict:
         cfg = self.cfg
         if self.rank == 0:
             self.emit(ev.RunStarted(run_id=run_id, preset=preset or cfg.name, config=to_dict(cfg),
                                     n_params=self.n_params, world_size=self.world,
-                                    total_steps=cfg.train.steps))
+                                    total_steps=cfg.train.steps, first_step=self.step, run_dir=run_dir))
         val, evaluated_at = self.evaluate(), self.step
         first_val = val
         self._report_eval(val)
@@ -153,12 +177,15 @@ class Trainer:
             if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and not s["skipped"]:
                 val, evaluated_at = self.evaluate(), self.step
                 self._report_eval(val)
+            if self.pause_agreed and not self.stop_agreed:
+                self._hold()
         if evaluated_at != self.step:  # the run ends with an evaluation of its final parameters
             val = self.evaluate()
             self._report_eval(val)
         wall = time.perf_counter() - t_start
-        if self.step >= cfg.train.steps:  # a stopped run keeps its last periodic checkpoint
-            self.checkpoints.at_end(self)
+        # Stop means keep: a stopped run checkpoints at the step it reached (every rank, the same step,
+        # as they agreed), so `resume` continues it exactly where it stopped.
+        self.checkpoints.at_end(self)
         # Throughput over the time spent in training steps (evaluations and checkpoints excluded),
         # the same figure StepEnd.tokens_per_s reports step by step.
         return {"steps": self.step, "initial_val_loss": first_val, "final_val_loss": val,
@@ -215,7 +242,7 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
     if process_rank(cfg.parallel.backend) is not None and comm.world_size > 1:
         # Ranks started by mpiexec or by hand: rank 0's process made the run folder; everyone uses it.
         run_id, checkpoint_dir, resume_from = _from_rank0(comm, run_id, checkpoint_dir, resume_from)
-    trainer = Trainer(cfg, comm, emit, comm.should_stop)
+    trainer = Trainer(cfg, comm, emit, comm.should_stop, should_pause=comm.should_pause)
     try:
         if checkpoint_dir:
             trainer.checkpoints = Checkpointer(checkpoint_dir, cfg.checkpoint.every, cfg.checkpoint.keep,
@@ -225,7 +252,7 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
             restore(trainer, ckpt)
             if trainer.rank == 0:
                 trainer.emit(ev.Log(level="info", message=f"resumed at step {ckpt.step} from {ckpt.path}"))
-        return trainer.fit(run_id=run_id)
+        return trainer.fit(run_id=run_id, run_dir=str(Path(checkpoint_dir).parent) if checkpoint_dir else "")
     finally:
         trainer.replica.close()
 

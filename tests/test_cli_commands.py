@@ -64,10 +64,11 @@ def workbench(monkeypatch):
         async def main() -> None:
             async with self.run_test(size=(160, 50)) as pilot:
                 deadline = time.monotonic() + 30
-                while self.header.state not in ("finished", "failed") and time.monotonic() < deadline:
+                while (self.session is None or self.session.active) and time.monotonic() < deadline:
                     await pilot.pause(0.05)
                 await pilot.pause(0.4)  # one render tick after the last event
-                seen.update(state=self.header.state, header=str(self.header.content), replay=self.replay)
+                seen.update(state=self.session.state, header=str(self.header.content),
+                            replay=self.session.replay)
                 await pilot.press("q")
         asyncio.run(main())
 
@@ -82,7 +83,8 @@ def gpt_copy(runs, tmp_path):
 
 
 COMMANDS = [[], ["run"], ["memory"], ["presets"], ["presets", "list"], ["presets", "show"],
-            ["presets", "new"], ["presets", "diff"], ["runs"], ["replay"], ["resume"], ["export"], ["sample"],
+            ["presets", "new"], ["presets", "diff"], ["runs"], ["replay"], ["compare"], ["screenshot"],
+            ["resume"], ["export"], ["sample"],
             ["bench"], ["bench", "step"], ["bench", "allreduce"], ["bench", "techniques"]]
 
 
@@ -239,6 +241,9 @@ def test_resume_in_the_workbench(gpt_copy, workbench):
     assert result.exit_code == 0, result.output
     assert not workbench["replay"] and workbench["state"] == "finished"
     assert "8/8" in workbench["header"]
+    # Once the workbench closes, the shell shows the run folder and the summary.
+    new = next(p for p in gpt_copy.parent.iterdir() if p != gpt_copy)
+    assert f"run folder     {new}" in result.output and "steps          8 of 8" in result.output
 
 
 @pytest.mark.parametrize("extra, named", [

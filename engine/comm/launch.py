@@ -6,7 +6,11 @@ comes out of JSON on every backend (called from rank threads or the launcher's t
 at a time).
 
 Stopping: setting ``stop_event`` (the UI's stop, or the first Ctrl-C in the launching process)
-makes ``comm.should_stop()`` True on every rank; poll it between steps and return. Ranks may
+makes ``comm.should_stop()`` True on every rank; poll it between steps and return. Pausing works
+the same way: while ``pause_event`` is set, ``comm.should_pause()`` is True on every rank the
+launcher started (threads: the shared event; processes: a "pause" / "resume" message down each
+rank's pipe); on tcp and mpi only this process's rank sees it, and the ranks share it through the
+flags they all-reduce every step (engine.trainer), as they do the stop request. Ranks may
 notice at different steps: one blocked on a peer that already left because of the stop gets
 StopRequested, which counts as a clean stop (its result is None). To stop every rank at the same
 step, all-reduce (max) the flag. After a Ctrl-C, run_ranks re-raises KeyboardInterrupt once the
@@ -48,27 +52,28 @@ MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
 def run_ranks(world_size: int, backend: str, rank_fn: Callable, args: tuple = (),
               on_event: Callable[[dict], None] | None = None, timeout_s: float = 30.0,
-              stop_event: threading.Event | None = None) -> list:
+              stop_event: threading.Event | None = None, pause_event: threading.Event | None = None) -> list:
     """Run ``rank_fn(comm, emit, *args)`` on every rank; returns the ranks' return values by rank."""
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     on_event = on_event or (lambda event: None)
     stop_event = stop_event if stop_event is not None else threading.Event()
+    signals = Signals(stop_event, pause_event)
     if backend == "threads":
-        return _run_threads(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event)
+        return _run_threads(world_size, rank_fn, tuple(args), on_event, timeout_s, signals)
     if backend == "processes":
         from engine.comm.procs import run_processes
-        return run_processes(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event)
+        return run_processes(world_size, rank_fn, tuple(args), on_event, timeout_s, signals)
     if backend == "tcp":
         from engine.comm.rendezvous import connect_from_env
-        comm = connect_from_env(timeout_s=timeout_s, stop_event=stop_event)
+        comm = connect_from_env(timeout_s=timeout_s, signals=signals)
         if comm.world_size != world_size:
             comm.close()
             raise ValueError(f"WORLD_SIZE is {comm.world_size} but world_size is {world_size}")
         return _run_here(comm, world_size, rank_fn, tuple(args), on_event)
     if backend == "mpi":
         from engine.comm.mpi import run_mpi_rank
-        return run_mpi_rank(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event)
+        return run_mpi_rank(world_size, rank_fn, tuple(args), on_event, timeout_s, signals)
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
@@ -126,10 +131,11 @@ def _run_here(comm, world_size, rank_fn, args, on_event) -> list:
     return results
 
 
-def _run_threads(world_size, rank_fn, args, on_event, timeout_s, stop_event) -> list:
+def _run_threads(world_size, rank_fn, args, on_event, timeout_s, signals: Signals) -> list:
     from engine.comm.threads import ThreadGroup
 
-    group = ThreadGroup(world_size, timeout_s, Signals(stop_event))
+    stop_event = signals.stop
+    group = ThreadGroup(world_size, timeout_s, signals)
     results: list = [None] * world_size
     event_lock = threading.Lock()
 

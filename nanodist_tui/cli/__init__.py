@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from nanodist_tui.cli import bench, memory, model, presets, resume, runs, train
+from nanodist_tui.cli import bench, memory, model, presets, resume, runs, screenshot, train
 
 app = typer.Typer(
     help="nanoDist: see, measure and run data-parallel training. Without a command: the workbench.",
@@ -22,10 +22,12 @@ app.callback(invoke_without_command=True)(train.main_callback)
 app.command("run")(train.run)
 app.command("runs")(runs.runs)
 app.command("replay")(runs.replay)
+app.command("compare")(runs.compare)
 app.command("resume")(resume.resume)
 app.command("export")(model.export)
 app.command("sample")(model.sample)
 app.command("memory")(memory.memory)
+app.command("screenshot")(screenshot.screenshot)
 app.add_typer(bench.app, name="bench")
 app.add_typer(presets.app, name="presets")
 

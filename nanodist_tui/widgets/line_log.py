@@ -12,8 +12,8 @@ LEVEL_STYLES = {"debug": "dim", "warning": "yellow", "error": "bold red", "succe
 
 
 class LineLog(RichLog):
-    def __init__(self, *, id: str | None = None, max_lines: int) -> None:
-        super().__init__(id=id, max_lines=max_lines, wrap=True, markup=False)
+    def __init__(self, *, id: str | None = None, max_lines: int, classes: str | None = None) -> None:
+        super().__init__(id=id, max_lines=max_lines, wrap=True, markup=False, classes=classes)
         self._pending: list[Line] = []
 
     def queue(self, line: Line) -> None:
