@@ -28,6 +28,15 @@ bench:
     nanodist-tui bench allreduce --backend processes --world-size 2 --sizes 16MiB,64MiB --vs-gloo
     nanodist-tui bench allreduce --backend processes --world-size 4 --sizes 16MiB,64MiB --vs-gloo
     nanodist-tui bench techniques --preset gpt-mini --world-size 4
+    nanodist-tui bench pruning --preset sweep-lr --trials 20
+
+# What the median pruner saves a 20-trial sweep (sweep-lr twice: without and with it; steps counted).
+bench-pruning:
+    nanodist-tui bench pruning --preset sweep-lr --trials 20
+
+# A sweep, headless (default: sweep-lr); running it again resumes it.
+sweep preset="sweep-lr":
+    nanodist-tui sweep --no-ui --preset {{preset}}
 
 # The memory table of the README (seed-table preset, estimated and measured).
 memory-table:

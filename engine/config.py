@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from engine.config_rules import (
     data_problem,
     did_you_mean,
     one_of,
+    sweep_problem,
     toml_repr,
 )
 from engine.data import DATA_KINDS
@@ -33,6 +35,7 @@ from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS
 from engine.optim import SCHEDULES
 from engine.recompute import CHECKPOINTING
+from engine.sweep.settings import DIRECTIONS, METRICS, PARAM_TYPES, PRUNERS, SAMPLERS
 
 
 class ConfigError(ValueError):
@@ -126,6 +129,8 @@ class ParallelConfig:
     prefetch: bool = _f(True, "ZeRO-3: gather the next block's parameters ahead of use")
     ranks_per_node: int = _f(0, "ranks per node: the node grid of hierarchical collectives, hybrid sharding "
                              "and network emulation; 0 = every rank on one node")
+    threads_per_rank: int = _f(0, "BLAS/OpenMP threads of each rank; 0 = auto: the cores this process may "
+                               "use divided by the ranks on its host")
 
 
 @dataclass(frozen=True)
@@ -159,18 +164,32 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class SearchParam:
-    type: str = _f("float", '"float", "int" or "categorical"')
+    type: str = _f("float", choices_doc(PARAM_TYPES))
     low: float | None = _f(None, "lower bound (float, int)")
     high: float | None = _f(None, "upper bound (float, int)")
     log: bool = _f(False, "sample on a log scale; needs low > 0 (float, int)")
+    step: float | None = _f(None, "sample only low, low + step, ... (float, int; int: 1 unless set)")
     choices: tuple | None = _f(None, "values to pick from (categorical)")
 
 
 @dataclass(frozen=True)
 class SweepConfig:
-    metric: str = _f("val_loss", '"val_loss" | "loss" | "tokens_per_s" at the end of a trial')
-    direction: str = _f("minimize", '"minimize" or "maximize"')
-    n_trials: int = _f(20, "trials to run")
+    study: str = _f("", "study name; the sweep's folder is <run.out_dir>/sweep-<study>; empty = the preset's "
+                    "name")
+    metric: str | tuple[str, ...] = _f("val_loss", f"what a trial scores: {choices_doc(METRICS)}, or a list "
+                                       "of them (a multi-objective study: its Pareto front)")
+    direction: str | tuple[str, ...] = _f("", f"{choices_doc(DIRECTIONS)}, one per metric; empty = each "
+                                          "metric's own (tokens_per_s up, the rest down)")
+    n_trials: int = _f(20, "trials the study holds when the sweep ends (a rerun continues up to it); 0 = no "
+                       "limit (set timeout_s)")
+    timeout_s: float = _f(0.0, "seconds after which no new trial starts; 0 = no limit")
+    sampler: str = _f("default", choices_doc(SAMPLERS) + ' (default: Optuna\'s, TPE)')
+    pruner: str = _f("none", f"{choices_doc(PRUNERS)}: stops unpromising trials at their evaluations")
+    prune_startup_trials: int = _f(5, "trials that must finish before the median pruner stops any")
+    prune_warmup_steps: int = _f(0, "steps a trial trains before the median pruner may stop it")
+    seed: int = _f(0, "sampler seed: the same seed samples the same sequence")
+    memory_budget_mb: float = _f(0.0, "per-rank memory budget in MB (10^6 bytes): a trial estimated above it "
+                                 "never trains, one measured above it fails; 0 = none")
     space: dict = field(default_factory=dict, metadata={"doc": "dotted config key -> SearchParam"})
 
 
@@ -239,6 +258,8 @@ def from_dict(d: Mapping[str, Any], source: str = "<config>") -> Config:
     try:
         cfg = _build(d)
         if cfg.sweep is not None:
+            if problem := sweep_problem(cfg.sweep):
+                raise ConfigError(*problem)
             _check_sweep_bounds(cfg)
         return cfg
     except ConfigError as err:
@@ -292,8 +313,12 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint == tuple[int, ...] and isinstance(value, (list, tuple)) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value):
         return tuple(value)
+    names = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+    if hint == (str | tuple[str, ...]) and (isinstance(value, str) or names):
+        return value if isinstance(value, str) else tuple(value)
     wanted = {bool: "true or false", str: "a string", int: "a whole number", float: "a number",
-              tuple[int, ...]: "a list of whole numbers"}.get(hint, '"dynamic" or a number')
+              tuple[int, ...]: "a list of whole numbers", str | tuple[str, ...]: "a name or a list of names"
+              }.get(hint, '"dynamic" or a number')
     default = _FIELDS[key][1].default
     raise ConfigError(key, f"expected {wanted}, got {toml_repr(value)} ({type(value).__name__})",
                       f"write e.g. {key.rpartition('.')[2]} = {toml_repr(default)}")
@@ -370,7 +395,7 @@ def _build_param(key: str, spec: Any) -> SearchParam:
             raise ConfigError(f"{name}.{attr}", "unknown key", did_you_mean(attr, attrs))
     kind = spec.get("type", "float")
     hint = _FIELDS[key][0]
-    if problem := one_of("float", "int", "categorical")(kind):
+    if problem := one_of(*PARAM_TYPES)(kind):
         raise ConfigError(f"{name}.type", *problem)
     if kind == "categorical":
         choices = spec.get("choices")
@@ -395,7 +420,26 @@ def _build_param(key: str, spec: Any) -> SearchParam:
         raise ConfigError(f"{name}.low", f"{bounds['low']} is not below high {bounds['high']}", "swap them")
     if log and bounds["low"] <= 0:
         raise ConfigError(f"{name}.low", "a log-scale search needs low > 0", "raise low or set log = false")
-    return SearchParam(type=kind, low=bounds["low"], high=bounds["high"], log=log)
+    step = _build_step(name, kind, spec.get("step"), log, bounds["low"], bounds["high"])
+    return SearchParam(type=kind, low=bounds["low"], high=bounds["high"], log=log, step=step)
+
+
+def _build_step(name: str, kind: str, step: Any, log: bool, low: float, high: float) -> float | None:
+    """A grid step that Optuna accepts as it is: positive, whole for an int, spanning low..high exactly."""
+    if step is None:
+        return None
+    whole = kind == "int"
+    if isinstance(step, bool) or not isinstance(step, int if whole else (int, float)) or step <= 0:
+        raise ConfigError(f"{name}.step", f"expected a positive {'whole ' if whole else ''}number, got "
+                          f"{toml_repr(step)}", "write e.g. step = " + ("2" if whole else "0.1"))
+    if log and (not whole or step != 1):
+        raise ConfigError(f"{name}.step", "a log-scale search cannot also step" + ("" if whole else
+                          " (floats)") + (" other than 1" if whole else ""), "remove step or set log = false")
+    spans = (high - low) / step
+    if not math.isclose(spans, round(spans), rel_tol=0, abs_tol=1e-9):
+        raise ConfigError(f"{name}.step", f"high - low = {high - low:g} is not a multiple of {step:g}",
+                          f"use a step that divides it, or move high to {low + math.floor(spans) * step:g}")
+    return step if whole else float(step)
 
 
 def _check_sweep_bounds(cfg: Config) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +21,10 @@ from engine.nn import MODEL_KINDS
 from engine.optim import SCHEDULES
 from engine.parallel import ZERO_STAGES
 from engine.recompute import CHECKPOINTING, checkpointed_blocks
+from engine.sweep.settings import DIRECTIONS, METRICS, PRUNERS, SAMPLERS, directions_of, metrics_of
 
 if TYPE_CHECKING:
-    from engine.config import Config
+    from engine.config import Config, SweepConfig
 
 Problem = tuple[str, str]  # (problem, fix): a rule's verdict on one setting's value
 KeyedProblem = tuple[str, str, str]  # (key, problem, fix): a problem across settings
@@ -100,6 +102,12 @@ def _checkpointing(v):
         return f"{toml_repr(v)} is not allowed", fix
 
 
+def _folder_name(v):
+    if v == "" or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
+        return None
+    return f"{toml_repr(v)} cannot name a folder", "use letters, digits, '.', '_' and '-' (e.g. lr-search)"
+
+
 def _non_empty(v):
     return None if v.strip() else ("is empty", 'give a folder, e.g. "runs"')
 
@@ -124,6 +132,7 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "parallel.zero_stage": _between(min(ZERO_STAGES), max(ZERO_STAGES)),
     "parallel.bucket_cap_mb": _positive, "parallel.timeout_s": _positive,
     "parallel.algorithm": one_of(*ALGORITHMS), "parallel.ranks_per_node": _at_least(0),
+    "parallel.threads_per_rank": _between(0, 4096),
     "precision.dtype": one_of(*DTYPES),
     "precision.loss_scale": lambda v: one_of("dynamic")(v) if isinstance(v, str) else _positive(v),
     "precision.init_scale": _positive, "precision.growth_factor": _between(1, math.inf, open_lo=True),
@@ -133,10 +142,47 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "memory.checkpointing": _checkpointing,
     "checkpoint.every": _at_least(0), "checkpoint.keep": _at_least(1),
     "run.out_dir": _non_empty,
-    "sweep.metric": one_of("val_loss", "loss", "tokens_per_s"),
-    "sweep.direction": one_of("minimize", "maximize"),
-    "sweep.n_trials": _at_least(1),
+    "sweep.study": _folder_name,
+    "sweep.metric": lambda v: _names(v, METRICS, "metric"),
+    "sweep.direction": lambda v: None if v == "" else _names(v, DIRECTIONS, "direction", repeat=True),
+    "sweep.n_trials": _at_least(0), "sweep.timeout_s": _at_least(0),
+    "sweep.sampler": one_of(*SAMPLERS), "sweep.pruner": one_of(*PRUNERS),
+    "sweep.seed": _at_least(0), "sweep.memory_budget_mb": _at_least(0),
+    "sweep.prune_startup_trials": _at_least(0), "sweep.prune_warmup_steps": _at_least(0),
 }
+
+
+def _names(value: Any, choices: Iterable[str], what: str, repeat: bool = False) -> Problem | None:
+    """Rule: a name, or a non-empty list of names, each one of `choices` (distinct unless `repeat`)."""
+    names = [value] if isinstance(value, str) else list(value)
+    if not names:
+        return "is an empty list", f"name at least one {what}: {choices_doc(choices)}"
+    if not repeat and len(set(names)) != len(names):
+        return f"{toml_repr(names)} names a {what} twice", "list each once"
+    return next((p for p in map(one_of(*choices), names) if p is not None), None)
+
+
+def sweep_problem(sweep: SweepConfig) -> KeyedProblem | None:
+    """The first rule across [sweep] keys that `sweep` breaks, as (key, problem, fix), or None."""
+    metrics = metrics_of(sweep)
+    if len(directions_of(sweep)) != len(metrics):
+        return ("sweep.direction", f"{len(directions_of(sweep))} direction(s) for {len(metrics)} metric(s)",
+                "give one direction per metric, or none (each metric's own)")
+    if not sweep.n_trials and not sweep.timeout_s:
+        return ("sweep.n_trials", "0 (no limit) with no timeout_s: the sweep would never end",
+                "set n_trials = 20 or timeout_s = 3600")
+    if len(metrics) > 1 and sweep.pruner != "none":
+        return ("sweep.pruner", f"{toml_repr(sweep.pruner)} needs a single metric: Optuna cannot prune a "
+                f"trial scored on {len(metrics)}", 'set pruner = "none"')
+    if len(metrics) > 1 and sweep.sampler == "cmaes":
+        return ("sweep.sampler", f"CMA-ES optimizes one metric, not {len(metrics)}",
+                'use "nsga2", "tpe" or "random"')
+    if sweep.sampler == "grid":
+        for key, param in sweep.space.items():
+            if param.type == "float" and param.step is None:
+                return (f"sweep.space.{key}.step", 'the "grid" sampler needs a finite set of values',
+                        "give this float a step, or make it categorical")
+    return None
 
 def combination_problem(cfg: Config) -> KeyedProblem | None:
     """The first rule across settings that cfg breaks, as (key, problem, fix), or None."""

@@ -25,6 +25,7 @@ class RunStarted:
     n_params: int
     world_size: int
     total_steps: int
+    threads_per_rank: int = 0  # BLAS/OpenMP threads of each rank (rank 0's host), as resolved; 0 = unknown
     first_step: int = 0  # the step a resumed run starts from
     run_dir: str = ""  # the run folder, when the run is recorded
 
@@ -129,9 +130,68 @@ class RunFailed:
     rank: int | None = None  # the rank that failed first, when known
 
 
+# ---- sweeps (engine.sweep): discrete events around the runs of a sweep's trials
+
+@dataclass(frozen=True)
+class SweepStarted:
+    kind: ClassVar[str] = "sweep_started"
+    study: str
+    sweep_dir: str
+    storage: str  # where the study lives, as a user would name it (a path or a URL)
+    metrics: list
+    directions: list
+    n_trials: int  # trials the study holds at the end; 0 = no limit
+    timeout_s: float  # 0 = no limit
+    existing: int  # trials the study already held (a resumed sweep)
+    jobs: int
+
+
+@dataclass(frozen=True)
+class TrialStarted:
+    kind: ClassVar[str] = "trial_started"
+    number: int
+    params: dict  # dotted config key -> sampled value
+    job: int = 0  # which of the --jobs processes runs it
+
+
+@dataclass(frozen=True)
+class TrialReport:
+    kind: ClassVar[str] = "trial_report"
+    number: int
+    step: int
+    value: float  # the metric so far, as the pruner sees it
+
+
+@dataclass(frozen=True)
+class TrialFinished:
+    kind: ClassVar[str] = "trial_finished"
+    number: int
+    state: str  # one of engine.sweep.settings.OUTCOMES
+    metrics: list  # the study's metric names, in the order of `values`
+    values: list | None  # one per metric (pruned: the last value reported); None when failed or rejected
+    params: dict
+    duration_s: float
+    steps: int  # optimizer steps it trained
+    reason: str = ""  # why it was pruned, failed or rejected
+    run_dir: str = ""
+    best: list | None = None  # the best trial's number (or the Pareto front's numbers) after this one
+    best_values: list | None = None  # the best trial's values (single metric)
+    resumed: bool = False  # a trial of an earlier run of this sweep, reported again when it resumes
+
+
+@dataclass(frozen=True)
+class SweepFinished:
+    kind: ClassVar[str] = "sweep_finished"
+    study: str
+    counts: dict  # outcome -> trials of the study
+    best: list  # the best trial's number, or the Pareto front's numbers
+    stopped: bool  # ended by a stop request before its count or time was spent
+
+
 EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
     RunStarted, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, LossScaleChange, CheckpointSaved,
-    RunPaused, Log, RunFinished, RunFailed)}
+    RunPaused, Log, RunFinished, RunFailed, SweepStarted, TrialStarted, TrialReport, TrialFinished,
+    SweepFinished)}
 
 
 class EventError(ValueError):

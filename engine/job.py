@@ -49,9 +49,9 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
                             args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),
                             on_event=lambda d: bus.emit(ev.from_json(d)),
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event,
-                            pause_event=pause_event)
+                            pause_event=pause_event, threads_per_rank=cfg.parallel.threads_per_rank)
     except BaseException as e:
-        bus.emit(ev.RunFailed(message=_one_line(e), rank=getattr(e, "rank", None)))
+        bus.emit(ev.RunFailed(message=one_line(e), rank=getattr(e, "rank", None)))
         if recorder:
             recorder.close()
         raise
@@ -83,7 +83,8 @@ def resume_training(run_dir: str | Path, overrides=(), step: int | None = None, 
     return run_training(cfg, on_event=on_event, stop_event=stop_event, preset_doc=doc, resume_from=ckpt.path)
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
+    """An error as the one line a RunFailed event (and a failed trial) carries."""
     if isinstance(e, RankFailure):  # the event names the rank; the message says what happened to it
         return e.cause
     if isinstance(e, KeyboardInterrupt):

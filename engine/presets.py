@@ -157,8 +157,9 @@ def apply_overrides(doc: tomlkit.TOMLDocument | dict, overrides: list[str] | tup
                       (err.key == param or err.key.startswith(param + "."))]
         if hit:
             err.source = set_keys[hit[0]]
-        elif before is not None:
-            err.line = locate_key(before, err.key)
+        elif before is not None:  # the key's line, else its table's (a missing key belongs there)
+            lines = (locate_key(before, k) for k in [err.key, *reversed(_parents(err.key))])
+            err.line = next(filter(None, lines), None)
         raise
 
 

@@ -77,7 +77,8 @@ def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
     """summary.json before any event: status "running", no figures yet."""
     return {
         "run_id": run_id, "preset": preset, "status": "running", "started_at": None, "ended_at": None,
-        "steps": 0, "total_steps": None, "n_params": None, "world_size": None, "last_loss": None,
+        "steps": 0, "total_steps": None, "n_params": None, "world_size": None, "threads_per_rank": None,
+        "last_loss": None,
         "initial_val_loss": None, "final_val_loss": None, "best_val_loss": None,
         "tokens": 0,  # tokens (or samples) processed in this run: the sum over its StepEnd events
         "tokens_per_s": None, "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0, "error": None,
@@ -87,7 +88,8 @@ def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
 def summarize(s: dict[str, Any], ev: Any) -> None:
     """Fold one event into a summary, in place: the recorder's live figures, and a killed run's later."""
     if isinstance(ev, ev_types.RunStarted):
-        s.update(n_params=ev.n_params, world_size=ev.world_size, total_steps=ev.total_steps)
+        s.update(n_params=ev.n_params, world_size=ev.world_size, total_steps=ev.total_steps,
+                 threads_per_rank=ev.threads_per_rank or None)
         s["preset"] = s["preset"] or ev.preset
     elif isinstance(ev, ev_types.StepEnd):
         s.update(steps=ev.step, last_loss=ev.loss, tokens_per_s=ev.tokens_per_s)

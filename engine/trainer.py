@@ -6,12 +6,12 @@ gradients are synchronised or where optimizer state lives: that is the replica's
 meters are objects that do nothing when disabled, so there is no `if amp:` forest here.
 
 Events are emitted as JSON dicts (`events.to_json`) so they can cross a process boundary.
-Rank 0 reports the run (RunStarted, StepEnd, Eval); every rank reports its own RankStats.
+Rank 0 reports the run (RunStarted, StepEnd, Eval); every rank reports its own figures of each step
+(RankStats, MemorySnapshot, Traffic) — on tcp through rank 0, where the run's recorder and workbench are.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -21,9 +21,10 @@ from engine import events as ev
 from engine import memory, ops
 from engine.build import build_dataset, build_model, count_params
 from engine.checkpoint import Checkpointer, NoCheckpoints, find_checkpoint, restore
-from engine.comm.collectives import all_gather, all_reduce, broadcast
+from engine.comm.collectives import all_reduce
 from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
+from engine.comm.objects import all_gather_json, broadcast_json
 from engine.config import Config, from_dict, to_dict
 from engine.data import rank_slice
 from engine.dtypes import resolve_dtype
@@ -62,7 +63,7 @@ class Trainer:
         self.train_time = 0.0  # seconds spent in train_step, for throughput
         self.stop_agreed = False  # set when any rank was asked to stop (see _agree)
         self.pause_agreed = False  # set when any rank was asked to hold after this step
-        self.gather_stats = cfg.parallel.backend == "tcp" and self.world > 1  # see _rank_stats
+        self.gather_figures = cfg.parallel.backend == "tcp" and self.world > 1  # see _rank_figures
         # train_rank installs a Checkpointer when the run has a folder
         self.checkpoints: NoCheckpoints | Checkpointer = NoCheckpoints()
 
@@ -165,7 +166,8 @@ class Trainer:
         if self.rank == 0:
             self.emit(ev.RunStarted(run_id=run_id, preset=preset or cfg.name, config=to_dict(cfg),
                                     n_params=self.n_params, world_size=self.world,
-                                    total_steps=cfg.train.steps, first_step=self.step, run_dir=run_dir))
+                                    total_steps=cfg.train.steps, threads_per_rank=self.comm.threads_per_rank,
+                                    first_step=self.step, run_dir=run_dir))
         val, evaluated_at = self.evaluate(), self.step
         first_val = val
         self._report_eval(val)
@@ -190,15 +192,11 @@ class Trainer:
         # the same figure StepEnd.tokens_per_s reports step by step.
         return {"steps": self.step, "initial_val_loss": first_val, "final_val_loss": val,
                 "tokens_per_s": (self.tokens_seen - tokens_start) / max(self.train_time - train_start, 1e-9),
-                "wall_s": wall}
+                "wall_s": wall, "threads_per_rank": self.comm.threads_per_rank}
 
     def _report_step(self, s: dict) -> None:
-        for stats in self._rank_stats(s):
-            self.emit(stats)
-        for snapshot in self.ledger.snapshots(self.step, self.rank, self.memory_estimate):
-            self.emit(snapshot)
-        if self.world > 1:
-            self.emit(ev.Traffic(step=self.step, rank=self.rank, links=self.comm.meter.snapshot()))
+        for event in self._rank_figures(s):
+            self.emit(event)
         if self.rank == 0:
             self.emit(ev.StepEnd(step=self.step, loss=s["loss"], lr=s["lr"], tokens=s["tokens"],
                                  step_time_s=s["step_time_s"],
@@ -209,21 +207,19 @@ class Trainer:
             if self.rank == 0:
                 self.emit(change)
 
-    def _rank_stats(self, s: dict) -> list:
-        """This rank's RankStats — or, on a tcp launch, where only rank 0's events reach the run's
-        recorder and workbench, every rank's, gathered to all and reported by rank 0."""
-        mine = (s["step_time_s"], self.replica.comm_wait_s, self.replica.bytes_sent)
-        if not self.gather_stats:
-            return [ev.RankStats(step=self.step, rank=self.rank, step_time_s=mine[0], comm_wait_s=mine[1],
-                                 bytes_sent=mine[2])]
-        table = np.zeros(3 * self.world, dtype=np.float64)
-        table[3 * self.rank:3 * self.rank + 3] = mine  # all_gather's shard of this rank, exactly
-        all_gather(self.comm, table)
-        if self.rank != 0:
-            return []
-        return [ev.RankStats(step=self.step, rank=r, step_time_s=float(table[3 * r]),
-                             comm_wait_s=float(table[3 * r + 1]), bytes_sent=int(table[3 * r + 2]))
-                for r in range(self.world)]
+    def _rank_figures(self, s: dict) -> list:
+        """This rank's figures of the step: RankStats, a MemorySnapshot per phase, Traffic. On a tcp launch,
+        where only rank 0's events reach the run's recorder and workbench, every rank's, gathered to all (as
+        JSON) and reported by rank 0."""
+        mine = [ev.RankStats(step=self.step, rank=self.rank, step_time_s=s["step_time_s"],
+                             comm_wait_s=self.replica.comm_wait_s, bytes_sent=self.replica.bytes_sent),
+                *self.ledger.snapshots(self.step, self.rank, self.memory_estimate)]
+        if self.world > 1:
+            mine.append(ev.Traffic(step=self.step, rank=self.rank, links=self.comm.meter.snapshot()))
+        if not self.gather_figures:
+            return mine
+        everyone = all_gather_json(self.comm, [ev.to_json(e) for e in mine])
+        return [ev.from_json(d) for rank in everyone for d in rank] if self.rank == 0 else []
 
     def _loss_scale(self) -> float | None:
         """The current loss scale, or None when this run does not scale (anything but fp16)."""
@@ -241,7 +237,7 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
     cfg = from_dict(cfg_dict, source="<run config>")
     if process_rank(cfg.parallel.backend) is not None and comm.world_size > 1:
         # Ranks started by mpiexec or by hand: rank 0's process made the run folder; everyone uses it.
-        run_id, checkpoint_dir, resume_from = _from_rank0(comm, run_id, checkpoint_dir, resume_from)
+        run_id, checkpoint_dir, resume_from = broadcast_json(comm, [run_id, checkpoint_dir, resume_from])
     trainer = Trainer(cfg, comm, emit, comm.should_stop, should_pause=comm.should_pause)
     try:
         if checkpoint_dir:
@@ -255,15 +251,3 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
         return trainer.fit(run_id=run_id, run_dir=str(Path(checkpoint_dir).parent) if checkpoint_dir else "")
     finally:
         trainer.replica.close()
-
-
-def _from_rank0(comm, *texts: str) -> list[str]:
-    """Rank 0's values of a few short strings (paths, ids), on every rank."""
-    buf = np.zeros(8192, dtype=np.uint8)
-    if comm.rank == 0:
-        data = json.dumps(texts).encode()
-        if len(data) > buf.size:
-            raise ValueError("run folder path too long to share between ranks (over 8 KiB)")
-        buf[:len(data)] = np.frombuffer(data, dtype=np.uint8)
-    broadcast(comm, buf, root=0)
-    return json.loads(bytes(buf).rstrip(b"\0").decode())

@@ -14,22 +14,24 @@ that, then `farewell()` gives the lines the CLI prints on the shell (the run fol
 
 from __future__ import annotations
 
-import asyncio
-import signal
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
 from textual.containers import Container
 from textual.screen import Screen
-from textual.widgets import Footer, TabbedContent
+from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
-from engine.events import RunFailed, RunFinished, RunPaused, RunStarted
-from nanodist_tui.describe import failure
+from engine.events import RunFailed, RunFinished, RunPaused, RunStarted, TrialFinished
+from nanodist_tui.actions import BINDINGS, WorkbenchActions
+from nanodist_tui.describe import best_text, failure
 from nanodist_tui.messages import Tick
-from nanodist_tui.replay import ReplayPlayer, faster, slower
+from nanodist_tui.panes import panes_for
+from nanodist_tui.replay import ReplayPlayer
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.session import JobFn, RunSession
 from nanodist_tui.user_config import UserConfig
@@ -39,48 +41,21 @@ from nanodist_tui.widgets.run_header import RunHeader
 from nanodist_tui.workspace import Workspace
 
 RENDER_INTERVAL_S = 0.3  # panes redraw at most ~3 times a second
-SEEK_SHARE = 0.1  # [ and ] move a replay by this share of the run
 COMPACT_BELOW = (120, 36)  # narrower or shorter than this, the overview keeps only what fits
 MakeJob = Callable[[Any, Any], JobFn]  # (Config, preset document) -> job
 
 
-def _bindings() -> list[Binding]:
-    keys = [
-        Binding("s", "stop_training", "Stop", id="stop"),
-        Binding("p", "toggle_pause", "Pause", id="pause"),
-        Binding("f", "toggle_freeze", "Freeze display", id="freeze"),
-        Binding("n", "new_run", "New run", id="new-run"),
-        Binding("o", "open_replay", "Replay a run", id="open-replay", show=False),
-        Binding("c", "compare", "Compare runs", id="compare"),
-        Binding("plus", "replay_speed(1)", "Faster", id="replay-faster", key_display="+"),
-        Binding("minus", "replay_speed(-1)", "Slower", id="replay-slower", key_display="-"),
-        Binding("right_square_bracket", "seek(1)", "Seek +10%", id="seek-forward", key_display="]"),
-        Binding("left_square_bracket", "seek(-1)", "Seek -10%", id="seek-back", key_display="["),
-        Binding("question_mark", "help", "Help", key_display="?", id="help"),
-        Binding("q", "quit", "Quit", id="quit"),
-        Binding("ctrl+c", "stop_and_quit", "Stop and quit at once", show=False, id="stop-and-quit"),
-    ]
-    keys += [Binding(str(n), f"show_tab({n})", f"Show tab {n}", show=False, id=f"tab-{n}")
-             for n in range(1, 10)]
-    return keys
-
-
-BINDINGS = _bindings()
-BINDING_IDS = tuple(b.id for b in BINDINGS if b.id)
-WORKBENCH_ACTIONS = {b.action.partition("(")[0] for b in BINDINGS}
-RUN_ACTIONS = ("stop_training", "toggle_pause")
-REPLAY_ACTIONS = ("replay_speed", "seek")
-
-
-class NanoDistApp(App[None]):
+class NanoDistApp(WorkbenchActions, App[None]):
     CSS_PATH = "app.tcss"
     BINDINGS = BINDINGS
 
     def __init__(self, preset_name: str, job_fn: JobFn | None, *, replay: ReplayPlayer | None = None,
                  make_job: MakeJob | None = None, check_run: Callable[[Any], None] | None = None,
-                 user_config: UserConfig | None = None, compare: tuple | None = None) -> None:
+                 user_config: UserConfig | None = None, compare: tuple | None = None,
+                 sweep_finish: threading.Event | None = None) -> None:
         super().__init__()
         self.compare_runs = compare
+        self.sweep_finish = sweep_finish  # set: the first job is a sweep, and this ends it after its trial
         self.preset_name = preset_name
         self.first_job = job_fn
         self.first_player = replay
@@ -92,6 +67,8 @@ class NanoDistApp(App[None]):
         self.display_frozen = False
         self.shell_exit_code = 0
         self._early: list[Tick] = []  # ticks before the run's panes exist
+        # (posted, handled) times of every Tick: the UI's updates, and how late each was
+        self.tick_times: deque[tuple[float, float]] = deque(maxlen=10_000)
         self._next_job: tuple[JobFn, ReplayPlayer | None, str] | None = None  # started once the current ends
         self._quit_when_done = False
         self._ended: list[RunSession] = []
@@ -102,8 +79,12 @@ class NanoDistApp(App[None]):
         # Widgets are kept by reference: ticks and the render timer can still fire while the app shuts down,
         # when querying the DOM would find nothing.
         self.header = RunHeader(self.preset_name, id="header")
-        self.startup_log = LogPane(id="startup-log")
+        self.startup_log = self._startup_log()
+        shape = RunInfo(preset=self.preset_name, sweep=self.sweep_finish is not None)
+        self.session_panes = [spec.make(shape) for spec in panes_for(shape, scope="session")]
         yield self.header
+        with Container(id="session-panes"):
+            yield from self.session_panes
         with Container(id="body"):
             yield self.startup_log
         yield Footer()
@@ -128,21 +109,36 @@ class NanoDistApp(App[None]):
         if self.session is not None:
             self.session.control.set()  # however the app ends, the job must stop
 
+    @staticmethod
+    def _startup_log() -> LogPane:
+        """What shows until the run's panes exist; never focused (it goes away under the cursor)."""
+        log = LogPane(id="startup-log")
+        log.can_focus = False
+        return log
+
     @property
     def panes(self) -> list:
-        return [self.header, *(self.workspace.panes if self.workspace else [self.startup_log])]
+        """Every pane the app feeds: the header, the session's panes, the run's (or the startup log)."""
+        run = self.workspace.panes if self.workspace else [self.startup_log]
+        return [self.header, *self.session_panes, *run]
+
+    @property
+    def sweeping(self) -> bool:
+        s = self.session
+        return self.sweep_finish is not None and s is not None and s.job_fn is self.first_job
 
     async def _build_workspace(self, info: RunInfo) -> None:
         body = self.query_one("#body")
         self.screen.set_focus(None)  # the startup log is going: focus must not stay on a removed widget
         await body.remove_children()
-        self.workspace = Workspace(info, id="workspace")
-        await body.mount(self.workspace)
-        self.workspace.query_one("ContentTabs").focus()
+        workspace = Workspace(info, id="workspace")
+        await body.mount(workspace)
+        self.workspace = workspace  # only now: its tabs exist
         for tick in self._early:
-            for pane in self.workspace.panes:
+            for pane in workspace.panes:
                 pane.ingest(tick)
         self._early.clear()
+        self.call_after_refresh(workspace.focus_tabs)
 
     # ------------------------------------------------------------------ sessions
 
@@ -152,11 +148,15 @@ class NanoDistApp(App[None]):
         self.preset_name = name
         self.header.reset(name, replay_speed=player.speed if player is not None else None)
         self._early.clear()
+        if job_fn is not self.first_job and self.session_panes:  # a run started later is not a sweep
+            for pane in self.session_panes:
+                pane.remove()
+            self.session_panes = []
         if self.workspace is not None:
             self.screen.set_focus(None)
             self.workspace.remove()
             self.workspace = None
-            self.startup_log = LogPane(id="startup-log")
+            self.startup_log = self._startup_log()
             self.query_one("#body").mount(self.startup_log)
         session.batcher.start()
         session.worker = self.run_worker(session.run, name="engine", group="engine", thread=True,
@@ -174,16 +174,18 @@ class NanoDistApp(App[None]):
         self._stop(current, quiet=current.replay)
 
     async def on_tick(self, tick: Tick) -> None:
+        self.tick_times.append((tick.posted_at, time.monotonic()))
         s = self.session
         if s is None or tick.session != s.id:
             return  # a replaced run's last words
         started = next((e for e in tick.events if isinstance(e, RunStarted)), None)
-        if started is not None and s.info is None:
-            s.info = RunInfo.from_started(started, replay=s.replay)
+        if started is not None and (s.info is None or self.sweeping):  # a sweep's next trial: its own panes
+            s.info = RunInfo.from_started(started, replay=s.replay, sweep=self.sweeping)
             s.run_dir = started.run_dir
             self._early.append(tick)
-            await self._build_workspace(s.info)
-            self.header.ingest(tick)
+            await self._build_workspace(s.info)  # feeds the new panes every tick so far
+            for pane in (self.header, *self.session_panes):
+                pane.ingest(tick)
         else:
             if self.workspace is None:
                 self._early.append(tick)
@@ -191,6 +193,9 @@ class NanoDistApp(App[None]):
                 pane.ingest(tick)
         if (tick.steps or started) and s.state == "starting":
             self._set_state(s, "running")
+        if self.sweeping:
+            self._sweep_events(tick)
+            return  # a trial's run ending is not the sweep's: the sweep pane and the log show it
         for event in tick.events:
             if isinstance(event, RunPaused) and not s.replay and s.state in ("pausing", "paused", "running"):
                 self._set_state(s, "paused" if event.paused else "running")
@@ -200,6 +205,11 @@ class NanoDistApp(App[None]):
                     self._set_state(s, "stopped" if event.stopped else "finished")
             elif isinstance(event, RunFailed):
                 self._show_failure(s, failure(event), logged=True)
+
+    def _sweep_events(self, tick: Tick) -> None:
+        for event in tick.events:
+            if isinstance(event, TrialFinished) and event.best:
+                self.header.set_extra("sweep", best_text(event.best, event.metrics, event.best_values))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         sessions = (self.session, *self._ended)
@@ -264,172 +274,6 @@ class NanoDistApp(App[None]):
 
     # ------------------------------------------------------------------ actions
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Footer and keys offer only what fits: run control for a training run, seeking for a replay."""
-        if action not in WORKBENCH_ACTIONS:
-            return True  # Textual's own (pop_screen, the palette, ...)
-        if len(self.screen_stack) > 1 and action not in ("quit", "stop_and_quit", "help"):
-            return False  # a dialog or another screen is open: it has its own keys
-        s = self.session
-        if action in RUN_ACTIONS:
-            if s is None or not s.active or (s.replay and action == "stop_training"):
-                return False
-            return None if s.state == "stopping" else True  # None: shown, but dimmed
-        if action in REPLAY_ACTIONS:
-            return s is not None and s.replay
-        if action == "new_run":
-            return self.make_job is not None
-        return True
-
-    def action_stop_training(self) -> None:
-        s = self.session
-        if s is None or not s.active or s.state == "stopping":
-            self.notify("no training is running")
-            return
-        from nanodist_tui.screens.confirm import ConfirmScreen
-        question = ("Stop training? Every rank finishes its step and saves a checkpoint there; "
-                    "`nanodist-tui resume` continues the run.")
-        self.push_screen(ConfirmScreen(question, "Stop"), lambda yes: self._stop(s) if yes else None)
-
-    def _stop(self, s: RunSession, quiet: bool = False) -> None:
-        if s.control.is_set() or not s.active:
-            return
-        s.control.pause.clear()  # a held run must wake up to stop
-        s.control.set()
-        if not quiet:
-            self.say("stop requested: every rank finishes its step, evaluates and saves a checkpoint",
-                     "warning")
-        self._set_state(s, "stopping")
-
-    def action_toggle_pause(self) -> None:
-        s = self.session
-        if s is None or not s.active or s.state == "stopping":
-            self.notify("nothing is running")
-            return
-        holding = s.control.toggle_pause()
-        if s.replay:
-            self._set_state(s, "paused" if holding else "running")
-        else:
-            self.say("pause requested: every rank holds after its step" if holding else "resume requested")
-            self._set_state(s, "pausing" if holding else "running")
-
-    def action_toggle_freeze(self) -> None:
-        self.display_frozen = not self.display_frozen
-        self.header.display_frozen = self.display_frozen
-        self.header.redraw(force=True)
-        if not self.display_frozen:
-            self._redraw()
-
-    def action_show_tab(self, number: int) -> None:
-        if self.workspace is None:
-            return
-        ids = self.workspace.tab_ids
-        if 1 <= number <= len(ids):
-            self.workspace.query_one(TabbedContent).active = ids[number - 1]
-
-    def action_replay_speed(self, direction: int) -> None:
-        s = self.session
-        if s is None or s.player is None:
-            return
-        s.player.speed = faster(s.player.speed) if direction > 0 else slower(s.player.speed)
-        self.header.replay_speed = s.player.speed
-        self.header.redraw(force=True)
-
-    def action_seek(self, direction: int) -> None:
-        s = self.session
-        if s is None or s.player is None:
-            return
-        player = s.player
-        span = max(1, player.last_step - player.first_step)
-        target = player.step + round(direction * SEEK_SHARE * span)
-        target = max(player.first_step, min(player.last_step, target))
-        self.seek_to(target)
-
-    def seek_to(self, step: int) -> None:
-        """Replay from the start up to `step` at once, then at the current speed (the panes are rebuilt)."""
-        s = self.session
-        if s is None or s.player is None:
-            return
-        player = ReplayPlayer(s.player.events, s.player.speed, start_step=step)
-        self.replace_session(player, player, self.preset_name)
-
-    def action_help(self) -> None:
-        from nanodist_tui.screens.help import HelpScreen
-        if isinstance(self.screen, HelpScreen):
-            self.pop_screen()
-        else:
-            self.push_screen(HelpScreen())
-
-    def action_new_run(self) -> None:
-        if self.make_job is None:
-            self.notify("starting runs needs the workbench started by nanodist-tui")
-            return
-        from nanodist_tui.screens.new_run import NewRunScreen
-        self.push_screen(NewRunScreen(self.check_run), self._new_run_chosen)
-
-    def _new_run_chosen(self, chosen) -> None:
-        if chosen is None or self.make_job is None:
-            return
-        cfg, doc = chosen
-        self.replace_session(self.make_job(cfg, doc), None, cfg.name)
-
-    def action_open_replay(self) -> None:
-        from nanodist_tui.screens.open_run import OpenRunScreen
-        self.push_screen(OpenRunScreen(count=1), self._replay_chosen)
-
-    def _replay_chosen(self, chosen) -> None:
-        if not chosen:
-            return
-        from engine.recorder import read_events
-        (run_dir,) = chosen
-        events = read_events(run_dir)
-        player = ReplayPlayer(events)
-        self.replace_session(player, player, run_dir.name)
-
-    def action_compare(self) -> None:
-        from nanodist_tui.screens.open_run import OpenRunScreen
-        self.push_screen(OpenRunScreen(count=2), self._compare_chosen)
-
-    def _compare_chosen(self, chosen) -> None:
-        if chosen and len(chosen) == 2:
-            from nanodist_tui.screens.compare import CompareScreen
-            self.push_screen(CompareScreen(*chosen))
-
-    async def action_quit(self) -> None:
-        """Quit; a run still going is stopped first (after a confirmation), keeping its checkpoint."""
-        s = self.session
-        if s is None or not s.active or s.replay:
-            self.exit()
-        elif s.control.is_set():
-            self.exit()  # a second quit while stopping: leave now
-        else:
-            from nanodist_tui.screens.confirm import ConfirmScreen
-            question = "Stop the run and quit? Every rank saves a checkpoint at the step it reached."
-            self.push_screen(ConfirmScreen(question, "Stop and quit"),
-                             lambda yes: self.action_stop_and_quit() if yes else None)
-
-    def action_stop_and_quit(self) -> None:
-        """Stop the run (checkpoint kept) and quit once it has stopped; pressed again, quit at once."""
-        s = self.session
-        if s is None or not s.active or self._quit_when_done:
-            self.exit()
-            return
-        self._quit_when_done = True
-        self._stop(s, quiet=s.replay)
-        if s.worker is not None and s.worker.is_finished:
-            self.exit()
-
-    def _watch_signals(self) -> None:
-        """SIGTERM (and a SIGINT from outside: ctrl+c itself arrives as a key) stop the run and quit."""
-        if self.is_headless:
-            return
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, self.action_stop_and_quit)
-            except (ValueError, NotImplementedError, RuntimeError):  # not the main thread, or no signals here
-                return
-
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The palette (ctrl+p): every action of the workbench and every pane, then Textual's own."""
         from nanodist_tui.commands import workbench_commands
@@ -448,6 +292,10 @@ class NanoDistApp(App[None]):
         if s.failure is not None:
             self.shell_exit_code = 1
             return [f"run failed: {s.failure}"] + ([f"run folder     {s.run_dir}"] if s.run_dir else [])
+        if s.summary is not None and self.sweeping:
+            best = self.header.extras.get("sweep", "")
+            lines = [f"sweep folder   {s.summary.get('sweep_dir', '')}"]
+            return lines + ([f"sweep          {best}"] if best else [])
         if s.summary is not None:
             return summary_lines(s.summary)
         if s.run_dir:
@@ -458,8 +306,10 @@ class NanoDistApp(App[None]):
 
 def create_app(preset_name: str, job_fn: JobFn | None, *, replay: ReplayPlayer | None = None,
                make_job: MakeJob | None = None, check_run: Callable[[Any], None] | None = None,
-               user_config: UserConfig | None = None, compare: tuple | None = None) -> NanoDistApp:
-    """The app for one run (or none, to compare two recorded ones); shared by the CLI (real or replayed
-    run) and the tests (fake jobs). `make_job(cfg, doc)` lets the user start other runs from the app."""
+               user_config: UserConfig | None = None, compare: tuple | None = None,
+               sweep_finish: threading.Event | None = None) -> NanoDistApp:
+    """The app for one run, a sweep (`sweep_finish` given) or none (to compare two recorded runs); shared
+    by the CLI (real or replayed run, sweep) and the tests (fake jobs). `make_job(cfg, doc)` lets the user
+    start other runs from the app."""
     return NanoDistApp(preset_name, job_fn, replay=replay, make_job=make_job, check_run=check_run,
-                       user_config=user_config, compare=compare)
+                       user_config=user_config, compare=compare, sweep_finish=sweep_finish)

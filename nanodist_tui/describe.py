@@ -17,8 +17,19 @@ from engine.events import (
     RunFinished,
     RunPaused,
     RunStarted,
+    SweepFinished,
+    SweepStarted,
+    TrialFinished,
+    TrialReport,
+    TrialStarted,
 )
 from engine.recorder import is_interruption
+
+
+def threads_note(event: RunStarted) -> str:
+    """ " × 2 threads": each rank's BLAS/OpenMP threads, when the run reported them."""
+    return f" × {event.threads_per_rank} thread(s)" if event.threads_per_rank else ""
+
 
 # The levels a Line has: "info", "debug", "warning", "error" (a Log event's own levels) and "success".
 _LOG_LEVEL_ALIASES = {"warn": "warning"}
@@ -46,6 +57,38 @@ def describe_loss_scale(change: LossScaleChange) -> Line:
     return Line(text, "info" if change.reason == "growth" else "warning")
 
 
+_TRIAL_LEVELS = {"complete": "success", "pruned": "info", "rejected": "warning", "failed": "warning"}
+
+
+def number(value) -> str:
+    """A sampled value or a score, short: 4 significant digits for floats."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def params_text(params: dict) -> str:
+    return " ".join(f"{key}={number(value)}" for key, value in params.items())
+
+
+def scores_text(metrics: list, values: list | None) -> str:
+    return ", ".join(f"{m} {number(v)}" for m, v in zip(metrics, values or []))
+
+
+def best_text(best: list | None, metrics: list, best_values: list | None) -> str:
+    if not best:
+        return "no trial complete yet"
+    if len(metrics) > 1:
+        return f"Pareto front: trial{'s' if len(best) > 1 else ''} {', '.join(map(str, best))}"
+    return f"best {number(best_values[0]) if best_values else '?'} (trial {best[0]})"
+
+
+def describe_trial(e: TrialFinished) -> Line:
+    """number, state, value, best so far, the sampled parameters, duration."""
+    what = scores_text(e.metrics, e.values) if e.state == "complete" else e.reason or e.state
+    text = (f"trial {e.number} {e.state}: {what}; {best_text(e.best, e.metrics, e.best_values)}; "
+            f"{params_text(e.params)}; {e.steps} steps in {e.duration_s:.1f} s")
+    return Line(text, _TRIAL_LEVELS.get(e.state, "info"))
+
+
 def _loss(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
@@ -55,7 +98,7 @@ def describe(event: Any) -> Line | None:
     if isinstance(event, RunStarted):
         start = f" from step {event.first_step}" if event.first_step else ""
         return Line(f"run {event.run_id} started: preset {event.preset}, {event.n_params:,} parameters, "
-                    f"{event.world_size} rank(s), {event.total_steps} steps{start}")
+                    f"{event.world_size} rank(s){threads_note(event)}, {event.total_steps} steps{start}")
     if isinstance(event, RunPaused):
         what = "paused: every rank holds" if event.paused else "resumed: training goes on"
         return Line(f"step {event.step}: {what}", "warning" if event.paused else "info")
@@ -81,4 +124,27 @@ def describe(event: Any) -> Line | None:
         if is_interruption(event.message):  # Ctrl-C or a stop signal is no fault
             return Line(f"run stopped: {failure(event)}", "warning")
         return Line(f"run failed: {failure(event)}", "error")
+    return _describe_sweep(event)
+
+
+def _describe_sweep(event: Any) -> Line | None:
+    if isinstance(event, SweepStarted):
+        goal = ", ".join(f"{d} {m}" for m, d in zip(event.metrics, event.directions))
+        count = f"{event.n_trials} trials" if event.n_trials else "no trial limit"
+        if event.timeout_s:
+            count += f", at most {event.timeout_s:g} s"
+        resumed = f", resuming with {event.existing} already" if event.existing else ""
+        return Line(f"sweep {event.study} started: {goal}; {count}{resumed}; {event.jobs} job(s); study in "
+                    f"{event.storage}")
+    if isinstance(event, TrialStarted):
+        job = f" (job {event.job})" if event.job else ""
+        return Line(f"trial {event.number} started{job}: {params_text(event.params)}", "debug")
+    if isinstance(event, TrialReport):
+        return Line(f"trial {event.number} step {event.step}: {number(event.value)}", "debug")
+    if isinstance(event, TrialFinished):
+        return describe_trial(event)
+    if isinstance(event, SweepFinished):
+        counts = ", ".join(f"{n} {state}" for state, n in event.counts.items() if n)
+        how = "stopped" if event.stopped else "finished"
+        return Line(f"sweep {event.study} {how}: {counts or 'no trials'}", "success")
     return None

@@ -79,17 +79,22 @@ class HeadlessPrinter:
         self.close()  # no line: run_headless_job prints the summary next, with every figure
 
     def _print(self, text: str) -> None:
-        if self._progress is not None:
-            self._progress.console.print(text, markup=False, highlight=False)  # above the live bar
-        elif self.live:
-            self.console.print(text, markup=False, highlight=False)
-        else:
-            print(text, file=self.console.file, flush=True)  # one unwrapped line per message
+        print_line(text, self.console, self.live, self._progress)
 
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+
+def print_line(text: str, console: Console, live: bool, progress: Progress | None) -> None:
+    """One line of a headless report: above the live bar, on the terminal, or plain and unwrapped."""
+    if progress is not None:
+        progress.console.print(text, markup=False, highlight=False)
+    elif live:
+        console.print(text, markup=False, highlight=False)
+    else:
+        print(text, file=console.file, flush=True)
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -105,6 +110,8 @@ def summary_lines(summary: dict) -> list[str]:
         f"throughput     {summary['tokens_per_s']:,.0f} tokens/s",
         f"wall time      {summary['wall_s']:.1f} s",
     ]
+    if summary.get("threads_per_rank"):
+        lines.insert(3, f"threads/rank   {summary['threads_per_rank']}")
     if summary.get("run_dir"):
         lines.append(f"run folder     {summary['run_dir']}")
         if summary.get("stopped"):

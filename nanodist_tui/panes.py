@@ -21,6 +21,7 @@ from nanodist_tui.widgets.loss_plot import LossPlot
 from nanodist_tui.widgets.loss_scale_pane import LossScalePane
 from nanodist_tui.widgets.memory_pane import MemoryPane
 from nanodist_tui.widgets.rank_table import RankTable
+from nanodist_tui.widgets.sweep_pane import SweepPane
 from nanodist_tui.widgets.traffic_pane import TrafficPane
 
 
@@ -36,6 +37,10 @@ def scales_loss(info: RunInfo) -> bool:
     return info.scales_loss
 
 
+def sweeping(info: RunInfo) -> bool:
+    return info.sweep
+
+
 @dataclass(frozen=True)
 class PaneSpec:
     id: str
@@ -46,6 +51,9 @@ class PaneSpec:
     # where the overview shows it (0 top, 1 middle, 2 bottom; None: not there), and a smaller widget for it
     overview_row: int | None = None
     overview_make: Callable[[RunInfo], Widget] | None = None  # default: make
+    # "run": a tab, made again for every run (a sweep's next trial too); "session": above the tabs, made once
+    # when the workbench starts its job and fed through every run of it (a sweep's trials)
+    scope: str = "run"
 
 
 PANES: list[PaneSpec] = [
@@ -89,6 +97,12 @@ PANES: list[PaneSpec] = [
              "Every discrete event, once, in order: start, evaluations, checkpoints, pauses, scale "
              "changes, the end, and a failure with the rank and its cause.",
              overview_row=2),
+    # A session pane: for the whole of the workbench's job, a sweep's pane follows its trials (x ends it).
+    PaneSpec("sweep", "sweep", lambda info: SweepPane(id="sweep"),
+             "A sweep's trials, updated in place: number, state (* marks the best), the metrics, steps, time "
+             "and the sampled parameters; the best so far, the optimization history, the running trials' "
+             "intermediate values and, with two metrics, the Pareto front. The tabs below follow the running "
+             "trial.", applies=sweeping, scope="session"),
 ]
 
 
@@ -98,5 +112,5 @@ def register_pane(spec: PaneSpec, before: str | None = None) -> None:
     PANES.insert(index, spec)
 
 
-def panes_for(info: RunInfo) -> list[PaneSpec]:
-    return [spec for spec in PANES if spec.applies(info)]
+def panes_for(info: RunInfo, scope: str = "run") -> list[PaneSpec]:
+    return [spec for spec in PANES if spec.scope == scope and spec.applies(info)]

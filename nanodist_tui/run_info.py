@@ -26,9 +26,11 @@ class RunInfo:
     n_params: int = 0
     run_dir: str = ""
     replay: bool = False
+    sweep: bool = False  # a trial of a sweep (the session runs many)
+    threads_per_rank: int = 0  # each rank's BLAS/OpenMP threads; 0 = not reported
 
     @classmethod
-    def from_started(cls, event: RunStarted, replay: bool = False) -> RunInfo:
+    def from_started(cls, event: RunStarted, replay: bool = False, sweep: bool = False) -> RunInfo:
         config = event.config or {}
 
         def setting(section: str, key: str):
@@ -38,7 +40,7 @@ class RunInfo:
                    world_size=event.world_size, zero_stage=int(setting("parallel", "zero_stage")),
                    dtype=setting("precision", "dtype"), checkpointing=setting("memory", "checkpointing"),
                    total_steps=event.total_steps, first_step=event.first_step, n_params=event.n_params,
-                   run_dir=event.run_dir, replay=replay)
+                   run_dir=event.run_dir, replay=replay, sweep=sweep, threads_per_rank=event.threads_per_rank)
 
     @property
     def scales_loss(self) -> bool:

@@ -22,14 +22,16 @@ async def settle(app: NanoDistApp, pilot, tab: int = 1) -> None:
     """Wait until the replay has been played and shown, switch to `tab`, and draw every pane."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + SETTLE_TIMEOUT_S
-    while app.session is None or app.session.active or app.workspace is None:
+    while (app.session is None or app.session.active or app.workspace is None
+           or not app.session.worker.is_finished):
         if loop.time() > deadline:
             raise TimeoutError("the replay did not end in time")
         await pilot.pause(0.05)
     await pilot.pause(0.1)  # the last tick
     app.action_show_tab(tab)
-    await pilot.pause(0.1)
-    app.redraw_now()
+    for _ in range(3):  # the tab's panes learn their size, then draw at it
+        await pilot.pause(0.15)
+        app.redraw_now()
     await pilot.pause(0.1)
 
 

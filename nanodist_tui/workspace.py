@@ -35,6 +35,11 @@ class Workspace(Vertical):
         for spec in self.specs:
             self.tabs[spec.id].add_class(f"tab-{spec.id}")
 
+    def focus_tabs(self) -> None:
+        """Give the tab strip the focus (arrows then switch tabs), once it exists."""
+        for tabs in self.query("ContentTabs"):
+            tabs.focus()
+
     @property
     def panes(self) -> list[Widget]:
         return [*(w for row in self.overview.values() for w in row), *self.tabs.values()]

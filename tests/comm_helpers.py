@@ -175,6 +175,15 @@ def native_check(comm, emit) -> dict:
     return {"rank": comm.rank, "failures": failures}
 
 
+def pool_sizes(comm, emit) -> dict:
+    """What this rank's thread pools are, as threadpoolctl reports them from inside the rank, beside the
+    figure run_ranks resolved and the CPUs the rank may use."""
+    from threadpoolctl import threadpool_info
+    blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    return {"rank": comm.rank, "blas": blas, "resolved": comm.threads_per_rank,
+            "cores": sorted(os.sched_getaffinity(0))}
+
+
 if __name__ == "__main__":
     from engine.comm import run_ranks
 
@@ -185,7 +194,7 @@ if __name__ == "__main__":
     else:
         from mpi4py import MPI
 
-        check = native_check if mode == "native" else conformance
+        check = {"native": native_check, "pools": pool_sizes}.get(mode, conformance)
         results = run_ranks(MPI.COMM_WORLD.Get_size(), "mpi", check)
         if MPI.COMM_WORLD.Get_rank() == 0:
             print(json.dumps(results))

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from engine.bench.techniques import TECHNIQUES
 from nanodist_tui.cli import app
+from tests.cli_helpers import assert_user_error
 
 runner = CliRunner()
 
@@ -24,14 +25,6 @@ def report(*args: str) -> dict:
     result = runner.invoke(app, ["bench", *args, "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
-
-
-def assert_user_error(result, named: str) -> None:
-    # result.output holds stdout and stderr together (Click >= 8.2), so "one line" covers both
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1, result.output
-    assert named in lines[0] and "Traceback" not in result.output
 
 
 # ----------------------------------------------------------------------------- allreduce

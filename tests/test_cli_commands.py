@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from engine import nn, presets
 from engine.checkpoint import find_checkpoint
@@ -19,22 +18,9 @@ from engine.export import load_model, params_from_checkpoint
 from engine.job import run_training
 from engine.trainer import Trainer
 from nanodist_tui.app import NanoDistApp
-from nanodist_tui.cli import app
 from nanodist_tui.replay import replay_events
+from tests.cli_helpers import assert_user_error, invoke
 from tests.run_helpers import train
-
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def assert_user_error(result, named: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1, result.output
-    assert named in lines[0] and "Traceback" not in result.output
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +71,8 @@ def gpt_copy(runs, tmp_path):
 COMMANDS = [[], ["run"], ["memory"], ["presets"], ["presets", "list"], ["presets", "show"],
             ["presets", "new"], ["presets", "diff"], ["runs"], ["replay"], ["compare"], ["screenshot"],
             ["resume"], ["export"], ["sample"],
-            ["bench"], ["bench", "step"], ["bench", "allreduce"], ["bench", "techniques"]]
+            ["bench"], ["bench", "step"], ["bench", "allreduce"], ["bench", "techniques"], ["sweep"],
+            ["sweep", "show"], ["sweep", "export-best"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "main")

@@ -42,3 +42,12 @@ def test_mpi_conformance(world_size):
 def test_mpi_native_all_reduce_matches_ring():
     results = mpirun(2, "native")
     assert results == [{"rank": r, "failures": []} for r in range(2)]
+
+
+def test_mpi_ranks_limit_their_blas_pools_to_their_share_of_the_host():
+    results = mpirun(2, "pools")  # MPICH's Hydra states MPI_LOCALNRANKS=2 to each rank
+    for r in results:
+        others = [set(o["cores"]) for o in results if o["rank"] != r["rank"]]
+        sharing = 1 + sum(bool(set(r["cores"]) & cores) for cores in others)
+        expected = max(1, len(r["cores"]) // sharing)
+        assert r["resolved"] == expected and r["blas"] == [expected], r

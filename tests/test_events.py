@@ -38,13 +38,26 @@ SAMPLES = [
                    run_dir=None),
     ev.RunFailed(message="rank 1 died", rank=1),
     ev.RunFailed(message="boom"),
+    ev.SweepStarted(study="lr", sweep_dir="runs/sweep-lr", storage="runs/sweep-lr/study.db",
+                    metrics=["val_loss"], directions=["minimize"], n_trials=8, timeout_s=0.0, existing=2,
+                    jobs=1),
+    ev.TrialStarted(number=3, params={"optim.lr": 1e-3, "precision.dtype": "bf16"}),
+    ev.TrialReport(number=3, step=50, value=2.25),
+    ev.TrialFinished(number=3, state="pruned", metrics=["val_loss"], values=[2.25], params={"optim.lr": 1e-3},
+                     duration_s=4.5,
+                     steps=51, reason="pruned at step 50: val_loss 2.25", run_dir="runs/sweep-lr/t3",
+                     best=[1], best_values=[1.9]),
+    ev.TrialFinished(number=4, state="complete", metrics=["val_loss", "peak_memory_mb"], values=[1.8, 12.5],
+                     params={}, duration_s=9.0, steps=100),
+    ev.SweepFinished(study="lr", counts={"complete": 3, "pruned": 1}, best=[4], stopped=False),
 ]
 
 
 def test_samples_cover_every_kind_of_the_contract():
     assert {type(e).kind for e in SAMPLES} == set(ev.EVENT_TYPES) == {
         "run_started", "step_end", "eval", "rank_stats", "traffic", "memory_snapshot", "loss_scale_change",
-        "checkpoint_saved", "run_paused", "log", "run_finished", "run_failed"}
+        "checkpoint_saved", "run_paused", "log", "run_finished", "run_failed", "sweep_started",
+        "trial_started", "trial_report", "trial_finished", "sweep_finished"}
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.kind)

@@ -121,3 +121,18 @@ def test_the_printer_and_the_event_wording_need_no_textual():
     code = "import sys, nanodist_tui.headless, nanodist_tui.describe; print('textual' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_threads_each_rank_got_are_named_where_the_run_is_described():
+    from nanodist_tui.describe import describe
+    from nanodist_tui.messages import Tick
+    from nanodist_tui.widgets.run_header import RunHeader
+    event = ev.RunStarted(run_id=RUN_ID, preset="quickstart", config={}, n_params=10, world_size=2,
+                          total_steps=5, threads_per_rank=3)
+    assert "2 rank(s) × 3 thread(s)," in describe(event).text
+    header = RunHeader("quickstart")
+    header.ingest(Tick(0, (), 0, {}, {}, {}, (event,)))
+    assert "3 thread(s)/rank" in header.summary().plain
+    summary = {"steps": 5, "initial_val_loss": 2.0, "final_val_loss": 1.0, "tokens_per_s": 10.0,
+               "wall_s": 1.0, "threads_per_rank": 3}
+    assert "threads/rank   3" in summary_lines(summary)

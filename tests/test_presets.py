@@ -214,7 +214,7 @@ def test_added_keys_and_tables_get_their_doc_as_comment():
     assert "lr = 1e-3            # peak learning rate (AdamW); default 3e-4\n" in text  # its own comment
     assert ("[sweep.space.train.micro_batches]  # search over train.micro_batches: gradient-accumulation "
             "micro-batches per step on each rank\n") in text
-    assert 'type = "categorical"  # "float", "int" or "categorical"; default "float"\n' in text
+    assert 'type = "categorical"  # "float" | "int" | "categorical"; default "float"\n' in text
     assert "choices = [1, 2]  # values to pick from (categorical)\n" in text
     for line in text.splitlines():
         if "=" in line and not line.startswith("#"):
@@ -273,7 +273,7 @@ def test_diff_presets():
     assert diff["parallel.zero_stage"] == (0, 2) and diff["parallel.world_size"] == (1, 4)
     assert "optim.beta1" not in diff
     assert presets.diff_presets("quickstart", presets.load_preset("quickstart")[0]) == []
-    assert ("sweep.n_trials", None, 8) in presets.diff_presets("quickstart", "sweep-lr")
+    assert ("sweep.n_trials", None, 20) in presets.diff_presets("quickstart", "sweep-lr")
 
 
 def test_resolved_document_fills_defaults_and_keeps_comments():

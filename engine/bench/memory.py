@@ -76,7 +76,7 @@ def measure(cfg, steps: int = 2, backend: str = "threads") -> dict:
     rank skips the same steps)."""
     cfg = replace(cfg, "parallel.backend", backend)
     results = run_ranks(cfg.parallel.world_size, backend, measure_rank, args=(to_dict(cfg), steps),
-                        timeout_s=cfg.parallel.timeout_s)
+                        timeout_s=cfg.parallel.timeout_s, threads_per_rank=cfg.parallel.threads_per_rank)
     at_rest = {c: max(r["at_rest"][c] for r in results) for c in CATEGORIES}
     peaks = {c: max(m[c] for r in results for m in r["maxima"].values()) for c in CATEGORIES}
     phase, total = max(((p, sum(cats.values())) for r in results for p, cats in r["peaks"].items()),

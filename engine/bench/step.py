@@ -32,7 +32,8 @@ def time_ours(cfg: Config, warmup: int = 5, steps: int = 20) -> dict:
     """Median step time (s) over ranks' medians, tokens per step, and the comm-wait share."""
     cfg = replace(replace(cfg, "train.steps", warmup + steps + 1), "train.eval_every", 0)
     results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, _bench_rank,
-                        args=(to_dict(cfg), warmup, steps), timeout_s=cfg.parallel.timeout_s)
+                        args=(to_dict(cfg), warmup, steps), timeout_s=cfg.parallel.timeout_s,
+                        threads_per_rank=cfg.parallel.threads_per_rank)
     step = max(statistics.median(r["times"]) for r in results)  # the slowest rank sets the pace
     wait = max(statistics.median(r["waits"]) for r in results)
     return {"step_s": step, "comm_wait_s": wait, "comm_share": wait / step if step else 0.0,

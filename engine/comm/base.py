@@ -114,6 +114,7 @@ class Communicator(ABC):
         self.timeout_s = float(timeout_s)
         self.meter = meter
         self.signals = signals if signals is not None else Signals()
+        self.threads_per_rank = 0  # run_ranks sets this rank's share of the host's cores (cores.py)
 
     def should_stop(self) -> bool:
         """True once the launcher was asked to stop; poll it between steps and return from rank_fn."""

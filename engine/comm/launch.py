@@ -32,6 +32,10 @@ Backends:
              stop_event is per process, and MPI cannot tell a peer that a rank stopped early:
              stop every rank at the same step (all-reduce the flag).
 
+Threads: every rank limits its BLAS/OpenMP pools to its share of the host's cores before rank_fn
+runs (``threads_per_rank``, 0 = auto; the rules are cores.py's) and finds the figure in
+``comm.threads_per_rank``. On the threads backend the limit holds for the process while the ranks run.
+
 A failure (a rank raises, dies, or stops answering) stops every other rank within ``timeout_s``
 and raises RankFailure(rank, cause) naming the failed rank and the last line of its error.
 """
@@ -43,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from engine.comm import cores
 from engine.comm.base import RankFailure, Signals, StopRequested, blame
 from engine.comm.codec import as_sent
 
@@ -52,28 +57,32 @@ MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
 def run_ranks(world_size: int, backend: str, rank_fn: Callable, args: tuple = (),
               on_event: Callable[[dict], None] | None = None, timeout_s: float = 30.0,
-              stop_event: threading.Event | None = None, pause_event: threading.Event | None = None) -> list:
+              stop_event: threading.Event | None = None, pause_event: threading.Event | None = None,
+              threads_per_rank: int = 0) -> list:
     """Run ``rank_fn(comm, emit, *args)`` on every rank; returns the ranks' return values by rank."""
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     on_event = on_event or (lambda event: None)
     stop_event = stop_event if stop_event is not None else threading.Event()
     signals = Signals(stop_event, pause_event)
+    if backend in ("threads", "processes"):  # every rank on this host, with this process's CPUs
+        threads = cores.resolve(threads_per_rank, len(cores.usable_cores()), world_size)
     if backend == "threads":
-        return _run_threads(world_size, rank_fn, tuple(args), on_event, timeout_s, signals)
+        with cores.limited(threads):
+            return _run_threads(world_size, rank_fn, tuple(args), on_event, timeout_s, signals, threads)
     if backend == "processes":
         from engine.comm.procs import run_processes
-        return run_processes(world_size, rank_fn, tuple(args), on_event, timeout_s, signals)
+        return run_processes(world_size, rank_fn, tuple(args), on_event, timeout_s, signals, threads)
     if backend == "tcp":
         from engine.comm.rendezvous import connect_from_env
         comm = connect_from_env(timeout_s=timeout_s, signals=signals)
         if comm.world_size != world_size:
             comm.close()
             raise ValueError(f"WORLD_SIZE is {comm.world_size} but world_size is {world_size}")
-        return _run_here(comm, world_size, rank_fn, tuple(args), on_event)
+        return _run_here(comm, world_size, rank_fn, tuple(args), on_event, threads_per_rank)
     if backend == "mpi":
         from engine.comm.mpi import run_mpi_rank
-        return run_mpi_rank(world_size, rank_fn, tuple(args), on_event, timeout_s, signals)
+        return run_mpi_rank(world_size, rank_fn, tuple(args), on_event, timeout_s, signals, threads_per_rank)
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
@@ -116,10 +125,12 @@ def under_mpi() -> bool:
     return any(name in os.environ for name in MPI_ENV)
 
 
-def _run_here(comm, world_size, rank_fn, args, on_event) -> list:
+def _run_here(comm, world_size, rank_fn, args, on_event, threads_per_rank: int) -> list:
     """One rank in this process (tcp backend); peers notice a failure when its sockets close."""
     results = [None] * world_size
     try:
+        comm.threads_per_rank = cores.threads_for_peer_rank(comm, "tcp", threads_per_rank)
+        cores.apply(comm.threads_per_rank)
         results[comm.rank] = rank_fn(comm, lambda event: on_event(as_sent(event)), *args)
     except StopRequested:
         pass
@@ -131,7 +142,7 @@ def _run_here(comm, world_size, rank_fn, args, on_event) -> list:
     return results
 
 
-def _run_threads(world_size, rank_fn, args, on_event, timeout_s, signals: Signals) -> list:
+def _run_threads(world_size, rank_fn, args, on_event, timeout_s, signals: Signals, pool_threads: int) -> list:
     from engine.comm.threads import ThreadGroup
 
     stop_event = signals.stop
@@ -146,6 +157,7 @@ def _run_threads(world_size, rank_fn, args, on_event, timeout_s, signals: Signal
 
     def body(rank: int) -> None:
         comm = group.communicator(rank)
+        comm.threads_per_rank = pool_threads
         try:
             results[rank] = rank_fn(comm, emit, *args)
         except StopRequested:

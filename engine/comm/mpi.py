@@ -22,7 +22,7 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from engine.comm import codec
+from engine.comm import codec, cores
 from engine.comm.base import Communicator, PeerTimeout, ProtocolError, Reduce, Signals, StopRequested, blame
 from engine.comm.codec import as_sent
 from engine.comm.meter import TrafficMeter
@@ -103,7 +103,8 @@ def _raw(arr: np.ndarray) -> list:
     return [arr.reshape(-1).view(np.uint8), MPI.BYTE]
 
 
-def run_mpi_rank(world_size, rank_fn, args, on_event, timeout_s, signals: Signals) -> list:
+def run_mpi_rank(world_size, rank_fn, args, on_event, timeout_s, signals: Signals,
+                 threads_per_rank: int = 0) -> list:
     """Run this process's rank; rank 0 relays every rank's events to on_event and gathers results."""
     world = MPI.COMM_WORLD
     if world.Get_size() != world_size:
@@ -122,6 +123,8 @@ def run_mpi_rank(world_size, rank_fn, args, on_event, timeout_s, signals: Signal
 
     relay = _Relay(relay_comm, emit) if rank == 0 else None
     try:
+        comm.threads_per_rank = cores.threads_for_peer_rank(comm, "mpi", threads_per_rank)
+        cores.apply(comm.threads_per_rank)
         outcome = {"value": rank_fn(comm, emit, *args)}
     except StopRequested:
         outcome = {"value": None}

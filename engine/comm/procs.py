@@ -28,18 +28,20 @@ import threading
 import time
 import traceback
 
-from engine.comm import codec
+from engine.comm import codec, cores, pipe
 from engine.comm.base import RankFailure, Signals, StopRequested, blame
+from engine.comm.pipe import MAX_MESSAGE
 
-MAX_MESSAGE = 1 << 28
 ABORT_GRACE_S = 3.0
 
 
-def run_processes(world_size, rank_fn, args, on_event, timeout_s, signals: Signals) -> list:
+def run_processes(world_size, rank_fn, args, on_event, timeout_s, signals: Signals,
+                  threads: int = 1) -> list:
+    """Run rank_fn on `world_size` spawned processes, each limiting its thread pools to `threads`."""
     target = _qualified_name(rank_fn)
     ctx = multiprocessing.get_context("spawn")
     spec = {"world_size": world_size, "target": target, "args": list(args), "secret": secrets.token_hex(32),
-            "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0"}
+            "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0", "threads": threads}
     children: list[_Child] = []
     try:
         for rank in range(world_size):
@@ -176,34 +178,26 @@ def child_main(conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops every rank
     spec = codec.loads(conn.recv_bytes(MAX_MESSAGE))
     rank, world_size, timeout_s = spec["rank"], spec["world_size"], spec["timeout_s"]
-    send_lock, signals, master = threading.Lock(), Signals(), {}
+    cores.apply(spec["threads"])  # before rank_fn's module is imported or anything is built
+    signals, master = Signals(), {}
     master_known = threading.Event()
+    send = pipe.sender(conn)
 
-    def send(message: dict) -> None:
-        data = codec.dumps(message)
-        with send_lock:
-            conn.send_bytes(data)
+    def on_message(message: dict) -> None:
+        kind = message.get("type")
+        if kind == "stop":
+            signals.stop.set()
+        elif kind == "pause":
+            signals.pause.set()
+        elif kind == "resume":
+            signals.pause.clear()
+        elif kind == "abort":
+            signals.fail(int(message["rank"]), str(message["cause"]))
+        elif kind == "master":
+            master["port"] = int(message["port"])
+            master_known.set()
 
-    def listen_to_launcher() -> None:
-        while True:
-            try:
-                message = codec.loads(conn.recv_bytes(MAX_MESSAGE))
-            except (EOFError, OSError):
-                os._exit(70)  # the launcher is gone: never linger as an orphan
-            kind = message.get("type")
-            if kind == "stop":
-                signals.stop.set()
-            elif kind == "pause":
-                signals.pause.set()
-            elif kind == "resume":
-                signals.pause.clear()
-            elif kind == "abort":
-                signals.fail(int(message["rank"]), str(message["cause"]))
-            elif kind == "master":
-                master["port"] = int(message["port"])
-                master_known.set()
-
-    threading.Thread(target=listen_to_launcher, name="nanodist-control", daemon=True).start()
+    pipe.listen(conn, on_message, "nanodist-control")
     from engine.comm.rendezvous import connect
 
     comm = None
@@ -214,6 +208,7 @@ def child_main(conn) -> None:
         comm = connect(rank, world_size, "127.0.0.1", master.get("port", 0), bytes.fromhex(spec["secret"]),
                        timeout_s=timeout_s, use_shm=spec["shm"], signals=signals,
                        on_listening=lambda port: send({"type": "master", "port": port}))
+        comm.threads_per_rank = spec["threads"]
         value = rank_fn(comm, lambda event: send({"type": "event", "data": event}), *spec["args"])
         send({"type": "result", "value": value})
     except StopRequested:

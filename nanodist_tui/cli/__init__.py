@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from nanodist_tui.cli import bench, memory, model, presets, resume, runs, screenshot, train
+from nanodist_tui.cli import bench, bench_ui, memory, model, presets, resume, runs, screenshot, sweep, train
 
 app = typer.Typer(
     help="nanoDist: see, measure and run data-parallel training. Without a command: the workbench.",
@@ -28,6 +28,9 @@ app.command("export")(model.export)
 app.command("sample")(model.sample)
 app.command("memory")(memory.memory)
 app.command("screenshot")(screenshot.screenshot)
+app.add_typer(sweep.app, name="sweep")
+bench.app.command("ui")(bench_ui.ui)
+bench.app.command("ui-events")(bench_ui.ui_events)
 app.add_typer(bench.app, name="bench")
 app.add_typer(presets.app, name="presets")
 

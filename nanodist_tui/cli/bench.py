@@ -1,9 +1,11 @@
-"""`nanodist-tui bench ...`: step (ours vs PyTorch eager), allreduce (ours vs gloo) and techniques (the
-step-time cost of each memory technique). The measuring is engine.bench's; this module parses and prints."""
+"""`nanodist-tui bench ...`: step (ours vs PyTorch eager), allreduce (ours vs gloo), techniques (the
+step-time cost of each memory technique) and pruning (the training steps a pruner saves a sweep). The
+measuring is engine.bench's; this module parses and prints."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -162,3 +164,34 @@ def techniques(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: 
     for row in rows:
         print(f"{row['technique']:32} {row['step_s'] * 1e3:8.1f} {row['vs_baseline']:11.2f}x "
               f"{row['comm_share']:10.0%}")
+
+
+@app.command("pruning")
+def pruning(preset: PresetOpt = "sweep-lr", sets: SetOpt = None,
+            trials: Annotated[int, typer.Option("--trials", min=1, help="trials in each sweep")] = 20,
+            pruner: Annotated[str, typer.Option(help='the pruner to measure against none: "median", '
+                                                    '"successive-halving" or "hyperband"')] = "median",
+            keep: Annotated[Path | None, typer.Option("--keep", help="keep both sweeps' folders here")]
+            = None,
+            as_json: JsonOpt = False) -> None:
+    """The same sweep twice, without and with a pruner: training steps saved, and the best values."""
+    from engine.bench.pruning import bench_pruning
+    from engine.sweep.settings import PRUNERS
+    if pruner not in PRUNERS or pruner == "none":
+        fail(f'--pruner: "{pruner}" is not a pruner to measure; use one of '
+             + ", ".join(f'"{p}"' for p in PRUNERS if p != "none"))
+    with user_errors():
+        load_config(preset, sets)  # one line for a bad preset before anything trains
+        report = bench_pruning(preset, [*(sets or []), f"sweep.n_trials={trials}"], pruner, keep)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    full, pruned = report["full"], report["pruned"]
+    print(f"preset {preset}: {trials} trials each, same sampler and seed, {full['metric']} "
+          f"({full['direction']}); steps counted, not seconds")
+    for row in (full, pruned):
+        counts = ", ".join(f"{n} {state}" for state, n in row["counts"].items() if n)
+        print(f"  pruner {row['pruner']:<20} {row['steps']:>7,} of {row['full_steps']:,} steps   best "
+              f"{row['best_value']:.4f} (trial {row['best_trial']})   {counts}   {row['wall_s']:.0f} s")
+    print(f"  {pruner} saved {report['saved']:.1%} of the training steps; its best is "
+          f"{report.get('best_gap', float('nan')):+.2%} from the unpruned best")

@@ -10,13 +10,14 @@ import typer
 from engine.comm.launch import LaunchError
 from engine.config import ConfigError
 from engine.data import DataError
+from engine.sweep.errors import SweepError
 
 
 class OutDirError(ValueError):
     """run.out_dir cannot hold run folders."""
 
 
-USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError)
+USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError, SweepError)
 
 
 def fail(message: str, code: int = 2) -> None:

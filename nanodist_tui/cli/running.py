@@ -106,7 +106,7 @@ def workbench_config(ascii_only: bool = False):
     """The user's workbench settings (keymap, display); a mistake in that file is one line and exit 2."""
     import dataclasses
 
-    from nanodist_tui.app import BINDING_IDS
+    from nanodist_tui.actions import BINDING_IDS
     from nanodist_tui.user_config import UserConfigError, load_user_config
     try:
         config = load_user_config(BINDING_IDS)
@@ -115,15 +115,16 @@ def workbench_config(ascii_only: bool = False):
     return dataclasses.replace(config, ascii=config.ascii or ascii_only)
 
 
-def run_in_workbench(cfg, job, ascii_only: bool = False) -> None:
-    """Open the workbench on a training job (new or resumed); from it the user may start others."""
+def run_in_workbench(cfg, job, ascii_only: bool = False, sweep_finish: threading.Event | None = None) -> None:
+    """Open the workbench on a training job (new or resumed), or on a sweep (`sweep_finish`: the event
+    that ends it after the running trial); from it the user may start other runs."""
     from engine.comm.launch import process_rank
     if process_rank(cfg.parallel.backend) not in (None, 0):
         # Under mpiexec or a tcp launch every process runs this command; only rank 0's shows the
         # workbench (it receives every rank's events), the others train headless and quietly.
         run_headless_job(job)
         return
-    if cfg.parallel.backend == "processes":
+    if cfg.parallel.backend == "processes" or sweep_finish is not None:  # a sweep may spawn --jobs
         # Start multiprocessing's helper process now: once Textual owns the terminal, sys.stderr has no
         # file descriptor, and spawning the tracker from inside the app fails ("bad value(s) in fds_to_keep").
         from multiprocessing import resource_tracker
@@ -131,7 +132,7 @@ def run_in_workbench(cfg, job, ascii_only: bool = False) -> None:
     from nanodist_tui.app import create_app
     user_config = workbench_config(ascii_only)
     run_app(create_app(cfg.name, job, make_job=training_job, check_run=check_can_run,
-                       user_config=user_config))
+                       user_config=user_config, sweep_finish=sweep_finish))
 
 
 def run_app(app) -> None:

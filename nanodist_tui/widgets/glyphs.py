@@ -22,6 +22,7 @@ class Glyphs:
     line: str
     plot_marker: str  # plotext's marker for curves
     points: str  # plotext's marker for single events (overflows)
+    dots: str  # plotext's marker for scattered values (a sweep's trials)
     letters: bool = False  # fill bars with each category's letter instead of a coloured block
 
     def fill(self, letter: str) -> str:
@@ -32,9 +33,9 @@ class Glyphs:
 
 
 UNICODE = Glyphs(block="█", track="·", mark="┃", right="▶", left="◀", down="▼", up="▲", line="─",
-                 plot_marker="braille", points="x")
+                 plot_marker="braille", points="x", dots="dot")
 ASCII = Glyphs(block="#", track=".", mark="|", right=">", left="<", down="v", up="^", line="-",
-               plot_marker="*", points="x", letters=True)
+               plot_marker="*", points="x", dots="o", letters=True)
 
 
 def choose(ascii_only: bool, no_color: bool) -> Glyphs:

@@ -26,9 +26,9 @@ class LivePlot(PlotextPlot):
 
     PLACEHOLDER = "no data yet"
 
-    def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
+    def __init__(self, info: RunInfo | None = None, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.info = info
+        self.info = info or RunInfo()  # the run's shape: its step axis (plots of a sweep have none)
         self.y_range = GrowingRange()
         self.draws = 0
         self._dirty = False

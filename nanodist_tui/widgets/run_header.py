@@ -99,7 +99,7 @@ class RunHeader(Static):
         remaining = max(0, self.info.total_steps - self.latest.step)
         return remaining * sum(s for _, s in self._window) / len(self._window)
 
-    def summary(self, width: int) -> Text:
+    def summary(self, width: int = 80) -> Text:
         out = Text()
         for group in (IDENTITY, PROGRESS):
             items = [text for item in group if (text := item(self)) is not None]
@@ -147,7 +147,9 @@ def _shape(h: RunHeader) -> Text | None:
     if i is None:
         return None
     ranks = f"{i.world_size} rank{'s' if i.world_size > 1 else ''} on {i.backend}"
-    return Text(f"{ranks} · ZeRO-{i.zero_stage} · {i.dtype} · checkpointing {i.checkpointing}", style="bold")
+    threads = f" · {i.threads_per_rank} thread(s)/rank" if i.threads_per_rank else ""
+    return Text(f"{ranks}{threads} · ZeRO-{i.zero_stage} · {i.dtype} · checkpointing {i.checkpointing}",
+                style="bold")
 
 
 def _step(h: RunHeader) -> Text:

@@ -1,0 +1,133 @@
+"""`nanodist-tui sweep --preset P`: an Optuna sweep over the preset's [sweep] space, in the workbench or
+headless (--no-ui), resumable by running it again; `sweep show NAME|DIR` prints a sweep's trials and its
+best trial (or Pareto front); `sweep export-best NAME|DIR -o NEW.toml` writes the best configuration as a
+preset. The work is engine.sweep's; this module parses, calls and prints."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nanodist_tui.cli.errors import USER_ERRORS, fail, user_errors
+from nanodist_tui.cli.options import BackendOpt, PresetOpt, SetOpt, WorldOpt
+from nanodist_tui.cli.running import prepare_run, run_in_workbench, shortcut_overrides
+
+app = typer.Typer(help="Optuna sweeps over a preset's [sweep] space: run or resume, show, export the best.")
+
+SweepArg = Annotated[str, typer.Argument(help="a study name (runs/sweep-NAME) or a sweep folder",
+                                         show_default=False)]
+OutDirOpt = Annotated[Path, typer.Option("--out-dir", help="the folder holding sweep-NAME folders "
+                                                          "(run.out_dir)")]
+
+
+@app.callback(invoke_without_command=True)
+def sweep(
+    ctx: typer.Context,
+    preset: PresetOpt = "sweep-lr",
+    sets: SetOpt = None,
+    world_size: WorldOpt = None,
+    backend: BackendOpt = None,
+    no_ui: Annotated[bool, typer.Option("--no-ui", help="headless: one line per trial, then the results")]
+    = False,
+    trials: Annotated[int | None, typer.Option("--trials", min=1, help="trials the study holds at the end "
+                                               "(sweep.n_trials)")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", min=0.0, help="seconds after which no new "
+                                                  "trial starts (sweep.timeout_s)")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="trials at once, in separate processes "
+                                      "sharing the study")] = 1,
+    storage: Annotated[str | None, typer.Option("--storage", help="an Optuna storage URL (e.g. "
+                                                "postgresql://...) or a journal file; default: "
+                                                "study.db (journal.log with --jobs) in the sweep folder")]
+    = None,
+    study: Annotated[str | None, typer.Option("--study", help="study name (sweep.study); names the "
+                                              "folder runs/sweep-NAME")] = None,
+) -> None:
+    """Run (or resume) a sweep: each trial is a real training run, recorded in runs/sweep-NAME/."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from engine.sweep.study import prepare_sweep
+    extra = shortcut_overrides(sets, world_size, backend)
+    extra += [f"sweep.n_trials={trials}"] if trials is not None else []
+    extra += [f"sweep.timeout_s={timeout}"] if timeout is not None else []
+    extra += [f'sweep.study="{study}"'] if study is not None else []
+    cfg, doc, _ = prepare_run(preset, extra)
+    with user_errors():
+        swept = prepare_sweep(cfg, doc, storage, jobs)
+    finish = threading.Event()
+
+    def job(emit, stop_event):
+        from engine.sweep.runner import run_sweep
+        return run_sweep(swept, emit, stop_event, finish, jobs)
+
+    if no_ui:
+        _run_headless(swept, job)
+    else:
+        run_in_workbench(cfg, job, sweep_finish=finish)
+    _print_results(swept)
+
+
+def _run_headless(swept, job) -> None:
+    """Ctrl-C: exit 130 with every finished trial kept; a user mistake: one line, 2; anything else: 1."""
+    from nanodist_tui.sweep_printer import SweepPrinter
+    printer = SweepPrinter()
+    try:
+        job(printer, threading.Event())
+    except KeyboardInterrupt:
+        printer.close()
+        fail(f"interrupted; every finished trial is kept in {swept.storage.describe(swept.sweep_dir)}: run "
+             "the same command again to resume", code=130)
+    except USER_ERRORS as e:
+        printer.close()
+        fail(str(e))
+    except Exception as e:  # noqa: BLE001 - an internal failure: one line, exit 1
+        printer.close()
+        fail(f"{type(e).__name__}: {e}", code=1)
+
+
+def _print_results(swept) -> None:
+    from engine.sweep.results import TRIALS_CSV, best_trials, trial_row
+    from engine.sweep.study import load_study
+    from nanodist_tui.sweep_printer import result_lines
+    with user_errors():
+        stored = load_study(swept)
+    rows = [trial_row(t, swept.metrics) for t in stored.get_trials(deepcopy=False)]
+    best = [t.number for t in best_trials(stored)]
+    for line in result_lines(rows, swept.metrics, swept.directions, best,
+                             swept.storage.describe(swept.sweep_dir), str(swept.sweep_dir / TRIALS_CSV)):
+        print(line)
+
+
+@app.command("show")
+def show(name: SweepArg, out_dir: OutDirOpt = Path("runs")) -> None:
+    """Print a sweep's trials, its best trial (or Pareto front), trials.csv and the dashboard command."""
+    from engine.sweep.study import find_sweep_dir, load_sweep
+    with user_errors():
+        swept = load_sweep(find_sweep_dir(name, out_dir))
+    _print_results(swept)
+
+
+@app.command("export-best")
+def export_best(
+    name: SweepArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="the new preset file (NEW.toml)")],
+    trial: Annotated[int | None, typer.Option("--trial", min=0, help="export this trial instead of the "
+                                              "best (e.g. one of a Pareto front)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite the output file")] = False,
+    out_dir: OutDirOpt = Path("runs"),
+) -> None:
+    """Write the best trial's configuration as a new preset, keeping the swept preset's comments."""
+    from engine.sweep import results
+    from engine.sweep.study import find_sweep_dir, load_study, load_sweep
+    if output.suffix != ".toml":
+        fail(f"--output {output}: a preset is a .toml file; write e.g. -o best.toml")
+    if output.exists() and not force:
+        fail(f"{output} exists; choose another name or pass --force to overwrite it")
+    with user_errors():
+        swept = load_sweep(find_sweep_dir(name, out_dir))
+        chosen = results.export_best(swept, load_study(swept), output, trial)
+    from nanodist_tui.describe import params_text, scores_text
+    print(f"wrote {output}: trial {chosen.number} of sweep {swept.study_name} "
+          f"({scores_text(swept.metrics, chosen.values)}; {params_text(chosen.params)}), comments kept")

@@ -1,0 +1,177 @@
+"""The workbench on a sweep, driven by Textual's Pilot: the trial table updated in place (cursor kept), best
+so far, the history, intermediate values and Pareto plots, `x` ending the sweep after the running trial
+through the job's own thread, and a real tiny sweep from start to end."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from engine.events import (
+    Eval,
+    RunFinished,
+    RunStarted,
+    StepEnd,
+    SweepFinished,
+    SweepStarted,
+    TrialFinished,
+    TrialReport,
+    TrialStarted,
+)
+from nanodist_tui.app import create_app
+from nanodist_tui.widgets.pane import Pane
+from nanodist_tui.widgets.sweep_pane import SweepPane
+from tests.sweep_helpers import sweep_of, write_preset
+
+SIZE = (160, 50)
+
+
+class FakeSweep:
+    """Emits what a sweep of `n` one-metric trials emits (each trial a 4-step run); after `hold_at`
+    trials it waits for `go` (so a test can look), and it ends early when `finish` is set."""
+
+    def __init__(self, n: int = 3, metrics=("val_loss",), hold_at: int | None = None) -> None:
+        self.n, self.metrics, self.hold_at = n, list(metrics), hold_at
+        self.finish = threading.Event()
+        self.go = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.ran: list[int] = []
+
+    def values(self, number: int) -> list[float]:
+        return [3.0 - 0.5 * (number % 2) + 0.1 * number, 10.0 + number][:len(self.metrics)]
+
+    def __call__(self, emit, stop: threading.Event) -> None:
+        self.thread = threading.current_thread()
+        emit(SweepStarted(study="fake", sweep_dir="runs/sweep-fake", storage="sqlite:///x.db",
+                          metrics=self.metrics, directions=["minimize"] * len(self.metrics),
+                          n_trials=self.n, timeout_s=0.0, existing=0, jobs=1))
+        best: tuple[float, int] | None = None
+        for number in range(self.n):
+            if self.hold_at == number:
+                self.go.wait(10)
+            if self.finish.is_set() or stop.is_set():
+                break
+            emit(TrialStarted(number=number, params={"optim.lr": 1e-3 * (number + 1)}))
+            emit(RunStarted(run_id=f"t{number}", preset="fake", config={}, n_params=10, world_size=1,
+                            total_steps=4))
+            for step in range(1, 5):
+                emit(StepEnd(step=step, loss=4.0 - step * 0.1, lr=1e-3, tokens=64, step_time_s=0.001,
+                             tokens_per_s=64_000.0, grad_norm=1.0))
+                if step % 2 == 0:
+                    emit(Eval(step=step, val_loss=4.0 - step * 0.2))
+                    emit(TrialReport(number=number, step=step, value=4.0 - step * 0.2))
+            emit(RunFinished(steps=4, initial_val_loss=4.0, final_val_loss=3.2, tokens_per_s=64_000.0,
+                             wall_s=0.1, run_dir=f"runs/sweep-fake/t{number}"))
+            values = self.values(number)
+            if best is None or values[0] < best[0]:
+                best = (values[0], number)
+            front = list(range(number + 1)) if len(self.metrics) > 1 else [best[1]]
+            emit(TrialFinished(number=number, state="complete", metrics=self.metrics, values=values,
+                               params={"optim.lr": 1e-3 * (number + 1)}, duration_s=0.1, steps=4,
+                               best=front, best_values=[best[0]] if len(self.metrics) == 1 else None))
+            self.ran.append(number)
+        emit(SweepFinished(study="fake", counts={"complete": len(self.ran)}, best=[best[1]] if best else [],
+                           stopped=len(self.ran) < self.n))
+
+
+async def settle(pilot, app, until, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not until() and time.monotonic() < deadline:
+        await pilot.pause(0.05)
+    await pilot.pause(0.4)  # one render tick
+
+
+def test_sweep_pane_is_a_pane_and_only_a_sweep_gets_it():
+    assert isinstance(SweepPane(), Pane)
+
+    async def main() -> None:
+        app = create_app("plain", lambda emit, stop: None)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.2)
+            assert not app.query(SweepPane)
+            assert app.check_action("finish_sweep", ()) is False  # no `x` key outside a sweep
+    asyncio.run(main())
+
+
+def test_trials_fill_the_table_in_place_and_the_cursor_stays():
+    job = FakeSweep(n=4, hold_at=2)
+
+    async def main() -> None:
+        app = create_app("fake", job, sweep_finish=job.finish)
+        async with app.run_test(size=SIZE) as pilot:
+            pane = app.query_one(SweepPane)
+            await settle(pilot, app, lambda: len(pane.table.rows) == 2)
+            table = pane.table
+            table.move_cursor(row=1)
+            summary = str(pane.summary.content)
+            assert "study fake" in summary and "2/4 trials" in summary and "best 2.6 (trial 1)" in summary
+            assert str(table.get_cell("0", "val_loss")) == "3"
+            assert str(table.get_cell("1", "state")) == "complete *"
+            job.go.set()
+            await settle(pilot, app, lambda: app.session.state == "finished")
+            assert len(table.rows) == 4 and table.cursor_row == 1  # updated in place: the cursor stayed
+            assert [str(table.get_cell(str(n), "val_loss")) for n in range(4)] == ["3", "2.6", "3.2", "2.8"]
+            assert str(table.get_cell("1", "state")) == "complete *"  # still the best
+            assert pane.history.trials == {0: 3.0, 1: 2.6, 2: 3.2, 3: 2.8}
+            assert pane.history.best == {0: 3.0, 1: 2.6, 2: 2.6, 3: 2.6}
+            assert pane.intermediate.running[3] == [(2, 3.6), (4, 3.2)]
+            assert not pane.pareto.display  # one metric
+            assert app.session.state == "finished"  # trials' RunFinished events did not end the app early
+    asyncio.run(main())
+
+
+def test_two_metrics_show_the_pareto_front():
+    job = FakeSweep(n=3, metrics=("val_loss", "peak_memory_mb"))
+
+    async def main() -> None:
+        app = create_app("fake", job, sweep_finish=job.finish)
+        async with app.run_test(size=SIZE) as pilot:
+            pane = app.query_one(SweepPane)
+            await settle(pilot, app, lambda: app.session.state == "finished")
+            assert pane.pareto.display and pane.pareto.front == [0, 1, 2]
+            assert pane.pareto.points == {0: (3.0, 10.0), 1: (2.6, 11.0), 2: (3.2, 12.0)}
+            assert "Pareto front: trials 0, 1, 2" in str(pane.summary.content)
+    asyncio.run(main())
+
+
+def test_x_ends_the_sweep_after_the_running_trial_on_the_jobs_thread():
+    job = FakeSweep(n=5, hold_at=1)
+
+    async def main() -> None:
+        app = create_app("fake", job, sweep_finish=job.finish)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot, app, lambda: job.ran == [0])
+            assert app.check_action("finish_sweep", ()) is True
+            await pilot.press("x")
+            assert job.finish.is_set() and not app.session.control.is_set()  # not a stop of the running trial
+            job.go.set()
+            await settle(pilot, app, lambda: app.session.state == "finished")
+            assert job.ran == [0] and job.thread is not threading.main_thread()
+            assert app.query_one(SweepPane).finished.stopped
+    asyncio.run(main())
+
+
+def test_a_real_tiny_sweep_in_the_workbench(in_tmp):
+    sweep = sweep_of(write_preset(in_tmp, """\
+[sweep]
+n_trials = 2
+sampler = "random"
+[sweep.space.optim.lr]
+type = "float"
+low = 1e-3
+high = 3e-2
+log = true
+"""))
+    from engine.sweep.runner import run_sweep
+    finish = threading.Event()
+
+    async def main() -> None:
+        app = create_app("tiny", lambda emit, stop: run_sweep(sweep, emit, stop, finish), sweep_finish=finish)
+        async with app.run_test(size=SIZE) as pilot:
+            pane = app.query_one(SweepPane)
+            await settle(pilot, app, lambda: app.session.state == "finished", timeout=60)
+            assert app.session.state == "finished" and len(pane.table.rows) == 2
+            assert {str(pane.table.get_cell(str(n), "state")).split()[0] for n in range(2)} == {"complete"}
+            assert len(pane.history.trials) == 2 and pane.intermediate.running  # reports at steps 4, 8, 12
+            assert pane.finished is not None and not pane.finished.stopped
+    asyncio.run(main())
