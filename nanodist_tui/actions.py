@@ -18,13 +18,10 @@ SEEK_SHARE = 0.1  # [ and ] move a replay by this share of the run
 
 
 def _bindings() -> list[Binding]:
+    # In the footer's order: what the moment needs first (the footer cuts the rest off at 80 columns).
     keys = [
         Binding("s", "stop_training", "Stop", id="stop"),
         Binding("p", "toggle_pause", "Pause", id="pause"),
-        Binding("f", "toggle_freeze", "Freeze display", id="freeze"),
-        Binding("n", "new_run", "New run", id="new-run"),
-        Binding("o", "open_replay", "Replay a run", id="open-replay", show=False),
-        Binding("c", "compare", "Compare runs", id="compare"),
         Binding("x", "finish_sweep", "Finish sweep", id="finish-sweep"),  # sweeps only
         Binding("plus", "replay_speed(1)", "Faster", id="replay-faster", key_display="+"),
         Binding("minus", "replay_speed(-1)", "Slower", id="replay-slower", key_display="-"),
@@ -32,6 +29,10 @@ def _bindings() -> list[Binding]:
         Binding("left_square_bracket", "seek(-1)", "Seek -10%", id="seek-back", key_display="["),
         Binding("question_mark", "help", "Help", key_display="?", id="help"),
         Binding("q", "quit", "Quit", id="quit"),
+        Binding("f", "toggle_freeze", "Freeze display", id="freeze"),
+        Binding("n", "new_run", "New run", id="new-run"),
+        Binding("o", "open_replay", "Replay a run", id="open-replay", show=False),
+        Binding("c", "compare", "Compare runs", id="compare"),
         Binding("ctrl+c", "stop_and_quit", "Stop and quit at once", show=False, id="stop-and-quit"),
     ]
     keys += [Binding(str(n), f"show_tab({n})", f"Show tab {n}", show=False, id=f"tab-{n}")

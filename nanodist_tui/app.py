@@ -71,7 +71,6 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self.tick_times: deque[tuple[float, float]] = deque(maxlen=10_000)
         self._next_job: tuple[JobFn, ReplayPlayer | None, str] | None = None  # started once the current ends
         self._quit_when_done = False
-        self._ended: list[RunSession] = []
 
     # ------------------------------------------------------------------ layout
 
@@ -212,9 +211,9 @@ class NanoDistApp(WorkbenchActions, App[None]):
                 self.header.set_extra("sweep", best_text(event.best, event.metrics, event.best_values))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        sessions = (self.session, *self._ended)
-        s = next((s for s in sessions if s is not None and s.worker is event.worker), None)
-        if s is None or event.state not in (WorkerState.SUCCESS, WorkerState.ERROR):
+        s = self.session  # a replaced run ends before the next starts: only the current one's worker runs
+        if s is None or s.worker is not event.worker or event.state not in (WorkerState.SUCCESS,
+                                                                           WorkerState.ERROR):
             return
         if event.state == WorkerState.ERROR:
             error = event.worker.error
@@ -226,12 +225,11 @@ class NanoDistApp(WorkbenchActions, App[None]):
                 s.run_dir = s.summary["run_dir"]
             if s.active:
                 self._set_state(s, "stopped" if s.control.is_set() else "finished")
-        if s is self.session and self._quit_when_done:
+        if self._quit_when_done:
             self.exit()
-        elif s is self.session and self._next_job is not None:
+        elif self._next_job is not None:
             job, player, name = self._next_job
             self._next_job = None
-            self._ended.append(s)
             self.start_session(job, player, name)
         self.refresh_bindings()
 

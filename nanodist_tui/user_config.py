@@ -60,9 +60,7 @@ def load_user_config(binding_ids: Iterable[str], environ=os.environ) -> UserConf
         raise UserConfigError(f"{path}: {unknown[0]}: unknown table; "
                               f"{did_you_mean(unknown[0], ['keymap', 'display'])}")
     ids = list(binding_ids)
-    keymap = data.get("keymap", {})
-    if not isinstance(keymap, dict):
-        raise UserConfigError(f"{path}: keymap: must be a table; write [keymap] then id = \"key\" lines")
+    keymap = _table(data, "keymap", 'id = "key" lines', path)
     for binding, keys in keymap.items():
         if binding not in ids:
             raise UserConfigError(f"{path}: keymap.{binding}: no binding with this id; "
@@ -74,9 +72,7 @@ def load_user_config(binding_ids: Iterable[str], environ=os.environ) -> UserConf
             if not _KEY.match(key.strip()):
                 raise UserConfigError(f"{path}: keymap.{binding}: {key.strip()!r} is not a key name; write "
                                       "e.g. \"x\", \"f2\", \"ctrl+x\" or \"question_mark\"")
-    display = data.get("display", {})
-    if not isinstance(display, dict):
-        raise UserConfigError(f"{path}: display: must be a table; write [display] then ascii = true")
+    display = _table(data, "display", "ascii = true", path)
     for key, value in display.items():
         if key not in DISPLAY_KEYS:
             raise UserConfigError(f"{path}: display.{key}: unknown setting; "
@@ -85,3 +81,10 @@ def load_user_config(binding_ids: Iterable[str], environ=os.environ) -> UserConf
             raise UserConfigError(f"{path}: display.{key}: must be true or false")
     return UserConfig(keymap={k: v.replace(" ", "") for k, v in keymap.items()},
                       ascii=bool(display.get("ascii", False)) or ascii_env, path=path)
+
+
+def _table(data: dict, name: str, example: str, path: Path) -> dict:
+    table = data.get(name, {})
+    if not isinstance(table, dict):
+        raise UserConfigError(f"{path}: {name}: must be a table; write [{name}] then {example}")
+    return table

@@ -214,6 +214,7 @@ def test_static_scale_too_large_fails_the_run_instead_of_spinning(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["--no-ui", "--preset", "quickstart", "--set", 'precision.dtype="fp16"',
                                       "--set", "precision.loss_scale=1e30", "--set", "train.steps=60",
-                                      "--set", "model.block_size=16", "--set", "data.max_chars=50000"])
+                                      "--set", "model.block_size=16", "--set", "data.max_chars=50000",
+                                      "--world-size", "1"])
     assert result.exit_code == 1
     assert "steps in a row overflowed" in result.output

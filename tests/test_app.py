@@ -46,8 +46,12 @@ def test_a_finished_run_shows_what_its_events_say_in_every_pane():
         changes = log_text(app, ".loss-scale-log")
         assert "inf overflow, scale 65536 -> 32768 (first: blocks.0.attn.w_qkv)" in changes
         assert scale.border_title == "loss scale · 1 overflows · 1 skipped"
-        loss = tab_pane(app, CurvesPane).plots[0]
+        loss, norm, lr = tab_pane(app, CurvesPane).plots
         assert len(loss.train) == 29 and len(loss.val) == 3  # the overflowed step has no loss
+        updated = [i for i in range(1, 31) if i != 5]
+        assert norm.history.xs == updated and norm.history.ys == [1.0 + 1.0 / i for i in updated]
+        assert lr.history.ys == [1e-3 * i / 30 for i in updated]
+        assert all(plot.draws > 0 for plot in (loss, norm, lr))  # drawn when their tab was shown
         memory = str(tab_pane(app, MemoryPane).content)
         assert "rank 0" in memory and "rank 1" in memory
         # estimate: activations 24,000 - 3,000, so 218,520 B; measured is 1.4% above it
@@ -112,7 +116,8 @@ def test_a_failure_is_shown_once_with_its_cause():
         assert " failed " in header_text(app)
         app.action_show_tab(len(app.workspace.tab_ids))  # the log tab: its pane writes what it queued
         logs = list(app.query(LogPane))  # the overview's log and the log tab's
-        await wait_for(pilot, lambda: all("loss is NaN" in lines(log) for log in logs))
+        # the hidden tab's log writes once it is laid out (RichLog defers until it knows its size)
+        await wait_for(pilot, lambda: all("loss is NaN" in lines(log) for log in logs), timeout=20)
         await pilot.pause(0.5)  # time for an echo to arrive, if there were one
         assert [n.message for n in app._notifications] == ["rank 1: ValueError: loss is NaN"]
         for log in logs:
@@ -124,7 +129,7 @@ def test_a_failure_is_shown_once_with_its_cause():
 
 def test_an_exception_without_an_event_is_shown_once():
     async def scenario(app: NanoDistApp, pilot) -> None:
-        await wait_for(pilot, lambda: "lost its socket" in log_text(app, "LogPane.overview-log"))
+        await wait_for(pilot, lambda: "lost its socket" in log_text(app, "LogPane.overview-log"), timeout=20)
         await pilot.pause(0.4)
         notes = [n.message for n in app._notifications]
         assert notes == ["engine error: RuntimeError: rank 1 lost its socket"]
@@ -169,7 +174,7 @@ def test_p_pauses_training_itself_and_resumes_it():
         await pilot.press("p")
         await wait_for(pilot, lambda: app.header.latest.step > held)
         assert app.session.state == "running"
-        assert "every rank holds" in log_text(app)
+        await wait_for(pilot, lambda: "every rank holds" in log_text(app))  # the log writes on a render tick
 
     run(scenario, job)
 

@@ -16,10 +16,15 @@ def format_bytes(n: float, width: int = 0) -> str:
 
 
 def format_rate(bytes_per_s: float, width: int = 0) -> str:
-    """A bandwidth in GB/s (10^9 bytes per second), as NCCL-tests and `nanodist-tui bench` report it."""
+    """A bandwidth in GB/s (10^9 bytes per second, as NCCL-tests and `nanodist-tui bench` report it), or in
+    MB/s or kB/s when it is too slow to read in GB/s."""
     if bytes_per_s == float("inf"):
         return "inf".rjust(width)  # a transfer that took no measurable time
-    return f"{bytes_per_s / 1e9:.2f} GB/s".rjust(width)
+    if bytes_per_s >= 1e9:
+        return f"{bytes_per_s / 1e9:.2f} GB/s".rjust(width)
+    if bytes_per_s >= 1e6:
+        return f"{bytes_per_s / 1e6:.1f} MB/s".rjust(width)
+    return f"{bytes_per_s / 1e3:.1f} kB/s".rjust(width)
 
 
 def format_seconds(s: float, width: int = 0) -> str:
