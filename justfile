@@ -21,10 +21,15 @@ lint:
     ruff check engine nanodist_tui tests
     mypy
 
-# Benchmarks: our step vs PyTorch eager, and our all-reduce vs gloo.
+# Benchmarks: our step vs PyTorch (eager, DDP), 16-bit vs fp32, scaling, the per-op profile, our
+# all-reduce vs gloo, the techniques' costs.
 bench:
-    nanodist-tui bench step --preset gpt-mini
+    nanodist-tui bench step --preset gpt-mini --compare-precision
     nanodist-tui bench step --preset mlp
+    nanodist-tui bench step --preset gpt-mini -n 2 -b processes
+    nanodist-tui bench step --preset gpt-mini -n 4 -b processes
+    nanodist-tui bench scaling --preset gpt-mini
+    nanodist-tui bench profile --preset gpt-mini
     nanodist-tui bench allreduce --backend processes --world-size 2 --sizes 16MiB,64MiB --vs-gloo
     nanodist-tui bench allreduce --backend processes --world-size 4 --sizes 16MiB,64MiB --vs-gloo
     nanodist-tui bench techniques --preset gpt-mini --world-size 4
@@ -57,3 +62,7 @@ sweep preset="sweep-lr":
 # The memory table of the README (seed-table preset, estimated and measured).
 memory-table:
     nanodist-tui memory --preset seed-table --compare --measure
+
+# The projection's validation table of the README (calibrates, then runs 12 held-out configurations).
+projection-validate:
+    nanodist-tui project --validate --repeats 3

@@ -2,10 +2,11 @@
 and ZeRO stage.
 
 Each rank writes what it owns (engine.checkpoint_io does the durable writing): its range of the flat
-fp32 master weights and Adam moments (`replica.owned_range()` / `optimizer_state()`), its loss-scaler
-state and its dropout RNG state. With replicated state (ZeRO stage 0) only the lowest rank owning a range
-writes it. Then rank 0 gathers every shard's size and sha256 and writes the manifest last, with the
-world size, ZeRO stage, precision, parameter layout, model spec, vocabulary and config.
+fp32 master weights and Adam moments (`replica.owned_range()` / `optimizer_state()`) and its loss-scaler
+state (dropout needs nothing: its masks are keyed by the step, engine.dropout_rng). With replicated state
+(ZeRO stage 0) only the lowest rank owning a range writes it. Then rank 0 gathers every shard's size and
+sha256 and writes the manifest last, with the world size, ZeRO stage, precision, parameter layout, model
+spec, vocabulary and config. Reading checks every field of both (engine.checkpoint_schema).
 
 Loading consolidates the shards into full, unpadded fp32 master/m/v — the same arrays whatever world
 size or stage saved them — and `replica.load_optimizer_state(full)` takes its own slice. The data
@@ -28,21 +29,23 @@ from engine.checkpoint_io import (
     MANIFEST,
     VERSION,
     CheckpointError,
-    finished_checkpoints,
     make_dir,
     prune,
     read_manifest,
     read_shard,
+    scan_checkpoints,
+    shard_headers,
     shard_name,
     step_dir_name,
+    step_of,
     verify_shard,
     write_manifest,
     write_shard,
 )
+from engine.checkpoint_schema import STATE_KEYS, check_shard, pieces
 from engine.comm.collectives import all_gather
 
 CHECKPOINTS = "checkpoints"
-STATE_KEYS = ("master", "m", "v")
 
 __all__ = ["CHECKPOINTS", "Checkpoint", "CheckpointError", "Checkpointer", "NoCheckpoints", "check_layout",
            "find_checkpoint", "layout_of_model", "restore"]
@@ -63,11 +66,6 @@ def _layout_of_slots(slots) -> list[dict]:
 def model_spec(cfg, model) -> dict:
     """What engine.export needs to rebuild the network: its kind and constructor arguments."""
     return {"kind": cfg.model.kind, **model.config}
-
-
-def _rng_state(model) -> dict | None:
-    rng = getattr(model, "rng", None)
-    return rng.bit_generator.state if rng is not None else None
 
 
 def check_layout(ckpt: Checkpoint, layout: list[dict]) -> None:
@@ -121,7 +119,7 @@ class Checkpointer:
         ranges = _written_ranges(owners[:, 1:])
         state = replica.optimizer_state()  # collective in ZeRO 1-3: every rank calls it
         meta = {"rank": rank, "step": step, "range": ranges[rank], "optimizer_step": int(state["step"]),
-                "scaler": replica.scaler.state_dict(), "rng": _rng_state(trainer.model)}
+                "scaler": replica.scaler.state_dict()}
         arrays = {k: state[k] for k in STATE_KEYS} if ranges[rank] else {}
         digest, size = write_shard(folder / shard_name(rank), arrays, meta)
         records = _gather_ints(comm, [size, *np.frombuffer(bytes.fromhex(digest), dtype=np.int64).tolist()])
@@ -168,7 +166,7 @@ def _gather_ints(comm, values: list[int]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A finished checkpoint folder and its manifest."""
+    """A finished checkpoint folder and its manifest (checked field by field when it was read)."""
     path: Path
     manifest: dict
 
@@ -177,31 +175,22 @@ class Checkpoint:
         return int(self.manifest["step"])
 
     def verify(self) -> None:
-        """Every shard present, of the recorded size and checksum, and the ranges tile the parameters."""
-        for entry in self.manifest["shards"]:
-            verify_shard(self.path, entry)
-        self._pieces()
-
-    def _pieces(self) -> list[tuple[int, int, int]]:
-        """(start, end, rank) of the shards holding state, in order; they must cover [0, numel)."""
-        shards = self.manifest["shards"]
-        pieces = sorted((e["range"][0], e["range"][1], e["rank"]) for e in shards if e["range"])
-        covered = 0
-        for start, end, _ in pieces:
-            if start != covered:
-                break
-            covered = end
-        if covered < self.manifest["numel"]:
-            raise CheckpointError(f"{self.path}/{MANIFEST}: shards cover {covered} of "
-                                  f"{self.manifest['numel']} parameters; the checkpoint is damaged")
-        return pieces
+        """Every shard present, of the recorded size and checksum, its metadata and array shapes fitting
+        its manifest entry — what ranks rely on, checked before any starts."""
+        try:
+            for entry in self.manifest["shards"]:
+                verify_shard(self.path, entry)
+                arrays, meta = shard_headers(self.path / entry["file"])
+                check_shard(meta, arrays, entry, self.manifest, self.path / entry["file"])
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}; {fallback_hint(self.path.parent, self.step)}") from None
 
     def consolidate(self, keys: tuple[str, ...] = STATE_KEYS) -> dict:
         """Full unpadded arrays (fp32 master, m, v) and the optimizer step, however many ranks saved them."""
         numel = self.manifest["numel"]
         parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
         step = None
-        for _, _, rank in self._pieces():
+        for _, _, rank in pieces(self.manifest):
             arrays, meta = read_shard(self.path / shard_name(rank), keys)
             step = meta["optimizer_step"] if step is None else step
             for k in keys:
@@ -213,39 +202,54 @@ class Checkpoint:
         return full | {"step": int(step)}
 
     def rank_meta(self, rank: int) -> dict:
-        """The saved per-rank state (scaler, RNG) for `rank`; rank 0's for ranks that did not exist."""
+        """The saved per-rank state (the loss scaler's) for `rank`; rank 0's for ranks that did not exist."""
         source = rank if rank < self.manifest["world_size"] else 0
         return read_shard(self.path / shard_name(source), ())[1]
 
 
 def find_checkpoint(path: str | Path, step: int | None = None) -> Checkpoint:
-    """The checkpoint a path names: a step folder, a checkpoints/ folder or a run folder (newest finished
-    checkpoint, or the one of `step`). Unfinished folders (no manifest) are skipped."""
+    """The checkpoint a path names: a step folder, a checkpoints/ folder or a run folder (its newest
+    checkpoint, or the one of `step`). Unfinished folders (no manifest: a write was cut short) are
+    skipped; the chosen one's manifest, if damaged, is an error naming the file, what is wrong and the
+    older checkpoint to fall back to with --step K — never silently replaced by an older one."""
     path = Path(path)
     if (path / MANIFEST).is_file():
-        return Checkpoint(path, read_manifest(path))
+        try:
+            return Checkpoint(path, read_manifest(path))
+        except CheckpointError as exc:
+            saved_at = step_of(path)
+            raise CheckpointError(f"{exc}; {fallback_hint(path.parent, saved_at)}" if saved_at is not None
+                                  else str(exc)) from None
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such run folder; `nanodist-tui runs` lists the runs")
     root = path if path.name == CHECKPOINTS else path / CHECKPOINTS
-    finished = finished_checkpoints(root)
-    if step is not None:
-        finished = [(s, p) for s, p in finished if s == step]
-    if not finished:
+    present = scan_checkpoints(root)
+    chosen = [p for p in present if p[0] == step] if step is not None else present[-1:]
+    if not chosen:
         what = f"no finished checkpoint for step {step}" if step is not None else "no finished checkpoint"
-        raise CheckpointError(f"{root}: {what}; checkpoints are written every checkpoint.every steps "
+        steps = [s for s, _, problem in present if problem is None]
+        known = f" (there are: {', '.join(map(str, steps))})" if steps else ""
+        raise CheckpointError(f"{root}: {what}{known}; checkpoints are written every checkpoint.every steps "
                               "and at the end of a run")
-    folder = finished[-1][1]
+    found, folder, problem = chosen[0]
+    if problem is not None:
+        raise CheckpointError(f"{problem}; {fallback_hint(root, found)}")
     return Checkpoint(folder, read_manifest(folder))
 
 
+def fallback_hint(root: Path, step: int) -> str:
+    """How to use the newest good checkpoint older than `step` instead (or that there is none)."""
+    older = [s for s, _, problem in scan_checkpoints(root) if problem is None and s < step]
+    if older:
+        return f"use the checkpoint of step {older[-1]} instead with --step {older[-1]}"
+    return "no older checkpoint of this run is usable"
+
+
 def restore(trainer, ckpt: Checkpoint) -> None:
-    """Put a trainer in the state of the checkpoint: step (= data position), fp32 master weights and Adam
-    state via the replica, loss scaler (same precision only) and dropout RNG."""
+    """Put a trainer in the state of the checkpoint: step (= data position and dropout masks), fp32 master
+    weights and Adam state via the replica, loss scaler (same precision only)."""
     trainer.replica.load_optimizer_state(ckpt.consolidate())
     meta = ckpt.rank_meta(trainer.rank)
     if ckpt.manifest["precision"] == trainer.cfg.precision.dtype:
         trainer.replica.scaler.load_state_dict(meta["scaler"])
-    rng = getattr(trainer.model, "rng", None)
-    if rng is not None and meta["rng"] is not None:
-        rng.bit_generator.state = meta["rng"]
     trainer.step = ckpt.step

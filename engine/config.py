@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.comm.collectives import ALGORITHMS
+from engine.comm.emulation import NetworkEmulation
 from engine.comm.launch import BACKENDS
 from engine.config_rules import (
+    INT64,
     RULES,
     choices_doc,
     combination_problem,
@@ -35,6 +37,7 @@ from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS
 from engine.optim import SCHEDULES
 from engine.recompute import CHECKPOINTING
+from engine.sinks import SINKS
 from engine.sweep.settings import DIRECTIONS, METRICS, PARAM_TYPES, PRUNERS, SAMPLERS
 
 
@@ -134,6 +137,17 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class EmulateConfig:
+    latency_us: float = _f(0.0, "emulated latency added to every message on a link, in microseconds; "
+                           "0 = none (backends processes and tcp)")
+    bandwidth_gbps: float = _f(0.0, "emulated bandwidth cap per link, in Gbit/s; 0 = uncapped")
+    inter_latency_us: float = _f(0.0, "latency between virtual nodes of parallel.ranks_per_node ranks; "
+                                 "0 = as within a node")
+    inter_bandwidth_gbps: float = _f(0.0, "bandwidth cap between virtual nodes, in Gbit/s; "
+                                     "0 = as within a node")
+
+
+@dataclass(frozen=True)
 class PrecisionConfig:
     dtype: str = _f("fp32", f"{choices_doc(DTYPES)} for parameters and activations")
     loss_scale: str | float = _f("dynamic", '"dynamic" or a fixed number (static); used by fp16 only')
@@ -160,6 +174,15 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class RunConfig:
     out_dir: str = _f("runs", "folder that receives one sub-folder per run")
+    check_memory: bool = _f(True, "refuse to start when the estimated peak memory of this machine's ranks "
+                            "exceeds its available memory")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    to: tuple[str, ...] = _f((), f"telemetry sinks besides the run folder, any of {choices_doc(SINKS)}")
+    project: str = _f("nanodist", "the W&B project and the MLflow experiment runs are logged under")
+    mlflow_uri: str = _f("", 'MLflow tracking URI; "" = a file store in the run folder (RUN_DIR/mlruns)')
 
 
 @dataclass(frozen=True)
@@ -203,10 +226,13 @@ class Config:
     train: TrainConfig = _section(TrainConfig, "loop lengths and batch sizes")
     optim: OptimConfig = _section(OptimConfig, "AdamW and the learning-rate schedule")
     parallel: ParallelConfig = _section(ParallelConfig, "data parallelism and ZeRO")
+    emulate: EmulateConfig = _section(EmulateConfig, "a slower network, emulated on one machine "
+                                      "(processes, tcp)")
     precision: PrecisionConfig = _section(PrecisionConfig, "number formats and loss scaling")
     memory: MemoryConfig = _section(MemoryConfig, "activation checkpointing")
     checkpoint: CheckpointConfig = _section(CheckpointConfig, "saving training state")
     run: RunConfig = _section(RunConfig, "where results go")
+    log: LogConfig = _section(LogConfig, "TensorBoard, W&B and MLflow")
     sweep: SweepConfig | None = _f(None, "optional Optuna search")
 
 
@@ -290,6 +316,12 @@ def replace(cfg: Config, dotted_key: str, value: Any) -> Config:
     return from_dict(d, source=f"replace {dotted_key}")
 
 
+def network_emulation(cfg: Config) -> NetworkEmulation | None:
+    """The network emulation cfg asks for (engine.comm.emulation), or None for a real network."""
+    emulation = NetworkEmulation(**to_dict(cfg.emulate), ranks_per_node=cfg.parallel.ranks_per_node)
+    return emulation if emulation.active else None
+
+
 def check_against_data(cfg: Config, n_train_tokens: int, n_val_tokens: int | None = None,
                        data_vocab: int | None = None, source: str = "data") -> None:
     """Checks that need the loaded data (engine.config_rules.data_problem); ConfigError names `source`."""
@@ -305,6 +337,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint is bool and isinstance(value, bool) or hint is str and isinstance(value, str):
         return value
     if hint is int and is_num and isinstance(value, int):
+        if not -INT64 <= value < INT64:  # numpy (and every rank) would overflow on it
+            raise ConfigError(key, f"{value} does not fit a 64-bit integer", "use a smaller number")
         return value
     if hint is float and is_num:
         return float(value)
@@ -316,10 +350,15 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     names = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
     if hint == (str | tuple[str, ...]) and (isinstance(value, str) or names):
         return value if isinstance(value, str) else tuple(value)
+    if hint == tuple[str, ...] and names:
+        return tuple(value)
     wanted = {bool: "true or false", str: "a string", int: "a whole number", float: "a number",
-              tuple[int, ...]: "a list of whole numbers", str | tuple[str, ...]: "a name or a list of names"
+              tuple[int, ...]: "a list of whole numbers", str | tuple[str, ...]: "a name or a list of names",
+              tuple[str, ...]: "a list of strings"
               }.get(hint, '"dynamic" or a number')
     default = _FIELDS[key][1].default
+    if hint == tuple[str, ...] and isinstance(value, str):
+        default = [value]  # one name where a list belongs: the fix is the list of it
     raise ConfigError(key, f"expected {wanted}, got {toml_repr(value)} ({type(value).__name__})",
                       f"write e.g. {key.rpartition('.')[2]} = {toml_repr(default)}")
 

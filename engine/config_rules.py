@@ -14,19 +14,23 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from engine.comm.collectives import ALGORITHMS
-from engine.comm.launch import BACKENDS
+from engine.comm.emulation import EMULATION_KEYS
+from engine.comm.launch import BACKENDS, EMULATING_BACKENDS
 from engine.data import DATA_KINDS
 from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS
 from engine.optim import SCHEDULES
 from engine.parallel import ZERO_STAGES
 from engine.recompute import CHECKPOINTING, checkpointed_blocks
+from engine.sinks import SINKS
 from engine.sweep.settings import DIRECTIONS, METRICS, PRUNERS, SAMPLERS, directions_of, metrics_of
 
 if TYPE_CHECKING:
     from engine.config import Config, SweepConfig
 
 Problem = tuple[str, str]  # (problem, fix): a rule's verdict on one setting's value
+INT64 = 1 << 63  # whole numbers must fit an int64: numpy holds them so in every rank
+MAX_TIMEOUT_S = 1e6  # about 11.6 days; waits far past it overflow the clock's arithmetic
 KeyedProblem = tuple[str, str, str]  # (key, problem, fix): a problem across settings
 
 
@@ -108,8 +112,20 @@ def _folder_name(v):
     return f"{toml_repr(v)} cannot name a folder", "use letters, digits, '.', '_' and '-' (e.g. lr-search)"
 
 
-def _non_empty(v):
-    return None if v.strip() else ("is empty", 'give a folder, e.g. "runs"')
+def _non_empty(what: str, example: str):
+    def check(v):
+        return None if v.strip() else ("is empty", f"give {what}, e.g. {toml_repr(example)}")
+    return check
+
+
+def _sinks(v):
+    """Rule for log.to: known sink names, each once."""
+    for name in v:
+        if problem := one_of(*SINKS)(name):
+            return problem
+    if twice := sorted({name for name in v if v.count(name) > 1}):
+        return f"{toml_repr(twice[0])} is named twice", "name each sink once"
+    return None
 
 
 # dotted key -> rule; a rule returns None for a good value, else (problem, fix)
@@ -130,8 +146,10 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "parallel.backend": one_of(*BACKENDS),
     "parallel.world_size": _between(1, 1024),
     "parallel.zero_stage": _between(min(ZERO_STAGES), max(ZERO_STAGES)),
-    "parallel.bucket_cap_mb": _positive, "parallel.timeout_s": _positive,
+    "parallel.bucket_cap_mb": _positive,
+    "parallel.timeout_s": _between(0, MAX_TIMEOUT_S, open_lo=True),
     "parallel.algorithm": one_of(*ALGORITHMS), "parallel.ranks_per_node": _at_least(0),
+    **{f"emulate.{key}": _at_least(0) for key in EMULATION_KEYS},
     "parallel.threads_per_rank": _between(0, 4096),
     "precision.dtype": one_of(*DTYPES),
     "precision.loss_scale": lambda v: one_of("dynamic")(v) if isinstance(v, str) else _positive(v),
@@ -141,7 +159,8 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "precision.min_scale": _at_least(0),
     "memory.checkpointing": _checkpointing,
     "checkpoint.every": _at_least(0), "checkpoint.keep": _at_least(1),
-    "run.out_dir": _non_empty,
+    "run.out_dir": _non_empty("a folder", "runs"),
+    "log.to": _sinks, "log.project": _non_empty("a name", "nanodist"),
     "sweep.study": _folder_name,
     "sweep.metric": lambda v: _names(v, METRICS, "metric"),
     "sweep.direction": lambda v: None if v == "" else _names(v, DIRECTIONS, "direction", repeat=True),
@@ -220,12 +239,31 @@ def combination_problem(cfg: Config) -> KeyedProblem | None:
     if p.ranks_per_node and p.world_size % p.ranks_per_node:
         return ("parallel.ranks_per_node", f"{p.ranks_per_node} does not divide world_size {p.world_size}",
                 "use a divisor of parallel.world_size (or 0: every rank on one node)")
+    if problem := emulation_problem(cfg):
+        return problem
     if p.algorithm == "mpi-native" and p.backend != "mpi":
         return ("parallel.algorithm", f'"mpi-native" needs backend "mpi", got "{p.backend}"',
                 'set parallel.algorithm = "ring" or parallel.backend = "mpi"')
     if pr.min_scale > pr.init_scale:
         return ("precision.min_scale", f"{pr.min_scale:g} is above init_scale {pr.init_scale:g}",
                 "lower min_scale (0 = never abort)")
+    return None
+
+
+def emulation_problem(cfg: Config) -> KeyedProblem | None:
+    """[emulate] works where the socket transport paces sends, and inter-node figures need nodes."""
+    e, p = cfg.emulate, cfg.parallel
+    set_keys = [k for k in EMULATION_KEYS if getattr(e, k)]
+    if set_keys and p.backend not in EMULATING_BACKENDS:
+        return (f"emulate.{set_keys[0]}", "network emulation lives in the socket transport, not the "
+                f"{toml_repr(p.backend)} backend",
+                f"set parallel.backend = {toml_repr(EMULATING_BACKENDS[0])} "
+                "(or remove the [emulate] settings)")
+    inter = [k for k in set_keys if k.startswith("inter_")]
+    if inter and not (0 < p.ranks_per_node < p.world_size):
+        return (f"emulate.{inter[0]}", "a link between virtual nodes needs more than one node, but "
+                f"parallel.ranks_per_node = {p.ranks_per_node} with world_size {p.world_size} makes one",
+                "set parallel.ranks_per_node to a divisor of world_size below it (e.g. 2 of 4)")
     return None
 
 

@@ -23,10 +23,13 @@ optim.CHUNK) elements of the master dtype. The optimizer step adds an fp32 copy 
 in mixed precision; before it, the gradient norm passes through one float64 buffer of min(largest
 piece, optim.NORM_CHUNK) elements.
 
-Transients (engine.parallel): stage 2 holds a bucket's p.grad arrays until they are packed into a
-bucket buffer for the reduce-scatter; stage 3 also gathers the outer unit plus one block (two with
-prefetch) of parameters and packs a unit's gradients the same way. The estimate takes one bucket (or
-unit) in flight at a time.
+Transients (engine.parallel): stages 2 and 3 hold each parameter's p.grad array from the moment its
+gradient is final until the bucket (stage 3: the unit) it belongs to is packed into a buffer for the
+reduce-scatter; the buffer is held until the rank retires it, with two in flight at most (one with
+overlap off). `_gradient_flow` replays that exactly: gradients become final module by module from the
+last (each module's parameters in their own order), the embeddings last of all (their op ran first);
+buckets launch in order once complete, units as they complete; every micro-batch repeats it. Stage 3
+also gathers the outer unit plus one block (two with prefetch) of parameters.
 
 Activations: what nanoDist's ops list in `saved=` (per rank and micro-batch of B sequences of T
 tokens, width C, H heads, vocabulary V, global batch G; f = 4 bytes, 8 in fp64), per GPT block
@@ -103,7 +106,7 @@ def estimate(cfg, vocab: int | None = None) -> MemoryEstimate:
     }
     scratch = 2 * ms * min(max(pieces), CHUNK)  # AdamW's, for the whole run
     timeline = _Timeline(states, scratch)
-    _replay(timeline, cfg, vocab, micro, _transients(shapes, cfg, pieces, units))
+    _replay(timeline, cfg, vocab, micro, _transients(shapes, cfg, units))
     norm_buf = 8 * min(max(pieces), NORM_CHUNK)  # held while the gradient norm is formed; after it,
     grad32 = 4 * owned if low else 0  # the fp32 gradient copy of a mixed-precision update
     timeline.peaks["optimizer"] = timeline.maxima["optimizer"] = {
@@ -171,25 +174,89 @@ class _Transients:
     outer: int = 0  # stage 3: the gathered outer unit (embeddings, final LayerNorm), padded
     block: int = 0  # stage 3: one gathered block, padded
     prefetch: bool = False
-    outer_grads: int = 0  # stage 3: the outer unit's p.grad arrays before packing
     block_grads: int = 0  # stage 3: one block's p.grad arrays
-    bucket: int = 0  # stage 2: the largest bucket buffer
-    bucket_grads: int = 0  # stage 2: the p.grad arrays a bucket packs
+    grads: int = 0  # stages 2-3: the most p.grad bytes held at once (_gradient_flow)
+    buffers: int = 0  # stages 2-3: the most packed buffer bytes held at once
 
 
-def _transients(shapes, cfg, pieces: list[int], units: list[int]) -> _Transients:
-    s, stage, world = itemsize(cfg.precision.dtype), cfg.parallel.zero_stage, cfg.parallel.world_size
-    if stage == 2:
-        return _Transients(bucket=max(pieces) * world * s, bucket_grads=max(pieces) * world * s)
-    if stage != 3:
+def _transients(shapes, cfg, units: list[int]) -> _Transients:
+    s, stage = itemsize(cfg.precision.dtype), cfg.parallel.zero_stage
+    if stage not in (2, 3):
         return _Transients()
+    grads, buffers = _gradient_flow(shapes, cfg)
+    if stage == 2:
+        return _Transients(grads=grads, buffers=buffers)
     numel: dict = {}
     for _, shape, unit in shapes:
         numel[unit] = numel.get(unit, 0) + math.prod(shape)
     blocks = [numel[u] for u in numel if u is not None] or [0]
     return _Transients(outer=units[0] * s, block=max(units[1:], default=0) * s,
-                       prefetch=cfg.parallel.prefetch, outer_grads=numel.get(None, 0) * s,
-                       block_grads=max(blocks) * s)
+                       prefetch=cfg.parallel.prefetch, block_grads=max(blocks) * s, grads=grads,
+                       buffers=buffers)
+
+
+def ready_order(shapes) -> list[int]:
+    """Parameter indices in the order backward makes their gradients final: modules from the last one
+    back, each module's parameters in their own order (a Linear's weight, then its bias), and the
+    embeddings (wte, wpe: their lookup ran first, and the tied wte also serves the head) last."""
+    modules: list[list[int]] = []
+    for i, (name, _, _) in enumerate(shapes):
+        module = name.rpartition(".")[0]
+        if modules and shapes[modules[-1][0]][0].rpartition(".")[0] == module:
+            modules[-1].append(i)
+        else:
+            modules.append([i])
+    embeddings = [m for m in modules if shapes[m[0]][0].rpartition(".")[0] in ("wte", "wpe")]
+    rest = [m for m in modules if m not in embeddings]
+    return [i for m in rest[::-1] + embeddings for i in m]
+
+
+def _gradient_flow(shapes, cfg) -> tuple[int, int]:
+    """(most p.grad bytes, most packed-buffer bytes) a stage-2 or stage-3 rank holds at once in backward,
+    by replaying engine.parallel.zero12 / zero3: a parameter's p.grad counts from when it is final until
+    the last bucket (unit) holding it is packed; buckets pack in order once complete, units as they
+    complete; a packed buffer counts until a later pack retires it (two in flight at most, one without
+    overlap) or backward ends."""
+    s, world, stage = itemsize(cfg.precision.dtype), cfg.parallel.world_size, cfg.parallel.zero_stage
+    sizes = [math.prod(shape) * s for _, shape, _ in shapes]
+    if stage == 2:
+        layout = FlatLayout([(name, shape) for name, shape, _ in shapes], cfg.precision.dtype, world)
+        buckets = aligned_buckets(layout, int(cfg.parallel.bucket_cap_mb * 2**20), world)
+        groups = [list(b.members) for b in buckets]
+        group_bytes = [(b.end - b.start) * s for b in buckets]
+    else:
+        keys = [None] + sorted({u for _, _, u in shapes if u is not None})
+        groups = [[i for i, (_, _, u) in enumerate(shapes) if u == key] for key in keys]
+        groups = [g for g in groups if g]
+        group_bytes = [math.ceil(sum(sizes[i] for i in g) / (s * world)) * world * s for g in groups]
+    of_param: list[list[int]] = [[] for _ in shapes]
+    for g, members in enumerate(groups):
+        for i in members:
+            of_param[i].append(g)
+    held = most_held = 0
+    packed: list[int] = []  # buffer bytes in the order packed, over every micro-batch
+    for _ in range(cfg.train.micro_batches):
+        ready, left, done, next_bucket = [0] * len(groups), [len(of) for of in of_param], set(), 0
+        for i in ready_order(shapes):
+            held += sizes[i]
+            most_held = max(most_held, held)
+            for g in of_param[i]:
+                ready[g] += 1
+            complete = [g for g in range(len(groups)) if ready[g] == len(groups[g]) and g not in done]
+            if stage == 2:  # in bucket order only
+                complete = []
+                while next_bucket < len(groups) and ready[next_bucket] == len(groups[next_bucket]):
+                    complete.append(next_bucket)
+                    next_bucket += 1
+            for g in complete:
+                done.add(g)
+                packed.append(group_bytes[g])
+                for j in groups[g]:
+                    left[j] -= 1
+                    held -= sizes[j] if left[j] == 0 else 0
+    if not cfg.parallel.overlap:
+        return most_held, max(packed)
+    return most_held, max([packed[0]] + [a + b for a, b in zip(packed, packed[1:])])
 
 
 def _replay(t: _Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
@@ -200,8 +267,7 @@ def _replay(t: _Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
         t.extra["parameters"] = z.outer + (1 + z.prefetch) * z.block
         t.keep(_mlp_saves(m.widths, micro, g, s, f, m.dropout), "forward")
         t.mark("backward")
-        t.extra.update(parameters=0, gradients=z.block_grads + z.bucket_grads,
-                       comm_buffers=z.block + z.bucket)
+        t.extra.update(parameters=0, gradients=z.grads, comm_buffers=z.buffers)
         t.drop(list(t.held))
         t.mark("backward")
         return
@@ -235,7 +301,7 @@ def _replay(t: _Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
         t.mark("backward")
         t.extra.update(parameters=z.outer + behind, gradients=0, comm_buffers=0)
     t.drop(embedding)
-    t.extra.update(gradients=z.outer_grads + z.bucket_grads, comm_buffers=z.outer + z.bucket)  # the last pack
+    t.extra.update(gradients=z.grads, comm_buffers=z.buffers)  # the most held at once (the last pack, often)
     t.mark("backward")
 
 
@@ -267,3 +333,20 @@ def _mlp_saves(widths, b, g, s, f, p) -> dict[str, int]:
         if p:
             saves[f"mask {i}"] = b * w
     return saves
+
+
+# ---------------------------------------------------------------------- choosing a bucket size
+
+BUCKET_CAPS_MB = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 8.0, 16.0, 25.0)  # candidates, MiB
+
+
+def bucket_cap_for_memory(cfg, tolerance: float = 0.01) -> float:
+    """The bucket cap a user after the lowest peak picks: the largest of BUCKET_CAPS_MB whose estimated
+    peak total is within `tolerance` of the lowest any of them reaches. Smaller buckets shrink the
+    gradients and buffers in flight, until another phase (the optimizer step, usually) sets the peak;
+    below that point they only add collectives."""
+    from engine.config import replace
+    peaks = {cap: sum(estimate(replace(cfg, "parallel.bucket_cap_mb", cap)).peak()[1].values())
+             for cap in BUCKET_CAPS_MB}
+    lowest = min(peaks.values())
+    return max(cap for cap, peak in peaks.items() if peak <= lowest * (1 + tolerance))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -25,6 +26,7 @@ class RunStarted:
     n_params: int
     world_size: int
     total_steps: int
+    network: str = ""  # "emulated network: ..." when the links are emulated (engine.comm.emulation)
     threads_per_rank: int = 0  # BLAS/OpenMP threads of each rank (rank 0's host), as resolved; 0 = unknown
     first_step: int = 0  # the step a resumed run starts from
     run_dir: str = ""  # the run folder, when the run is recorded
@@ -229,7 +231,35 @@ def from_json(d: dict) -> Any:
     missing = [n for n, f in fields.items() if n not in d and f.default is dataclasses.MISSING]
     if extra or missing:
         raise EventError(f"{kind} event: missing fields {missing}, unexpected fields {extra}")
+    for name, (types, wanted) in _field_types(cls).items():
+        if name in d and not _is_a(d[name], types):
+            raise EventError(f"{kind} event: {name} should be {wanted}, got {d[name]!r:.60}")
     return cls(**{k: v for k, v in d.items() if k != "kind"})
+
+
+_TYPES: dict[type, dict[str, tuple[tuple[type, ...], str]]] = {}
+
+
+def _field_types(cls: type) -> dict[str, tuple[tuple[type, ...], str]]:
+    """field -> (the JSON types its value may have, their names), from the event class's annotations."""
+    if cls not in _TYPES:
+        hints = typing.get_type_hints(cls)
+        table = {}
+        for f in dataclasses.fields(cls):
+            args = typing.get_args(hints[f.name]) or (hints[f.name],)
+            types = tuple(typing.get_origin(a) or a for a in args)
+            table[f.name] = (types, " or ".join("null" if t is type(None) else t.__name__ for t in types))
+        _TYPES[cls] = table
+    return _TYPES[cls]
+
+
+def _is_a(value: Any, types: tuple[type, ...]) -> bool:
+    """JSON's view of a type: bools are not numbers, whole numbers are floats too."""
+    if isinstance(value, bool):
+        return bool in types
+    if isinstance(value, int) and float in types:
+        return True
+    return isinstance(value, types)
 
 
 def as_event(ev: Any) -> Any:

@@ -10,8 +10,10 @@ fp32 for evaluation or sampling; `model_from_checkpoint` does the same straight 
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ import numpy as np
 from engine import nn
 from engine.checkpoint import Checkpoint
 from engine.checkpoint_io import META_KEY, CheckpointError, atomic_write
+from engine.checkpoint_schema import check_model_spec, check_vocab, spec_layout
 
 FORMAT = "nanodist-model"
 VERSION = 1
@@ -53,25 +56,32 @@ def _meta(ckpt: Checkpoint) -> dict:
             "step": m["step"], "run_id": m.get("run_id", ""), "config": m.get("config")}
 
 
+class ExportError(ValueError):
+    """The model file cannot be written where asked (a folder, under a file, no space). One line."""
+
+
 def build(meta: dict, params: dict[str, np.ndarray], source: str = "model") -> nn.Module:
-    """The fp32 network a model spec describes, with these parameters loaded (names and shapes checked)."""
-    spec = dict(meta["model"])
+    """The fp32 network a model spec describes, with these parameters loaded. The spec and every
+    parameter's name and shape are checked against each other before the network is built, so a file
+    that does not fit its spec is one clear line (and never an allocation the file does not back)."""
+    spec = dict(check_model_spec(meta.get("model"), Path(source)))
+    check_vocab(meta.get("vocab"), spec, Path(source))
+    for slot in spec_layout(spec):
+        name, shape = slot["name"], slot["shape"]
+        if name not in params:
+            raise CheckpointError(f"{source}: parameter {name} is missing")
+        value = params[name]
+        if list(value.shape) != shape or value.dtype.kind != "f":
+            raise CheckpointError(f"{source}: parameter {name} is {value.dtype}{list(value.shape)}, "
+                                  f"the model needs float{shape}")
     kind = spec.pop("kind")
     model: nn.Module
     if kind == "gpt":
         model = nn.GPT(**spec, dtype=np.float32)
-    elif kind == "mlp":
-        model = nn.MLP(spec["widths"], dropout=spec["dropout"], bias=spec["bias"], dtype=np.float32)
     else:
-        raise CheckpointError(f"{source}: unknown model kind {kind!r}")
+        model = nn.MLP(spec["widths"], dropout=spec["dropout"], bias=spec["bias"], dtype=np.float32)
     for name, p in model.named_parameters():
-        if name not in params:
-            raise CheckpointError(f"{source}: parameter {name} is missing")
-        value = params[name]
-        if tuple(value.shape) != tuple(p.shape):
-            raise CheckpointError(f"{source}: parameter {name} has shape {list(value.shape)}, "
-                                  f"the model needs {list(p.shape)}")
-        p.data[...] = value
+        p.data[...] = params[name]
     return model.eval()
 
 
@@ -80,27 +90,52 @@ def model_from_checkpoint(ckpt: Checkpoint) -> LoadedModel:
     return LoadedModel(build(meta, params_from_checkpoint(ckpt), str(ckpt.path)), meta)
 
 
+def check_output(out: str | Path) -> Path:
+    """Where a model file may go: a file name (not empty, not a folder) whose parent is or can be a folder."""
+    text = str(out)
+    if not text.strip():
+        raise ExportError("--output: empty file name; give a file such as -o model.npz")
+    out = Path(text)
+    if out.is_dir() or text.endswith(os.sep):
+        raise ExportError(f"--output {out}: is a folder; name a file inside it, e.g. -o {out / 'model.npz'}")
+    blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ExportError(f"--output {out}: {blocking} is a file, not a folder; choose another path")
+    return out
+
+
 def export_model(ckpt: Checkpoint, out: str | Path) -> Path:
-    """Write the checkpoint's fp32 parameters and model description to one .npz (atomically)."""
-    out = Path(out)
+    """Write the checkpoint's fp32 parameters and model description to one .npz (atomically). The
+    checkpoint is verified and its parameters are checked against its model spec first."""
+    out = check_output(out)
     ckpt.verify()
-    payload = dict(params_from_checkpoint(ckpt))
-    payload[META_KEY] = np.frombuffer(json.dumps(_meta(ckpt)).encode("utf-8"), dtype=np.uint8)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, lambda f: np.savez(f, allow_pickle=False, **payload))
+    params = params_from_checkpoint(ckpt)
+    meta = _meta(ckpt)
+    build(meta, params, str(ckpt.path))  # shapes against the model, before anything is written
+    payload = dict(params)
+    payload[META_KEY] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, lambda f: np.savez(f, allow_pickle=False, **payload))
+    except OSError as exc:
+        fix = "free some space or choose another path" if exc.errno == errno.ENOSPC else "choose another path"
+        raise ExportError(f"--output {out}: cannot write it ({exc.strerror or exc}); {fix}") from None
     return out
 
 
 def read_model(path: str | Path) -> LoadedModel:
     """An exported model file: the fp32 network and its metadata (vocab, step, config)."""
     path = Path(path)
+    if path.is_file() and not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: not a nanoDist model file (not an .npz archive); export one with "
+                              "`nanodist-tui export`")
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
         meta = json.loads(arrays.pop(META_KEY).tobytes().decode("utf-8"))
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such model file") from None
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError, RecursionError) as exc:
         raise CheckpointError(f"{path}: not a nanoDist model file ({type(exc).__name__}: {exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a nanoDist model file (export one with `nanodist-tui export`)")

@@ -12,13 +12,15 @@ import time
 import uuid
 from pathlib import Path
 
+from engine import error_log
 from engine import events as ev
 from engine.checkpoint import CHECKPOINTS
 from engine.comm.base import RankFailure
 from engine.comm.launch import process_rank, run_ranks
-from engine.config import Config, to_dict
-from engine.recorder import RunRecorder
+from engine.config import Config, network_emulation, to_dict
+from engine.recorder import RecordingError, RunRecorder
 from engine.resume import prepare_resume
+from engine.sinks.runner import SinkSet
 from engine.trainer import train_rank
 
 
@@ -32,29 +34,48 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     after their step (engine.control.RunControl carries both events)."""
     bus = ev.EventBus()
     recorder = None
+    stop_event = stop_event or threading.Event()
     # With tcp/mpi each process runs one rank; only rank 0's process records the run.
     lead = process_rank(cfg.parallel.backend) in (None, 0)
     if record and lead:
         resolved = preset_doc if preset_doc is not None else to_dict(cfg)
-        recorder = RunRecorder(cfg.run.out_dir, cfg.name, resolved)
+        # a folder that stops taking writes stops the run (checkpointing if the disk still allows)
+        recorder = RunRecorder(cfg.run.out_dir, cfg.name, resolved, on_failure=lambda _: stop_event.set())
         bus.subscribe(recorder)
     if on_event is not None:
         bus.subscribe(on_event)
+    # Telemetry sinks (TensorBoard, W&B, MLflow) write beside the run folder, so only a recorded run has them.
+    sinks = SinkSet(cfg.log.to, recorder.run_dir, cfg.log, bus.emit) if recorder and cfg.log.to else None
+    if sinks:
+        bus.subscribe(sinks)
     run_id = recorder.run_id if recorder else uuid.uuid4().hex[:8]
     checkpoint_dir = str(recorder.run_dir / CHECKPOINTS) if recorder else ""
-    stop_event = stop_event or threading.Event()
     t0 = time.perf_counter()
     try:
         results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, train_rank,
                             args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),
                             on_event=lambda d: bus.emit(ev.from_json(d)),
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event,
-                            pause_event=pause_event, threads_per_rank=cfg.parallel.threads_per_rank)
+                            pause_event=pause_event, network=network_emulation(cfg),
+                            threads_per_rank=cfg.parallel.threads_per_rank)
     except BaseException as e:
-        bus.emit(ev.RunFailed(message=one_line(e), rank=getattr(e, "rank", None)))
+        message = _failure_message(e, recorder)
+        cause_first = recorder is not None and recorder.failure is not None  # the folder, not a rank
+        bus.emit(ev.RunFailed(message=message, rank=None if cause_first else getattr(e, "rank", None)))
+        if sinks:
+            sinks.close()
         if recorder:
             recorder.close()
+        if recorder and recorder.failure:
+            raise RecordingError(message) from e
         raise
+    if recorder and recorder.failure:
+        message = _recording_stopped(recorder)
+        bus.emit(ev.RunFailed(message=message))
+        if sinks:
+            sinks.close()
+        recorder.close()
+        raise RecordingError(message)
     mine = [r for r in results if r is not None]  # tcp/mpi: only this process's rank (or all, on rank 0)
     if not mine:
         raise RuntimeError("every rank stopped before finishing its first evaluation")
@@ -68,6 +89,8 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
                               tokens_per_s=summary["tokens_per_s"], wall_s=summary["wall_s"],
                               run_dir=str(recorder.run_dir) if recorder else "", stopped=summary["stopped"])
     bus.emit(finished)
+    if sinks:
+        sinks.close()  # before the recorder: a sink's last failure still reaches the run's log
     if recorder:
         recorder.close()
         summary["run_dir"] = str(recorder.run_dir)
@@ -81,6 +104,28 @@ def resume_training(run_dir: str | Path, overrides=(), step: int | None = None, 
     is verified (checksums, model layout) before any rank starts."""
     cfg, doc, ckpt = prepare_resume(run_dir, overrides, step)
     return run_training(cfg, on_event=on_event, stop_event=stop_event, preset_doc=doc, resume_from=ckpt.path)
+
+
+def _failure_message(e: BaseException, recorder: RunRecorder | None) -> str:
+    """The one line a failed run ends with: what failed, where its traceback is, and — when the run folder
+    stopped taking writes first — that, which is the cause."""
+    message = one_line(e)
+    if recorder is None:
+        return message
+    if recorder.failure:
+        return f"{_recording_stopped(recorder)}; then stopping failed too: {message}"
+    log = recorder.run_dir / error_log.ERROR_LOG
+    if not isinstance(e, RankFailure) and not isinstance(e, KeyboardInterrupt):
+        log = error_log.write(recorder.run_dir, "the launcher failed", e) or log
+    return f"{message} (traceback in {log})" if log.exists() else message
+
+
+def _recording_stopped(recorder: RunRecorder) -> str:
+    saved = recorder.last_checkpoint
+    kept = (f"checkpoint of step {saved} saved; `nanodist-tui resume {recorder.run_dir}` continues it"
+            if saved is not None else "no checkpoint saved")
+    return (f"recording stopped at step {recorder.summary['steps']}: {recorder.failure}, so the run was "
+            f"stopped; {kept}")
 
 
 def one_line(e: BaseException) -> str:

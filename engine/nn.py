@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from engine import ops
+from engine.dropout_rng import DropoutRNG
 from engine.tensor import Parameter, Tensor, no_grad
 
 # model.kind -> the data it trains on (engine.data.DATA_KINDS) and what it is
@@ -27,11 +28,12 @@ class Module:
     `units()`, the model's repeated layers in forward order, each called once per forward through
     `__call__` (so forward hooks see it) — ZeRO-3 gathers them one at a time; `checkpoint_units()`, the
     units whose forward takes and returns one Tensor and draws randomness only from `rng` — activation
-    checkpointing recomputes those; and `rng`, the one Generator all of the model's dropout draws from
-    (None for a module that draws nothing of its own).
+    checkpointing recomputes those; and `rng`, the one DropoutRNG all of the model's dropout draws from
+    (None for a module that draws nothing of its own): its masks are keyed by the step and the global
+    row, which whoever runs the model sets with `rng.begin(step, first_row)` before a forward.
     """
 
-    rng: np.random.Generator | None = None
+    rng: DropoutRNG | None = None
 
     def __init__(self):
         self.training = True
@@ -143,12 +145,12 @@ class LayerNorm(Module):
 
 
 class Dropout(Module):
-    """Draws its masks from `rng`, the Generator its model holds (shared, so one state to save)."""
+    """Draws its masks from `rng`, the DropoutRNG its model holds (shared: one site counter per forward)."""
 
-    def __init__(self, p: float, rng: np.random.Generator):
+    def __init__(self, p: float, rng: DropoutRNG):
         super().__init__()
         self.p = p
-        self.rng: np.random.Generator = rng
+        self.rng: DropoutRNG = rng
 
     def forward(self, x: Tensor) -> Tensor:
         return ops.dropout(x, self.p, self.rng, self.training)
@@ -158,13 +160,13 @@ class MLP(Module):
     """Linear layers of the given widths with GELU (then dropout) between them; forward(x[..., in])."""
 
     def __init__(self, widths, dropout: float = 0.0, bias: bool = True, dtype=np.float32,
-                 rng: np.random.Generator | None = None):
+                 rng: DropoutRNG | None = None):
         super().__init__()
         if len(widths) < 2:
             raise ValueError(f"an MLP needs at least an input and an output width, got {list(widths)}")
         self.config: dict[str, Any] = dict(widths=list(widths), dropout=dropout, bias=bias)
         self.dtype = np.dtype(dtype)
-        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.rng = rng if rng is not None else DropoutRNG(0)
         self.layers = [Linear(i, o, bias, dtype) for i, o in zip(widths[:-1], widths[1:])]
         self.drop = Dropout(dropout, self.rng)
         if rng is None:  # standalone; inside a GPT block the GPT names and initialises everything
@@ -220,7 +222,7 @@ class Block(Module):
 
 
 class GPT(Module):
-    """GPT-2 style decoder: forward(idx[B, T] int) -> logits[B, T, vocab]. `.rng` drives all dropout."""
+    """GPT-2 style decoder: forward(idx[B, T] int) -> logits[B, T, vocab]. `.rng` keys all dropout."""
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
                  dropout: float = 0.0, tie_weights: bool = True, bias: bool = True, dtype=np.float32):
@@ -229,7 +231,7 @@ class GPT(Module):
                                            n_head=n_head, n_embd=n_embd, dropout=dropout,
                                            tie_weights=tie_weights, bias=bias)
         self.vocab_size, self.block_size, self.n_layer = vocab_size, block_size, n_layer
-        self.rng = np.random.default_rng(0)
+        self.rng = DropoutRNG(0)
         self.wte = Embedding(vocab_size, n_embd, dtype)
         self.wpe = Embedding(block_size, n_embd, dtype)
         self.drop = Dropout(dropout, self.rng)
@@ -258,8 +260,9 @@ class GPT(Module):
         return self.lm_head(self.ln_f(x))
 
     def generate(self, idx, n: int, temperature: float = 1.0,
-                 rng: np.random.Generator | None = None) -> np.ndarray:
-        """Append n sampled tokens to idx[B, T] (temperature 0: greedy), in eval mode, without a tape."""
+                 rng: np.random.Generator | None = None, top_k: int = 0) -> np.ndarray:
+        """Append n sampled tokens to idx[B, T] (temperature 0: greedy), in eval mode, without a tape.
+        top_k > 0 samples among the k most likely tokens only (all tokens tied with the k-th stay in)."""
         rng = rng if rng is not None else np.random.default_rng()
         idx, was_training = np.asarray(idx), self.training
         self.eval()
@@ -270,6 +273,9 @@ class GPT(Module):
                     if temperature == 0:
                         nxt = logits.argmax(-1)
                     else:
+                        if 0 < top_k < logits.shape[-1]:
+                            kth = np.partition(logits, -top_k, axis=-1)[:, -top_k, None]
+                            logits = np.where(logits < kth, -np.inf, logits)
                         p = np.exp((logits - logits.max(-1, keepdims=True)) / temperature)
                         cdf = np.cumsum(p / p.sum(-1, keepdims=True), axis=-1)
                         nxt = np.minimum((cdf < rng.random((len(idx), 1))).sum(-1), self.vocab_size - 1)
@@ -284,7 +290,7 @@ def init_params(model: Module, seed: int) -> None:
 
     Weights ~ N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 n_layer)); LayerNorm ones/zeros;
     biases zero. Draws are float64 in parameter order, then rounded to each parameter's dtype, so
-    models of different precisions start from the same weights. Also reseeds the model's dropout rng.
+    models of different precisions start from the same weights. Also keys the model's dropout on `seed`.
     """
     rng = np.random.default_rng(seed)
     residual_std = 0.02 / math.sqrt(2 * getattr(model, "n_layer", 1))
@@ -301,5 +307,5 @@ def init_params(model: Module, seed: int) -> None:
             std = residual_std if getattr(module, "residual", False) else 0.02
             p.data[...] = (rng.standard_normal(p.shape) * std).astype(p.dtype)
     model_rng = getattr(model, "rng", None)
-    if isinstance(model_rng, np.random.Generator):
-        model_rng.bit_generator.state = np.random.default_rng([seed, 1]).bit_generator.state
+    if isinstance(model_rng, DropoutRNG):
+        model_rng.seed = seed

@@ -3,11 +3,15 @@
 Each op computes its result with NumPy and hands `tensor.make` a backward closure. Closures keep
 activation arrays (listed in `saved=` for the memory ledger) but read a Parameter's `.data` only when
 backward runs, because ZeRO-3 frees parameter storage between forward and backward. A backward
-treats its incoming gradient as read-only: that array may be shared with other edges.
+treats its incoming gradient as read-only: that array may be shared with other edges. A backward
+returns each gradient in its input's dtype: 16-bit gradients are rounded at every op, as 16-bit
+training does (loss scaling exists because they underflow).
 
 Low precision: float16 and ml_dtypes.bfloat16 products go through `matmul_kernel` (float32 inside);
-layer norm, softmax, GELU and cross-entropy compute in float32 (float64 stays float64). float16 <->
-float32 conversions go through engine.halfconv (NumPy's own casts are slower than the products).
+elementwise work runs in float32 on exactly widened operands (engine.lowp), never in NumPy's own
+16-bit arithmetic: adds bit for bit as NumPy would, and the fused ops (linear with its bias, layer norm,
+attention, GELU, cross-entropy) keep their whole computation in float32 and round only what they
+return or keep, once, as matrix units and fused GPU kernels do. float64 stays float64.
 """
 
 from __future__ import annotations
@@ -17,21 +21,22 @@ import math
 
 import numpy as np
 
-from engine import halfconv
+from engine import halfconv, kernels, lowp
+from engine.dropout_rng import DropoutRNG
 from engine.dtypes import LOW_PRECISION, compute_dtype
 from engine.tensor import Parameter, ScatterGrad, Tensor, make
 
 # ---- helpers ---------------------------------------------------------------------------------------
 
-def matmul_kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def matmul_kernel(a: np.ndarray, b: np.ndarray, out_dtype=None) -> np.ndarray:
     """THE matrix product. NumPy has no BLAS for 16-bit floats (~0.3 GFLOP/s), so those operands
-    are upcast to float32, multiplied, and the result is rounded back to the operand dtype."""
-    if a.dtype in LOW_PRECISION or b.dtype in LOW_PRECISION:
-        out_dtype = a.dtype if a.dtype == b.dtype else np.result_type(a.dtype, b.dtype)
+    are widened exactly to float32 and multiplied there; the product is rounded to `out_dtype`
+    (default: the operands' dtype; float32 keeps it unrounded for a fused epilogue such as a bias)."""
+    out_dtype = np.result_type(a.dtype, b.dtype) if out_dtype is None else np.dtype(out_dtype)
+    if a.dtype in LOW_PRECISION or b.dtype in LOW_PRECISION or out_dtype in LOW_PRECISION:
         # An fp16 overflow becomes inf (and inf x 0 nan): results the loss scaler finds and skips.
         with np.errstate(over="ignore", invalid="ignore"):
-            product = np.matmul(halfconv.astype(a, np.float32), halfconv.astype(b, np.float32))
-            return halfconv.astype(product, out_dtype)
+            return lowp.narrow(np.matmul(lowp.widen(a), lowp.widen(b)), out_dtype)
     return np.matmul(a, b)
 
 
@@ -93,13 +98,13 @@ def _operands(a, b) -> tuple[Tensor, Tensor]:
 def add(a, b) -> Tensor:
     a, b = _operands(a, b)
     sa, sb = a.shape, b.shape
-    return make(a.data + b.data, (a, b), lambda g: (unbroadcast(g, sa), unbroadcast(g, sb)))
+    return make(lowp.add(a.data, b.data), (a, b), lambda g: (unbroadcast(g, sa), unbroadcast(g, sb)))
 
 
 def sub(a, b) -> Tensor:
     a, b = _operands(a, b)
-    sa, sb = a.shape, b.shape
-    return make(a.data - b.data, (a, b), lambda g: (unbroadcast(g, sa), unbroadcast(-g, sb)))
+    sa, sb = a.shape, b.shape  # a - b is exactly a + (-b), in any floating dtype
+    return make(lowp.add(a.data, -b.data), (a, b), lambda g: (unbroadcast(g, sa), unbroadcast(-g, sb)))
 
 
 def neg(x: Tensor) -> Tensor:
@@ -173,20 +178,26 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x[..., in] @ weight[out, in].T + bias[out] (PyTorch's layout): one 2-D GEMM per product."""
+    """x[..., in] @ weight[out, in].T + bias[out] (PyTorch's layout): one 2-D GEMM per product. The bias
+    is added to the float32 product before its one rounding (a GEMM epilogue); the backward widens the
+    incoming gradient once for all three of its products."""
     n_out, n_in = weight.shape
-    lead = x.shape[:-1]
-    y = matmul_kernel(x.data.reshape(-1, n_in), weight.data.T)
-    if bias is not None:
-        y += bias.data
+    lead, dtype = x.shape[:-1], x.dtype
+    if bias is None:
+        y = matmul_kernel(x.data.reshape(-1, n_in), weight.data.T)
+    else:
+        y = matmul_kernel(x.data.reshape(-1, n_in), weight.data.T, out_dtype=compute_dtype(dtype))
+        y += lowp.widen(bias.data)
+        y = lowp.narrow(y, dtype)
     need_x, need_w = x.requires_grad, weight.requires_grad
     get_x, get_w = _keep(need_w, x), _keep(need_x, weight)
+    w_dtype, b_dtype = weight.dtype, None if bias is None else bias.dtype
 
     def backward(g):
-        g2 = g.reshape(-1, n_out)
-        gx = matmul_kernel(g2, get_w()).reshape(*lead, n_in) if need_x else None
-        gw = matmul_kernel(g2.T, get_x().reshape(-1, n_in)) if need_w else None
-        return (gx, gw) if bias is None else (gx, gw, _col_sum(g2))
+        g2 = lowp.widen(g.reshape(-1, n_out))
+        gx = matmul_kernel(g2, get_w(), out_dtype=dtype).reshape(*lead, n_in) if need_x else None
+        gw = matmul_kernel(g2.T, get_x().reshape(-1, n_in), out_dtype=w_dtype) if need_w else None
+        return (gx, gw, lowp.narrow(_col_sum(g2), b_dtype)) if b_dtype else (gx, gw)
     inputs = (x, weight) if bias is None else (x, weight, bias)
     return make(y.reshape(*lead, n_out), inputs, backward, _saved((need_w, x), (need_x, weight)))
 
@@ -261,60 +272,26 @@ def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
 
 # ---- activations and regularisation ----------------------------------------------------------------
 
-_GELU_C = math.sqrt(2.0 / math.pi)
-_GELU_K = 0.044715
-
-
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """tanh(c (x + k x^3)), evaluated in one buffer."""
-    t = x * x
-    t *= _GELU_C * _GELU_K
-    t += _GELU_C
-    t *= x
-    return np.tanh(t, out=t)
-
-
 def gelu(x: Tensor) -> Tensor:
-    """GPT-2's tanh approximation: 0.5 x (1 + tanh(c (x + k x^3))). Keeps only x."""
-    dtype, cdt, xs = x.dtype, compute_dtype(x.dtype), x.data
-    x32 = halfconv.astype(xs, cdt)
-    y = _gelu_tanh(x32)
-    y += 1
-    y *= x32
-    y *= 0.5
-
-    def backward(g):
-        x32 = halfconv.astype(xs, cdt)  # keep x in its own dtype, not a float32 copy
-        t = _gelu_tanh(x32)
-        slope = x32 * x32  # d/dx of the tanh argument: c (1 + 3 k x^2)
-        slope *= 3 * _GELU_C * _GELU_K
-        slope += _GELU_C
-        d = t * t  # 0.5 (1 + t) + 0.5 x (1 - t^2) slope
-        np.subtract(1, d, out=d)
-        d *= slope
-        d *= x32
-        d += t
-        d += 1
-        d *= 0.5
-        d *= g
-        return (halfconv.astype(d, dtype),)
-    return make(halfconv.astype(y, dtype), (x,), backward, (xs,))
+    """GPT-2's tanh approximation: 0.5 x (1 + tanh(c (x + k x^3))), fused (engine.kernels). Keeps only x,
+    in its own dtype: the backward recomputes the tanh."""
+    xs = x.data
+    return make(kernels.gelu(xs), (x,), lambda g: (kernels.gelu_backward(xs, g),), (xs,))
 
 
-def dropout(x: Tensor, p: float, rng: np.random.Generator, training: bool) -> Tensor:
-    """Zero each element with probability p (mask from `rng`) and scale the rest by 1/(1-p)."""
+def dropout(x: Tensor, p: float, rng: DropoutRNG, training: bool) -> Tensor:
+    """Zero each element with probability p (mask from `rng`, axis 0 = rows) and scale the rest by 1/(1-p)."""
     if not training or p == 0.0:
         return x
-    mask = rng.random(x.shape, dtype=np.float32) >= p
-    scale = np.asarray(1.0 / (1.0 - p), dtype=x.dtype)
-    y = x.data * mask
-    y *= scale
+    mask = rng.keep_mask(x.shape, p)
+    dtype = x.dtype
+    scale = np.asarray(1.0 / (1.0 - p), dtype=dtype).astype(compute_dtype(dtype))  # the dtype's own scale
 
-    def backward(g):
-        d = g * mask
+    def apply(a: np.ndarray) -> np.ndarray:  # a * mask is exact; the scaling rounds once, as NumPy's would
+        d = lowp.widen(a) * mask
         d *= scale
-        return (d,)
-    return make(y, (x,), backward, (mask,))
+        return lowp.narrow(d, dtype)
+    return make(apply(x.data), (x,), lambda g: (apply(g),), (mask,))
 
 
 def backward_hook(x: Tensor, fn) -> Tensor:
@@ -328,39 +305,20 @@ def backward_hook(x: Tensor, fn) -> Tensor:
 # ---- fused ops with hand-written backward ----------------------------------------------------------
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-    """Normalise the last axis, then scale and shift. Keeps x, mean and 1/std (float32 inside)."""
-    dtype, cdt, shape = x.dtype, compute_dtype(x.dtype), x.shape
-    n = shape[-1]
-    x2 = halfconv.astype(x.data.reshape(-1, n), cdt)
-    mu = _row_sum(x2)
-    mu /= n
-    xhat = x2 - mu
-    rstd = np.einsum("ij,ij->i", xhat, xhat)[:, None]  # row sums of squares, without a temporary
-    rstd /= n
-    rstd += eps
-    np.sqrt(rstd, out=rstd)
-    np.reciprocal(rstd, out=rstd)
-    xhat *= rstd
-    y = xhat * weight.data.astype(cdt, copy=False)
-    if bias is not None:
-        y += bias.data.astype(cdt, copy=False)
-    get_w, xs = _keep(True, weight), x.data  # keep x in its own dtype, not the float32 copy
+    """Normalise the last axis, then scale and shift, fused (engine.kernels). Keeps x (in its own dtype),
+    mean and 1/std (float32 inside)."""
+    shape, n = x.shape, x.shape[-1]
+    xs = np.ascontiguousarray(x.data).reshape(-1, n)
+    y, mu, rstd = kernels.layer_norm(xs, weight.data, None if bias is None else bias.data, eps)
+    get_w = _keep(True, weight)
 
     def backward(g):
-        g2 = halfconv.astype(g.reshape(-1, n), cdt)
         w = get_w()
-        xh = halfconv.astype(xs.reshape(-1, n), cdt) - mu
-        xh *= rstd
-        dw = np.einsum("ij,ij->j", g2, xh).astype(w.dtype, copy=False)
-        dx = g2 * w.astype(cdt, copy=False)  # dxhat; dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))
-        xh *= np.einsum("ij,ij->i", dx, xh)[:, None] / n
-        dx -= _row_sum(dx) / n
-        dx -= xh
-        dx *= rstd
-        grads = (halfconv.astype(dx, dtype).reshape(shape), dw)
-        return grads if bias is None else grads + (_col_sum(g2).astype(w.dtype, copy=False),)
+        dx, dw, db = kernels.layer_norm_backward(xs, w, mu, rstd, np.ascontiguousarray(g).reshape(-1, n))
+        grads = (dx.reshape(shape), dw.astype(w.dtype, copy=False))
+        return grads if bias is None else grads + (db.astype(w.dtype, copy=False),)
     inputs = (x, weight) if bias is None else (x, weight, bias)
-    return make(halfconv.astype(y, dtype).reshape(shape), inputs, backward, (xs, mu, rstd))
+    return make(y.reshape(shape), inputs, backward, (x.data, mu, rstd))
 
 
 @functools.lru_cache(maxsize=16)
@@ -372,43 +330,48 @@ def _causal_bias(t: int, dtype) -> np.ndarray:
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
-                     rng: np.random.Generator | None = None, training: bool = False) -> Tensor:
+                     rng: DropoutRNG | None = None, training: bool = False) -> Tensor:
     """softmax(q k^T / sqrt(D) + causal mask) [dropout] @ v for q, k, v of shape [B, H, T, D].
 
-    Keeps q, k, v, the attention probabilities [B, H, T, T] and, with dropout, its boolean mask.
+    Keeps q, k, v, the attention probabilities [B, H, T, T] (in q's dtype) and, with dropout, its
+    boolean mask. Fused in float32: the scores, the softmax and, in backward, the score gradients are
+    never rounded to a 16-bit dtype; only the kept probabilities and the results are.
     """
     dtype, cdt = q.dtype, compute_dtype(q.dtype)
     scale = 1.0 / math.sqrt(q.shape[-1])
     qd, kd, vd = q.data, k.data, v.data
-    att = halfconv.astype(matmul_kernel(qd, _swap(kd)), cdt)
+    att = matmul_kernel(qd, _swap(kd), out_dtype=cdt)
     att *= scale
     att += _causal_bias(q.shape[-2], cdt)
     att -= att.max(-1, keepdims=True)
     np.exp(att, out=att)
     att /= _row_sum(att)
-    att = halfconv.astype(att, dtype)
+    att = lowp.narrow(att, dtype)
     mask = None
     if training and dropout_p > 0.0:
         if rng is None:
             raise ValueError("causal_attention with dropout in training needs an rng")
-        mask = rng.random(att.shape, dtype=np.float32) >= dropout_p
-        keep_scale = np.asarray(1.0 / (1.0 - dropout_p), dtype=dtype)
-    dropped = att if mask is None else att * mask * keep_scale
-    out = matmul_kernel(dropped, vd)
+        mask = rng.keep_mask(att.shape, dropout_p)
+        keep_scale = np.asarray(1.0 / (1.0 - dropout_p), dtype=dtype).astype(cdt)
+
+    def dropped(a32: np.ndarray) -> np.ndarray:
+        """The probabilities after dropout, as the dtype holds them, widened."""
+        if mask is None:
+            return a32
+        return lowp.widen(lowp.narrow(a32 * mask * keep_scale, dtype))
+    out = matmul_kernel(dropped(lowp.widen(att)), vd, out_dtype=dtype)
 
     def backward(g):
-        p = att if mask is None else att * mask * keep_scale
-        dv = matmul_kernel(_swap(p), g)
-        dp = halfconv.astype(matmul_kernel(g, _swap(vd)), cdt)
+        g32, a32 = lowp.widen(g), lowp.widen(att)
+        dv = matmul_kernel(_swap(dropped(a32)), g32, out_dtype=dtype)
+        dp = matmul_kernel(g32, _swap(vd), out_dtype=cdt)
         if mask is not None:
             dp *= mask
             dp *= keep_scale
-        a32 = halfconv.astype(att, cdt)
         dp -= _row_sum(dp * a32)  # softmax backward: ds = a * (dp - sum(dp * a))
         dp *= a32
         dp *= scale
-        ds = halfconv.astype(dp, dtype)
-        return matmul_kernel(ds, kd), matmul_kernel(_swap(ds), qd), dv
+        return matmul_kernel(dp, kd, out_dtype=dtype), matmul_kernel(_swap(dp), qd, out_dtype=dtype), dv
     saved = (qd, kd, vd, att) if mask is None else (qd, kd, vd, att, mask)
     return make(out, (q, k, v), backward, saved)
 
@@ -435,7 +398,7 @@ def cross_entropy(logits: Tensor, targets) -> Tensor:
         np.exp(p, out=p)
         p[np.arange(len(x)), cols] -= 1
         p *= g / x.shape[0]
-        return (halfconv.astype(p, dtype).reshape(shape),)
+        return (lowp.narrow(p, dtype).reshape(shape),)
     return make(loss, (logits,), backward, (x, lse, cols))
 
 

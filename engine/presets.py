@@ -77,19 +77,25 @@ def list_presets() -> list[PresetInfo]:
 
 def find_preset(name_or_path: str | os.PathLike) -> Path:
     """Path of a preset given by name (search folders) or by path; ConfigError if there is none."""
+    return find_named_file(name_or_path, [folder for _, folder in search_dirs()], "preset")
+
+
+def find_named_file(name_or_path: str | os.PathLike, folders: list[Path], what: str) -> Path:
+    """A TOML file given by path, or by name: the first `folders` entry holding <name>.toml. ConfigError
+    (naming a close name, or the ones there are) when there is none; `what` is "preset", "cluster", ..."""
     path = Path(name_or_path).expanduser()
     if path.suffix == ".toml" or len(path.parts) > 1:
         if path.is_file():
             return path
-        raise ConfigError("", "file not found", "check the path, or give the name of a preset",
+        raise ConfigError("", "file not found", f"check the path, or give the name of a {what}",
                           source=str(path))
-    for _, folder in search_dirs():
+    for folder in folders:
         if (folder / f"{path.name}.toml").is_file():
             return folder / f"{path.name}.toml"
-    names = [p.name for p in list_presets()]
+    names = sorted({p.stem for folder in folders for p in folder.glob("*.toml")})
     close = difflib.get_close_matches(path.name, names, n=1)
     fix = f"did you mean {close[0]}?" if close else "available: " + (", ".join(names) or "none")
-    raise ConfigError("", "no preset with this name", fix, source=str(path))
+    raise ConfigError("", f"no {what} with this name", fix, source=str(path))
 
 
 def read_document(path: str | os.PathLike) -> tomlkit.TOMLDocument:

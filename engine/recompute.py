@@ -8,10 +8,11 @@ there) — and backpropagates the incoming gradient through the fresh graph. The
 accumulate their gradients and fire their grad-ready hooks inside that inner backward, exactly
 once, as DDP and ZeRO buckets expect; the node returns the input's gradient.
 
-Dropout: the model's one Generator (`model.rng`) is rewound to its state from just before the
-block's forward, so the recomputed masks are the same, then put back where the rest of the step
-left it. Recomputation repeats the same arithmetic on the same arrays, so gradients are bitwise
-identical to training without checkpointing — for about one extra forward per checkpointed block.
+Dropout: the model's DropoutRNG (`model.rng`) keys every mask by (seed, step, site, global row); the
+recompute rewinds it to its position (the site counter) from just before the block's forward, so the
+recomputed masks are the same, then puts it back where the rest of the step left it. Recomputation
+repeats the same arithmetic on the same arrays, so gradients are bitwise identical to training without
+checkpointing — for about one extra forward per checkpointed block.
 
 `memory.checkpointing`: "none" | "blocks" (every block) | "every:K" (blocks 0, K, 2K, ...).
 """
@@ -19,11 +20,10 @@ identical to training without checkpointing — for about one extra forward per 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
+from engine.dropout_rng import DropoutRNG
 from engine.tensor import Tensor, is_grad_enabled, make, no_grad
 
 CHECKPOINTING = ("none", "blocks", "every:K")  # the forms of memory.checkpointing
@@ -74,33 +74,33 @@ def apply_checkpointing(model, spec: str) -> list[int]:
 class CheckpointedForward:
     """Replaces one block's `forward` (an instance attribute, so `Module.__call__` finds it)."""
 
-    def __init__(self, block, rng: np.random.Generator):
+    def __init__(self, block, rng: DropoutRNG):
         self.block, self.rng = block, rng
         self.inner = type(block).forward.__get__(block)  # the block's own forward
 
     def __call__(self, x: Tensor) -> Tensor:
         if recomputing() or not is_grad_enabled():
             return self.inner(x)  # the recompute itself, or evaluation without a tape
-        rng_state = self.rng.bit_generator.state
+        position = self.rng.position()
         with no_grad():
             y = self.inner(x)
         x_data, needs_x = x.data, x.requires_grad
         edge = x if needs_x else Tensor(x_data, requires_grad=True)  # the node must exist for the params
 
         def backward(g):
-            return (self._recompute_backward(x_data, g, rng_state),)
+            return (self._recompute_backward(x_data, g, position),)
         return make(y.data, (edge,), backward, (x_data,))
 
     def _recompute_backward(self, x_data: np.ndarray, g: np.ndarray,
-                            rng_state: Mapping[str, Any]) -> np.ndarray | None:
+                            position: tuple[int, int, int]) -> np.ndarray | None:
         leaf = Tensor(x_data, requires_grad=True)
-        resume_state = self.rng.bit_generator.state
-        self.rng.bit_generator.state = rng_state
+        resume_at = self.rng.position()
+        self.rng.rewind(position)
         _recomputing.depth += 1
         try:
             y = self.block(leaf)  # through __call__: pre/post hooks run again
         finally:
             _recomputing.depth -= 1
-            self.rng.bit_generator.state = resume_state
+            self.rng.rewind(resume_at)
         y.backward(g)
         return leaf.grad

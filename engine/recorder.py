@@ -9,22 +9,29 @@
 `RunRecorder` is an EventBus subscriber: `bus.subscribe(recorder)`. A process that is killed outright
 (SIGKILL, power loss) writes no summary.json; `list_runs` then rebuilds the figures from events.jsonl and
 calls the run "interrupted" once that file has been silent for INTERRUPTED_AFTER_S.
+
+When the folder stops taking writes (a full disk, the folder removed), the recorder stops writing, says
+so once through `on_failure(message)` (engine.job then stops the run, checkpointing if the disk allows)
+and keeps the figures in memory; summary.json, if it can still be written, records the failure.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
 import re
+import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomlkit
 
-from engine import config, presets
+from engine import config, presets, run_lock
 from engine import events as ev_types
 from engine.events import EventError, as_event, from_json, to_json
 
@@ -48,9 +55,17 @@ def _config_text(cfg: Any) -> str:
     return tomlkit.dumps(config.to_dict(config.from_dict(cfg, source="<run config>")))
 
 
+class RunFolderError(ValueError):
+    """run.out_dir cannot receive a run folder (full disk, no permission, a name too long). One line."""
+
+
+class RecordingError(RuntimeError):
+    """The run folder stopped taking writes mid-run, so the run was stopped. One line."""
+
+
 def _new_run_dir(out_dir: Path, preset_name: str) -> Path:
     """out_dir/<timestamp>-<preset>, with -2, -3, ... if that exists (mkdir is the atomic claim)."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(str(preset_name)).stem).strip("-") or "run"
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(str(preset_name)).stem).strip("-")[:64] or "run"
     base = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}"
     out_dir.mkdir(parents=True, exist_ok=True)
     for n in range(1, 10_000):
@@ -82,14 +97,14 @@ def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
         "initial_val_loss": None, "final_val_loss": None, "best_val_loss": None,
         "tokens": 0,  # tokens (or samples) processed in this run: the sum over its StepEnd events
         "tokens_per_s": None, "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0, "error": None,
-        "failed_rank": None}
+        "failed_rank": None, "network": None}  # network: "emulated network: ..." when it was emulated
 
 
 def summarize(s: dict[str, Any], ev: Any) -> None:
     """Fold one event into a summary, in place: the recorder's live figures, and a killed run's later."""
     if isinstance(ev, ev_types.RunStarted):
         s.update(n_params=ev.n_params, world_size=ev.world_size, total_steps=ev.total_steps,
-                 threads_per_rank=ev.threads_per_rank or None)
+                 threads_per_rank=ev.threads_per_rank or None, network=ev.network or None)
         s["preset"] = s["preset"] or ev.preset
     elif isinstance(ev, ev_types.StepEnd):
         s.update(steps=ev.step, last_loss=ev.loss, tokens_per_s=ev.tokens_per_s)
@@ -115,21 +130,36 @@ def summarize(s: dict[str, Any], ev: Any) -> None:
 
 
 class RunRecorder:
-    """Writes one run folder. Thread-safe; call it with events (or their dicts), then `close()`."""
+    """Writes one run folder. Thread-safe; call it with events (or their dicts), then `close()`.
+    RunFolderError (one line) when the folder cannot be made or written to at all."""
 
-    def __init__(self, out_dir: str | Path, preset_name: str, config_doc_or_dict: Any):
-        self.run_dir = _new_run_dir(Path(out_dir), preset_name)
+    def __init__(self, out_dir: str | Path, preset_name: str, config_doc_or_dict: Any,
+                 on_failure: Callable[[str], None] | None = None):
+        config_text = _config_text(config_doc_or_dict)
+        self.run_dir = Path()
+        try:
+            self.run_dir = _new_run_dir(Path(out_dir), preset_name)
+            presets.atomic_write_text(self.run_dir / "config.toml", config_text)
+            # kept open for the run's lifetime (closed in close()), so no context manager
+            self._events = open(self.run_dir / "events.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+            self._metrics = open(self.run_dir / "metrics.csv", "w", encoding="utf-8", newline="")  # noqa: SIM115
+            self._csv = csv.writer(self._metrics)
+            self._csv.writerow(METRIC_COLUMNS)
+            self._metrics.flush()
+        except OSError as exc:
+            if self.run_dir.name:  # the folder this call made, and what it wrote before the failure
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise RunFolderError(f"run.out_dir: cannot create a run folder in {out_dir} "
+                                 f"({exc.strerror or exc}); free some space, or choose another folder with "
+                                 "--set run.out_dir=PATH") from None
+        self._run_lock = run_lock.hold(self.run_dir)  # "a process writes here", for engine.resume
         self._lock = threading.Lock()
         self._started = time.monotonic()
-        presets.atomic_write_text(self.run_dir / "config.toml", _config_text(config_doc_or_dict))
-        # kept open for the run's lifetime (closed in close()), so no context manager
-        self._events = open(self.run_dir / "events.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-        self._metrics = open(self.run_dir / "metrics.csv", "w", encoding="utf-8", newline="")  # noqa: SIM115
-        self._csv = csv.writer(self._metrics)
-        self._csv.writerow(METRIC_COLUMNS)
-        self._metrics.flush()
         self._pending: dict | None = None  # the last step's row, waiting for a possible Eval of that step
         self._closed = False
+        self.on_failure = on_failure
+        self.failure: str | None = None  # why the folder stopped taking writes, once it has
+        self.last_checkpoint: int | None = None  # the step of the newest CheckpointSaved seen
         self.summary = new_summary(self.run_dir.name, preset_name)
         self.summary["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
@@ -143,9 +173,23 @@ class RunRecorder:
         with self._lock:
             if self._closed:
                 return
-            self._events.write(json.dumps(to_json(ev)) + "\n")
-            self._events.flush()
-            self._update(ev)
+            if isinstance(ev, ev_types.CheckpointSaved):
+                self.last_checkpoint = ev.step
+            if self.failure is not None:
+                summarize(self.summary, ev)  # the figures go on in memory, for the final message
+                return
+            try:
+                self._events.write(json.dumps(to_json(ev)) + "\n")
+                self._events.flush()
+                self._update(ev)
+            except OSError as exc:
+                self._broke(exc)
+
+    def _broke(self, exc: OSError) -> None:
+        """The folder stopped taking writes: stop writing, and say so once."""
+        self.failure = f"cannot write to {self.run_dir} ({exc.strerror or exc})"
+        if self.on_failure is not None:
+            self.on_failure(self.failure)
 
     def _update(self, ev: Any) -> None:
         if isinstance(ev, ev_types.StepEnd):
@@ -178,16 +222,20 @@ class RunRecorder:
         presets.atomic_write_text(self.run_dir / "summary.json", text)
 
     def close(self) -> None:
-        """Flush everything and write summary.json; a run that never finished is marked "stopped"."""
+        """Flush everything and write summary.json; a run that never finished is marked "stopped". After
+        a write failure, summary.json is still attempted (a freed disk takes it) and says what happened."""
         with self._lock:
             if self._closed:
                 return
+            if self.failure is not None and self.summary["status"] not in ("failed", "interrupted"):
+                self.summary.update(status="failed", error=f"recording stopped: {self.failure}")
             if self.summary["status"] == "running":
                 self.summary["status"] = "stopped"
-            self._finish()
             self._closed = True
-            self._events.close()
-            self._metrics.close()
+            for finish in (self._finish, self._events.close, self._metrics.close):
+                with contextlib.suppress(OSError):
+                    finish()
+            run_lock.release(self._run_lock, self.run_dir)
 
     def __enter__(self) -> RunRecorder:
         return self
@@ -197,9 +245,20 @@ class RunRecorder:
 
 
 def read_events(run_dir: str | Path) -> list:
-    """The events of a run, in order, for replay. A cut-off last line (a crash mid-write) is ignored."""
+    """The events of a run, in order, for replay. A cut-off last line (a crash mid-write) is ignored;
+    anything else that is not an event is an EventError naming the file, the line and the problem."""
     path = Path(run_dir) / "events.jsonl"
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise EventError(f"{path}: no such file; a run folder holds the events.jsonl it recorded") from None
+    except UnicodeDecodeError as exc:
+        bad_line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise EventError(f"{path}:{bad_line}: not UTF-8 text (byte {exc.start}); the file is "
+                         "damaged") from None
+    except OSError as exc:
+        raise EventError(f"{path}: cannot read it ({exc.strerror or exc}); it must be the run's event "
+                         "log file") from None
     lines = text.split("\n")
     events = []
     for number, line in enumerate(lines, 1):
@@ -207,10 +266,11 @@ def read_events(run_dir: str | Path) -> list:
             continue
         try:
             events.append(from_json(json.loads(line)))
-        except (json.JSONDecodeError, EventError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:  # JSON and Event errors are ValueErrors
             if number == len(lines):  # no newline after it: the writer stopped mid-line
                 break
-            raise EventError(f"{path}:{number}: {exc}") from None
+            what = f"not JSON ({exc})" if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise EventError(f"{path}:{number}: {what}") from None
     return events
 
 

@@ -6,12 +6,14 @@ the number of steps; anything that changes the model's parameters is refused bef
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
-from engine import presets
+from engine import presets, run_lock
 from engine.build import build_dataset, build_model
-from engine.checkpoint import Checkpoint, check_layout, find_checkpoint, layout_of_model
-from engine.checkpoint_io import CheckpointError
+from engine.checkpoint import CHECKPOINTS, Checkpoint, check_layout, find_checkpoint, layout_of_model
+from engine.checkpoint_io import CheckpointError, clean_leftovers, remove_tmp_files
+from engine.recorder import INTERRUPTED_AFTER_S
 
 
 def prepare_resume(run_dir: str | Path, overrides=(), step: int | None = None):
@@ -20,6 +22,9 @@ def prepare_resume(run_dir: str | Path, overrides=(), step: int | None = None):
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: no such run folder; `nanodist-tui runs` lists the runs")
+    if has_ended(run_dir):  # what its killed writes left behind goes now
+        clean_leftovers(run_dir / CHECKPOINTS)
+        remove_tmp_files(run_dir)
     ckpt: Checkpoint = find_checkpoint(run_dir, step)
     config_path = run_dir / "config.toml"
     doc = presets.read_document(config_path)
@@ -32,3 +37,16 @@ def prepare_resume(run_dir: str | Path, overrides=(), step: int | None = None):
                               f"{cfg.train.steps}; "
                               f"resume with --set train.steps={ckpt.step} or more")
     return cfg, doc, ckpt
+
+
+def has_ended(run_dir: Path) -> bool:
+    """No process is writing into this run folder any more: nobody holds its lock (engine.run_lock), or,
+    where there is no lock to ask, it wrote its summary or its event log has been silent too long for a
+    live run (engine.recorder.INTERRUPTED_AFTER_S)."""
+    held = run_lock.is_held(run_dir)
+    if held is not None:
+        return not held
+    events = run_dir / "events.jsonl"
+    if (run_dir / "summary.json").is_file() or not events.is_file():
+        return True
+    return time.time() - events.stat().st_mtime > INTERRUPTED_AFTER_S

@@ -5,11 +5,16 @@ Synthetic token streams have none: their prompts and samples are token ids separ
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from engine import nn
 from engine.checkpoint_io import CheckpointError
 from engine.export import LoadedModel
+
+# what `nanodist-tui sample` and the model server use when a request does not say
+TOKENS, TEMPERATURE, TOP_K, SEED = 200, 0.8, 0, 0
 
 
 def encode(vocab: list[str] | None, prompt: str, vocab_size: int) -> list[int]:
@@ -32,21 +37,31 @@ def encode(vocab: list[str] | None, prompt: str, vocab_size: int) -> list[int]:
 
 
 def decode(vocab: list[str] | None, ids) -> str:
+    """Text of token ids; ids past the corpus's characters (a model vocabulary larger than its corpus)
+    read as U+FFFD."""
     if vocab is None:
         return " ".join(str(int(i)) for i in ids)
-    return "".join(vocab[int(i)] for i in ids)
+    return "".join(vocab[int(i)] if int(i) < len(vocab) else "\ufffd" for i in ids)
 
 
-def sample_text(loaded: LoadedModel, prompt: str, tokens: int = 200, temperature: float = 0.8,
-                seed: int = 0) -> str:
-    """The prompt followed by `tokens` sampled tokens (temperature 0: greedy), deterministic in `seed`."""
+class Sample(NamedTuple):
+    text: str  # the prompt and what followed it: what `nanodist-tui sample` prints
+    completion: str  # what followed the prompt
+    tokens: int  # how many tokens were sampled
+
+
+def sample(loaded: LoadedModel, prompt: str, tokens: int = TOKENS, temperature: float = TEMPERATURE,
+           seed: int = SEED, top_k: int = TOP_K) -> Sample:
+    """The prompt followed by `tokens` sampled tokens (temperature 0: greedy; top_k > 0: among the k most
+    likely only), deterministic in `seed`. CheckpointError (one line) for a prompt the model cannot read."""
     model, vocab = loaded.model, loaded.vocab
     if not isinstance(model, nn.GPT):
         raise CheckpointError("this run trained an MLP classifier; sample needs a GPT run")
     ids = encode(vocab, prompt, model.vocab_size)
     start = ids or [vocab.index("\n") if vocab and "\n" in vocab else 0]  # an empty prompt starts a line
-    out = model.generate(np.array([start], dtype=np.int64), tokens, temperature, np.random.default_rng(seed))
+    out = model.generate(np.array([start], dtype=np.int64), tokens, temperature, np.random.default_rng(seed),
+                         top_k)
     new = decode(vocab, out[0, len(start):])
     if vocab is None:
-        return " ".join(part for part in (prompt.strip(), new) if part)
-    return prompt + new
+        return Sample(" ".join(part for part in (prompt.strip(), new) if part), new, tokens)
+    return Sample(prompt + new, new, tokens)

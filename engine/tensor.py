@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine import lowp
+
 
 class _TapeState(threading.local):
     """Per-thread tape settings: ranks run as threads, each with its own mode and observer."""
@@ -174,16 +176,21 @@ class ScatterGrad:
             _add_rows(buf, rows, self.values.reshape(idx.size, *buf.shape[1:]))
         elif any(isinstance(i, (np.ndarray, list)) for i in (idx if isinstance(idx, tuple) else (idx,))):
             np.add.at(buf, idx, self.values)  # general advanced indexing: repeated indices must add up
-        else:
-            buf[idx] += self.values  # basic indexing (slices, ints) never repeats an element
+        else:  # basic indexing (slices, ints) never repeats an element
+            view = buf[idx]
+            lowp.add(view, self.values, out=view)
 
 
 def _add_rows(buf: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
-    """buf[rows[i]] += values[i] with repeats summed; sort + reduceat is ~6x faster than np.add.at."""
+    """buf[rows[i]] += values[i] with repeats summed; sort + reduceat is ~6x faster than np.add.at.
+    16-bit values are summed in float32 and each row rounded once."""
     order = np.argsort(rows, kind="stable")
     sorted_rows = rows[order]
     starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
-    buf[sorted_rows[starts]] += np.add.reduceat(values[order], starts, axis=0)
+    target = sorted_rows[starts]
+    sums = np.add.reduceat(lowp.widen(values[order]), starts, axis=0)
+    sums += lowp.widen(buf[target])
+    buf[target] = lowp.narrow(sums, buf.dtype)
 
 
 def make(data: np.ndarray, inputs: tuple, backward: Callable, saved: tuple = ()) -> Tensor:
@@ -237,9 +244,9 @@ def _accumulate(pending: dict, edge, grad) -> None:
     elif previous is None:
         pending[edge] = (grad, False)
     elif previous[1]:
-        np.add(previous[0], grad, out=previous[0])
+        lowp.add(previous[0], grad, out=previous[0])
     else:
-        pending[edge] = (previous[0] + grad, True)
+        pending[edge] = (lowp.add(previous[0], grad), True)
 
 
 def run_backward(root, grad: np.ndarray) -> None:
@@ -264,6 +271,6 @@ def _write_leaf_grad(leaf: Tensor, grad: np.ndarray, owned: bool) -> None:
     if leaf.grad is None:
         leaf.grad = grad.astype(leaf.dtype, copy=not owned)
     else:
-        leaf.grad += grad  # in place: .grad may be a view into a flat gradient buffer
+        lowp.add(leaf.grad, grad, out=leaf.grad)  # in place: .grad may be a view into a flat gradient buffer
     for hook in getattr(leaf, "_grad_ready_hooks", ()):
         hook(leaf)

@@ -17,16 +17,17 @@ from pathlib import Path
 
 import numpy as np
 
+from engine import error_log, memory, ops
 from engine import events as ev
-from engine import memory, ops
 from engine.build import build_dataset, build_model, count_params
 from engine.checkpoint import Checkpointer, NoCheckpoints, find_checkpoint, restore
+from engine.comm.base import RankFailure, StopRequested
 from engine.comm.collectives import all_reduce
 from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
 from engine.comm.objects import all_gather_json, broadcast_json
 from engine.config import Config, from_dict, to_dict
-from engine.data import rank_slice
+from engine.data import rank_slice, slice_bounds
 from engine.dtypes import resolve_dtype
 from engine.estimator import estimate
 from engine.optim import global_norm_clip_scale, lr_at
@@ -92,6 +93,7 @@ class Trainer:
         loss_sum = 0.0
         for micro in range(n_micro):
             x, y = rank_slice(batch, self.rank, self.world, micro, n_micro)
+            self._key_dropout(len(batch[0]), micro, n_micro)
             self.replica.begin_micro(sync=micro == n_micro - 1)
             with ledger.in_phase("forward"):
                 loss = self._loss(x, y)
@@ -113,6 +115,13 @@ class Trainer:
         mean_loss, self.stop_agreed, self.pause_agreed = self._agree(loss_sum / n_micro)
         return {"loss": mean_loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
                 "tokens": tokens, "skipped": not stepped}
+
+    def _key_dropout(self, rows: int, micro: int, n_micro: int) -> None:
+        """Dropout masks follow the global row and the step, not the rank: N ranks draw what one
+        process draws for the same rows (engine.dropout_rng)."""
+        rng = getattr(self.model, "rng", None)
+        if rng is not None:
+            rng.begin(self.step, slice_bounds(rows, self.rank, self.world, micro, n_micro)[0])
 
     def _agree(self, loss: float) -> tuple[float, bool, bool]:
         """The step's loss averaged over ranks, and whether ANY rank was asked to stop, or to pause:
@@ -167,7 +176,8 @@ class Trainer:
             self.emit(ev.RunStarted(run_id=run_id, preset=preset or cfg.name, config=to_dict(cfg),
                                     n_params=self.n_params, world_size=self.world,
                                     total_steps=cfg.train.steps, threads_per_rank=self.comm.threads_per_rank,
-                                    first_step=self.step, run_dir=run_dir))
+                                    first_step=self.step, run_dir=run_dir,
+                                    network=self.network_report()["network"]))
         val, evaluated_at = self.evaluate(), self.step
         first_val = val
         self._report_eval(val)
@@ -192,7 +202,14 @@ class Trainer:
         # the same figure StepEnd.tokens_per_s reports step by step.
         return {"steps": self.step, "initial_val_loss": first_val, "final_val_loss": val,
                 "tokens_per_s": (self.tokens_seen - tokens_start) / max(self.train_time - train_start, 1e-9),
-                "wall_s": wall, "threads_per_rank": self.comm.threads_per_rank}
+                "wall_s": wall, "threads_per_rank": self.comm.threads_per_rank, **self.network_report()}
+
+    def network_report(self) -> dict:
+        """{"network": "emulated network: ..." or "" for a real one, "links": what the emulation held on
+        this rank's links ([{peer, messages, bytes, wire_s}])} — from the transport itself, so an
+        emulated run can never pass for a real one."""
+        report = getattr(self.comm, "network_report", None)
+        return report() if report is not None else {"network": "", "links": []}
 
     def _report_step(self, s: dict) -> None:
         for event in self._rank_figures(s):
@@ -238,7 +255,11 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
     if process_rank(cfg.parallel.backend) is not None and comm.world_size > 1:
         # Ranks started by mpiexec or by hand: rank 0's process made the run folder; everyone uses it.
         run_id, checkpoint_dir, resume_from = broadcast_json(comm, [run_id, checkpoint_dir, resume_from])
-    trainer = Trainer(cfg, comm, emit, comm.should_stop, should_pause=comm.should_pause)
+    try:
+        trainer = Trainer(cfg, comm, emit, comm.should_stop, should_pause=comm.should_pause)
+    except Exception as exc:
+        _log_own_failure(exc, comm.rank, checkpoint_dir)
+        raise
     try:
         if checkpoint_dir:
             trainer.checkpoints = Checkpointer(checkpoint_dir, cfg.checkpoint.every, cfg.checkpoint.keep,
@@ -249,5 +270,15 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
             if trainer.rank == 0:
                 trainer.emit(ev.Log(level="info", message=f"resumed at step {ckpt.step} from {ckpt.path}"))
         return trainer.fit(run_id=run_id, run_dir=str(Path(checkpoint_dir).parent) if checkpoint_dir else "")
+    except Exception as exc:
+        _log_own_failure(exc, comm.rank, checkpoint_dir)
+        raise
     finally:
         trainer.replica.close()
+
+
+def _log_own_failure(exc: Exception, rank: int, checkpoint_dir: str) -> None:
+    """This rank's own error (not one it saw from a peer): its full traceback into the run folder's
+    error.log, which the one-line failure message points to."""
+    if checkpoint_dir and not isinstance(exc, (RankFailure, StopRequested)):
+        error_log.write(Path(checkpoint_dir).parent, f"rank {rank} failed", exc)

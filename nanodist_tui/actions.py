@@ -33,6 +33,7 @@ def _bindings() -> list[Binding]:
         Binding("n", "new_run", "New run", id="new-run"),
         Binding("o", "open_replay", "Replay a run", id="open-replay", show=False),
         Binding("c", "compare", "Compare runs", id="compare"),
+        Binding("j", "projection", "Projection", id="projection"),
         Binding("ctrl+c", "stop_and_quit", "Stop and quit at once", show=False, id="stop-and-quit"),
     ]
     keys += [Binding(str(n), f"show_tab({n})", f"Show tab {n}", show=False, id=f"tab-{n}")
@@ -71,6 +72,10 @@ class WorkbenchActions:
         if action == "new_run":
             return self.make_job is not None
         return True
+
+    def action_projection(self) -> None:
+        """The run projected onto a cluster (its own screen, installed by the app; `escape` comes back)."""
+        self.push_screen("projection")
 
     def action_stop_training(self) -> None:
         s = self.session

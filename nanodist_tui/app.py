@@ -37,6 +37,8 @@ from nanodist_tui.session import JobFn, RunSession
 from nanodist_tui.user_config import UserConfig
 from nanodist_tui.widgets.glyphs import choose
 from nanodist_tui.widgets.log_pane import LogPane
+from nanodist_tui.widgets.projection_pane import ProjectionPane
+from nanodist_tui.widgets.projection_screen import ProjectionScreen
 from nanodist_tui.widgets.run_header import RunHeader
 from nanodist_tui.workspace import Workspace
 
@@ -79,6 +81,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
         # when querying the DOM would find nothing.
         self.header = RunHeader(self.preset_name, id="header")
         self.startup_log = self._startup_log()
+        self.projection = ProjectionPane(self.preset_name, id="projection")  # on its own screen (`j`)
         shape = RunInfo(preset=self.preset_name, sweep=self.sweep_finish is not None)
         self.session_panes = [spec.make(shape) for spec in panes_for(shape, scope="session")]
         yield self.header
@@ -89,6 +92,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.install_screen(ProjectionScreen(self.projection), name="projection")
         self.title = f"nanoDist · {self.preset_name}"
         self.set_keymap(self.user_config.keymap)
         self.set_class(self.user_config.ascii, "ascii")
@@ -117,9 +121,10 @@ class NanoDistApp(WorkbenchActions, App[None]):
 
     @property
     def panes(self) -> list:
-        """Every pane the app feeds: the header, the session's panes, the run's (or the startup log)."""
+        """Every pane the app feeds: the header, the session's panes, the run's (or the startup log), and the
+        projection (on its own screen, `j`: it needs the run's config and step times whenever it opens)."""
         run = self.workspace.panes if self.workspace else [self.startup_log]
-        return [self.header, *self.session_panes, *run]
+        return [self.header, *self.session_panes, *run, self.projection]
 
     @property
     def sweeping(self) -> bool:
@@ -183,7 +188,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
             s.run_dir = started.run_dir
             self._early.append(tick)
             await self._build_workspace(s.info)  # feeds the new panes every tick so far
-            for pane in (self.header, *self.session_panes):
+            for pane in (self.header, *self.session_panes, self.projection):
                 pane.ingest(tick)
         else:
             if self.workspace is None:

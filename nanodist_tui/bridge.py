@@ -126,7 +126,7 @@ class EventBatcher:
 
     def _flush_loop(self) -> None:
         while True:
-            self._wake.wait()
+            self._wake.wait()  # close() wakes it too, and no flush can clear that wake-up (see flush)
             if self._stopping.is_set() or self._app_gone:
                 return
             # Rate limit: the first event after a quiet spell goes out at once, then one tick per interval.

@@ -98,7 +98,8 @@ def describe(event: Any) -> Line | None:
     if isinstance(event, RunStarted):
         start = f" from step {event.first_step}" if event.first_step else ""
         return Line(f"run {event.run_id} started: preset {event.preset}, {event.n_params:,} parameters, "
-                    f"{event.world_size} rank(s){threads_note(event)}, {event.total_steps} steps{start}")
+                    f"{event.world_size} rank(s){threads_note(event)}, {event.total_steps} steps{start}"
+                    + (f"; {event.network}" if event.network else ""))
     if isinstance(event, RunPaused):
         what = "paused: every rank holds" if event.paused else "resumed: training goes on"
         return Line(f"step {event.step}: {what}", "warning" if event.paused else "info")

@@ -34,6 +34,7 @@ class HeadlessPrinter:
         self._task = None
         self.total = 0
         self.last_val: float | None = None
+        self.failure_shown = False  # a RunFailed line was printed
 
     def __call__(self, event) -> None:
         handler = getattr(self, f"_on_{event.kind}", None)
@@ -74,6 +75,7 @@ class HeadlessPrinter:
     def _on_run_failed(self, e: ev.RunFailed) -> None:
         self.close()
         print(describe(e).text, file=sys.stderr)
+        self.failure_shown = True
 
     def _on_run_finished(self, e: ev.RunFinished) -> None:
         self.close()  # no line: run_headless_job prints the summary next, with every figure
@@ -112,6 +114,8 @@ def summary_lines(summary: dict) -> list[str]:
     ]
     if summary.get("threads_per_rank"):
         lines.insert(3, f"threads/rank   {summary['threads_per_rank']}")
+    if summary.get("network"):
+        lines.append(f"network        {summary['network']}")
     if summary.get("run_dir"):
         lines.append(f"run folder     {summary['run_dir']}")
         if summary.get("stopped"):

@@ -28,6 +28,7 @@ class RunInfo:
     replay: bool = False
     sweep: bool = False  # a trial of a sweep (the session runs many)
     threads_per_rank: int = 0  # each rank's BLAS/OpenMP threads; 0 = not reported
+    network: str = ""  # "emulated network: ..." when the links are emulated; "" for a real network
 
     @classmethod
     def from_started(cls, event: RunStarted, replay: bool = False, sweep: bool = False) -> RunInfo:
@@ -40,7 +41,8 @@ class RunInfo:
                    world_size=event.world_size, zero_stage=int(setting("parallel", "zero_stage")),
                    dtype=setting("precision", "dtype"), checkpointing=setting("memory", "checkpointing"),
                    total_steps=event.total_steps, first_step=event.first_step, n_params=event.n_params,
-                   run_dir=event.run_dir, replay=replay, sweep=sweep, threads_per_rank=event.threads_per_rank)
+                   run_dir=event.run_dir, replay=replay, sweep=sweep, threads_per_rank=event.threads_per_rank,
+                   network=event.network)
 
     @property
     def scales_loss(self) -> bool:

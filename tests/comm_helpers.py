@@ -198,3 +198,14 @@ if __name__ == "__main__":
         results = run_ranks(MPI.COMM_WORLD.Get_size(), "mpi", check)
         if MPI.COMM_WORLD.Get_rank() == 0:
             print(json.dumps(results))
+
+
+def slow_sendrecv(comm, emit, nbytes: int, timeout_s: float) -> float:
+    """One sendrecv of nbytes with the peer under a short timeout; returns the seconds it took."""
+    comm.timeout_s = timeout_s  # after the rendezvous, which needs the launch's longer timeout
+    out, inc = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    peer = 1 - comm.rank
+    start = time.perf_counter()
+    comm.sendrecv(peer, out, peer, inc)
+    assert inc.all()
+    return time.perf_counter() - start

@@ -26,7 +26,7 @@ def tiny_gpt(**over) -> dict:
     }
     for key, value in over.items():
         section, name = key.split("__")
-        d[section][name] = value
+        d.setdefault(section, {})[name] = value
     d["model"]["vocab_size"] = 32
     return to_dict(from_dict(d))
 

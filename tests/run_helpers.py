@@ -28,6 +28,17 @@ def train(out_dir: Path, *sets: str) -> tuple[dict, list]:
     return summary, events
 
 
+def gpt_and_mlp_runs(out_dir: Path) -> dict:
+    """A finished tiny GPT run (checkpoints at steps 2, 4, 6) and a finished tiny MLP run, in out_dir."""
+    gpt, _ = train(out_dir)
+    cfg, doc, _ = presets.load_preset("mlp", ["train.steps=2", "data.n_samples=256", "train.global_batch=16",
+                                              "model.widths=[16, 8, 4]", "train.eval_every=0",
+                                              "train.eval_batches=1", "optim.warmup_steps=0",
+                                              f"run.out_dir={out_dir}"])
+    mlp = run_training(cfg, preset_doc=doc)
+    return {"out": out_dir, "gpt": gpt["run_dir"], "mlp": mlp["run_dir"]}
+
+
 def step_losses(events) -> dict[int, float]:
     return {e.step: e.loss for e in events if e.kind == "step_end"}
 

@@ -85,6 +85,73 @@ def test_step_reports_our_time_and_the_torch_ratio():
         assert out["ratio"] == pytest.approx(peer["ours_s"] / peer["step_s"], rel=1e-12)
 
 
+TINY_MLP = ["--preset", "mlp", "--set", "data.n_samples=1024", "--set", "model.widths=[784, 64, 10]"]
+
+
+@pytest.mark.slow
+def test_step_on_process_ranks_races_pytorch_ddp_in_the_same_ranks():
+    torch = pytest.importorskip("torch", reason="PyTorch DDP is the peer (pip install torch==2.13.0)")
+    out = report("step", *TINY_MLP, "-n", "2", "-b", "processes", "--steps", "1", "--warmup", "0")
+    ddp = out["ddp"]
+    assert (ddp["world_size"], ddp["global_batch"], ddp["torch"]) == (2, 256, torch.__version__)
+    assert ddp["threads_per_rank"] >= 1 and ddp["ours_s"] > 0 and ddp["torch_s"] > 0
+    assert out["ratio"] == ddp["ratio"] == pytest.approx(ddp["ours_s"] / ddp["torch_s"], rel=1e-12)
+    assert 0 <= ddp["comm_share"] <= 1 and "torch" not in out  # the single-rank eager race is not run
+
+
+@pytest.mark.slow
+def test_scaling_rows_follow_the_efficiency_formulas():
+    out = report("scaling", *TINY_MLP, "--worlds", "1,2", "--steps", "1", "--warmup", "0")
+    rows = {(r["mode"], r["world_size"]): r for r in out["rows"]}
+    assert list(rows) == [("strong", 1), ("strong", 2), ("weak", 1), ("weak", 2)]
+    assert [r["global_batch"] for r in rows.values()] == [256, 256, 256, 512]
+    assert rows["strong", 1]["ours_s"] == rows["weak", 1]["ours_s"]  # one measurement serves both
+    peers = ("ours", "torch") if rows["strong", 1]["torch_s"] is not None else ("ours",)
+    for who in peers:
+        t1 = rows["strong", 1][who + "_s"]
+        strong = rows["strong", 2]
+        assert strong[who + "_efficiency"] == pytest.approx(t1 / (2 * strong[who + "_s"]))
+        assert rows["weak", 2][who + "_efficiency"] == pytest.approx(t1 / rows["weak", 2][who + "_s"])
+        for r in rows.values():
+            tokens = r["global_batch"]  # one "token" per MLP sample
+            assert r[who + "_tokens_per_s"] == pytest.approx(tokens / r[who + "_s"])
+
+
+@pytest.mark.parametrize("worlds", ["1,two", "0,2", ","])
+def test_scaling_bad_worlds_is_one_line(worlds):
+    assert_user_error(runner.invoke(app, ["bench", "scaling", "--worlds", worlds]), "--worlds")
+
+
+def test_scaling_world_size_that_breaks_the_batch_is_one_line():
+    result = runner.invoke(app, ["bench", "scaling", *TINY_MLP, "--worlds", "1,3"])
+    assert_user_error(result, "train.global_batch")
+
+
+def test_profile_splits_the_step_into_ops_and_phases():
+    out = report("profile", *TINY_MLP, "--steps", "2", "--warmup", "1")
+    phases, ops = out["phases"], {row["op"]: row for row in out["ops"]}
+    assert phases["step"] > 0 and phases["comm_wait"] == 0
+    assert {"linear", "gelu", "cross_entropy", "optimizer: AdamW update"} <= set(ops)
+    assert ops["linear"]["calls"] == 2 * 2  # two layers, forward and backward
+    assert ops["linear"]["forward_ms"] > 0 and ops["linear"]["backward_ms"] > 0
+    timed = sum(r["forward_ms"] + r["backward_ms"] + r["optimizer_ms"] for r in out["ops"])
+    other = out["other"]
+    assert timed + sum(other.values()) == pytest.approx(phases["step"], rel=1e-6)
+    assert min(other.values()) >= 0  # exclusive times never exceed their phase
+
+
+def test_step_compares_precisions_taking_turns():
+    tiny = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.global_batch=8",
+            "model.block_size=16", "data.max_chars=50000", "precision.init_scale=256"]
+    out = report("step", "--preset", "quickstart", "--compare-precision", "--steps", "4", "--warmup", "1",
+                 *[arg for key in tiny for arg in ("--set", key)])
+    p = out["precision"]
+    assert p["fp32"]["vs_fp32"] == 1.0 and p["threads"] >= 1
+    for dtype in ("fp16", "bf16"):
+        assert p[dtype]["step_s"] > 0 and p[dtype]["skipped"] >= 0
+        assert p[dtype]["vs_fp32"] == pytest.approx(p[dtype]["step_s"] / p["fp32"]["step_s"], rel=1e-12)
+
+
 def test_step_bad_preset_is_one_line():
     assert_user_error(runner.invoke(app, ["bench", "step", "--preset", "no-such-preset"]), "no-such-preset")
 

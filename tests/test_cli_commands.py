@@ -2,10 +2,8 @@
 path and the user mistakes (exit code 2, one line, no traceback)."""
 from __future__ import annotations
 
-import asyncio
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,51 +13,21 @@ from engine import nn, presets
 from engine.checkpoint import find_checkpoint
 from engine.events import StepEnd
 from engine.export import load_model, params_from_checkpoint
-from engine.job import run_training
 from engine.trainer import Trainer
-from nanodist_tui.app import NanoDistApp
 from nanodist_tui.replay import replay_events
 from tests.cli_helpers import assert_user_error, invoke
-from tests.run_helpers import train
+from tests.run_helpers import gpt_and_mlp_runs, train
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A finished tiny GPT run (checkpoints at steps 2, 4, 6) and a finished tiny MLP run, in one folder."""
-    out = tmp_path_factory.mktemp("runs")
-    gpt, _ = train(out)
-    cfg, doc, _ = presets.load_preset("mlp", ["train.steps=2", "data.n_samples=256", "train.global_batch=16",
-                                              "model.widths=[16, 8, 4]", "train.eval_every=0",
-                                              "train.eval_batches=1", "optim.warmup_steps=0",
-                                              f"run.out_dir={out}"])
-    mlp = run_training(cfg, preset_doc=doc)
-    return {"out": out, "gpt": gpt["run_dir"], "mlp": mlp["run_dir"]}
+    return gpt_and_mlp_runs(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(autouse=True)
 def _run_in_tmp(in_tmp):
     """Every test here runs in a fresh folder with only the shipped presets."""
-
-
-@pytest.fixture
-def workbench(monkeypatch):
-    """Run the workbench a command opens under Textual's test driver until its run ends; what it showed."""
-    seen: dict = {}
-
-    def run_until_done(self: NanoDistApp) -> None:
-        async def main() -> None:
-            async with self.run_test(size=(160, 50)) as pilot:
-                deadline = time.monotonic() + 30
-                while (self.session is None or self.session.active) and time.monotonic() < deadline:
-                    await pilot.pause(0.05)
-                await pilot.pause(0.4)  # one render tick after the last event
-                seen.update(state=self.session.state, header=str(self.header.content),
-                            replay=self.session.replay)
-                await pilot.press("q")
-        asyncio.run(main())
-
-    monkeypatch.setattr(NanoDistApp, "run", run_until_done)
-    return seen
 
 
 @pytest.fixture

@@ -3,9 +3,7 @@ strangers, oversized and malformed headers. Headers are checked before anything 
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
-import queue
 import random
 import socket
 import struct
@@ -15,35 +13,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from engine.comm import ProtocolError, all_reduce, rendezvous, wire
+from engine.comm import ProtocolError, admission, rendezvous, wire
 from engine.comm.auth import AuthError, authenticate
-from engine.comm.rendezvous import connect, connect_from_env
-
-SECRET = b"correct horse battery staple"
-
-
-def wire_job(world_size=2, use_shm=True, before_peers=None, timeout_s=10.0):
-    """Connect ``world_size`` ranks in threads; ``before_peers(port)`` runs once rank 0 listens."""
-    ports: queue.Queue = queue.Queue()
-    with concurrent.futures.ThreadPoolExecutor(world_size) as pool:
-        first = pool.submit(connect, 0, world_size, "127.0.0.1", 0, SECRET, timeout_s=timeout_s,
-                            use_shm=use_shm, on_listening=ports.put)
-        port = ports.get(timeout=5)
-        if before_peers is not None:
-            before_peers(port)
-        rest = [pool.submit(connect, r, world_size, "127.0.0.1", port, SECRET, timeout_s=timeout_s,
-                            use_shm=use_shm) for r in range(1, world_size)]
-        return [first.result(timeout_s)] + [f.result(timeout_s) for f in rest], port
-
-
-def job_still_works(comms) -> None:
-    with concurrent.futures.ThreadPoolExecutor(len(comms)) as pool:
-        bufs = [np.full(1001, c.rank + 1.0) for c in comms]
-        list(pool.map(all_reduce, comms, bufs))
-    total = sum(range(1, len(comms) + 1))
-    assert all((b == total).all() for b in bufs)
-    for comm in comms:
-        comm.close()
+from engine.comm.rendezvous import connect_from_env
+from tests.socket_helpers import SECRET, job_still_works, wire_job
 
 
 def header(**fields) -> bytes:
@@ -107,7 +80,7 @@ def test_wrong_secret_refused_and_logged_job_unharmed(caplog):
 
     def impostor(port: int) -> None:
         try:
-            rendezvous._dial("127.0.0.1", port, b"not the secret", time.monotonic() + 5)
+            admission.dial("127.0.0.1", port, b"not the secret", time.monotonic() + 1)  # retries, fails
         except AuthError as exc:
             outcome["error"] = exc
 
@@ -124,7 +97,7 @@ STRANGERS = {"random bytes": random.Random(0).randbytes(300),
 
 @pytest.mark.parametrize("stranger", STRANGERS)
 def test_stranger_refused_and_logged_job_unharmed(stranger, caplog, monkeypatch):
-    monkeypatch.setattr(rendezvous, "HANDSHAKE_S", 0.5)  # a silent stranger is dropped after this
+    monkeypatch.setattr(admission, "HANDSHAKE_S", 0.5)  # a silent stranger is dropped after this
 
     def connect_as_stranger(port: int) -> None:
         with socket.create_connection(("127.0.0.1", port)) as sock:

@@ -99,6 +99,28 @@ def test_estimate_equals_measurement(stage, dtype):
         assert r["maxima"]["forward"]["parameters"] == e.maxima["forward"]["parameters"]
 
 
+CAPS = (2e-5, 0.004, 25.0)  # 21 bytes: buckets smaller than one parameter; a few buckets; one bucket
+GRID = [(stage, world, cap, ("fp32", "fp16", "bf16")[(stage + world + c) % 3], (stage + world + c) % 2 == 1)
+        for stage in range(4) for world in range(1, 5) for c, cap in enumerate(CAPS)]
+
+
+@pytest.mark.parametrize("stage, world, cap, dtype, checkpointing", GRID)
+def test_estimate_equals_the_ledger_to_the_byte(stage, world, cap, dtype, checkpointing):
+    """Every stage and world size (3 and 4 leave uneven shards), bucket caps from below one parameter to
+    above the model, each dtype, with and without checkpointing and overlap: model states at rest, and
+    every model-state category, the gradients and the communication buffers at their peak, to the byte."""
+    cfg = tiny(parallel__zero_stage=stage, parallel__world_size=world, parallel__bucket_cap_mb=cap,
+               parallel__overlap=cap != CAPS[1], precision__dtype=dtype, train__global_batch=12,
+               train__micro_batches=1 + (world == 1),
+               memory__checkpointing="blocks" if checkpointing else "none")
+    e = estimate(cfg)
+    predicted = e.category_peaks()
+    for r in measured(cfg):
+        assert {k: r["at_rest"][k] for k in STATES} == e.states
+        peaks = {c: max(m[c] for m in r["maxima"].values()) for c in (*STATES, "comm_buffers")}
+        assert peaks == {c: predicted[c] for c in peaks}, f"rank {r['rank']}"
+
+
 def test_fp16_at_the_default_scale_is_measured_over_steps_that_update():
     """At the default initial loss scale (2^16) the first fp16 steps overflow and skip the update, which
     would leave its fp32 gradient copy (here the largest temporary: small buckets keep AdamW's pieces
@@ -190,3 +212,18 @@ def test_memory_command_bad_input_is_one_line(args):
     result = runner.invoke(app, ["memory", *args])
     assert result.exit_code == 2
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_the_bucket_size_picked_for_memory_lowers_the_measured_peak():
+    """ZeRO-2 fp16 on a model whose gradients fit one default bucket: the cap picked for the lowest peak
+    is smaller, and the ledger's peak with it is lower than with the default (and equals the estimate's
+    model states and gradients)."""
+    from engine.config import replace
+    from engine.estimator import BUCKET_CAPS_MB, bucket_cap_for_memory
+    cfg = tiny(parallel__zero_stage=2, precision__dtype="fp16", model__n_embd=64, model__n_head=4)
+    cap = bucket_cap_for_memory(cfg)
+    assert cap in BUCKET_CAPS_MB and cap < 25.0
+    small, default = (replace(cfg, "parallel.bucket_cap_mb", c) for c in (cap, 25.0))
+    peak = {name: max(sum(p.values()) for r in measured(c) for p in r["peaks"].values())
+            for name, c in (("small", small), ("default", default))}
+    assert peak["small"] < peak["default"]

@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "nanodist_tui")
 UI_STACK = ("textual", "typer", "rich", "nanodist_tui", "textual_plotext", "plotext")
-MODEL_CODE = ("engine.tensor", "engine.ops", "engine.nn", "engine.halfconv", "engine.dtypes")
+MODEL_CODE = ("engine.tensor", "engine.ops", "engine.nn", "engine.halfconv", "engine.lowp", "engine.kernels",
+              "engine.blocks", "engine.dtypes")
 
 
 def module_name(path: Path) -> str:
@@ -108,6 +109,19 @@ def test_the_engine_never_imports_the_ui_stack():
 def test_model_code_never_imports_communication_or_parallel_code():
     bad = [(m, t) for m, targets in import_graph().items() if m in MODEL_CODE
            for t in targets if t.startswith(("engine.comm", "engine.parallel"))]
+    assert bad == []
+
+
+OPTIONAL_ROOMS = {  # an optional extra's libraries, and the one room that may import them
+    "tensorboard": "engine.sinks", "wandb": "engine.sinks", "mlflow": "engine.sinks",
+    "fastapi": "nanodist_tui.serve", "uvicorn": "nanodist_tui.serve", "starlette": "nanodist_tui.serve"}
+
+
+def test_optional_libraries_are_imported_only_in_their_room():
+    """The sinks' libraries only in engine/sinks/, the web stack only in nanodist_tui/serve/ (so the engine
+    never imports it): without an extra, everything else imports and runs."""
+    bad = [(m, t) for m, targets in import_graph().items() for t in targets
+           if top(t) in OPTIONAL_ROOMS and not m.startswith(OPTIONAL_ROOMS[top(t)])]
     assert bad == []
 
 

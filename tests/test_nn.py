@@ -123,14 +123,14 @@ def test_forward_hooks_and_children():
     assert model.blocks[0] in model.children()
 
 
-def test_dropout_uses_the_model_rng_and_restoring_its_state_replays_a_block():
-    """What activation checkpointing relies on: same rng state in, bitwise the same block output."""
+def test_dropout_uses_the_model_rng_and_rewinding_it_replays_a_block():
+    """What activation checkpointing relies on: same rng position in, bitwise the same block output."""
     model = tiny_gpt(dropout=0.3)
     x = Tensor(np.random.default_rng(0).standard_normal((2, 8, 16)).astype(np.float32))
-    state = model.rng.bit_generator.state
+    position = model.rng.position()
     first = model.blocks[0](x).data
-    assert not np.array_equal(model.blocks[0](x).data, first)  # the rng moved on
-    model.rng.bit_generator.state = state
+    assert not np.array_equal(model.blocks[0](x).data, first)  # the next dropout sites: new masks
+    model.rng.rewind(position)
     np.testing.assert_array_equal(model.blocks[0](x).data, first)
     model.eval()
     np.testing.assert_array_equal(model.blocks[0](x).data, model.blocks[0](x).data)
@@ -148,3 +148,26 @@ def test_generate_is_reproducible_and_greedy_matches_argmax():
     greedy = model.generate(prompt, 1, temperature=0)
     np.testing.assert_array_equal(greedy[:, -1], model(prompt).data[:, -1].argmax(-1))
     assert model.training  # generate restores the mode it found
+
+
+def test_top_k_samples_only_among_the_k_most_likely_tokens():
+    """Each sampled token, given the sequence before it, is among the k highest logits of an independent
+    forward pass; k = 1 is greedy at any temperature; k = 0 or k >= vocab is plain sampling."""
+    model = tiny_gpt()
+    nn.init_params(model, 2)
+    model.eval()
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    out = model.generate(prompt, 12, temperature=2.0, rng=np.random.default_rng(5), top_k=3)
+    for t in range(3, out.shape[1]):
+        logits = model(out[:, max(0, t - model.block_size):t]).data[:, -1]
+        top3 = np.argsort(logits, axis=-1)[:, -3:]
+        assert all(out[b, t] in top3[b] for b in range(len(out))), t
+    greedy = model.generate(prompt, 8, temperature=0)
+    assert np.array_equal(model.generate(prompt, 8, temperature=1.5, rng=np.random.default_rng(9), top_k=1),
+                          greedy)
+    plain = model.generate(prompt, 8, temperature=1.0, rng=np.random.default_rng(4))
+    for k in (0, model.vocab_size, model.vocab_size + 5):
+        again = model.generate(prompt, 8, temperature=1.0, rng=np.random.default_rng(4), top_k=k)
+        assert np.array_equal(again, plain)
+    wide = model.generate(prompt, 40, temperature=50.0, rng=np.random.default_rng(1), top_k=3)
+    assert len(np.unique(wide[:, 3:])) > 3  # it does sample: more than k distinct tokens over many contexts

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
+from engine.dropout_rng import DropoutRNG
 from engine.tensor import Parameter, Tensor, no_grad, set_tape_observer
 
 
@@ -155,7 +156,7 @@ def test_causal_attention_value_and_grads():
 
 def test_attention_dropout_grads_with_a_fixed_mask():
     def attend(q, k, v):
-        return ops.causal_attention(q, k, v, 0.3, np.random.default_rng(7), training=True)
+        return ops.causal_attention(q, k, v, 0.3, DropoutRNG(7), training=True)
     check_grads(attend, rand(1, 2, 4, 3, seed=1), rand(1, 2, 4, 3, seed=2), rand(1, 2, 4, 3, seed=3))
 
 
@@ -178,16 +179,16 @@ def test_cross_entropy_is_stable_and_float32_for_low_precision():
 
 def test_dropout_grads_reproducibility_and_scale():
     x = rand(4, 5)
-    check_grads(lambda t: ops.dropout(t, 0.4, np.random.default_rng(3), True), x)
-    a = ops.dropout(Tensor(x), 0.4, np.random.default_rng(3), True).data
-    b = ops.dropout(Tensor(x), 0.4, np.random.default_rng(3), True).data
+    check_grads(lambda t: ops.dropout(t, 0.4, DropoutRNG(3), True), x)
+    a = ops.dropout(Tensor(x), 0.4, DropoutRNG(3), True).data
+    b = ops.dropout(Tensor(x), 0.4, DropoutRNG(3), True).data
     np.testing.assert_array_equal(a, b)
     kept = a != 0
     np.testing.assert_allclose(a[kept], x[kept] / 0.6)
-    big = ops.dropout(Tensor(np.ones(100_000)), 0.25, np.random.default_rng(0), True).data
+    big = ops.dropout(Tensor(np.ones(100_000)), 0.25, DropoutRNG(0), True).data
     assert abs((big == 0).mean() - 0.25) < 0.01
     t = Tensor(x)
-    assert ops.dropout(t, 0.4, np.random.default_rng(3), training=False) is t
+    assert ops.dropout(t, 0.4, DropoutRNG(3), training=False) is t
 
 
 def test_operators_and_scalars():

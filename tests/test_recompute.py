@@ -36,7 +36,7 @@ def run_grads(spec, dtype=np.float32, backwards=2):
         loss = ops.cross_entropy(model(x), y)
         loss.backward()
         losses.append(float(loss.data))
-    return {n: p.grad.copy() for n, p in model.named_parameters()}, losses, model.rng.bit_generator.state
+    return {n: p.grad.copy() for n, p in model.named_parameters()}, losses, model.rng.position()
 
 
 def test_spec_names_the_blocks():

@@ -4,18 +4,19 @@ Each iteration: restore the input (untimed), barrier, time one all-reduce on eve
 iteration's time is the slowest rank's, and a row reports the median over ``iters`` timed
 iterations after ``warmup`` untimed ones. Inputs are small integers, so the float sum is exact
 and ``correct`` is a bitwise comparison with the closed-form sum. Columns: algbw = S / t,
-busbw = algbw · 2(N−1)/N (meter.busbw), in bytes/s.
+busbw = algbw · 2(N−1)/N (meter.busbw), in bytes/s. ``network`` emulates a slower network on the
+processes backend (engine.comm.emulation): what the emulated links deliver is measured the same way.
 """
 
 from __future__ import annotations
 
-import socket
 import statistics
 import time
 
 import numpy as np
 
-from engine.comm.collectives import all_reduce, broadcast
+from engine.comm.collectives import all_reduce
+from engine.comm.emulation import NetworkEmulation
 from engine.comm.launch import run_ranks
 from engine.comm.meter import algbw, busbw
 from engine.comm.wire import DTYPE_NAMES
@@ -23,11 +24,12 @@ from engine.comm.wire import DTYPE_NAMES
 
 def bench_allreduce(backend: str = "processes", world_size: int = 2, sizes_bytes=(1 << 24, 1 << 26),
                     iters: int = 20, warmup: int = 3, dtype: str = "float32",
-                    algorithm: str = "ring") -> list[dict]:
+                    algorithm: str = "ring", network: NetworkEmulation | None = None) -> list[dict]:
     """Rows {size, time_s, algbw, busbw, correct} for nanoDist's all-reduce on ``backend``
     (under mpiexec only rank 0 gets rows; the others get [])."""
     per_rank = run_ranks(world_size, backend, _nanodist_rank,
-                         (list(sizes_bytes), iters, warmup, dtype, algorithm), timeout_s=120.0)
+                         (list(sizes_bytes), iters, warmup, dtype, algorithm), timeout_s=120.0,
+                         network=network)
     return _rows(per_rank, list(sizes_bytes), world_size)
 
 
@@ -84,14 +86,8 @@ def _gloo_rank(comm, emit, sizes, iters, warmup, dtype):
     import torch
     import torch.distributed as dist
 
-    port = np.zeros(1, np.int64)
-    if comm.rank == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port[0] = probe.getsockname()[1]
-    broadcast(comm, port)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=comm.rank,
-                            world_size=comm.world_size)
+    from engine.bench.ddp_peer import init_gloo
+    init_gloo(comm)
     try:
         rows = []
         for size in sizes:

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 
-from engine.comm.launch import run_ranks
-from engine.config import from_dict, replace, to_dict
+from engine.comm.launch import EMULATING_BACKENDS, run_ranks
+from engine.config import EmulateConfig, from_dict, replace, to_dict
 from engine.memory import CATEGORIES, PHASES
 from engine.trainer import Trainer
 
@@ -74,6 +75,8 @@ def measure(cfg, steps: int = 2, backend: str = "threads") -> dict:
     (each category's own maximum over the step), `peak_total` and `peak_phase` (the highest
     simultaneous total); `steps` and `skipped` count the steps that updated and that overflowed (every
     rank skips the same steps)."""
+    if backend not in EMULATING_BACKENDS:  # memory does not depend on the network, emulated or not
+        cfg = dataclasses.replace(cfg, emulate=EmulateConfig())
     cfg = replace(cfg, "parallel.backend", backend)
     results = run_ranks(cfg.parallel.world_size, backend, measure_rank, args=(to_dict(cfg), steps),
                         timeout_s=cfg.parallel.timeout_s, threads_per_rank=cfg.parallel.threads_per_rank)

@@ -11,7 +11,7 @@ import statistics
 import time
 
 from engine.comm.launch import run_ranks
-from engine.config import Config, replace, to_dict
+from engine.config import Config, network_emulation, replace, to_dict
 
 
 def _bench_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int, should_stop=None) -> dict:
@@ -33,6 +33,7 @@ def time_ours(cfg: Config, warmup: int = 5, steps: int = 20) -> dict:
     cfg = replace(replace(cfg, "train.steps", warmup + steps + 1), "train.eval_every", 0)
     results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, _bench_rank,
                         args=(to_dict(cfg), warmup, steps), timeout_s=cfg.parallel.timeout_s,
+                        network=network_emulation(cfg),
                         threads_per_rank=cfg.parallel.threads_per_rank)
     step = max(statistics.median(r["times"]) for r in results)  # the slowest rank sets the pace
     wait = max(statistics.median(r["waits"]) for r in results)
@@ -48,9 +49,17 @@ def race_torch(cfg: Config, warmup: int = 5, steps: int = 20, threads: int = 2) 
     taking turns in this thread so both see the same machine load (these 2-core machines are noisy).
     None when PyTorch is not installed."""
     try:
-        import torch
+        import torch  # noqa: F401 - only checking it is there
     except ImportError:
         return None
+    from engine.comm.cores import limited
+    with limited(threads):  # our pools (BLAS and engine.kernels) the same size as PyTorch's
+        return _race(cfg, warmup, steps, threads)
+
+
+def _race(cfg: Config, warmup: int, steps: int, threads: int) -> dict:
+    import torch
+
     from engine.bench.torch_peer import torch_adamw, torch_model_from, torch_train_step
     from engine.comm.base import Signals
     from engine.comm.threads import ThreadGroup

@@ -1,4 +1,5 @@
-"""`bench techniques`: the step-time cost of each memory technique, in one run.
+"""`bench techniques`: the step-time cost of each memory technique (and of dropout, whose masks are drawn
+row by row, engine.dropout_rng), in one run.
 
 Every variant is the same preset with one setting changed, timed back to back on the same machine,
 so the ratios to the baseline (the preset as written, typically fp32 DDP) are comparable.
@@ -23,6 +24,7 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
     "checkpointing (blocks)": {"memory.checkpointing": "blocks"},
     "fp16 + ZeRO-2 + checkpointing": {"precision.dtype": "fp16", "parallel.zero_stage": 2,
                                       "memory.checkpointing": "blocks"},
+    "dropout 0.1": {"model.dropout": 0.1},
 }
 
 

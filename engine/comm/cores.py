@@ -34,6 +34,8 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from engine import blocks
+
 # Environment variables in which MPI launchers state how many ranks they started on this node, in the
 # order they are trusted. srun's is a compressed list over nodes (see _slurm_tasks_here).
 LOCAL_SIZE_ENV = ("OMPI_COMM_WORLD_LOCAL_SIZE",   # Open MPI's mpirun
@@ -142,16 +144,23 @@ def threads_for_peer_rank(comm, backend: str, configured: int,
 
 @contextlib.contextmanager
 def limited(threads: int) -> Iterator[None]:
-    """Every thread pool threadpoolctl finds (BLAS, OpenMP) limited to `threads` inside the block."""
+    """Every thread pool threadpoolctl finds (BLAS, OpenMP), and engine.kernels' own, limited to
+    `threads` inside the block."""
     from threadpoolctl import threadpool_limits
+    before = blocks.threads()
     with threadpool_limits(limits=threads):
-        yield
+        blocks.set_threads(threads)
+        try:
+            yield
+        finally:
+            blocks.set_threads(before)
 
 
 def apply(threads: int) -> None:
     """Limit this process's pools to `threads` for good (a rank process, before it builds anything)."""
     from threadpoolctl import threadpool_limits
     threadpool_limits(limits=threads)
+    blocks.set_threads(threads)
 
 
 def blas_threads() -> int | None:

@@ -43,6 +43,7 @@ and raises RankFailure(rank, cause) naming the failed rank and the last line of 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -50,16 +51,22 @@ from collections.abc import Callable
 from engine.comm import cores
 from engine.comm.base import RankFailure, Signals, StopRequested, blame
 from engine.comm.codec import as_sent
+from engine.comm.emulation import NetworkEmulation
 
 BACKENDS = ("threads", "processes", "tcp", "mpi")
+EMULATING_BACKENDS = ("processes", "tcp")  # the socket transport's: it paces sends (emulation.py)
 MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
 
 def run_ranks(world_size: int, backend: str, rank_fn: Callable, args: tuple = (),
               on_event: Callable[[dict], None] | None = None, timeout_s: float = 30.0,
               stop_event: threading.Event | None = None, pause_event: threading.Event | None = None,
-              threads_per_rank: int = 0) -> list:
-    """Run ``rank_fn(comm, emit, *args)`` on every rank; returns the ranks' return values by rank."""
+              threads_per_rank: int = 0, network: NetworkEmulation | None = None) -> list:
+    """Run ``rank_fn(comm, emit, *args)`` on every rank; returns the ranks' return values by rank.
+    ``network`` (processes and tcp: the socket transport) emulates latency and bandwidth per link."""
+    if network is not None and network.active and backend not in EMULATING_BACKENDS:
+        raise ValueError("network emulation needs the socket transport (backend "
+                         f"{' or '.join(EMULATING_BACKENDS)}), not {backend!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     on_event = on_event or (lambda event: None)
@@ -72,10 +79,11 @@ def run_ranks(world_size: int, backend: str, rank_fn: Callable, args: tuple = ()
             return _run_threads(world_size, rank_fn, tuple(args), on_event, timeout_s, signals, threads)
     if backend == "processes":
         from engine.comm.procs import run_processes
-        return run_processes(world_size, rank_fn, tuple(args), on_event, timeout_s, signals, threads)
+        return run_processes(world_size, rank_fn, tuple(args), on_event, timeout_s, signals, threads,
+                             network)
     if backend == "tcp":
         from engine.comm.rendezvous import connect_from_env
-        comm = connect_from_env(timeout_s=timeout_s, signals=signals)
+        comm = connect_from_env(timeout_s=timeout_s, signals=signals, emulation=network)
         if comm.world_size != world_size:
             comm.close()
             raise ValueError(f"WORLD_SIZE is {comm.world_size} but world_size is {world_size}")
@@ -112,9 +120,23 @@ def check_environment(backend: str, world_size: int, environ=os.environ) -> None
         if int(environ["WORLD_SIZE"]) != world_size:
             raise LaunchError(f"parallel.world_size = {world_size} but WORLD_SIZE={environ['WORLD_SIZE']}; "
                               "make them equal")
-        if not (environ.get("NANODIST_SECRET") or environ.get("NANODIST_SECRET_FILE")):
-            raise LaunchError("parallel.backend = \"tcp\" needs a shared secret: set NANODIST_SECRET or "
-                              "NANODIST_SECRET_FILE (the same on every host)")
+        if int(environ["RANK"]) >= world_size:
+            raise LaunchError(f"RANK={environ['RANK']} is not below WORLD_SIZE={world_size}; give each "
+                              f"process one of the ranks 0 to {world_size - 1}")
+        if not 1 <= int(environ["MASTER_PORT"]) <= 65535:
+            raise LaunchError(f"MASTER_PORT={environ['MASTER_PORT']} is not a TCP port; use one from 1 to "
+                              "65535 (e.g. 29500), the same on every rank")
+        master = environ.get("MASTER_ADDR", "127.0.0.1")
+        try:
+            socket.getaddrinfo(master, None)
+        except (OSError, UnicodeError):
+            raise LaunchError(f"MASTER_ADDR={master!r} is not an address this host can resolve; set it to "
+                              "rank 0's host name or IP address") from None
+        from engine.comm.rendezvous import read_secret  # the socket transport, only for tcp
+        try:
+            read_secret(environ)
+        except ValueError as exc:
+            raise LaunchError(f"parallel.backend = \"tcp\": {exc}") from None
     if backend == "mpi" and not any(name in environ for name in MPI_ENV):
         raise LaunchError(f"parallel.backend = \"mpi\" needs ranks started by MPI: run "
                           f"mpiexec -n {world_size} nanodist-tui run ... --backend mpi")
@@ -140,6 +162,13 @@ def _run_here(comm, world_size, rank_fn, args, on_event, threads_per_rank: int) 
     finally:
         comm.close()
     return results
+
+
+def _only_blamed_left(threads: list[threading.Thread], group) -> bool:
+    """After a failure, whether the only rank still running is the one blamed (hung in compute: it will
+    not notice the failure, so waiting for it only delays naming it)."""
+    blamed = group.signals.failure[0]
+    return all(not t.is_alive() for r, t in enumerate(threads) if r != blamed)
 
 
 def _run_threads(world_size, rank_fn, args, on_event, timeout_s, signals: Signals, pool_threads: int) -> list:
@@ -183,7 +212,7 @@ def _run_threads(world_size, rank_fn, args, on_event, timeout_s, signals: Signal
             if stop_at is not None and now - stop_at > timeout_s:
                 stuck = next(r for r, t in enumerate(threads) if t.is_alive())
                 group.fail(stuck, f"did not stop within {timeout_s:g} s of the stop request")
-            if failed_at is not None and now - failed_at > timeout_s:
+            if failed_at is not None and (now - failed_at > timeout_s or _only_blamed_left(threads, group)):
                 break  # ranks stuck in compute are daemon threads: abandon them
             for thread in threads:
                 thread.join(0.05)

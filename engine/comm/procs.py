@@ -11,7 +11,10 @@ launcher died) exits at once: no orphans.
 Ctrl-C in the terminal reaches the whole process group: ranks ignore it and the launcher turns
 the first one into a stop request (the second kills); run_ranks then raises KeyboardInterrupt.
 On the first failure the launcher tells every rank to abort, gives them a short grace period to
-exit by themselves, then kills what is left; it always reaps every child before returning.
+exit by themselves, then kills what is left; it always reaps every child before returning. A timeout
+(a rank that waited too long on a peer) is first given COLLECT_S for the other ranks' timeouts to come
+in: a rank waiting on a hung rank is itself silent to whoever waits on it, so the rank blamed is the end
+of the chain of waits — the one that stopped communicating — which is killed at once.
 """
 
 from __future__ import annotations
@@ -29,19 +32,22 @@ import time
 import traceback
 
 from engine.comm import codec, cores, pipe
-from engine.comm.base import RankFailure, Signals, StopRequested, blame
+from engine.comm.base import PeerTimeout, RankFailure, Signals, StopRequested, blame
 from engine.comm.pipe import MAX_MESSAGE
 
 ABORT_GRACE_S = 3.0
+COLLECT_S = 0.3  # after a first timeout, how long to gather the others before naming the hung rank
 
 
-def run_processes(world_size, rank_fn, args, on_event, timeout_s, signals: Signals,
-                  threads: int = 1) -> list:
-    """Run rank_fn on `world_size` spawned processes, each limiting its thread pools to `threads`."""
+def run_processes(world_size, rank_fn, args, on_event, timeout_s, signals: Signals, threads: int = 1,
+                  network=None) -> list:
+    """Run rank_fn on `world_size` spawned processes, each limiting its thread pools to `threads`;
+    ``network``: a NetworkEmulation that shapes every rank's links, or None."""
     target = _qualified_name(rank_fn)
     ctx = multiprocessing.get_context("spawn")
     spec = {"world_size": world_size, "target": target, "args": list(args), "secret": secrets.token_hex(32),
-            "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0", "threads": threads}
+            "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0", "threads": threads,
+            "network": network.to_dict() if network is not None else None}
     children: list[_Child] = []
     try:
         for rank in range(world_size):
@@ -86,7 +92,9 @@ class _Supervisor:
         self.paused = False  # what the ranks were last told
         self.timeout_s = timeout_s
         self.failures: list[tuple[int, int, str]] = []  # (reporting rank, blamed rank, cause) by arrival
+        self.timeouts: dict[int, int] = {}  # reporting rank -> the rank it timed out waiting on
         self.failed_at: float | None = None
+        self.aborted = False
         self.stop_at: float | None = None
         self.interrupted = False
 
@@ -120,7 +128,10 @@ class _Supervisor:
             self.paused = not self.paused
             for child in self.children:
                 child.tell({"type": "pause" if self.paused else "resume"})
-        if self.failed_at is not None and now - self.failed_at > min(ABORT_GRACE_S, self.timeout_s):
+        if self.failed_at is not None and not self.aborted and now - self.failed_at > COLLECT_S:
+            self._abort()
+        grace = min(ABORT_GRACE_S, self.timeout_s) + COLLECT_S
+        if self.failed_at is not None and now - self.failed_at > grace:
             for child in self.children:
                 child.kill()
         if self.stop_at is not None and self.failed_at is None and now - self.stop_at > self.timeout_s:
@@ -145,6 +156,8 @@ class _Supervisor:
             child.outcome = ("stopped",)
         elif kind == "error":
             child.outcome = ("error",)
+            if message.get("timeout") and not self.aborted:
+                self.timeouts[child.rank] = int(message["rank"])
             self._failed(child.rank, int(message["rank"]), str(message["cause"]))
         return True
 
@@ -161,14 +174,39 @@ class _Supervisor:
         self.failures.append((reporter, blamed, cause))
         if self.failed_at is None:
             self.failed_at = time.monotonic()
-            for child in self.children:
-                child.tell({"type": "abort", "rank": blamed, "cause": cause})
+        if reporter not in self.timeouts:  # a rank raised or died: nothing more to wait for
+            self._abort()
+
+    def _abort(self) -> None:
+        """Tell every rank the job failed, naming the culprit; a hung culprit is killed at once."""
+        if self.aborted:
+            return
+        self.aborted = True
+        blamed, cause = self._culprit()
+        for child in self.children:
+            child.tell({"type": "abort", "rank": blamed, "cause": cause})
+        if blamed in self.timeouts.values() and blamed not in self.timeouts:
+            self.children[blamed].kill()  # it stopped communicating and will not notice the abort
+
+    def _culprit(self) -> tuple[int, str]:
+        """A rank's own failure explains the others' (they saw its socket close or its abort); else the
+        end of the chain of timeouts: the first blamed rank, followed while it too timed out on a peer."""
+        own = [(blamed, cause) for reporter, blamed, cause in self.failures if reporter == blamed]
+        if own:
+            return own[0]
+        reporter, blamed, cause = self.failures[0]
+        chain = [reporter]
+        while blamed in self.timeouts and blamed not in chain:
+            chain.append(blamed)
+            blamed = self.timeouts[blamed]
+        if blamed in chain:  # a cycle of waits: keep the first report
+            return self.failures[0][1], cause
+        waited = f"rank{'s' * (len(chain) > 1)} {', '.join(map(str, chain))} waited on it"
+        return blamed, f"did not answer for {self.timeout_s:g} s ({waited})"
 
     def _verdict(self) -> list:
         if self.failures:
-            # A rank's own failure explains the others' (they saw its socket close or its abort).
-            own = [(blamed, cause) for reporter, blamed, cause in self.failures if reporter == blamed]
-            raise RankFailure(*(own or [(b, c) for _, b, c in self.failures])[0])
+            raise RankFailure(*self._culprit())
         return [child.outcome[1] if child.outcome and child.outcome[0] == "result" else None
                 for child in self.children]
 
@@ -198,6 +236,7 @@ def child_main(conn) -> None:
             master_known.set()
 
     pipe.listen(conn, on_message, "nanodist-control")
+    from engine.comm.emulation import NetworkEmulation
     from engine.comm.rendezvous import connect
 
     comm = None
@@ -207,7 +246,8 @@ def child_main(conn) -> None:
             raise RankFailure(0, "never reported its rendezvous port")
         comm = connect(rank, world_size, "127.0.0.1", master.get("port", 0), bytes.fromhex(spec["secret"]),
                        timeout_s=timeout_s, use_shm=spec["shm"], signals=signals,
-                       on_listening=lambda port: send({"type": "master", "port": port}))
+                       on_listening=lambda port: send({"type": "master", "port": port}),
+                       emulation=NetworkEmulation.from_dict(spec.get("network")))
         comm.threads_per_rank = spec["threads"]
         value = rank_fn(comm, lambda event: send({"type": "event", "data": event}), *spec["args"])
         send({"type": "result", "value": value})
@@ -216,7 +256,8 @@ def child_main(conn) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported to the launcher, which names the rank
         blamed, cause = blame(rank, exc)
         signals.fail(blamed, cause)  # close without waiting for peers
-        send({"type": "error", "rank": blamed, "cause": cause, "traceback": traceback.format_exc()})
+        send({"type": "error", "rank": blamed, "cause": cause, "timeout": isinstance(exc, PeerTimeout),
+              "traceback": traceback.format_exc()})
     finally:
         if comm is not None:
             comm.close()

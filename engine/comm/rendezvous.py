@@ -5,8 +5,11 @@ Rank 0 listens on MASTER_ADDR:MASTER_PORT. Every other rank opens its own listen
 each with the table of all addresses. Then rank r dials ranks 1..r−1 and accepts ranks r+1..N−1,
 so each pair has exactly one connection. Each new link then tries the shared-memory fast path
 (both directions must attach, so it only happens on one host). Listeners close once the job is
-wired: later strangers are refused by the kernel. During rendezvous, a connection that fails
-the handshake or says something malformed is logged and closed; the job carries on.
+wired: later strangers are refused by the kernel.
+
+Strangers (the port faces the network on multi-host jobs) are admission.py's business: listeners serve
+every connection at once, each with its own deadline, and drop a stranger without delaying anyone; a
+joining rank retries until the job's timeout.
 
 Addresses: everything binds 127.0.0.1 unless the user names another address — NANODIST_BIND_ADDR,
 or a MASTER_ADDR that is not loopback (rank 0 then binds MASTER_ADDR, the others the interface
@@ -25,39 +28,33 @@ Two hosts, 2 ranks each (the secret file must be the same on both, mode 600):
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
 
 from engine.comm import shm
-from engine.comm.auth import AuthError, authenticate, recv_exact
-from engine.comm.base import RankFailure, Signals
+from engine.comm.admission import Door, dial, join, recv_json, send_json
+from engine.comm.base import Signals
+from engine.comm.emulation import NetworkEmulation
 from engine.comm.meter import TrafficMeter
 from engine.comm.tcp import Link, TcpCommunicator
 
 log = logging.getLogger("nanodist.comm")
 
-HANDSHAKE_S = 5.0          # a stranger holds the listener at most this long
-MAX_SETUP_JSON = 1 << 20   # setup messages are small; refuse anything bigger before reading it
 SHM_SLOTS, SHM_SLOT_BYTES = 4, 1 << 20
-_LENGTH = struct.Struct("<I")
-
-
-class SetupError(ConnectionError):
-    """A peer broke the rendezvous protocol (bad length, bad JSON, wrong fields)."""
 
 
 def connect(rank: int, world_size: int, master_addr: str, master_port: int, secret: bytes, *,
             bind_addr: str | None = None, timeout_s: float = 30.0, use_shm: bool = True,
             meter: TrafficMeter | None = None, signals: Signals | None = None,
-            on_listening: Callable[[int], None] | None = None) -> TcpCommunicator:
+            on_listening: Callable[[int], None] | None = None,
+            emulation: NetworkEmulation | None = None) -> TcpCommunicator:
     """Wire rank ``rank`` into the job; ``master_port`` 0 lets rank 0 pick a free port and report it
-    through ``on_listening(port)`` (how the processes launcher does it, without port races)."""
+    through ``on_listening(port)`` (how the processes launcher does it, without port races).
+    ``emulation`` shapes the links (latency, bandwidth cap, virtual nodes: emulation.py)."""
     signals = signals if signals is not None else Signals()
     deadline = time.monotonic() + timeout_s
     use_shm = use_shm and shm.available()
@@ -67,42 +64,33 @@ def connect(rank: int, world_size: int, master_addr: str, master_port: int, secr
         listener = _listen(host, master_port)
         if on_listening is not None:
             on_listening(listener.getsockname()[1])
-        hellos = {}
-        while len(socks) < world_size - 1:
-            peer, sock, hello = _accept(listener, secret, world_size, set(range(1, world_size)) - set(socks),
-                                        deadline, signals)
-            socks[peer], hellos[peer] = sock, hello
-        table = [[host, listener.getsockname()[1]]] + [hellos[r]["listen"] for r in range(1, world_size)]
+        joined = Door(listener, secret, world_size, signals).admit(set(range(1, world_size)), deadline)
+        socks = {peer: sock for peer, (sock, _) in joined.items()}
+        table = [[host, listener.getsockname()[1]]] + [joined[r][1]["listen"] for r in range(1, world_size)]
         for sock in socks.values():
-            _send_json(sock, {"table": table})
+            send_json(sock, {"table": table})
     else:
-        master = _dial(master_addr, master_port, secret, deadline)
-        local = master.getsockname()[0]
-        host = bind_addr or ("127.0.0.1" if _is_loopback(master_addr) else local)
+        host = bind_addr or ("127.0.0.1" if _is_loopback(master_addr) else _local_address(master_addr))
         listener = _listen(host, 0)
-        advertised = local if host in ("0.0.0.0", "") else host
-        _send_json(master, {"rank": rank, "world_size": world_size,
-                            "listen": [advertised, listener.getsockname()[1]]})
-        addresses = _recv_json(master, deadline).get("table")
-        if not (isinstance(addresses, list) and len(addresses) == world_size):
-            raise SetupError("rank 0 sent a malformed address table")
-        socks[0] = master
+        advertised = _local_address(master_addr) if host in ("0.0.0.0", "") else host
+        hello = {"rank": rank, "world_size": world_size, "listen": [advertised, listener.getsockname()[1]]}
+        socks[0], addresses = join(master_addr, master_port, secret, hello, deadline, signals)
         for peer in range(1, rank):
-            socks[peer] = _dial(str(addresses[peer][0]), int(addresses[peer][1]), secret, deadline)
-            _send_json(socks[peer], {"rank": rank, "world_size": world_size})
-        while len(socks) < world_size - 1:
-            peer, sock, _ = _accept(listener, secret, world_size,
-                                    set(range(rank + 1, world_size)) - set(socks), deadline, signals)
-            socks[peer] = sock
+            socks[peer] = dial(str(addresses[peer][0]), int(addresses[peer][1]), secret, deadline, signals)
+            send_json(socks[peer], {"rank": rank, "world_size": world_size})
+        wanted = set(range(rank + 1, world_size))
+        if wanted:
+            joined = Door(listener, secret, world_size, signals).admit(wanted, deadline)
+            socks.update({peer: sock for peer, (sock, _) in joined.items()})
     listener.close()
     # Ascending peer order on every rank visits pairs in one global (low, high) order: no deadlock.
     links = {peer: _make_link(rank, peer, socks[peer], signals, use_shm, deadline) for peer in sorted(socks)}
-    return TcpCommunicator(rank, world_size, links, timeout_s, meter, signals)
+    return TcpCommunicator(rank, world_size, links, timeout_s, meter, signals, emulation)
 
 
 def connect_from_env(timeout_s: float = 30.0, stop_event: threading.Event | None = None,
                      meter: TrafficMeter | None = None, environ: Mapping[str, str] = os.environ,
-                     signals: Signals | None = None):
+                     signals: Signals | None = None, emulation: NetworkEmulation | None = None):
     """``connect`` configured like torchrun: MASTER_ADDR (default 127.0.0.1), MASTER_PORT, RANK,
     WORLD_SIZE, NANODIST_SECRET or NANODIST_SECRET_FILE, optional NANODIST_BIND_ADDR, NANODIST_SHM=0.
     `signals` (stop and pause flags) wins over `stop_event`."""
@@ -116,10 +104,12 @@ def connect_from_env(timeout_s: float = 30.0, stop_event: threading.Event | None
     return connect(integer("RANK"), integer("WORLD_SIZE"), environ.get("MASTER_ADDR", "127.0.0.1"),
                    integer("MASTER_PORT"), read_secret(environ), bind_addr=environ.get("NANODIST_BIND_ADDR"),
                    timeout_s=timeout_s, use_shm=environ.get("NANODIST_SHM", "1") != "0", meter=meter,
-                   signals=signals if signals is not None else Signals(stop_event))
+                   signals=signals if signals is not None else Signals(stop_event), emulation=emulation)
 
 
 def read_secret(environ: Mapping[str, str]) -> bytes:
+    """The shared secret, from NANODIST_SECRET or the file NANODIST_SECRET_FILE names; ValueError (one
+    line naming the variable and the fix) when there is none or the file cannot give one."""
     if environ.get("NANODIST_SECRET"):
         return environ["NANODIST_SECRET"].encode()
     path = environ.get("NANODIST_SECRET_FILE")
@@ -127,12 +117,17 @@ def read_secret(environ: Mapping[str, str]) -> bytes:
         raise ValueError("the tcp backend needs a shared secret: set NANODIST_SECRET or NANODIST_SECRET_FILE "
                          "(the same on every host)")
     path = os.path.expanduser(path)
-    if os.stat(path).st_mode & 0o077:
-        log.warning("secret file %s is readable by other users; chmod 600 it", path)
-    with open(path, "rb") as handle:
-        secret = handle.read().strip()
+    try:
+        with open(path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_mode & 0o077:
+                log.warning("secret file %s is readable by other users; chmod 600 it", path)
+            secret = handle.read(1 << 16).strip()
+    except OSError as exc:
+        raise ValueError(f"NANODIST_SECRET_FILE {path}: {exc.strerror or exc}; point it at a file holding "
+                         "the shared secret (the same on every host, mode 600)") from None
     if not secret:
-        raise ValueError(f"NANODIST_SECRET_FILE {path} is empty")
+        raise ValueError(f"NANODIST_SECRET_FILE {path} is empty; write the shared secret into it (e.g. "
+                         "`openssl rand -hex 32 > FILE`)")
     return secret
 
 
@@ -141,16 +136,16 @@ def _make_link(rank: int, peer: int, sock: socket.socket, signals: Signals, use_
     """Offer our outgoing segment, attach the peer's; the link uses shared memory only if both worked."""
     mine = shm.Segment.create(SHM_SLOTS, SHM_SLOT_BYTES) if use_shm else None
     try:
-        _send_json(sock, {"shm": [mine.path, mine.cookie.hex()] if mine else None})
-        offer = _recv_json(sock, deadline).get("shm")
+        send_json(sock, {"shm": [mine.path, mine.cookie.hex()] if mine else None})
+        offer = recv_json(sock, deadline).get("shm")
         theirs = None
         if isinstance(offer, list) and len(offer) == 2 and isinstance(offer[1], str) and use_shm:
             try:
                 theirs = shm.Segment.attach(offer[0], bytes.fromhex(offer[1]), SHM_SLOTS, SHM_SLOT_BYTES)
             except ValueError:
                 theirs = None
-        _send_json(sock, {"attached": theirs is not None})
-        both = _recv_json(sock, deadline).get("attached") is True and theirs is not None
+        send_json(sock, {"attached": theirs is not None})
+        both = recv_json(sock, deadline).get("attached") is True and theirs is not None
     finally:
         if mine is not None:
             mine.unlink()
@@ -166,76 +161,15 @@ def _listen(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), backlog=128)
 
 
-def _dial(host: str, port: int, secret: bytes, deadline: float) -> socket.socket:
-    """Connect (retrying while the listener is not up yet) and authenticate."""
-    while True:
-        try:
-            sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
-            break
-        except (TimeoutError, ConnectionRefusedError, OSError) as exc:
-            if time.monotonic() > deadline:
-                raise ConnectionError(f"could not reach {host}:{port} before the rendezvous timeout: "
-                                      f"{exc}") from None
-            time.sleep(0.05)
-    _tune(sock)
-    authenticate(sock, secret, dialer=True, timeout_s=max(0.1, min(HANDSHAKE_S, deadline - time.monotonic())))
-    return sock
-
-
-def _accept(listener: socket.socket, secret: bytes, world_size: int, wanted: set[int], deadline: float,
-            signals: Signals) -> tuple[int, socket.socket, dict]:
-    """The next authenticated peer among ``wanted``; strangers and broken peers are logged and dropped."""
-    while True:
-        signals.raise_if_failed()
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise RankFailure(min(wanted), f"did not join the rendezvous within the timeout "
-                                           f"(still waiting for ranks {sorted(wanted)})")
-        listener.settimeout(min(remaining, 0.5))
-        try:
-            sock, address = listener.accept()
-        except TimeoutError:
-            continue
-        try:
-            _tune(sock)
-            hs_deadline = time.monotonic() + min(HANDSHAKE_S, remaining)
-            authenticate(sock, secret, dialer=False, timeout_s=hs_deadline - time.monotonic())
-            hello = _recv_json(sock, hs_deadline)
-            peer = hello.get("rank")
-            if hello.get("world_size") != world_size or peer not in wanted:
-                raise SetupError(f"unexpected rank {peer!r} / world size {hello.get('world_size')!r}")
-            if "listen" in hello and not _is_address(hello["listen"]):
-                raise SetupError("malformed listen address")
-            return peer, sock, hello
-        except (AuthError, SetupError, OSError) as exc:
-            log.warning("refused connection from %s:%s: %s", address[0], address[1], exc)
-            sock.close()
-
-
-def _send_json(sock: socket.socket, message: dict) -> None:
-    data = json.dumps(message).encode()
-    sock.sendall(_LENGTH.pack(len(data)) + data)
-
-
-def _recv_json(sock: socket.socket, deadline: float) -> dict:
+def _local_address(host: str) -> str:
+    """The address of this host's interface towards `host` (a UDP "connect" sends nothing)."""
     try:
-        (length,) = _LENGTH.unpack(recv_exact(sock, _LENGTH.size, deadline))
-        if length > MAX_SETUP_JSON:
-            raise SetupError(f"setup message of {length} bytes exceeds the limit of {MAX_SETUP_JSON}")
-        message = json.loads(recv_exact(sock, length, deadline))
-    except AuthError as exc:
-        raise SetupError(str(exc)) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SetupError(f"setup message is not JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise SetupError("setup message is not a JSON object")
-    return message
-
-
-def _tune(sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        sock.setsockopt(socket.SOL_SOCKET, option, 4 << 20)
+        family, _, _, _, address = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)
+            return probe.getsockname()[0]
+    except OSError as exc:
+        raise ConnectionError(f"MASTER_ADDR {host}: cannot find a route to it ({exc})") from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -243,8 +177,3 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
     except (OSError, ValueError):
         return False
-
-
-def _is_address(value) -> bool:
-    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) \
-        and isinstance(value[1], int) and 0 < value[1] < 65536

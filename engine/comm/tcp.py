@@ -12,6 +12,10 @@ once and a ring never deadlocks. Two link modes, chosen per link when it is set 
 
 Every header is validated (wire.unpack) before any payload is touched; a bad one raises
 ProtocolError naming the peer. Nothing is allocated from a peer-supplied length.
+
+Network emulation (emulation.py): a link with a `Pacer` holds each outgoing piece (a slot, or PACE_BYTES
+of a socket payload) until the emulated wire would have delivered it; a held call sleeps in select
+until then, and holding counts as progress, so an emulated slow link never trips the timeout.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from engine.comm.base import (
     Signals,
     StopRequested,
 )
+from engine.comm.emulation import NetworkEmulation, Pacer
 from engine.comm.meter import TrafficMeter
 from engine.comm.shm import Segment
 
@@ -42,6 +47,7 @@ log = logging.getLogger("nanodist.comm")
 SCRATCH_BYTES = 1 << 20
 DEFAULT_MAX_BYTES = 1 << 34  # 16 GiB per message; collectives send 4 MiB segments
 _POLL_S = 0.1  # how often a blocked call rechecks the job's failure flag
+PACE_BYTES = 256 << 10  # an emulated socket-mode link releases its payload in pieces of this size
 
 
 class Link:
@@ -49,8 +55,9 @@ class Link:
 
     def __init__(self, me: int, peer: int, sock: socket.socket, signals: Signals,
                  out_seg: Segment | None = None, in_seg: Segment | None = None,
-                 max_bytes: int = DEFAULT_MAX_BYTES):
+                 max_bytes: int = DEFAULT_MAX_BYTES, pacer: Pacer | None = None):
         sock.setblocking(False)
+        self.pacer = pacer  # None: the link is not emulated
         self.me, self.peer, self.sock, self.signals, self.max_bytes = me, peer, sock, signals, max_bytes
         self.out_seg, self.in_seg = out_seg, in_seg
         self.shm = out_seg is not None and in_seg is not None
@@ -152,7 +159,9 @@ class _SendOp:
     def __init__(self, link: Link, arr: np.ndarray):
         self.link, self.dtype, self.shape = link, arr.dtype, arr.shape
         self.bytes = arr.reshape(-1).view(np.uint8)
-        self.pos, self.queued = 0, False
+        self.pos, self.queued, self.headed = 0, False, False
+        self.start: float | None = None  # emulated link: when this message's transfer starts
+        self.held_until = 0.0  # emulated link: the next piece waits until then (0: not held)
 
     @property
     def done(self) -> bool:
@@ -164,22 +173,49 @@ class _SendOp:
 
     def step(self) -> bool:
         link, progressed = self.link, False
+        if link.pacer is not None and self.start is None:
+            self.start = link.pacer.begin(self.bytes.size, time.monotonic())
         if self.queued:
             pass
         elif not link.shm:
-            link.tx.append(wire.pack(wire.DATA, self.dtype, self.shape, self.bytes.size))
-            if self.bytes.size:
-                link.tx.append(self.bytes.data)  # ndarray.data: a memoryview of the array
-            self.queued = progressed = True
+            progressed = self._queue_payload()
         else:
             if not link.free:
                 progressed = link.read()
             progressed |= self._fill_slots()
         return link.flush() or progressed
 
+    def _released(self, end_byte: int) -> bool:
+        """Whether bytes up to `end_byte` may go out now (always, on a link that is not emulated)."""
+        pacer = self.link.pacer
+        if pacer is None or self.start is None:
+            return True
+        at = pacer.release_at(self.start, end_byte)
+        self.held_until = at if time.monotonic() < at else 0.0
+        return not self.held_until
+
+    def _queue_payload(self) -> bool:
+        """Socket mode: the DATA header, then the payload (in PACE_BYTES pieces on an emulated link)."""
+        link, total = self.link, self.bytes.size
+        piece = PACE_BYTES if link.pacer is not None else max(total, 1)
+        progressed = False
+        while not self.queued:
+            end = min(total, self.pos + piece)
+            if not self._released(end):
+                break
+            if not self.headed:
+                link.tx.append(wire.pack(wire.DATA, self.dtype, self.shape, total))
+                self.headed = True
+            if end > self.pos:
+                link.tx.append(self.bytes[self.pos:end].data)  # ndarray.data: a memoryview of the array
+            self.pos, self.queued, progressed = end, end == total, True
+        return progressed
+
     def _fill_slots(self) -> bool:
         link, total = self.link, self.bytes.size
         if total == 0:
+            if not self._released(0):
+                return False
             link.tx.append(wire.pack(wire.SHM, self.dtype, (0,), 0, wire.FLAG_LAST, wire.NO_SLOT))
             self.queued = True
             return True
@@ -187,7 +223,10 @@ class _SendOp:
         assert seg is not None  # only shared-memory links fill slots
         progressed = False
         while self.pos < total and link.free:
-            slot, size = link.free.popleft(), min(seg.slot_bytes, total - self.pos)
+            size = min(seg.slot_bytes, total - self.pos)
+            if not self._released(self.pos + size):
+                break
+            slot = link.free.popleft()
             seg.slot(slot, size)[:] = self.bytes[self.pos:self.pos + size]
             self.pos += size
             last = wire.FLAG_LAST if self.pos == total else 0
@@ -205,6 +244,7 @@ class _RecvOp:
         self.bytes = self.flat.view(np.uint8)
         self.pos = self.fill = 0
         self.finished = False
+        self.held_until = 0.0  # receives are never held: the sender paces
         link.rx_op = self
 
     @property
@@ -283,9 +323,15 @@ class _RecvOp:
 
 class TcpCommunicator(Communicator):
     def __init__(self, rank: int, world_size: int, links: dict[int, Link], timeout_s: float = 30.0,
-                 meter: TrafficMeter | None = None, signals: Signals | None = None):
+                 meter: TrafficMeter | None = None, signals: Signals | None = None,
+                 emulation: NetworkEmulation | None = None):
         super().__init__(rank, world_size, timeout_s, meter, signals)
         self.links = links
+        self.emulation = emulation  # what the links' pacers emulate (None: a real network)
+        if emulation is not None:
+            for peer, link in links.items():
+                shape = emulation.shape(rank, peer)
+                link.pacer = Pacer(shape) if shape is not None else None
         self._scratch = np.empty(SCRATCH_BYTES, np.uint8)
         self._closed = False
 
@@ -310,8 +356,10 @@ class TcpCommunicator(Communicator):
                 progressed |= op.step()
             if all(op.done for op in ops):
                 return
-            if progressed:
+            held = [op.held_until for op in ops if op.held_until and not op.done]
+            if progressed or held:  # an emulated link holding bytes back is not a silent peer
                 deadline = time.monotonic() + self.timeout_s
+            if progressed:
                 continue
             self.signals.raise_if_failed()
             for op in ops:
@@ -324,7 +372,15 @@ class TcpCommunicator(Communicator):
                                   f"did not answer rank {self.rank} for {self.timeout_s:g} s")
             readers = [op.link.sock for op in ops if op.wants_read]
             writers = [op.link.sock for op in ops if op.link.tx]
-            select.select(readers, writers, [], min(remaining, _POLL_S))
+            wait = min(remaining, _POLL_S, *(max(0.0, at - time.monotonic()) for at in held))
+            select.select(readers, writers, [], wait)
+
+    def network_report(self) -> dict:
+        """What the emulation added on this rank's links: {"network": its one-line description (""
+        for a real network), "links": [{peer, messages, bytes, wire_s}] for every emulated link}."""
+        links = [{"peer": peer, **link.pacer.report()} for peer, link in sorted(self.links.items())
+                 if link.pacer is not None]
+        return {"network": self.emulation.describe() if self.emulation else "", "links": links}
 
     def close(self) -> None:
         """Say goodbye to every peer; when the job is healthy, first wait (up to timeout_s) until

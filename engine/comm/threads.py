@@ -2,7 +2,9 @@
 
 A send copies the array into the (src, dst) mailbox and returns; a receive waits for the head of
 that mailbox. The group shares one Signals object, so the first rank that fails wakes every
-blocked rank at once, and each wait also gives up after ``timeout_s`` (PeerTimeout).
+blocked rank at once, and each wait also gives up after ``timeout_s`` (PeerTimeout). The group knows
+who waits on whom, so a timeout blames the rank at the end of the chain of waits — the one that
+stopped communicating — not a healthy rank that was itself waiting on it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class ThreadGroup:
             (s, d): collections.deque() for s in range(world_size) for d in range(world_size) if s != d}
         self._arrived = [threading.Condition() for _ in range(world_size)]
         self._closed: dict[int, bool] = {}  # rank -> it closed because of a stop request
+        self._waiting_on: dict[int, int] = {}  # rank blocked in a receive -> the rank it waits for
 
     def communicator(self, rank: int, meter: TrafficMeter | None = None) -> ThreadCommunicator:
         return ThreadCommunicator(self, rank, meter)
@@ -61,17 +64,34 @@ class ThreadGroup:
         mailbox, cond = self._mailboxes[(src, dst)], self._arrived[dst]
         deadline = time.monotonic() + self.timeout_s
         with cond:
-            while not mailbox:
-                self.signals.raise_if_failed()
-                if src in self._closed:
-                    if self._closed[src] or self.signals.stop.is_set():
-                        raise StopRequested(f"rank {src} stopped while rank {dst} waited for it")
-                    raise RankFailure(src, f"finished while rank {dst} still expected a message from it")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise PeerTimeout(src, f"sent nothing to rank {dst} for {self.timeout_s:g} s")
-                cond.wait(min(remaining, _POLL_S))
-            return mailbox.popleft()
+            self._waiting_on[dst] = src
+            try:
+                while not mailbox:
+                    self.signals.raise_if_failed()
+                    if src in self._closed:
+                        if self._closed[src] or self.signals.stop.is_set():
+                            raise StopRequested(f"rank {src} stopped while rank {dst} waited for it")
+                        raise RankFailure(src, f"finished while rank {dst} still expected a message from it")
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise self._timeout(src, dst)
+                    cond.wait(min(remaining, _POLL_S))
+                return mailbox.popleft()
+            finally:
+                self._waiting_on.pop(dst, None)
+
+    def _timeout(self, src: int, dst: int) -> PeerTimeout:
+        """Blame the end of the chain dst -> src -> (whom src waits on) -> ...: the rank that is not
+        waiting on anyone stopped communicating (in a cycle of waits, `src`)."""
+        chain, culprit = [dst], src
+        while culprit in self._waiting_on and culprit not in chain:
+            chain.append(culprit)
+            culprit = self._waiting_on[culprit]
+        if culprit in chain:
+            culprit, chain = src, [dst]
+        waited = ", ".join(map(str, chain))
+        return PeerTimeout(culprit, f"sent nothing for {self.timeout_s:g} s (rank{'s' * (len(chain) > 1)} "
+                                    f"{waited} waited on it)")
 
     def _close(self, rank: int) -> None:
         self._closed[rank] = self.signals.stop.is_set()

@@ -18,7 +18,7 @@ from engine.comm.collectives import all_gather, reduce_scatter
 from engine.flat import FlatLayout
 from engine.memory import rank_ledger
 from engine.parallel.shard_optimizer import Piece, ShardOptimizer
-from engine.parallel.worker import CommWorker
+from engine.parallel.worker import CommTask, CommWorker
 
 
 class Replica:
@@ -104,14 +104,14 @@ class ShardedReplica(Replica):
 
     def __init__(self, cfg, model, comm):
         super().__init__(cfg, model, comm)
-        self._inflight: list = []  # gradient buffers being reduced (at most two)
+        self._inflight: list[tuple[CommTask, np.ndarray]] = []  # gradient buffers being reduced (<= 2)
 
     def _reduce_into_shard(self, i: int, pack: Callable[[np.ndarray], None]) -> None:
         """Reduce-scatter group i on the communication thread and add this rank's part into piece i's
         gradient. `pack(buf)` fills the group's new buffer, allocated only once fewer than two are in
         flight (double buffering: a slow network cannot pile up buffers); without overlap the reduction
         is finished before this returns."""
-        self.comm_wait_s += self._worker.throttle(self._inflight, 2)
+        self._retire(keep=1)
         piece, (start, end) = self.optimizer.pieces[i], self.groups[i]
         buf = np.zeros(end - start, dtype=piece.param.dtype)
         self.ledger.add("comm_buffers", buf.nbytes)
@@ -121,18 +121,28 @@ class ShardedReplica(Replica):
         def reduce_into_shard() -> None:
             reduce_scatter(self.comm, buf, op="avg")
             np.add(shard, buf[lo:lo + shard.size], out=shard)
-            self.ledger.sub("comm_buffers", buf.nbytes)
-        self._inflight.append(self._worker.submit(reduce_into_shard))
+        self._inflight.append((self._worker.submit(reduce_into_shard), buf))
         if not self.overlap:
-            self.comm_wait_s += self._worker.throttle(self._inflight, 1)
+            self._retire(keep=0)
+
+    def _retire(self, keep: int) -> None:
+        """Wait until at most `keep` buffers are in flight, oldest first, and release them. A buffer counts
+        as held until this rank's thread retires it, whenever its reduction really ended: its task keeps
+        it alive until then, and the ledger's figure does not depend on the communication thread's timing."""
+        t0 = time.perf_counter()
+        while len(self._inflight) > keep:
+            task, buf = self._inflight.pop(0)
+            task.wait()
+            self.ledger.sub("comm_buffers", buf.nbytes)
+        self.comm_wait_s += time.perf_counter() - t0
 
     def finish_backward(self) -> None:
         """Wait for the groups in flight: this rank's gradient parts are then final (still scaled by the
         loss scale; step() unscales them)."""
         t0 = time.perf_counter()
         self._worker.wait_all()
-        self._inflight.clear()
         self.comm_wait_s += time.perf_counter() - t0
+        self._retire(keep=0)
 
     def owned_range(self) -> tuple[int, int]:
         """This rank's equal, contiguous share of the standard padded layout, as checkpoints store it.

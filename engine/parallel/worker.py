@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable
 
 
@@ -52,16 +51,6 @@ class CommWorker:
             self._pending.append(task)
             self._queue.put(task)
         return task
-
-    @staticmethod
-    def throttle(inflight: list[CommTask], limit: int) -> float:
-        """Wait until fewer than `limit` of the caller's `inflight` tasks are unfinished (call it before
-        allocating the next buffer: at most `limit` communication buffers are alive). Returns the
-        seconds waited."""
-        t0 = time.perf_counter()
-        while len(inflight) >= limit:
-            inflight.pop(0).wait()
-        return time.perf_counter() - t0
 
     def wait_all(self) -> None:
         pending, self._pending = self._pending, []

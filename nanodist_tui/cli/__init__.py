@@ -2,19 +2,35 @@
 
 `nanodist-tui` opens the workbench on a preset; `--no-ui` (or `run`) trains headless. Each command group
 has its own module here and they share only options.py, errors.py and running.py; this module puts them
-together. User mistakes — a bad preset, an unknown key, a missing file — print one line and exit with
-code 2, never a traceback.
+together. Every outcome is one line at most (errors.OneLineErrors): user mistakes — a bad preset, an
+unknown key, a missing file, a malformed command line — exit with code 2, internal failures with code 1
+and their traceback in a file the line names; never a traceback on the screen.
 """
 
 from __future__ import annotations
 
 import typer
 
-from nanodist_tui.cli import bench, bench_ui, memory, model, presets, resume, runs, screenshot, sweep, train
+from nanodist_tui.cli import (
+    bench,
+    bench_ui,
+    memory,
+    model,
+    presets,
+    project,
+    resume,
+    runs,
+    screenshot,
+    serve,
+    sweep,
+    train,
+)
+from nanodist_tui.cli.errors import OneLineErrors
 
 app = typer.Typer(
     help="nanoDist: see, measure and run data-parallel training. Without a command: the workbench.",
     no_args_is_help=False, add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False,
+    cls=OneLineErrors,
 )
 
 # `nanodist-tui --help` lists the commands in this order, then the groups.
@@ -26,7 +42,9 @@ app.command("compare")(runs.compare)
 app.command("resume")(resume.resume)
 app.command("export")(model.export)
 app.command("sample")(model.sample)
+app.command("serve")(serve.serve)
 app.command("memory")(memory.memory)
+app.command("project")(project.project)
 app.command("screenshot")(screenshot.screenshot)
 app.add_typer(sweep.app, name="sweep")
 bench.app.command("ui")(bench_ui.ui)

@@ -1,6 +1,7 @@
-"""`nanodist-tui bench ...`: step (ours vs PyTorch eager), allreduce (ours vs gloo), techniques (the
-step-time cost of each memory technique) and pruning (the training steps a pruner saves a sweep). The
-measuring is engine.bench's; this module parses and prints."""
+"""`nanodist-tui bench ...`: step (ours vs PyTorch eager, or DDP on process ranks), allreduce (ours vs
+gloo), techniques (the step-time cost of each memory technique), scaling (strong and weak, ours and
+DDP), profile (where a step's milliseconds go) and pruning (the training steps a pruner saves a sweep).
+The measuring is engine.bench's; this module parses and prints."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.errors import fail, user_errors
+from nanodist_tui.cli.errors import UsageError, fail, user_errors
 from nanodist_tui.cli.options import BackendOpt, JsonOpt, PresetOpt, SetOpt, WorldOpt
 from nanodist_tui.cli.running import load_config
 
-app = typer.Typer(help="Benchmarks: our step vs PyTorch eager, our all-reduce vs gloo.", no_args_is_help=True)
+app = typer.Typer(help="Benchmarks: our step vs PyTorch (eager, DDP), our all-reduce vs gloo, scaling, "
+                  "techniques, a per-op profile, sweep pruning.", no_args_is_help=True)
 
 
 @app.command("step")
@@ -25,12 +27,18 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
          compare_checkpointing: Annotated[bool, typer.Option(
              "--compare-checkpointing", help="also time without/with activation checkpointing (its recompute "
              "cost); on whenever the preset checkpoints")] = False,
+         compare_precision: Annotated[bool, typer.Option(
+             "--compare-precision", help="also time one rank at fp32, fp16 and bf16, taking turns (the "
+             "16-bit cost against fp32)")] = False,
          as_json: JsonOpt = False) -> None:
-    """Median training-step time: ours, and PyTorch eager on the same shapes (when installed)."""
+    """Median training-step time: ours, and PyTorch on the same shapes (when installed): eager on one
+    rank, DDP (gloo) on --world-size N --backend processes."""
     from engine.bench.step import race_torch, time_ours
+    from engine.capacity import check_fits
     from engine.config import replace
     with user_errors():
         cfg, _, _ = load_config(preset, sets, world_size, backend)
+        check_fits(cfg)
     ours = time_ours(cfg, warmup, steps)
     report = {"preset": cfg.name, "world_size": cfg.parallel.world_size, "ours": ours}
     if cfg.parallel.world_size > 1:
@@ -44,11 +52,20 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
                  for s, c in variants.items()}
         report["checkpointing"] = {"spec": spec, "off_s": times["none"], "on_s": times[spec],
                                    "extra": times[spec] / times["none"] - 1}
+    if compare_precision:
+        from engine.bench.precision import race_precisions
+        report["precision"] = race_precisions(cfg, warmup, steps)
     if cfg.parallel.world_size == 1:
         peer = race_torch(cfg, warmup, steps)  # ours again, taking turns with PyTorch: a fair ratio
         report["torch"] = peer
         if peer:
             report["ratio"] = peer["ratio"]
+    elif cfg.parallel.backend == "processes":
+        from engine.bench.ddp_peer import race_ddp
+        ddp = race_ddp(cfg, warmup, steps)  # ours again, taking turns with PyTorch DDP in the same ranks
+        report["ddp"] = ddp
+        if ddp:
+            report["ratio"] = ddp["ratio"]
     if as_json:
         print(json.dumps(report, indent=2))
         return
@@ -64,12 +81,23 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
         c = report["checkpointing"]
         print(f"  checkpointing {c['spec']}: {c['on_s'] * 1e3:.1f} ms/step vs {c['off_s'] * 1e3:.1f} without "
               f"({c['extra']:+.0%}: the recompute)")
+    if "precision" in report:
+        p = report["precision"]
+        print(f"  one rank, {p['threads']} thread(s), taking turns: " + ", ".join(
+            f"{d} {p[d]['step_s'] * 1e3:.1f} ms ({p[d]['vs_fp32']:.2f}x)" for d in ("fp32", "fp16", "bf16"))
+            + (f"; fp16 skipped {p['fp16']['skipped']} step(s) on overflow" if p["fp16"]["skipped"] else ""))
     if report.get("torch"):
         t = report["torch"]
         print(f"  PyTorch    {t['step_s'] * 1e3:8.1f} ms/step   (torch {t['torch']}, {t['threads']} threads)")
         print(f"  ratio ours/PyTorch = {report['ratio']:.2f}  (ours {t['ours_s'] * 1e3:.1f} ms, timed "
               "taking turns with PyTorch in blocks of steps)")
-    elif cfg.parallel.world_size == 1:
+    if report.get("ddp"):
+        d = report["ddp"]
+        print(f"  PyTorch DDP {d['torch_s'] * 1e3:7.1f} ms/step   (torch {d['torch']}, gloo, "
+              f"{d['world_size']} processes x {d['threads_per_rank']} thread(s))")
+        print(f"  ratio ours/PyTorch DDP = {report['ratio']:.2f}  (ours {d['ours_s'] * 1e3:.1f} ms, comm "
+              f"wait {d['comm_share']:.0%}, timed taking turns with PyTorch DDP in the same ranks)")
+    elif "ddp" in report or cfg.parallel.world_size == 1 and not report.get("torch"):
         print("  PyTorch not installed: no peer figure (pip install torch==2.13.0)")
 
 
@@ -96,6 +124,41 @@ def _fmt_size(n: int) -> str:
     return f"{n} B"
 
 
+def _check_allreduce(backend: str, world_size: int, sizes: str, algorithm: str) -> list[int]:
+    """The message sizes, once every option is known to work here; UsageError/LaunchError otherwise."""
+    import importlib.util
+
+    from engine.capacity import available_memory
+    from engine.comm.collectives import ALGORITHMS
+    from engine.comm.launch import check_environment
+    from engine.config_rules import RULES, choices_doc
+    if backend not in ("threads", "processes", "mpi"):
+        raise UsageError(f'--backend: unknown backend "{backend}"; use threads, processes or mpi')
+    if problem := RULES["parallel.world_size"](world_size):
+        raise UsageError(f"--world-size: {problem[0]}; {problem[1]}")
+    if algorithm not in ALGORITHMS:
+        raise UsageError(f'--algorithm: unknown algorithm "{algorithm}"; use {choices_doc(ALGORITHMS)}')
+    if algorithm == "mpi-native" and backend != "mpi":
+        raise UsageError('--algorithm "mpi-native" needs --backend mpi (MPI\'s own Allreduce)')
+    if backend == "mpi":
+        if importlib.util.find_spec("mpi4py") is None:
+            raise UsageError("--backend mpi needs mpi4py: pip install -e '.[mpi]' (mpi4py and MPICH wheels)")
+        check_environment("mpi", world_size)
+    try:
+        size_list = [_parse_size(s) for s in sizes.split(",") if s.strip()]
+    except ValueError as e:
+        raise UsageError(f"--sizes: {e}") from None
+    if not size_list:
+        raise UsageError("--sizes: no size given; write e.g. --sizes 1MiB,16MiB")
+    available = available_memory()
+    # each rank holds its input, the result and the ring's scratch for the largest message
+    if available is not None and 3 * world_size * max(size_list) > available:
+        raise UsageError(f"--sizes: {_fmt_size(max(size_list))} on {world_size} ranks needs about "
+                         f"{_fmt_size(3 * world_size * max(size_list))} of memory, this machine has "
+                         f"{_fmt_size(available)} available; use smaller sizes or fewer ranks")
+    return size_list
+
+
 @app.command("allreduce")
 def allreduce(
     backend: Annotated[str, typer.Option("--backend", "-b", help="threads | processes | mpi")] = "processes",
@@ -108,25 +171,44 @@ def allreduce(
     = "ring",
     vs_gloo: Annotated[bool, typer.Option("--vs-gloo", help="also time torch.distributed gloo, same run")]
     = False,
+    latency_us: Annotated[float, typer.Option(min=0, help="emulated latency per message and link, us "
+                                              "(emulate.latency_us; processes backend)")] = 0.0,
+    bandwidth_gbps: Annotated[float, typer.Option(min=0, help="emulated bandwidth cap per link, Gbit/s "
+                                                  "(emulate.bandwidth_gbps)")] = 0.0,
+    inter_latency_us: Annotated[float, typer.Option(min=0, help="emulated latency between virtual nodes, us")]
+    = 0.0,
+    inter_bandwidth_gbps: Annotated[float, typer.Option(min=0, help="emulated bandwidth between virtual "
+                                                        "nodes, Gbit/s")] = 0.0,
+    ranks_per_node: Annotated[int, typer.Option(min=0, help="virtual node size for the inter-node figures "
+                                                "(parallel.ranks_per_node)")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """All-reduce bandwidth in the NCCL-tests manner (algbw = S/t, busbw = algbw·2(N-1)/N)."""
     from engine.bench.allreduce import bench_allreduce, bench_gloo
-    try:
-        size_list = [_parse_size(s) for s in sizes.split(",") if s.strip()]
-    except ValueError as e:
-        fail(f"--sizes: {e}")
-    if backend not in ("threads", "processes", "mpi"):
-        fail(f'--backend: unknown backend "{backend}"; use threads, processes or mpi')
-    ours = bench_allreduce(backend, world_size, size_list, iters, warmup, algorithm=algorithm)
+    from engine.comm.emulation import NetworkEmulation
+    network = NetworkEmulation(latency_us, bandwidth_gbps, inter_latency_us, inter_bandwidth_gbps,
+                               ranks_per_node)
+    if network.active and backend != "processes":
+        fail(f"--latency-us/--bandwidth-gbps: network emulation needs --backend processes, not {backend}")
+    if (inter_latency_us or inter_bandwidth_gbps) and not 0 < ranks_per_node < world_size:
+        fail("--inter-latency-us/--inter-bandwidth-gbps need --ranks-per-node below --world-size (more than "
+             "one virtual node)")
+    if ranks_per_node and world_size % ranks_per_node:
+        fail(f"--ranks-per-node {ranks_per_node} does not divide --world-size {world_size}")
+    with user_errors():
+        size_list = _check_allreduce(backend, world_size, sizes, algorithm)
+    ours = bench_allreduce(backend, world_size, size_list, iters, warmup, algorithm=algorithm,
+                           network=network if network.active else None)
     gloo = bench_gloo(world_size, size_list, iters, warmup) if vs_gloo else None
     report = {"backend": backend, "world_size": world_size, "algorithm": algorithm,
-              "ours": ours, "gloo": gloo}
+              "network": network.describe(), "ours": ours, "gloo": gloo}
     if as_json:
         print(json.dumps(report, indent=2))
         return
     print(f"all-reduce, {backend} backend, {world_size} ranks, float32, median of {iters} iterations "
           f"(algbw = S/t, busbw = algbw*2(N-1)/N, GB/s = 1e9 B/s)")
+    if network.active:
+        print(network.describe())
     head = f"{'size':>10} {'time ms':>9} {'algbw':>7} {'busbw':>7} {'ok':>3}"
     if gloo:
         head += f"   {'gloo ms':>9} {'busbw':>7}  {'ours/gloo':>9}"
@@ -150,9 +232,12 @@ def techniques(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: 
                as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """Median step time of the preset with each technique switched on, and its cost vs the baseline."""
     from engine.bench.techniques import time_techniques, variants
+    from engine.capacity import check_fits
     with user_errors():
         base, _, _ = load_config(preset, sets, world_size, backend)
         configs = variants(base)
+        for variant in configs.values():
+            check_fits(variant)
     rows = time_techniques(configs, warmup, steps)
     if as_json:
         report = {"preset": base.name, "world_size": base.parallel.world_size, "rows": rows}
@@ -164,6 +249,74 @@ def techniques(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: 
     for row in rows:
         print(f"{row['technique']:32} {row['step_s'] * 1e3:8.1f} {row['vs_baseline']:11.2f}x "
               f"{row['comm_share']:10.0%}")
+
+
+@app.command("scaling")
+def scaling(preset: PresetOpt = "gpt-mini", sets: SetOpt = None,
+            worlds: Annotated[str, typer.Option(help="comma-separated world sizes")] = "1,2,4",
+            steps: Annotated[int, typer.Option(help="timed steps per point (median)", min=1)] = 10,
+            warmup: Annotated[int, typer.Option(help="untimed warm-up steps", min=0)] = 3,
+            as_json: JsonOpt = False) -> None:
+    """Strong (fixed global batch) and weak (fixed batch per rank) scaling on the processes backend:
+    step time, tokens/s, efficiency and comm share, ours and PyTorch DDP side by side."""
+    from engine.bench.scaling import scaling as measure
+    try:
+        sizes = tuple(int(w) for w in worlds.split(",") if w.strip())
+    except ValueError:
+        fail(f'--worlds: "{worlds}" is not a list of whole numbers; write e.g. 1,2,4')
+    if not sizes or min(sizes) < 1:
+        fail(f'--worlds: "{worlds}" needs world sizes of at least 1; write e.g. 1,2,4')
+    with user_errors():
+        cfg, _, _ = load_config(preset, sets, None, None)
+        report = measure(cfg, sizes, warmup, steps)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"preset {cfg.name}, processes backend, median of {steps} steps after {warmup} warm-up; efficiency "
+          "strong T(1)/(N*T(N)), weak T(1)/T(N); comm wait: ours")
+
+    def cell(value, fmt):
+        return "-" if value is None else format(value, fmt)
+    print(f"{'mode':7}{'N':>3}{'batch':>7}{'ours ms':>9}{'torch ms':>10}{'ours tok/s':>12}{'torch tok/s':>13}"
+          f"{'ours eff':>10}{'torch eff':>11}{'comm wait':>11}{'ours/torch':>12}")
+    for r in report["rows"]:
+        print(f"{r['mode']:7}{r['world_size']:3d}{r['global_batch']:7d}{r['ours_s'] * 1e3:9.1f}"
+              f"{cell(r['torch_s'] and r['torch_s'] * 1e3, '10.1f'):>10}{r['ours_tokens_per_s']:12,.0f}"
+              f"{cell(r['torch_tokens_per_s'], '13,.0f'):>13}{cell(r['ours_efficiency'], '10.2f'):>10}"
+              f"{cell(r['torch_efficiency'], '11.2f'):>11}{r['comm_share']:11.0%}"
+              f"{cell(r['ratio'], '12.2f'):>12}")
+    if report["rows"] and report["rows"][0]["torch_s"] is None:
+        print("PyTorch not installed: no DDP figures (pip install torch==2.13.0)")
+
+
+@app.command("profile")
+def profile(preset: PresetOpt = "gpt-mini", sets: SetOpt = None,
+            steps: Annotated[int, typer.Option(help="profiled steps (the figures are per step)", min=1)] = 10,
+            warmup: Annotated[int, typer.Option(help="untimed warm-up steps", min=0)] = 3,
+            as_json: JsonOpt = False) -> None:
+    """Where each millisecond of one rank's training step goes: per op (forward, backward, optimizer,
+    each exclusive of the ops it calls) and per phase."""
+    from engine.bench.profile import profile_step
+    with user_errors():
+        cfg, _, _ = load_config(preset, sets, None, None)
+    report = profile_step(cfg, warmup, steps)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    ph = report["phases"]
+    print(f"preset {report['preset']}: one rank, {report['threads']} thread(s), ms per step (mean of "
+          f"{steps} steps after {warmup} warm-up)")
+    print(f"  step {ph['step']:.1f} = forward {ph['forward']:.1f} + backward {ph['backward']:.1f} + "
+          f"optimizer {ph['optimizer']:.1f} + outside phases {report['other']['outside phases']:.1f}; comm "
+          f"wait {ph['comm_wait']:.1f}")
+    print(f"  {'op':28}{'forward':>9}{'backward':>9}{'optimizer':>10}{'total':>8}{'share':>7}{'calls':>7}")
+    for row in report["ops"]:
+        total = row["forward_ms"] + row["backward_ms"] + row["optimizer_ms"]
+        print(f"  {row['op']:28}{row['forward_ms']:9.2f}{row['backward_ms']:9.2f}{row['optimizer_ms']:10.2f}"
+              f"{total:8.2f}{total / ph['step']:7.1%}{row['calls']:7d}")
+    o = report["other"]
+    print(f"  {'other (tape, model, replica)':28}{o['forward']:9.2f}{o['backward']:9.2f}"
+          f"{o['optimizer']:10.2f}{o['forward'] + o['backward'] + o['optimizer']:8.2f}")
 
 
 @app.command("pruning")

@@ -1,15 +1,33 @@
-"""How a command ends on a mistake the user can fix: one line on stderr and exit code 2, never a traceback."""
+"""How a command ends when something goes wrong: always one line on stderr, never a traceback.
+
+    a mistake the user can fix (a bad preset, flag, file, environment)   one line naming it; exit code 2
+    a malformed command line (unknown option, bad value)                  one line and the --help to read; 2
+    an internal failure (a bug)                                            one line naming the file that holds
+                                                                           the full traceback; exit code 1
+    Ctrl-C                                                                 one line; exit code 130
+
+`OneLineErrors` is the command group's class, so every subcommand ends this way, whatever it raises.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
 from contextlib import contextmanager
 
 import typer
+from typer._click.exceptions import ClickException, NoArgsIsHelpError  # typer vendors click
+from typer.core import TyperGroup
 
+from engine import error_log
+from engine.checkpoint_io import CheckpointError
 from engine.comm.launch import LaunchError
 from engine.config import ConfigError
 from engine.data import DataError
+from engine.events import EventError
+from engine.export import ExportError
+from engine.recorder import RunFolderError
+from engine.sinks import SinkUnavailable
 from engine.sweep.errors import SweepError
 
 
@@ -17,13 +35,22 @@ class OutDirError(ValueError):
     """run.out_dir cannot hold run folders."""
 
 
-USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError, SweepError)
+class UsageError(ValueError):
+    """A command-line value no option type catches (a size, an output path): one line."""
+
+
+USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError, UsageError,
+               CheckpointError, EventError, ExportError, RunFolderError, SweepError, SinkUnavailable)
 
 
 def fail(message: str, code: int = 2) -> None:
     """Print one line on stderr and exit."""
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {one_line(message)}", file=sys.stderr)
     raise typer.Exit(code)
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 @contextmanager
@@ -32,16 +59,61 @@ def user_errors():
     try:
         yield
     except USER_ERRORS as e:
-        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        fail(str(e) or type(e).__name__)
 
 
-@contextmanager
-def run_errors():
-    """user_errors, plus unusable checkpoints and unreadable event logs: one line, exit code 2."""
-    from engine.checkpoint_io import CheckpointError
-    from engine.events import EventError
-    with user_errors():
+def internal_failure(exc: BaseException) -> int:
+    """One line for a bug, its full traceback in a file (the run folder's error.log when the failure
+    belongs to a run, else a file of its own); the exit code, 1."""
+    log = getattr(exc, "error_log", None) or error_log.write(None, "internal error", exc)
+    where = f"the full traceback is in {log}" if log else "no traceback could be saved (is the disk full?)"
+    print(f"error: internal error, not a mistake of yours: {one_line(f'{type(exc).__name__}: {exc}')}; "
+          f"{where}", file=sys.stderr)
+    return 1
+
+
+class OneLineErrors(TyperGroup):
+    """The command group: every outcome of every subcommand becomes an exit code and at most one line."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        show_engine_warnings()
         try:
-            yield
-        except (CheckpointError, EventError) as e:
-            fail(str(e))
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = code if isinstance(code, int) else 0
+        except NoArgsIsHelpError as e:  # a command group given no command: its help is the answer
+            e.show()
+            code = e.exit_code
+        except ClickException as e:  # a malformed command line
+            ctx = getattr(e, "ctx", None)
+            help_hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
+            print(f"error: {one_line(e.format_message()).rstrip('.')}{help_hint}", file=sys.stderr)
+            code = e.exit_code
+        except typer.Abort:
+            print("error: interrupted", file=sys.stderr)
+            code = 130
+        except USER_ERRORS as e:  # one a command did not catch itself
+            print(f"error: {one_line(str(e) or type(e).__name__)}", file=sys.stderr)
+            code = 2
+        except Exception as e:  # noqa: BLE001 - a bug: one line here, the traceback in a file
+            code = internal_failure(e)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+class _OneLineWarnings(logging.Handler):
+    """The engine's log records as `warning: ...` lines on the current stderr, without tracebacks."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(f"{record.levelname.lower()}: {one_line(record.getMessage())}", file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging must never break the command
+            self.handleError(record)
+
+
+def show_engine_warnings() -> None:
+    """Route the engine's warnings to one line each (Python's default would print tracebacks)."""
+    logger = logging.getLogger("nanodist")
+    if not any(isinstance(h, _OneLineWarnings) for h in logger.handlers):
+        handler = _OneLineWarnings(logging.WARNING)
+        logger.addHandler(handler)

@@ -32,7 +32,8 @@ MeasureOpt = Annotated[bool, typer.Option("--measure", help="also train a few st
 StepsOpt = Annotated[int, typer.Option(help="steps that update the parameters, to measure (--measure); "
                                       "steps skipped on fp16 overflow do not count", min=1)]
 CompareOpt = Annotated[bool, typer.Option("--compare", help="stages 0-3 x precisions, and baseline (fp32, "
-                                          "stage 0) vs optimized (fp16, ZeRO-2, checkpointing)")]
+                                          "stage 0) vs optimized (fp16, ZeRO-2, checkpointing, the bucket "
+                                          "size with the lowest peak)")]
 
 
 def memory(preset: PresetOpt = "seed-table", sets: SetOpt = None, world_size: WorldOpt = None,
@@ -69,8 +70,10 @@ def _estimated(cfg) -> dict:
 def _measured(cfg, steps: int) -> dict | None:
     """The ledger's figures, or None with the reason when this configuration cannot run yet."""
     from engine.bench.memory import measure
+    from engine.capacity import check_fits
     from engine.comm.base import RankFailure
     from engine.memory import MODEL_STATES
+    check_fits(cfg)  # measuring trains: only what fits here
     try:
         m = measure(cfg, steps)
     except RankFailure as e:
@@ -83,6 +86,7 @@ def _measured(cfg, steps: int) -> dict | None:
 def _describe(cfg) -> dict:
     p = cfg.parallel
     return {"preset": cfg.name, "world_size": p.world_size, "zero_stage": p.zero_stage,
+            "bucket_cap_mb": p.bucket_cap_mb,
             "dtype": cfg.precision.dtype, "checkpointing": cfg.memory.checkpointing,
             "micro_batch_rows": cfg.train.global_batch // (p.world_size * cfg.train.micro_batches)}
 
@@ -94,10 +98,13 @@ def _breakdown(cfg, measure: bool, steps: int) -> dict:
 
 
 def optimized(cfg):
-    """The baseline's model trained with fp16, ZeRO-2 and checkpointing (blocks, where it has any)."""
+    """The baseline's model trained with fp16, ZeRO-2, checkpointing (blocks, where it has any) and the
+    bucket size a user would pick for the lowest peak (engine.estimator.bucket_cap_for_memory)."""
     from engine.config import replace
+    from engine.estimator import bucket_cap_for_memory
     cfg = replace(replace(cfg, "precision.dtype", "fp16"), "parallel.zero_stage", 2)
-    return replace(cfg, "memory.checkpointing", "blocks" if cfg.model.kind == "gpt" else "none")
+    cfg = replace(cfg, "memory.checkpointing", "blocks" if cfg.model.kind == "gpt" else "none")
+    return replace(cfg, "parallel.bucket_cap_mb", bucket_cap_for_memory(cfg))
 
 
 def baseline(cfg):
@@ -170,7 +177,7 @@ def _print_compare(r: dict) -> None:
     b, o = r["baseline"], r["optimized"]
     measured = b["measured"] is not None
     print(f"\nbaseline (fp32, ZeRO-0, no checkpointing) vs optimized (fp16, ZeRO-2, checkpointing "
-          f"{o['checkpointing']}), per rank, MB")
+          f"{o['checkpointing']}, {o['bucket_cap_mb']:g} MiB buckets), per rank, MB")
     cols = ("baseline est", "baseline meas", "optimized est", "optimized meas") if measured else (
         "baseline", "optimized")
     print(f"  {'component':24}" + "".join(f"{c:>16}" for c in cols) + f"{'reduction':>11}")

@@ -13,8 +13,12 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override 
 WorldOpt = Annotated[int | None, typer.Option("--world-size", "-n", help="ranks (parallel.world_size)")]
 BackendOpt = Annotated[str | None, typer.Option("--backend", "-b",
                                                  help="threads | processes | tcp | mpi (parallel.backend)")]
+LogToOpt = Annotated[str | None, typer.Option(
+    "--log-to", help="also log to these, comma-separated: tensorboard,wandb,mlflow (log.to; \"\" = none)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of a table")]
 
+SourceArg = Annotated[Path, typer.Argument(help="a run folder, a checkpoint folder or an exported .npz",
+                                            show_default=False)]
 RunDirArg = Annotated[Path, typer.Argument(help="a run folder (runs/<timestamp>-<preset>)",
                                            show_default=False)]
 StepOpt = Annotated[int | None, typer.Option("--step", min=0, help="use the checkpoint of this step "

@@ -49,7 +49,12 @@ def new(name: Annotated[str, typer.Argument(help="name of the new preset (./pres
     from engine import presets
     with user_errors():
         path = presets.find_preset(source)
-        target = presets.save_as(presets.read_document(path), name, sets or [], force=force, source=str(path))
+        try:
+            target = presets.save_as(presets.read_document(path), name, sets or [], force=force,
+                                     source=str(path))
+        except OSError as e:
+            fail(f"presets/{name}.toml: cannot write it ({e.strerror or e}); ./presets must be a folder you "
+                 "can write to")
     print(f"wrote {target} (from {path}{', with ' + ', '.join(sets) if sets else ''})")
 
 

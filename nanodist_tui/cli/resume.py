@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.errors import run_errors
-from nanodist_tui.cli.options import AsciiOpt, BackendOpt, RunDirArg, SetOpt, StepOpt, WorldOpt
+from nanodist_tui.cli.errors import user_errors
+from nanodist_tui.cli.options import AsciiOpt, BackendOpt, LogToOpt, RunDirArg, SetOpt, StepOpt, WorldOpt
 from nanodist_tui.cli.running import (
     check_can_run,
     require_run_dir,
@@ -21,14 +21,14 @@ from nanodist_tui.cli.running import (
 
 
 def resume(run_dir: RunDirArg, sets: SetOpt = None, world_size: WorldOpt = None, backend: BackendOpt = None,
-           step: StepOpt = None,
+           step: StepOpt = None, log_to: LogToOpt = None,
            no_ui: Annotated[bool, typer.Option("--no-ui", help="train headless")] = False,
            ascii_only: AsciiOpt = False) -> None:
     """Resume a run: same world size continues bitwise-identically; another one reshards the state."""
     from engine.resume import prepare_resume
     require_run_dir(run_dir)
-    with run_errors():
-        cfg, doc, ckpt = prepare_resume(run_dir, shortcut_overrides(sets, world_size, backend), step)
+    with user_errors():
+        cfg, doc, ckpt = prepare_resume(run_dir, shortcut_overrides(sets, world_size, backend, log_to), step)
         check_can_run(cfg)
     job = training_job(cfg, doc, resume_from=ckpt.path)
     if no_ui:

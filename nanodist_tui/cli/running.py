@@ -13,41 +13,65 @@ from pathlib import Path
 
 import typer
 
-from nanodist_tui.cli.errors import USER_ERRORS, OutDirError, fail, user_errors
+from nanodist_tui.cli.errors import USER_ERRORS, OutDirError, fail, internal_failure, user_errors
 
 
-def shortcut_overrides(sets: list[str] | None, world_size: int | None, backend: str | None) -> list[str]:
+def shortcut_overrides(sets: list[str] | None, world_size: int | None, backend: str | None,
+                       log_to: str | None = None) -> list[str]:
     extra = list(sets or [])
     if world_size is not None:
         extra.append(f"parallel.world_size={world_size}")
     if backend is not None:
         extra.append(f'parallel.backend="{backend}"')
+    if log_to is not None:
+        extra.append("log.to=[" + ", ".join(f'"{n}"' for n in sink_names(log_to, "--log-to")) + "]")
     return extra
 
 
-def load_config(preset: str, sets=None, world_size=None, backend=None):
+def sink_names(text: str, flag: str) -> list[str]:
+    """The sinks a comma-separated flag names, checked by log.to's own rule; ConfigError naming `flag`."""
+    from engine.config import ConfigError
+    from engine.config_rules import RULES
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if problem := RULES["log.to"](tuple(names)):
+        raise ConfigError("", *problem, source=flag)
+    return names
+
+
+def load_config(preset: str, sets=None, world_size=None, backend=None, log_to=None):
     """(Config, tomlkit document, path) with overrides applied and validated."""
     from engine.presets import load_preset
-    return load_preset(preset, shortcut_overrides(sets, world_size, backend))
+    return load_preset(preset, shortcut_overrides(sets, world_size, backend, log_to))
 
 
-def prepare_run(preset: str, sets=None, world_size=None, backend=None):
+def prepare_run(preset: str, sets=None, world_size=None, backend=None, log_to=None):
     """load_config, plus the checks that need more than the config: the data is readable, the
     backend can start here, the run folder can be made. Mistakes exit 2 before any rank starts."""
     with user_errors():
-        cfg, doc, path = load_config(preset, sets, world_size, backend)
+        cfg, doc, path = load_config(preset, sets, world_size, backend, log_to)
         check_can_run(cfg)
     return cfg, doc, path
 
 
 def check_can_run(cfg) -> None:
-    """What a valid config can still get wrong on this machine: unreadable data, a backend that cannot
-    start here, a run folder that cannot be made. Raises one of USER_ERRORS."""
-    from engine.build import build_dataset
+    """What a valid config can still get wrong on this machine: unreadable data, sizes it cannot hold, a
+    backend that cannot start here, a run folder that cannot be made, a sink whose library is not
+    installed. Raises one of USER_ERRORS."""
+    from engine.build import build_dataset, vocab_size
+    from engine.capacity import check_data_fits, check_fits
     from engine.comm.launch import check_environment
-    build_dataset(cfg)
+    from engine.config import ConfigError
+    from engine.sinks import check_available
+    check_data_fits(cfg)
+    try:
+        dataset = build_dataset(cfg)
+    except MemoryError as e:
+        raise ConfigError("data", f"the dataset does not fit in memory ({e})", "use less data",
+                          source="this machine") from None
+    check_fits(cfg, vocab_size(cfg, dataset) if cfg.model.kind == "gpt" else None)
     check_environment(cfg.parallel.backend, cfg.parallel.world_size)
     check_out_dir(cfg.run.out_dir)
+    check_available(cfg.log.to)
 
 
 def check_out_dir(out_dir: str) -> None:
@@ -149,7 +173,8 @@ def run_headless_job(job) -> None:
     """Run `job(emit, control)` (returning the run summary) with the headless printer, then print the
     summary. Ctrl-C or SIGTERM stops every rank after the same step with a checkpoint kept, prints the
     summary and exits 130 (143); a second one leaves at once. A user mistake ends with its one line and
-    code 2, a failed rank with code 1 (the printer has already shown the rank and the cause)."""
+    code 2, a failed run with code 1 (the printer has already shown its one line: the rank and the cause),
+    any other failure with code 1 and one line naming where its traceback went."""
     from engine.control import RunControl
     from nanodist_tui.headless import HeadlessPrinter, summary_lines
     printer, control = HeadlessPrinter(), RunControl()
@@ -163,11 +188,25 @@ def run_headless_job(job) -> None:
         except USER_ERRORS as e:
             printer.close()
             fail(str(e))
-        except Exception:
+        except Exception as e:
             printer.close()
-            raise typer.Exit(1) from None  # RunFailed was already printed with the rank and cause
+            if not printer.failure_shown:
+                internal_failure(e)
+            raise typer.Exit(1) from None
     if summary.get("lead", True):  # else another process (rank 0's, under mpiexec or tcp) reports this run
         for line in summary_lines(summary):
             print(line)
     if received:
         raise typer.Exit(128 + received[0])
+
+
+def load_source(source: Path, step: int | None):
+    """The fp32 model of a run folder (its newest finished checkpoint, or the one of `step`), a checkpoint
+    folder or an exported .npz, checked (checksums, names, shapes) before use; call inside user_errors()."""
+    from engine.checkpoint import find_checkpoint
+    from engine.export import model_from_checkpoint, read_model
+    if source.is_file():
+        return read_model(source)
+    ckpt = find_checkpoint(source, step)
+    ckpt.verify()
+    return model_from_checkpoint(ckpt)

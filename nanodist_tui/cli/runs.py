@@ -10,10 +10,10 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.errors import fail, run_errors
+from nanodist_tui.cli.errors import fail, user_errors
 from nanodist_tui.cli.options import AsciiOpt, RunDirArg
-from nanodist_tui.cli.running import require_run_dir, run_app, workbench_config
-from nanodist_tui.replay import ReplayPlayer, replay_events
+from nanodist_tui.cli.running import require_run_dir, run_app, sink_names, workbench_config
+from nanodist_tui.replay import ReplayPlayer
 
 
 def _fmt(value, spec: str) -> str:
@@ -24,7 +24,7 @@ def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder h
          = Path("runs")) -> None:
     """List recorded runs, newest first, with their key figures and latest checkpoint."""
     from engine.checkpoint import CHECKPOINTS
-    from engine.checkpoint_io import finished_checkpoints
+    from engine.checkpoint_io import scan_checkpoints
     from engine.recorder import list_runs
     if not out_dir.is_dir():
         fail(f"{out_dir}: no such folder; train a run first (`nanodist-tui run`) or pass --out-dir")
@@ -36,13 +36,22 @@ def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder h
     for r in infos:
         total = r.summary.get("total_steps")
         steps = _fmt(r.steps, "d") + (f"/{total}" if total else "")
-        ckpts = finished_checkpoints(r.run_dir / CHECKPOINTS)
         wall = "-" if r.wall_s is None else f"{r.wall_s:.1f}s"
+        checkpoint = _checkpoint_cell(scan_checkpoints(r.run_dir / CHECKPOINTS))
         rows.append((r.run_id, r.status, steps, _fmt(r.final_val_loss, ".4f"), _fmt(r.best_val_loss, ".4f"),
-                     _fmt(r.tokens_per_s, ",.0f"), wall, f"step {ckpts[-1][0]}" if ckpts else "-"))
+                     _fmt(r.tokens_per_s, ",.0f"), wall, checkpoint))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _checkpoint_cell(scanned) -> str:
+    """The newest good checkpoint, and whether a newer one is damaged (resume would refuse it)."""
+    good = [step for step, _, problem in scanned if problem is None]
+    cell = f"step {good[-1]}" if good else "-"
+    if scanned and scanned[-1][2] is not None:
+        cell += f" (step {scanned[-1][0]} damaged)"
+    return cell
 
 
 def replay(run_dir: RunDirArg,
@@ -53,23 +62,36 @@ def replay(run_dir: RunDirArg,
                                                    "(what comes before it is shown at once)")] = 0,
            no_ui: Annotated[bool, typer.Option("--no-ui", help="print the events instead of opening the "
                                                               "workbench")] = False,
+           to: Annotated[str | None, typer.Option(
+               "--to", help="also write the run to these, comma-separated: tensorboard,wandb,mlflow "
+                            "(into the run folder, as a live run with --log-to would)")] = None,
            ascii_only: AsciiOpt = False) -> None:
-    """Play a recorded run (its events.jsonl) back into the workbench: p pauses, + and - change the speed,
-    [ and ] seek."""
+    """Play a recorded run (its events.jsonl) back into the workbench (p pauses, + and - change the speed,
+    [ and ] seek); --to converts it for TensorBoard, W&B or MLflow on the way."""
     events = _read(run_dir)
+    with user_errors():
+        sinks, log_cfg = _replay_sinks(run_dir, to)
     speed = (0.0 if no_ui else 1.0) if speed is None else speed
     if no_ui:
         from nanodist_tui.headless import HeadlessPrinter
         printer = HeadlessPrinter(live=False)
-        replay_events(events, printer, threading.Event(), speed)
+        written = _replay_through_sinks(ReplayPlayer(events, speed, start_step=from_step), printer,
+                                        threading.Event(), sinks, run_dir, log_cfg)
         printer.close()
-        print(f"replayed {len(events)} events from {run_dir}")
+        into = f" and wrote them to {', '.join(written)}" if written else ""
+        print(f"replayed {len(events)} events from {run_dir}{into}")
+        if len(written) < len(sinks):  # the sink's own warning above says why
+            raise typer.Exit(1)
         return
     from nanodist_tui.app import create_app
     started = next((e for e in events if e.kind == "run_started"), None)
     name = started.preset if started is not None else run_dir.name
     player = ReplayPlayer(events, speed, start_step=from_step)
-    run_app(create_app(name, player, replay=player, user_config=workbench_config(ascii_only)))
+
+    def job(emit, control) -> list[str]:
+        return _replay_through_sinks(player, emit, control, sinks, run_dir, log_cfg)
+
+    run_app(create_app(name, job, replay=player, user_config=workbench_config(ascii_only)))
 
 
 def compare(run_a: Annotated[Path, typer.Argument(help="a run folder", show_default=False)],
@@ -86,8 +108,43 @@ def compare(run_a: Annotated[Path, typer.Argument(help="a run folder", show_defa
 def _read(run_dir: Path) -> list:
     from engine.recorder import read_events
     require_run_dir(run_dir)
-    with run_errors():
+    with user_errors():
         events = read_events(run_dir)
     if not events:
         fail(f"{run_dir}/events.jsonl: no events recorded")
     return events
+
+
+def _replay_sinks(run_dir: Path, to: str | None):
+    """(sink names, the run's [log] settings) for `replay --to`; user errors raise (one line each)."""
+    if to is None:
+        return [], None
+    from engine.presets import load_preset
+    from engine.sinks import check_available
+    from engine.sinks.tensorboard_sink import logdir
+    names = sink_names(to, "--to")
+    check_available(names)
+    if "tensorboard" in names and any(logdir(run_dir).glob("events.out.tfevents.*")):
+        fail(f"{logdir(run_dir)}: already holds TensorBoard event files (the run logged there live, or was "
+             "converted before); delete that folder to convert the run again")
+    cfg, _, _ = load_preset(run_dir / "config.toml")
+    return names, cfg.log
+
+
+def _replay_through_sinks(player, emit, control, names, run_dir: Path, log_cfg) -> list[str]:
+    """Play `player` (a ReplayPlayer) into `emit` and, when `names` are given, into those sinks (their
+    messages go to `emit` too); returns the sinks that wrote the whole run."""
+    if not names:
+        player(emit, control)
+        return []
+    from engine.events import EventBus
+    from engine.sinks.runner import SinkSet
+    bus = EventBus()
+    bus.subscribe(emit)
+    sinks = SinkSet(names, run_dir, log_cfg, bus.emit)
+    bus.subscribe(sinks)
+    try:
+        player(bus.emit, control)
+    finally:
+        sinks.close()
+    return sinks.working

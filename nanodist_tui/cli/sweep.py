@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.errors import USER_ERRORS, fail, user_errors
+from nanodist_tui.cli.errors import USER_ERRORS, fail, internal_failure, user_errors
 from nanodist_tui.cli.options import BackendOpt, PresetOpt, SetOpt, WorldOpt
 from nanodist_tui.cli.running import prepare_run, run_in_workbench, shortcut_overrides
 
@@ -82,9 +82,9 @@ def _run_headless(swept, job) -> None:
     except USER_ERRORS as e:
         printer.close()
         fail(str(e))
-    except Exception as e:  # noqa: BLE001 - an internal failure: one line, exit 1
+    except Exception as e:  # noqa: BLE001 - an internal failure: one line, exit 1, the traceback in a file
         printer.close()
-        fail(f"{type(e).__name__}: {e}", code=1)
+        raise typer.Exit(internal_failure(e)) from None
 
 
 def _print_results(swept) -> None:

@@ -7,12 +7,13 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.options import AsciiOpt, BackendOpt, PresetOpt, SetOpt, WorldOpt
+from nanodist_tui.cli.options import AsciiOpt, BackendOpt, LogToOpt, PresetOpt, SetOpt, WorldOpt
 from nanodist_tui.cli.running import prepare_run, run_headless_job, run_in_workbench, training_job
 
 
-def train(preset: str, sets, world_size, backend, *, headless: bool, ascii_only: bool = False) -> None:
-    cfg, doc, _ = prepare_run(preset, sets, world_size, backend)
+def train(preset: str, sets, world_size, backend, log_to, *, headless: bool,
+          ascii_only: bool = False) -> None:
+    cfg, doc, _ = prepare_run(preset, sets, world_size, backend, log_to)
     job = training_job(cfg, doc)
     if headless:
         run_headless_job(job)
@@ -28,13 +29,14 @@ def main_callback(
     sets: SetOpt = None,
     world_size: WorldOpt = None,
     backend: BackendOpt = None,
+    log_to: LogToOpt = None,
     ascii_only: AsciiOpt = False,
 ) -> None:
     if ctx.invoked_subcommand is None:
-        train(preset, sets, world_size, backend, headless=no_ui, ascii_only=ascii_only)
+        train(preset, sets, world_size, backend, log_to, headless=no_ui, ascii_only=ascii_only)
 
 
 def run(preset: PresetOpt = "quickstart", sets: SetOpt = None, world_size: WorldOpt = None,
-        backend: BackendOpt = None) -> None:
+        backend: BackendOpt = None, log_to: LogToOpt = None) -> None:
     """Train a preset headless (the same as `nanodist-tui --no-ui`)."""
-    train(preset, sets, world_size, backend, headless=True)
+    train(preset, sets, world_size, backend, log_to, headless=True)

@@ -152,6 +152,11 @@ def _shape(h: RunHeader) -> Text | None:
                 style="bold")
 
 
+def _network(h: RunHeader) -> Text | None:
+    """An emulated network is named, so a run on it can never pass for one on a real network."""
+    return Text(h.info.network, style="bold yellow") if h.info is not None and h.info.network else None
+
+
 def _step(h: RunHeader) -> Text:
     total = h.info.total_steps if h.info else "?"
     if h.latest is None:
@@ -190,5 +195,5 @@ def _scale(h: RunHeader) -> Text | None:
     return Text(f"scale {h.latest.loss_scale:g}")
 
 
-IDENTITY: list[Item] = [_title, _replay, _frozen, _shape]
+IDENTITY: list[Item] = [_title, _replay, _frozen, _shape, _network]
 PROGRESS: list[Item] = [_step, _loss, _speed, _eta, _memory, _scale]

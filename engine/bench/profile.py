@@ -1,0 +1,163 @@
+"""`bench profile`: where each millisecond of a training step goes, per op and per phase.
+
+One rank trains `warmup` untimed steps and then `steps` profiled ones. While it runs, every op of
+engine.ops is timed: its forward (the call) and its backward (the closure it hands the tape), each
+exclusive of the ops it calls itself, so nested ops are not counted twice; the tape's own gradient
+additions (engine.tensor._accumulate, _write_leaf_grad) and the optimizer's parts (gradient norm,
+overflow check, AdamW) are timed the same way. The phases come from the memory ledger's phase
+switches (forward, backward, optimizer), and what a phase spent outside any timed op is the Python
+of the tape, the model and the replica (`other`). Communication: the time the rank waited on it.
+
+The timing wraps module functions for the duration of the run (and restores them): a measurement
+for one process, like cProfile, but cheap enough (two clock reads per op call) to leave the step's
+proportions as they are.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+from collections import defaultdict
+
+from engine import ops, tensor
+from engine.comm.base import Signals
+from engine.comm.threads import ThreadGroup
+from engine.config import Config, replace
+from engine.parallel import shard_optimizer
+
+ARRAY_HELPERS = ("matmul_kernel", "unbroadcast")  # public functions of engine.ops that are not ops
+OPS = tuple(name for name, fn in vars(ops).items() if inspect.isfunction(fn) and fn.__module__ == ops.__name__
+            and not name.startswith("_") and name not in ARRAY_HELPERS)
+TAPE = {"_accumulate": "tape: gradient sum", "_write_leaf_grad": "tape: parameter gradient"}
+PHASE_COLUMNS = ("forward_ms", "backward_ms", "optimizer_ms")
+OPTIMIZER = {"grad_norm": "optimizer: gradient norm", "find_overflow": "optimizer: overflow check",
+             "update": "optimizer: AdamW update"}
+
+
+class _Clock:
+    """Exclusive seconds per (label, phase): a timed call's time minus the timed calls inside it, booked
+    to the phase the ledger was in (a block recomputed by checkpointing runs its forward in backward)."""
+
+    def __init__(self, phase):
+        self.phase = phase
+        self.seconds: dict[tuple[str, str], float] = defaultdict(float)
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)
+        self._inner = threading.local()
+
+    def timed(self, fn, label: str):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            stack = self._inner.__dict__.setdefault("stack", [0.0])
+            stack.append(0.0)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - t0
+                inner = stack.pop()
+                stack[-1] += spent
+                key = (label, self.phase())
+                self.seconds[key] += spent - inner
+                self.calls[key] += 1
+        return run
+
+
+class _Patched:
+    """engine.ops functions, the tape's gradient sums and the optimizer's parts, timed while inside."""
+
+    def __init__(self, clock: _Clock):
+        self.clock = clock
+        self._undo: list[tuple[object, str, object]] = []
+
+    def __enter__(self):
+        clock = self.clock
+        make = ops.make
+        current: list[str] = []  # the op whose forward is running: it owns the closure make() receives
+
+        def timed_make(data, inputs, backward, saved=()):
+            return make(data, inputs, clock.timed(backward, current[-1] if current else "?"), saved)
+
+        def op(name, fn):
+            timed = clock.timed(fn, name)
+
+            def run(*args, **kwargs):
+                current.append(name)
+                try:
+                    return timed(*args, **kwargs)
+                finally:
+                    current.pop()
+            return functools.wraps(fn)(run)
+
+        self._set(ops, "make", timed_make)
+        for name in OPS:  # an alias (permute = transpose) is timed under the function's own name
+            fn = getattr(ops, name)
+            self._set(ops, name, op(fn.__name__, fn))
+        for name, label in TAPE.items():
+            self._set(tensor, name, clock.timed(getattr(tensor, name), label))
+        for name, label in OPTIMIZER.items():
+            cls = shard_optimizer.ShardOptimizer
+            self._set(cls, name, clock.timed(getattr(cls, name), label))
+        ops._install_operators()  # Tensor's operators pick up the timed functions
+        return self
+
+    def _set(self, owner, name, value) -> None:
+        self._undo.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def __exit__(self, *exc):
+        for owner, name, value in reversed(self._undo):
+            setattr(owner, name, value)
+        ops._install_operators()
+
+
+def profile_step(cfg: Config, warmup: int = 3, steps: int = 10) -> dict:
+    """Per-step milliseconds of one rank training `cfg` (world size 1): `phases` (forward, backward,
+    optimizer, comm wait, step), `ops` rows {op, forward_ms, backward_ms, calls} sorted by total, and
+    `other` per phase (time in the phase outside timed ops)."""
+    from engine.comm.cores import limited, resolve, usable_cores
+    from engine.trainer import Trainer
+    cfg = replace(replace(replace(cfg, "train.steps", warmup + steps + 1), "train.eval_every", 0),
+                  "parallel.world_size", 1)
+    threads = resolve(cfg.parallel.threads_per_rank, len(usable_cores()), 1)
+    with limited(threads):
+        trainer = Trainer(cfg, ThreadGroup(1, cfg.parallel.timeout_s, Signals()).communicator(0))
+        try:
+            for _ in range(warmup):
+                trainer.train_step()
+            clock = _Clock(lambda: trainer.ledger.phase)
+            phase_s: dict[str, float] = defaultdict(float)
+            switched = [time.perf_counter()]
+
+            def on_phase(old: str, new: str) -> None:
+                now = time.perf_counter()
+                phase_s[old] += now - switched[0]
+                switched[0] = now
+            trainer.ledger.on_phase = on_phase
+            step_s = wait_s = 0.0
+            with _Patched(clock):
+                for _ in range(steps):
+                    step_s += trainer.train_step()["step_time_s"]
+                    wait_s += trainer.replica.comm_wait_s
+        finally:
+            trainer.ledger.on_phase = None
+            trainer.replica.close()
+    rows: dict[str, dict] = defaultdict(lambda: {**dict.fromkeys(PHASE_COLUMNS, 0.0), "calls": 0})
+    in_phase: dict[str, float] = defaultdict(float)
+    for (label, phase), seconds in clock.seconds.items():
+        if phase + "_ms" not in PHASE_COLUMNS:
+            raise AssertionError(f"{label} ran outside the step's phases ({phase})")
+        rows[label][phase + "_ms"] += 1e3 * seconds / steps
+        rows[label]["calls"] += clock.calls[label, phase] // steps
+        in_phase[phase] += seconds
+    table = sorted(({"op": label, **row} for label, row in rows.items()),
+                   key=lambda r: -sum(r[c] for c in PHASE_COLUMNS))
+    phases = {name: 1e3 * phase_s[name] / steps for name in ("forward", "backward", "optimizer")}
+    phases["comm_wait"] = 1e3 * wait_s / steps
+    phases["step"] = 1e3 * step_s / steps
+    names = ("forward", "backward", "optimizer")
+    other = {name: phases[name] - 1e3 * in_phase[name] / steps for name in names}
+    other["outside phases"] = phases["step"] - sum(phases[n] for n in names)
+    return {"preset": cfg.name, "steps": steps, "threads": threads, "phases": phases, "ops": table,
+            "other": other}

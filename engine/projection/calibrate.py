@@ -1,0 +1,320 @@
+"""Calibration from a short live run on this machine: how fast a model computes at each micro-batch size
+with 1 and 2 ranks busy at once, how fast memory copies, and α, β, γ of nanoDist's own transport at the
+sizes a run sends. Saved as JSON (atomically) and reused; a model or precision not in the file yet is
+measured when a projection first needs it.
+
+What is measured, all on the processes backend (real processes, as training runs them):
+
+* compute: `level` ranks (1 or 2) each train the model alone (a one-rank communicator of its own, so
+  nothing is sent) with their auto share of the cores (engine.comm.cores), in step with each other (a barrier
+  between steps), timing forward, backward, the optimizer step and the bookkeeping around them (drawing
+  the batch, clearing gradients); for every precision and several micro-batch sizes. With 2 ranks the
+  host's cores and memory bandwidth are shared: that contention is in the curve, not mistaken later for
+  communication. So is their imbalance: ranks sharing cores do not finish together, and the time the
+  faster one waits at the barrier, as a share of the step's compute, is kept ("imbalance").
+* copies: bytes per second of a large numpy copy, with the same ranks busy (ZeRO packs and unpacks).
+* transport: two ranks time our ring reduce-scatter and all-gather at the bucket sizes the run uses and
+  sizes around them; fit.fit_ring turns them into α, β, γ. γ is measured per precision: 16-bit buffers
+  are reduced through float32 (engine.comm.collectives), several times the work of a float32 sum.
+
+A timed figure is the lower quartile of its repetitions: other jobs on a shared machine only ever slow a
+repetition down, so the low quantile estimates the machine's own speed better than the median.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.comm.collectives import all_gather, reduce_scatter
+from engine.comm.cores import usable_cores
+from engine.comm.launch import run_ranks
+from engine.config import Config, to_dict
+from engine.presets import atomic_write_text
+from engine.projection.fit import fit_ring
+from engine.projection.flops import model_signature
+
+VERSION = 1
+LEVELS = (1, 2)  # ranks computing at once on the host
+LOW_QUANTILE = 0.25
+
+
+class CalibrationError(ValueError):
+    """An unusable calibration file: one line naming it and what to do."""
+
+
+def low_quantile(values) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(LOW_QUANTILE * len(values)))]
+
+
+def default_path() -> Path:
+    """$NANODIST_CALIBRATION, else $XDG_CACHE_HOME (or ~/.cache)/nanodist/calibration.json."""
+    if os.environ.get("NANODIST_CALIBRATION"):
+        return Path(os.environ["NANODIST_CALIBRATION"]).expanduser()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "nanodist" / "calibration.json"
+
+
+@dataclass
+class Calibration:
+    """A calibration file's contents: {"version", "host", "cores", "peak_flops", "copy_bytes_per_s"
+    {level: B/s}, "transport" {alpha, beta, gamma, gamma_by_dtype, sizes, gather_s, scatter_s},
+    "models" {signature:
+    {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s, imbalance}}}}}."""
+
+    data: dict
+
+    @property
+    def cores(self) -> int:
+        return int(self.data["cores"])
+
+    @property
+    def peak_flops(self) -> float:
+        return float(self.data["peak_flops"])
+
+    def copy_bytes_per_s(self, level: int) -> float:
+        table = self.data["copy_bytes_per_s"]
+        return float(table.get(str(level)) or table[max(table, key=int)])
+
+    @property
+    def transport(self) -> dict:
+        return self.data["transport"]
+
+    def gamma(self, dtype: str) -> float:
+        """Seconds per byte our reduction takes in this precision (fp32's when it was not measured)."""
+        return float(self.transport.get("gamma_by_dtype", {}).get(dtype, self.transport["gamma"]))
+
+    def model(self, signature: str) -> dict | None:
+        return self.data.get("models", {}).get(signature)
+
+    def missing(self, signature: str, dtypes) -> list[str]:
+        have = self.model(signature) or {}
+        return [d for d in dtypes if d not in have]
+
+    def save(self, path: Path) -> None:
+        atomic_write_text(path, json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Calibration | None:
+        """The file's calibration; None when there is none yet; CalibrationError when it is unusable."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CalibrationError(f"{path}: not a readable calibration ({exc}); delete it or run "
+                                   "`nanodist-tui project --calibrate` to measure again") from None
+        if not isinstance(data, dict) or data.get("version") != VERSION or "transport" not in data:
+            raise CalibrationError(f"{path}: not a calibration of this nanoDist version; run "
+                                   "`nanodist-tui project --calibrate` to measure again")
+        return cls(data)
+
+
+# ---------------------------------------------------------------------- running the measurements
+
+def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: list[int] | None = None,
+              steps: int = 6, warmup: int = 2, transport_sizes: list[int] | None = None,
+              measure_transport: bool = False, fresh: bool = False, levels=LEVELS) -> Calibration:
+    """Measure what is missing for cfg's model in `dtypes` (and the host and transport, on a first run or
+    with `measure_transport`), merge it into the calibration at `path` and save it there. `fresh`: measure
+    the host, the transport and cfg's model in `dtypes` again (other models in the file are kept).
+    `levels`: how many busy ranks to measure the compute with (1 and 2 unless a caller needs fewer)."""
+    path = path or default_path()
+    existing = Calibration.load(path)
+    data: dict = existing.data if existing else {"version": VERSION, "models": {}}
+    if fresh:
+        data["models"].pop(model_signature(cfg, vocab), None)
+    cores = len(usable_cores())
+    if measure_transport or fresh or existing is None:
+        data.update(host=socket.gethostname(), cores=cores, peak_flops=peak_matmul_flops(),
+                    created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        data["transport"] = measure_ring(transport_sizes or default_transport_sizes(cfg, vocab), list(dtypes))
+    signature = model_signature(cfg, vocab)
+    todo = [d for d in dtypes if d not in data["models"].get(signature, {})]
+    if todo:
+        rows = rows or default_rows(cfg)
+        entry, copies = measure_compute(cfg, todo, rows, cores, steps, warmup, levels)
+        data["models"].setdefault(signature, {}).update(entry)
+        data["copy_bytes_per_s"] = {**data.get("copy_bytes_per_s", {}), **copies}
+    calibration = Calibration(data)
+    calibration.save(path)
+    return calibration
+
+
+def default_rows(cfg: Config) -> list[int]:
+    """Micro-batch sizes to measure: powers of two from an eighth of the global batch up to all of it."""
+    top = cfg.train.global_batch
+    return sorted({max(1, top >> k) for k in range(4)})
+
+
+def default_transport_sizes(cfg: Config, vocab: int) -> list[int]:
+    """The bucket sizes of cfg's model at its bucket cap (what its steps send), and sizes around them."""
+    from engine.build import param_shapes
+    from engine.dtypes import itemsize
+    from engine.flat import FlatLayout
+    shapes = [(name, shape) for name, shape, _ in param_shapes(cfg, vocab)]
+    layout = FlatLayout(shapes, cfg.precision.dtype, 2)
+    cap = cfg.parallel.bucket_cap_mb * 2**20
+    buckets = [(b - a) * itemsize(cfg.precision.dtype) for a, b in layout.buckets(cap)]
+    around = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20]
+    return sorted({max(64, int(n) // 64 * 64) for n in [*buckets, *around]})
+
+
+def peak_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
+    """The best float32 matmul rate of this process (all cores): what 'peak' means on this machine."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def measure_ring(sizes: list[int], dtypes=("fp32",), ranks: int = 2, repeats: int = 12) -> dict:
+    """α, β (all-gathers) and γ per precision (reduce-scatters) of our ring on the processes backend."""
+    kinds = ["fp32", *(d for d in dtypes if d != "fp32")]
+    results = run_ranks(ranks, "processes", _ring_rank, (list(sizes), kinds, repeats), timeout_s=120.0)
+
+    def slowest(key: str) -> list[float]:
+        return [max(r[key][i] for r in results) for i in range(len(sizes))]
+    gather = slowest("gather")
+    fitted = fit_ring(ranks, sizes, gather, slowest("scatter fp32"))
+    gammas = {d: fit_ring(ranks, sizes, gather, slowest(f"scatter {d}"))["gamma"] for d in kinds}
+    return {**fitted, "gamma_by_dtype": gammas, "ranks": ranks, "sizes": list(sizes), "gather_s": gather,
+            "scatter_s": slowest("scatter fp32")}
+
+
+def _ring_rank(comm, emit, sizes: list[int], dtypes: list[str], repeats: int) -> dict:
+    from engine.dtypes import resolve_dtype
+    out: dict[str, list[float]] = {"gather": [], **{f"scatter {d}": [] for d in dtypes}}
+    for size in sizes:
+        runs: list[tuple[str, Callable, np.ndarray]] = [("gather", all_gather,
+                                                          np.ones(size // 4, np.float32))]
+        for d in dtypes:
+            dtype = resolve_dtype(d)
+            runs.append((f"scatter {d}", reduce_scatter, np.ones(size // dtype.itemsize, dtype)))
+        for name, collective, buf in runs:
+            times = []
+            for _ in range(repeats + 2):
+                comm.barrier()
+                t0 = time.perf_counter()
+                collective(comm, buf)
+                times.append(time.perf_counter() - t0)
+            out[name].append(low_quantile(times[2:]))
+    return out
+
+
+def measure_compute(cfg: Config, dtypes, rows: list[int], cores: int, steps: int, warmup: int,
+                    levels=LEVELS) -> tuple[dict, dict]:
+    """{dtype: {level: curve}} for cfg's model, and copy bandwidth per level."""
+    entry: dict = {d: {} for d in dtypes}
+    copies: dict = {}
+    for level in levels:
+        if level > max(1, cores):
+            continue  # more busy ranks than cores is time-slicing, which the model scales
+        args = (to_dict(cfg), list(dtypes), rows, steps, warmup)
+        results = run_ranks(level, "processes", _compute_rank, args, timeout_s=300.0)  # auto threads per rank
+        for dtype in dtypes:
+            per_rank = [r["curves"][dtype] for r in results]
+            entry[dtype][str(level)] = {key: _mean_over_ranks(per_rank, key) for key in per_rank[0]}
+        copies[str(level)] = statistics.mean(r["copy_bytes_per_s"] for r in results)
+    return entry, copies
+
+
+def _mean_over_ranks(per_rank: list[dict], key: str):
+    values = [r[key] for r in per_rank]
+    if isinstance(values[0], list):
+        return [statistics.mean(column) for column in zip(*values)]
+    return statistics.mean(values)
+
+
+def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int], steps: int, warmup: int
+                  ) -> dict:
+    """One busy rank: its model alone at every size and precision, in step with the other ranks."""
+    from engine.config import from_dict
+    curves = {}
+    per_row = cfg_dict["model"].get("block_size", 1) if cfg_dict["model"]["kind"] == "gpt" else 1
+    for dtype in dtypes:
+        per_size = [_time_phases(comm, from_dict(_single(cfg_dict, dtype, r), source="<calibration>"), steps,
+                                 warmup) for r in rows]
+        curves[dtype] = {"tokens": [r * per_row for r in rows], "forward_s": [p["forward"] for p in per_size],
+                         "backward_s": [p["backward"] for p in per_size],
+                         "optimizer_s_per_element": statistics.mean(p["optimizer"] / p["n_params"]
+                                                                    for p in per_size),
+                         "other_s": statistics.mean(p["other"] for p in per_size),
+                         "imbalance": statistics.mean(p["imbalance"] for p in per_size)}
+    return {"curves": curves, "copy_bytes_per_s": _copy_rate(comm)}
+
+
+def _single(cfg_dict: dict, dtype: str, rows: int) -> dict:
+    """cfg as one rank training `rows` rows per step in `dtype`: no accumulation, no checkpointing."""
+    d = json.loads(json.dumps(cfg_dict))
+    d["parallel"].update(world_size=1, backend="threads", zero_stage=0, ranks_per_node=0)
+    d.pop("emulate", None)
+    d["train"].update(global_batch=rows, micro_batches=1)
+    d["precision"]["dtype"] = dtype
+    d["memory"]["checkpointing"] = "none"
+    return d
+
+
+def _time_phases(comm, cfg: Config, steps: int, warmup: int) -> dict:
+    """Low-quantile seconds of a step's phases for a one-rank trainer, ranks stepping together."""
+    from engine.comm.base import Signals
+    from engine.comm.threads import ThreadGroup
+    from engine.data import rank_slice
+    from engine.trainer import Trainer
+    trainer = Trainer(cfg, ThreadGroup(1, cfg.parallel.timeout_s, Signals()).communicator(0))
+    replica = trainer.replica
+    phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": [], "other": []}
+    waits, computes = [], []
+    try:
+        for i in range(warmup + steps):
+            before = time.perf_counter()
+            comm.barrier()  # waits for the slowest rank's previous step
+            t0 = time.perf_counter()
+            x, y = rank_slice(trainer.dataset.global_batch(i, "train"), 0, 1, 0, 1)
+            replica.zero_grad()
+            replica.begin_micro(sync=True)
+            t1 = time.perf_counter()
+            loss = trainer._loss(x, y)
+            float(loss.data)
+            t2 = time.perf_counter()
+            replica.backward(loss, 1.0)
+            replica.finish_backward()
+            t3 = time.perf_counter()
+            replica.step(1e-4, min(1.0, 1.0 / max(replica.grad_norm(), 1e-12)), i)
+            t4 = time.perf_counter()
+            if i >= warmup:
+                for key, seconds in zip(phases, (t2 - t1, t3 - t2, t4 - t3, t1 - t0)):
+                    phases[key].append(seconds)
+                computes.append(t4 - t0)
+                if i > warmup:  # the first barrier waits for the warm-up, not for a step
+                    waits.append(t0 - before)
+    finally:
+        replica.close()
+    imbalance = statistics.median(waits) / statistics.median(computes) if waits else 0.0
+    return {**{k: low_quantile(v) for k, v in phases.items()}, "n_params": trainer.n_params,
+            "imbalance": imbalance}
+
+
+def _copy_rate(comm, nbytes: int = 32 << 20, repeats: int = 7) -> float:
+    """Bytes per second of one large numpy copy, the other ranks copying at the same time."""
+    src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return nbytes / low_quantile(times)

@@ -1,0 +1,262 @@
+"""The step model: one training step of a config on a machine, replayed on a two-thread timeline.
+
+Compute: FLOPs (flops.py) over the machine's rate at this micro-batch size (compute.py) for forward and
+backward, plus the recomputed forward of checkpointed blocks, the optimizer over the elements this rank
+owns (the estimator's shard), the bookkeeping around a step, and the copies ZeRO-2/3 make when packing
+gradients. Communication, on the buckets and units the engine really uses (engine.flat,
+engine.parallel.buckets, the estimator's units), as the replicas issue it (engine.parallel):
+
+    stage 0  on the last micro-batch, each bucket's all-reduce goes to the communication thread once
+             every bucket up to it is ready (their gradients final, backward_events) and overlaps the
+             rest of backward; the step waits for the last
+    stage 1  the same with reduce-scatters; after the update the training thread all-gathers every bucket
+    stage 2  every micro-batch reduce-scatters its buckets, packed by the training thread, at most two in
+             flight; all-gathers after the update
+    stage 3  every micro-batch all-gathers each unit before its forward and again before its backward
+             (the next one prefetched while this one computes, `parallel.prefetch`) and reduce-scatters it
+             when its gradients are final, at most two in flight
+    always   the grad norm's 8-byte all-reduce when gradients are sharded, fp16's 16-byte overflow flag
+             likewise, and the 16-byte all-reduce that averages the loss over ranks; where ranks share a
+             host, the wait for the slowest of them (compute.py's imbalance, calibrated)
+
+Without `parallel.overlap` every collective is waited for where it is issued.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from engine.build import param_shapes
+from engine.dtypes import itemsize
+from engine.flat import FlatLayout
+from engine.parallel.buckets import aligned_buckets
+from engine.projection.collectives import all_reduce_time, half_collective_time
+from engine.projection.flops import BackwardEvent, FlopsOf, backward_events
+from engine.projection.machine import Machine
+from engine.projection.timeline import Task, Timeline
+from engine.recompute import checkpointed_blocks
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Seconds of one step: step = compute + exposed + interference; overlapped is hidden communication."""
+
+    step_s: float
+    compute_s: float
+    overlapped_s: float
+    exposed_s: float  # waits on communication, including imbalance_s
+    interference_s: float
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    optimizer_s: float
+    comm_s: float  # every collective's time, hidden or not
+    imbalance_s: float  # waiting for slower ranks sharing the host
+    algorithm: str
+
+    @property
+    def comm_share(self) -> float:
+        """Exposed communication over the step: what the training thread waits on."""
+        return self.exposed_s / self.step_s if self.step_s else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "comm_share": self.comm_share}
+
+
+class _Comm:
+    """Collective times on the machine, with their CPU part for interference."""
+
+    def __init__(self, machine: Machine):
+        self.m = machine
+
+    def all_reduce(self, nbytes: float) -> tuple[float, float]:
+        _, seconds = all_reduce_time(self.m.topology, nbytes, self.m.algorithm)
+        cpu = all_reduce_time(self.m.cpu_topology, nbytes, "ring")[1] if self.m.cpu_topology else 0.0
+        return seconds, cpu
+
+    def half(self, nbytes: float, reduce: bool) -> tuple[float, float]:
+        seconds = half_collective_time(self.m.topology, nbytes, reduce, self.m.algorithm)
+        cpu = 0.0
+        if self.m.cpu_topology is not None:
+            cpu = half_collective_time(self.m.cpu_topology, nbytes, reduce, "ring")
+        return seconds, cpu
+
+
+def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) -> StepBreakdown:
+    """One step of cfg (its world size, stage, precision, micro-batches) on `machine`. `owned_elements`:
+    the optimizer's shard (engine.estimator), which sets the update's cost."""
+    p, dtype, world = cfg.parallel, cfg.precision.dtype, cfg.parallel.world_size
+    micro, rows = cfg.train.micro_batches, cfg.train.global_batch // (world * cfg.train.micro_batches)
+    tokens = rows * flops_of.tokens_per_row
+    flops, compute, k = flops_of(tokens), machine.compute, machine.ranks_on_host
+    t_fwd = flops.forward / compute.rate("forward", dtype, tokens, k)
+    t_bwd = flops.backward / compute.rate("backward", dtype, tokens, k)
+    forward_rate = compute.rate("forward", dtype, tokens, k)
+    t_block_fwd = flops.block_forward / forward_rate
+    t_units = [f / forward_rate for f in flops.unit_forward]
+    ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, cfg.model.n_layer)) if cfg.model.kind == "gpt" \
+        else set()
+    t_opt = compute.optimizer_s(owned_elements, dtype, k)
+    tl = Timeline(shares_cores=machine.cpu_topology is not None)
+    comm = _Comm(machine)
+    tl.compute(compute.other_s(dtype, k))
+    events = backward_events(cfg, flops_of.vocab)
+    plan = GroupPlan(cfg, flops_of.vocab, world)
+    program = {0: _data_parallel, 1: _data_parallel, 2: _data_parallel, 3: _zero3}[p.zero_stage]
+    for m in range(micro):
+        program(tl, comm, plan, cfg, events, t_fwd, t_bwd, t_block_fwd, ckpt, sync=m == micro - 1,
+                t_units=t_units)
+    tl.wait_all()  # finish_backward
+    sharded = p.zero_stage > 0 and world > 1
+    if sharded:
+        tl.blocking(*comm.all_reduce(8))  # the gradient norm's sum of squares
+        if dtype == "fp16":
+            tl.blocking(*comm.all_reduce(16))  # the overflow flag
+    tl.compute(t_opt)
+    if p.zero_stage in (1, 2) and world > 1:
+        for size in plan.sizes:
+            tl.blocking(*comm.half(size, reduce=False))  # the updated parameters, bucket by bucket
+    if world > 1:
+        tl.blocking(*comm.all_reduce(16))  # the loss, averaged over ranks
+        tl.wait_for_peers(compute.imbalance_s(tl.compute_s, dtype, k))
+    return StepBreakdown(
+        step_s=tl.step_s, compute_s=tl.compute_s, overlapped_s=tl.overlapped_s, exposed_s=tl.exposed_s,
+        interference_s=tl.interference_s, forward_s=micro * t_fwd, backward_s=micro * t_bwd,
+        recompute_s=micro * len(ckpt) * t_block_fwd, optimizer_s=t_opt, comm_s=tl.comm_s,
+        imbalance_s=tl.imbalance_s, algorithm=machine.algorithm)
+
+
+class GroupPlan:
+    """The groups a stage communicates in: bucket (stages 0-2) or unit (stage 3) sizes in bytes, and the
+    parameter indices each holds."""
+
+    def __init__(self, cfg, vocab: int, world: int):
+        shapes = param_shapes(cfg, vocab)
+        s, stage, cap = itemsize(cfg.precision.dtype), cfg.parallel.zero_stage, cfg.parallel.bucket_cap_mb
+        named = [(name, shape) for name, shape, _ in shapes]
+        if stage == 0:
+            layout = FlatLayout(named, cfg.precision.dtype)
+            plan = layout.bucket_plan(int(cap * 2**20))
+            self.sizes = [(b - a) * s for a, b, _ in plan]
+            self.members = [tuple(members) for _, _, members in plan]
+        elif stage in (1, 2):
+            buckets = aligned_buckets(FlatLayout(named, cfg.precision.dtype, world), int(cap * 2**20), world)
+            self.sizes = [(b.end - b.start) * s for b in buckets]
+            self.members = [b.members for b in buckets]
+        else:
+            units: dict = {}
+            for i, (_, _, unit) in enumerate(shapes):
+                units.setdefault(unit, []).append(i)
+            order = ([None] if None in units else []) + sorted(u for u in units if u is not None)
+            self.units = order
+            self.members = [tuple(units[u]) for u in order]
+            self.sizes = [math.ceil(sum(math.prod(shapes[i][1]) for i in units[u]) / world) * world * s
+                          for u in order]
+
+
+def _data_parallel(tl: Timeline, comm: _Comm, plan: GroupPlan, cfg, events: list[BackwardEvent], t_fwd: float,
+                   t_bwd: float, t_block: float, ckpt: set, sync: bool, t_units: list[float]) -> None:
+    """Stages 0-2: one micro-batch's forward and backward with its bucket collectives."""
+    stage, overlap = cfg.parallel.zero_stage, cfg.parallel.overlap
+    reduces = sync or stage == 2
+    tl.compute(t_fwd)
+    if not reduces or cfg.parallel.world_size == 1:
+        tl.compute(t_bwd + len(ckpt) * t_block)
+        return
+    issue_early = overlap or stage == 2  # stage 2 packs buckets as they fill, overlap or not
+    ready: set[int] = set()
+    inflight: list[Task] = []
+    issued = 0
+    for event, seconds in _timed(events, t_bwd, t_block, ckpt):
+        tl.compute(seconds)
+        ready.update(event.ready)
+        while issue_early and issued < len(plan.sizes) and ready.issuperset(plan.members[issued]):
+            _issue(tl, comm, plan, stage, issued, inflight, overlap)
+            issued += 1
+    while issued < len(plan.sizes):
+        _issue(tl, comm, plan, stage, issued, inflight, overlap)
+        issued += 1
+
+
+def _issue(tl: Timeline, comm: _Comm, plan: GroupPlan, stage: int, b: int, inflight: list[Task],
+           overlap: bool) -> None:
+    size = plan.sizes[b]
+    if stage == 0:
+        tl.submit(*comm.all_reduce(size))
+        return
+    if stage == 1:
+        tl.submit(*comm.half(size, reduce=True))
+        return
+    _reduce_into_shard(tl, comm, size, inflight, overlap)
+
+
+def _reduce_into_shard(tl: Timeline, comm: _Comm, size: float, inflight: list[Task], overlap: bool) -> None:
+    """ZeRO-2/3: at most two buffers in flight; pack the gradients (a copy on the training thread), then
+    reduce-scatter on the communication thread (waited for at once without overlap)."""
+    while len(inflight) >= 2:
+        tl.wait(inflight.pop(0))
+    tl.compute(comm.m.compute.copy_s(size, comm.m.ranks_on_host))
+    inflight.append(tl.submit(*comm.half(size, reduce=True)))
+    if not overlap:
+        tl.wait(inflight.pop())
+
+
+def _timed(events: list[BackwardEvent], t_bwd: float, t_block: float, ckpt: set):
+    """(event, seconds) in backward order; a checkpointed block's recompute runs before its first event."""
+    seen: set = set()
+    for event in events:
+        extra = 0.0
+        if event.block in ckpt and event.block not in seen:
+            seen.add(event.block)
+            extra = t_block
+        yield event, event.share * t_bwd + extra
+
+
+def _zero3(tl: Timeline, comm: _Comm, plan: GroupPlan, cfg, events: list[BackwardEvent], t_fwd: float,
+           t_bwd: float, t_block: float, ckpt: set, sync: bool, t_units: list[float]) -> None:
+    """Stage 3: one micro-batch with its unit gathers (forward and backward) and reduce-scatters."""
+    if cfg.parallel.world_size == 1:
+        tl.compute(t_fwd + t_bwd + len(ckpt) * t_block)
+        return
+    prefetch, overlap = cfg.parallel.prefetch, cfg.parallel.overlap
+    outer = plan.units and plan.units[0] is None
+    blocks = list(range(1 if outer else 0, len(plan.sizes)))
+    gathers: dict[int, Task] = {}
+
+    def gather(i: int) -> None:
+        tl.compute(comm.m.compute.copy_s(plan.sizes[i] / cfg.parallel.world_size, comm.m.ranks_on_host))
+        gathers[i] = tl.submit(*comm.half(plan.sizes[i], reduce=False))
+
+    def ensure(i: int) -> None:
+        if i not in gathers:
+            gather(i)
+        tl.wait(gathers.pop(i))
+
+    # forward: the outer unit, then each block with the next one prefetched
+    order = ([0] if outer else []) + blocks
+    for n, i in enumerate(order):
+        ensure(i)
+        if prefetch and n + 1 < len(order):
+            gather(order[n + 1])
+        if plan.units[i] is not None:
+            tl.compute(t_units[plan.units[i]])
+    tl.compute(max(0.0, t_fwd - sum(t_units)))  # the head and the loss
+    # backward: the outer unit again at the logits, then the blocks from the last, each prefetching the next
+    back = ([0] if outer else []) + blocks[::-1]
+    timed = list(_timed(events, t_bwd, t_block, ckpt))
+    outside = [s for e, s in timed if e.block is None]  # the head first, the embeddings last (GPT)
+    inflight: list[Task] = []
+    for n, i in enumerate(back):
+        ensure(i)
+        if prefetch and n + 1 < len(back):
+            gather(back[n + 1])
+        unit = plan.units[i]
+        if unit is None:
+            tl.compute(outside[0] if outside else 0.0)
+            continue
+        tl.compute(sum(s for e, s in timed if e.block == unit))
+        _reduce_into_shard(tl, comm, plan.sizes[i], inflight, overlap)
+    tl.compute(sum(outside[1:]))
+    if outer:  # its last gradient (the token embedding's, tied to the head) is final only now
+        _reduce_into_shard(tl, comm, plan.sizes[0], inflight, overlap)

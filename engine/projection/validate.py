@@ -1,0 +1,239 @@
+"""Validation: calibrate on this machine, predict runs the calibration never saw, run them, compare.
+
+The calibration (calibrate.py) measures compute with ranks that never communicate and the transport with
+bare collectives; every case here is a real training step (engine.trainer) on the processes backend —
+N up to 4, ZeRO 0-3, fp32 and bf16, checkpointing on and off, emulated networks — held out from it.
+
+Measured per case: the step period (the whole `train_step`, with the loss average after it), and the
+communication the training thread waits on: the replica's waits for its communication thread plus the
+collectives the training thread runs itself (timed through `_TimedComm`). A run's figures are the lower
+quartiles over its steps (load from other jobs only ever slows a step).
+
+On a shared machine the load drifts within minutes, so every case is predicted from a calibration taken
+just before it runs — the compute of the case's model in its precision at its micro-batch size with 1 or
+2 busy ranks (as many as it has, at most 2), and the transport — into a temporary file, leaving the
+user's calibration alone. The calibration still runs none of what the case adds: no communication with
+the compute, no ZeRO, no recomputation, no emulated network, never more than 2 ranks. The validation goes
+in `repeats` rounds over every case; a case's figures are the medians over rounds. Model-state memory is
+compared byte for byte with the ledger.
+
+Summary: mean absolute percentage error of the step time, its maximum, the bias (mean signed error), the
+largest communication-share difference in percentage points, whether memory matched, and whether the
+ranking of the cases is preserved: Kendall's tau over all pairs, and "preserved" when every pair that the
+measurements tell apart is ordered the same way by the prediction. Two cases are told apart when their
+measured times differ by more than NOISE and by more than their half-ranges over the rounds together
+(a pair whose runs overlap is a tie: the machine could not rank it either).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.build import vocab_size
+from engine.comm.launch import run_ranks
+from engine.config import Config, network_emulation, replace, to_dict
+from engine.memory import MODEL_STATES
+from engine.projection.calibrate import LEVELS, Calibration, calibrate, low_quantile
+from engine.projection.clusters import Cluster
+from engine.projection.project import predict
+
+NOISE = 0.10  # measured step times closer than this are a tie for the ranking
+
+# label -> overrides on the base config (gpt-mini on the processes backend, 1 MiB buckets)
+CASES: tuple[tuple[str, dict], ...] = (
+    ("1 rank, bf16, checkpointing", {"parallel.world_size": 1, "precision.dtype": "bf16",
+                                     "memory.checkpointing": "blocks"}),
+    ("2 ranks, DDP", {}),
+    ("2 ranks, ZeRO-1", {"parallel.zero_stage": 1}),
+    ("2 ranks, ZeRO-2, bf16", {"parallel.zero_stage": 2, "precision.dtype": "bf16"}),
+    ("2 ranks, ZeRO-3", {"parallel.zero_stage": 3}),
+    ("2 ranks, DDP, checkpointing", {"memory.checkpointing": "blocks"}),
+    ("2 ranks, DDP, 2 ms latency", {"emulate.latency_us": 2000.0}),
+    ("2 ranks, DDP, 1 Gbit/s", {"emulate.bandwidth_gbps": 1.0}),
+    ("2 ranks, ZeRO-3, 500 us, 4 Gbit/s", {"parallel.zero_stage": 3, "emulate.latency_us": 500.0,
+                                          "emulate.bandwidth_gbps": 4.0}),
+    ("4 ranks, DDP", {"parallel.world_size": 4}),
+    ("4 ranks, ZeRO-3, bf16, checkpointing", {"parallel.world_size": 4, "parallel.zero_stage": 3,
+                                              "precision.dtype": "bf16", "memory.checkpointing": "blocks"}),
+    ("4 ranks, ZeRO-2, 2 nodes: 1 ms, 2 Gbit/s between", {
+        "parallel.world_size": 4, "parallel.zero_stage": 2, "parallel.ranks_per_node": 2,
+        "emulate.inter_latency_us": 1000.0, "emulate.inter_bandwidth_gbps": 2.0}),
+)
+QUICK = (1, 4, 6, 9)  # the cases of a quick validation
+BASE = {"parallel.backend": "processes", "parallel.world_size": 2, "parallel.bucket_cap_mb": 1.0}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    label: str
+    predicted_s: float
+    measured_s: float
+    predicted_share: float
+    measured_share: float
+    memory_exact: bool
+    runs: list
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+
+def case_configs(base: Config, quick: bool = False) -> list[tuple[str, Config]]:
+    """The held-out cases on top of `base` (ConfigError if the base cannot take one)."""
+    out = []
+    for n, (label, overrides) in enumerate(CASES):
+        if quick and n not in QUICK:
+            continue
+        cfg = base
+        for key, value in {**BASE, **overrides}.items():
+            cfg = replace(cfg, key, value)
+        out.append((label, cfg))
+    return out
+
+
+def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int = 2, steps: int = 10,
+             warmup: int = 3, on_progress=lambda text: None) -> dict:
+    """Rounds over every case: calibrate for it, predict it, run it; returns the report (see summarize)."""
+    cases = case_configs(base, quick)
+    vocab = vocab_size(cases[0][1]) if base.model.kind == "gpt" else 0
+    runs: dict[str, list[dict]] = {label: [] for label, _ in cases}
+    calibration = None
+    for repeat, (label, cfg) in itertools.product(range(repeats), cases):
+        on_progress(f"round {repeat + 1}/{repeats}: {label}: calibrating, predicting, running")
+        calibration = calibrate_for(cfg, vocab)
+        step, mem, _ = predict(cfg, cluster, calibration, vocab)
+        run = measure_case(cfg, steps, warmup)
+        run.update(predicted_s=step.step_s, predicted_share=step.comm_share,
+                   memory_exact=all(run["states"][k] == mem.states[k] for k in MODEL_STATES))
+        runs[label].append(run)
+
+    def median(measured: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in measured)
+    outcomes = [Outcome(label, median(m, "predicted_s"), median(m, "step_s"), median(m, "predicted_share"),
+                        median(m, "comm_share"), all(r["memory_exact"] for r in m), m)
+                for label, m in runs.items()]
+    return summarize(outcomes, calibration)
+
+
+def calibrate_for(cfg: Config, vocab: int) -> Calibration:
+    """A fresh calibration for one case (its precision, micro-batch size and busy ranks, the transport at
+    its buckets), in a temporary file."""
+    rows = cfg.train.global_batch // (cfg.parallel.world_size * cfg.train.micro_batches)
+    level = min(cfg.parallel.world_size, max(LEVELS))
+    with tempfile.TemporaryDirectory() as folder:
+        return calibrate(cfg, vocab, [cfg.precision.dtype], path=Path(folder) / "calibration.json",
+                         rows=[rows], levels=(level,), measure_transport=True)
+
+
+def measure_case(cfg: Config, steps: int, warmup: int) -> dict:
+    """One run of a case: {step_s, comm_share, states} (lower quartiles over steps, slowest rank)."""
+    results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, _validation_rank,
+                        (to_dict(cfg), warmup, steps), timeout_s=120.0, network=network_emulation(cfg),
+                        threads_per_rank=cfg.parallel.threads_per_rank)
+    return {"step_s": max(r["step_s"] for r in results),
+            "comm_share": statistics.mean(r["comm_share"] for r in results), "states": results[0]["states"]}
+
+
+class _TimedComm:
+    """A rank's communicator, timing the collectives the training thread runs itself (all else passes)."""
+
+    def __init__(self, comm):
+        self._comm, self._thread, self.blocking_s = comm, threading.get_ident(), 0.0
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+    def _timed(self, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if threading.get_ident() == self._thread:
+                self.blocking_s += time.perf_counter() - t0
+
+    def send(self, *args, **kwargs):
+        return self._timed(self._comm.send, *args, **kwargs)
+
+    def recv(self, *args, **kwargs):
+        return self._timed(self._comm.recv, *args, **kwargs)
+
+    def sendrecv(self, *args, **kwargs):
+        return self._timed(self._comm.sendrecv, *args, **kwargs)
+
+    def barrier(self):
+        return self._timed(self._comm.barrier)
+
+
+def _validation_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int) -> dict:
+    from engine.comm.meter import TrafficMeter
+    from engine.config import from_dict
+    from engine.trainer import Trainer
+    cfg = from_dict(cfg_dict, source="<validation>")
+    comm.meter = comm.meter or TrafficMeter(comm.rank)
+    timed = _TimedComm(comm)
+    trainer = Trainer(cfg, timed)
+    states = {k: trainer.ledger.current[k] for k in MODEL_STATES}
+    step_s, waits = [], []
+    try:
+        for i in range(warmup + steps):
+            comm.barrier()
+            before = timed.blocking_s
+            t0 = time.perf_counter()
+            trainer.train_step()
+            seconds = time.perf_counter() - t0
+            waited = trainer.replica.comm_wait_s + timed.blocking_s - before
+            if i >= warmup:
+                step_s.append(seconds)
+                waits.append(waited)
+    finally:
+        trainer.replica.close()
+    step = low_quantile(step_s)
+    return {"step_s": step, "comm_share": min(1.0, low_quantile(waits) / step), "states": states}
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    pairs = list(itertools.combinations(range(len(a)), 2))
+    if not pairs:
+        return 1.0
+    score = sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs) - \
+        sum((a[i] - a[j]) * (b[i] - b[j]) < 0 for i, j in pairs)
+    return score / len(pairs)
+
+
+def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -> dict:
+    """The validation report: per case and overall (MAPE, max, bias, comm share, memory, ranking)."""
+    errors = [o.error for o in outcomes]
+    measured = [o.measured_s for o in outcomes]
+    predicted = [o.predicted_s for o in outcomes]
+    spread = [(max(r["step_s"] for r in o.runs) - min(r["step_s"] for r in o.runs)) / 2 for o in outcomes]
+    beyond_noise = [(i, j) for i, j in itertools.combinations(range(len(outcomes)), 2)
+                    if abs(measured[i] - measured[j]) > max(NOISE * min(measured[i], measured[j]),
+                                                            spread[i] + spread[j])]
+    discordant = [(outcomes[i].label, outcomes[j].label) for i, j in beyond_noise
+                  if (measured[i] - measured[j]) * (predicted[i] - predicted[j]) <= 0]
+    return {
+        "cases": [{"label": o.label, "predicted_s": o.predicted_s, "measured_s": o.measured_s,
+                   "error": o.error, "predicted_comm_share": o.predicted_share,
+                   "measured_comm_share": o.measured_share, "memory_exact": o.memory_exact,
+                   "runs_s": [r["step_s"] for r in o.runs],
+                   "predicted_runs_s": [r["predicted_s"] for r in o.runs]} for o in outcomes],
+        "mape": statistics.mean(abs(e) for e in errors),
+        "max_error": max(abs(e) for e in errors),
+        "bias": statistics.mean(errors),
+        "comm_share_points": max(abs(o.predicted_share - o.measured_share) for o in outcomes) * 100,
+        "memory_exact": all(o.memory_exact for o in outcomes),
+        "kendall_tau": kendall_tau(measured, predicted),
+        "ranking_preserved": not discordant,
+        "discordant": discordant,
+        "pairs_told_apart": len(beyond_noise),
+        "noise": NOISE,
+        "calibration": {"alpha": calibration.transport["alpha"], "beta": calibration.transport["beta"],
+                        "gamma": calibration.transport["gamma"], "cores": calibration.cores,
+                        "peak_flops": calibration.peak_flops} if calibration else None,
+    }

@@ -1,0 +1,260 @@
+"""`nanodist-tui project`: a run projected onto a cluster over world sizes; `--validate` holds the projection
+to runs measured here; `--calibrate` measures this machine; `--clusters` lists the cluster files;
+`--nccl-tests FILE` fits a link's latency and bandwidth to pasted all_reduce_perf output. The work is
+engine.projection's; this module parses and prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nanodist_tui.cli.errors import fail, user_errors
+from nanodist_tui.cli.options import JsonOpt, PresetOpt, SetOpt, WorldOpt
+from nanodist_tui.cli.running import load_config
+
+MB = 1e6
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c",
+                                         help="cluster name (presets/clusters/) or a .toml path")]
+
+
+def _world_sizes(text: str | None) -> tuple[int, ...]:
+    from engine.projection.project import DEFAULT_WORLD_SIZES
+    if not text:
+        return DEFAULT_WORLD_SIZES
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        fail(f'--world-sizes: "{text}" is not a comma-separated list of whole numbers; write e.g. 8,64,512')
+    if not sizes or min(sizes) < 1:
+        fail("--world-sizes: every world size must be at least 1")
+    return sizes
+
+
+def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine", sets: SetOpt = None,
+            world_size: WorldOpt = None,
+            world_sizes: Annotated[str | None, typer.Option(help="comma-separated, e.g. 8,64,512 "
+                                                            "(default 1,2,4,...,4096)")] = None,
+            scaling: Annotated[str, typer.Option(help="weak: rows per rank fixed; strong: global batch "
+                                                 "fixed")] = "weak",
+            out: Annotated[Path | None, typer.Option(help="write the JSON report here (default: "
+                                                     "<run.out_dir>/projections/<preset>-on-<cluster>.json)")]
+            = None,
+            validate: Annotated[bool, typer.Option("--validate", help="calibrate here, then predict and run "
+                                                   "held-out configurations, and compare")] = False,
+            quick: Annotated[bool, typer.Option("--quick", help="--validate on 4 cases, not 12")] = False,
+            repeats: Annotated[int, typer.Option(min=1, help="--validate: rounds, each calibrating afresh "
+                                                 "then running every case (medians)")] = 2,
+            calibrate: Annotated[bool, typer.Option("--calibrate", help="measure this machine for the preset "
+                                                    "(compute, copies, transport) and save it")] = False,
+            calibration: Annotated[Path | None, typer.Option(help="calibration file (default "
+                                                             "~/.cache/nanodist/calibration.json)")] = None,
+            clusters: Annotated[bool, typer.Option("--clusters", help="list the cluster files")] = False,
+            nccl_tests: Annotated[Path | None, typer.Option(
+                "--nccl-tests", help="fit latency and bandwidth to all_reduce_perf output (a file; - for "
+                "stdin)")] = None,
+            ranks: Annotated[int | None, typer.Option(min=2, help="--nccl-tests: ranks, when the output does "
+                                                      "not say")] = None,
+            as_json: JsonOpt = False) -> None:
+    """Predict a run on a cluster you do not have, per world size: step split, tokens/s, scaling, MFU and
+    memory."""
+    from engine.projection.calibrate import CalibrationError, default_path
+    from engine.projection.clusters import load_cluster
+    from engine.projection.fit import FitError
+    from engine.projection.project import SCALINGS
+    if scaling not in SCALINGS:
+        fail(f'--scaling: "{scaling}" is not one of {", ".join(SCALINGS)}')
+    path = calibration or default_path()
+    try:
+        if clusters:
+            return _list_clusters(as_json)
+        if nccl_tests is not None:
+            return _fit_nccl(nccl_tests, ranks, as_json)
+        with user_errors():
+            cfg, _, _ = load_config(preset, sets, world_size)
+            target = load_cluster(cluster)
+        if validate:
+            return _validate(cfg, quick, repeats, as_json, out)
+        if calibrate:
+            return _calibrate(cfg, path, as_json)
+        _project(cfg, target, _world_sizes(world_sizes), scaling, path, out, as_json)
+    except (CalibrationError, FitError) as e:
+        fail(str(e))
+
+
+# ---------------------------------------------------------------------- the projection
+
+def _calibration_for(cfg, target, path: Path, quiet: bool):
+    """The calibration a calibrated cluster needs for cfg, measured now if it is missing."""
+    from engine.build import vocab_size
+    from engine.projection.calibrate import Calibration, calibrate
+    from engine.projection.flops import model_signature
+    if not target.calibrated:
+        return None
+    vocab = vocab_size(cfg) if cfg.model.kind == "gpt" else 0
+    existing = Calibration.load(path)
+    if existing is not None and not existing.missing(model_signature(cfg, vocab), [cfg.precision.dtype]):
+        return existing
+    if not quiet:
+        print(f"calibrating this machine for {cfg.name} ({cfg.precision.dtype}); about a minute, saved to "
+              f"{path}", file=sys.stderr)
+    return calibrate(cfg, vocab, [cfg.precision.dtype], path=path)
+
+
+def _project(cfg, target, world_sizes, scaling: str, path: Path, out: Path | None, as_json: bool) -> None:
+    from engine.projection.project import project
+    report = project(cfg, target, world_sizes, _calibration_for(cfg, target, path, as_json), scaling)
+    data = {**report, "rows": [row.as_dict() for row in report["rows"]]}
+    default = Path(cfg.run.out_dir) / "projections" / f"{cfg.name}-on-{target.path.stem}.json"
+    out = _write_json(data, out or default)
+    if as_json:
+        print(json.dumps(data, indent=1))
+        return
+    print_projection(data, cfg, target)
+    print(f"JSON written to {out}")
+
+
+def _write_json(data: dict, out: Path) -> Path:
+    """Write the report atomically; an unwritable place is one line, exit code 2."""
+    from engine.presets import atomic_write_text
+    try:
+        atomic_write_text(out, json.dumps(data, indent=1) + "\n")
+    except OSError as e:
+        fail(f"--out: cannot write {out} ({e.strerror}); choose another file with --out PATH")
+    return out
+
+
+def print_projection(data: dict, cfg, target) -> None:
+    p = cfg.parallel
+    print(f"{cfg.name} on {target.name}: ZeRO-{p.zero_stage}, {cfg.precision.dtype}, checkpointing "
+          f"{cfg.memory.checkpointing}, {data['scaling']} scaling, buckets of {p.bucket_cap_mb:g} MiB")
+    head = (f"{'ranks':>6} {'batch':>6} {'step ms':>9} {'compute':>9} {'overlap':>9} {'exposed':>9} "
+            f"{'contend':>8} {'comm':>5} {'tokens/s':>10} {'scaling':>7} {'MFU':>6} {'MB/rank':>8} "
+            f"{'fits':>4}")
+    print(head)
+    for r in data["rows"]:
+        fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "NO")
+        ms = " ".join(f"{r[k] * 1e3:9.2f}" for k in ("step_s", "compute_s", "overlapped_s", "exposed_s"))
+        print(f"{r['world_size']:>6} {r['global_batch']:>6} {ms} {r['interference_s'] * 1e3:8.2f} "
+              f"{r['comm_share']:5.0%} {r['tokens_per_s']:10.3g} {r['scaling_efficiency']:7.0%} "
+              f"{r['mfu']:6.1%} {r['peak_bytes'] / MB:8.1f} {fits:>4}")
+    for s in data["skipped"]:
+        print(f"  {s['world_size']} ranks left out: {s['why']}")
+    _print_memory(data["rows"])
+    if len(data["rows"]) > 1:
+        print(scaling_plot(data["rows"]))
+
+
+def _print_memory(rows: list[dict]) -> None:
+    from engine.memory import CATEGORIES
+    print("per-rank memory, MB (each category at its own peak; peak = highest simultaneous total)")
+    print(f"{'ranks':>6} " + " ".join(f"{c[:11]:>11}" for c in CATEGORIES) + f" {'peak':>9}")
+    for r in rows:
+        print(f"{r['world_size']:>6} " + " ".join(f"{r['memory'][c] / MB:11.1f}" for c in CATEGORIES)
+              + f" {r['peak_bytes'] / MB:9.1f}")
+
+
+def scaling_plot(rows: list[dict], width: int = 78, height: int = 16) -> str:
+    import plotext as plt
+
+    from nanodist_tui.widgets.projection_pane import draw_scaling
+    plt.clear_figure()
+    plt.plotsize(width, height)
+    plt.theme("clear")
+    draw_scaling(plt, rows)
+    text = plt.build()
+    return text if sys.stdout.isatty() and not os.environ.get("NO_COLOR") else plt.uncolorize(text)
+
+
+# ---------------------------------------------------------------------- validation and calibration
+
+def _validate(cfg, quick: bool, repeats: int, as_json: bool, out: Path | None) -> None:
+    from engine.comm.base import RankFailure
+    from engine.projection.clusters import load_cluster
+    from engine.projection.validate import validate
+    here = load_cluster("this-machine")
+    progress = (lambda text: None) if as_json else (lambda text: print(f"  {text}", file=sys.stderr))
+    try:
+        report = validate(cfg, here, quick=quick, repeats=repeats, on_progress=progress)
+    except RankFailure as e:
+        fail(f"a validation run failed: {e}", code=1)
+    out = _write_json(report, out or Path(cfg.run.out_dir) / "projections" / f"validation-{cfg.name}.json")
+    if as_json:
+        print(json.dumps(report, indent=1))
+        return
+    print_validation(report, cfg.name)
+    print(f"JSON written to {out}")
+
+
+def print_validation(r: dict, preset: str) -> None:
+    print(f"held-out runs of {preset} on this machine (processes backend): predicted from a calibration at "
+          "1 and 2 ranks, then measured")
+    print(f"{'case':48} {'predicted':>10} {'measured':>10} {'error':>7} {'comm pred':>10} {'comm meas':>10} "
+          f"{'memory':>7}")
+    for c in r["cases"]:
+        print(f"{c['label']:48} {c['predicted_s'] * 1e3:8.1f}ms {c['measured_s'] * 1e3:8.1f}ms "
+              f"{c['error']:+7.1%} {c['predicted_comm_share']:10.1%} {c['measured_comm_share']:10.1%} "
+              f"{'exact' if c['memory_exact'] else 'DIFFERS':>7}")
+    ranking = "preserved" if r["ranking_preserved"] else "NOT preserved: " + "; ".join(
+        f"{a} vs {b}" for a, b in r["discordant"])
+    memory = "exact" if r["memory_exact"] else "DIFFERS"
+    print(f"step time: MAPE {r['mape']:.1%}, max {r['max_error']:.1%}, bias {r['bias']:+.1%}; comm share "
+          f"within {r['comm_share_points']:.1f} points; model-state memory {memory}; ranking {ranking} "
+          f"over the {r['pairs_told_apart']} pairs the measurements tell apart (Kendall tau over all pairs "
+          f"{r['kendall_tau']:.2f})")
+
+
+def _calibrate(cfg, path: Path, as_json: bool) -> None:
+    from engine.build import vocab_size
+    from engine.projection.calibrate import calibrate
+    vocab = vocab_size(cfg) if cfg.model.kind == "gpt" else 0
+    cal = calibrate(cfg, vocab, [cfg.precision.dtype], path=path, measure_transport=True)
+    t = cal.transport
+    if as_json:
+        print(json.dumps(cal.data, indent=1))
+        return
+    print(f"calibration saved to {path}")
+    print(f"  host: {cal.cores} cores, best fp32 matmul {cal.peak_flops / 1e9:.0f} GFLOP/s")
+    print(f"  transport (processes backend, 2 ranks): alpha {t['alpha'] * 1e6:.1f} us, "
+          f"beta {1 / t['beta'] / 1e9 if t['beta'] else float('inf'):.2f} GB/s, "
+          f"gamma {1 / t['gamma'] / 1e9 if t['gamma'] else float('inf'):.2f} GB/s")
+
+
+def _list_clusters(as_json: bool) -> None:
+    from engine.config import ConfigError
+    from engine.projection.clusters import list_clusters, load_cluster
+    rows = []
+    for path in list_clusters():
+        try:
+            c = load_cluster(path)
+            rows.append({"name": path.stem, "path": str(path), "what": c.name, "ranks": c.max_ranks,
+                         "error": None})
+        except ConfigError as e:
+            rows.append({"name": path.stem, "path": str(path), "what": "", "ranks": 0, "error": str(e)})
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    for r in rows:
+        what = r["error"] or f"{r['what']} (up to {r['ranks']} ranks)"
+        print(f"{r['name']:16} {what}")
+
+
+def _fit_nccl(source: Path, ranks: int | None, as_json: bool) -> None:
+    from engine.projection.fit import fit_nccl_all_reduce
+    try:
+        text = sys.stdin.read() if str(source) == "-" else source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"--nccl-tests: cannot read {source} ({e}); give the file all_reduce_perf's output was saved to")
+    fit = fit_nccl_all_reduce(text, ranks)
+    if as_json:
+        print(json.dumps(fit, indent=1))
+        return
+    print(f"nccl-tests all-reduce, {fit['ranks']} ranks, {fit['rows']} sizes: alpha "
+          f"{fit['alpha'] * 1e6:.1f} us, bus bandwidth {fit['busbw'] / 1e9:.1f} GB/s")
+    print("for a cluster file (the link these ranks used):")
+    print(f"  bandwidth_gbs = {fit['busbw'] / 1e9:.1f}  # fitted to nccl-tests all_reduce_perf")
+    print(f"  latency_us = {fit['alpha'] * 1e6:.1f}  # fitted to nccl-tests all_reduce_perf")

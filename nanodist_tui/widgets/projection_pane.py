@@ -1,0 +1,219 @@
+"""The projection pane: pick a cluster, see the run's scaling curve and step breakdown per world size, and
+beside a live run its predicted step time against the measured one.
+
+The projection (engine.projection, a few hundred milliseconds: memory estimates per world size) runs on a
+worker thread and comes back as a `ProjectionReady` message (post_message: never blocks the worker, so an
+app that is closing cannot deadlock with it); the pane only stores ticks in `ingest` (the run's
+config from RunStarted, recent step times) and draws in `redraw`, when it is on screen. A calibrated
+cluster (this machine) needs a calibration of the run's model: without one the pane says so, and `c`
+(in the projection screen) measures it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Select, Static
+from textual_plotext import PlotextPlot
+
+from engine.events import RunStarted
+from nanodist_tui.messages import Tick
+
+RECENT_STEPS = 30  # the measured step time is the median of this many recent steps
+COLUMNS = ("ranks", "step ms", "compute", "overlap", "exposed", "comm", "tokens/s", "scaling", "MFU",
+           "MB/rank", "fits")
+
+
+def draw_scaling(plt, rows: list[dict]) -> None:
+    """Tokens/s against ranks on log axes, with ideal linear scaling from the first row, on any plotext-like
+    object (the plotext module for the CLI, a PlotextPlot's `plt` here). The logarithms are taken here and
+    the axes labelled in the original units: plotext's own log scales re-apply the log to explicit ticks
+    when a widget builds the same figure twice."""
+    xs = [math.log2(r["world_size"]) for r in rows]
+    ys = [math.log10(r["tokens_per_s"]) for r in rows]
+    ideal = [ys[0] + math.log10(r["world_size"] / rows[0]["world_size"]) for r in rows]
+    plt.plot(xs, ideal, label="linear scaling", marker="dot")
+    plt.plot(xs, ys, label="projected", marker="braille")
+    plt.xticks(xs, [str(r["world_size"]) for r in rows])
+    low, high = math.floor(min(ys + ideal)), math.ceil(max(ys + ideal))
+    plt.yticks(list(range(low, high + 1)), [f"1e{k}" for k in range(low, high + 1)])
+    plt.title("tokens/s by ranks (log-log)")
+    plt.xlabel("ranks")
+
+
+class ProjectionReady(Message):
+    """A projection computed on a worker thread: {"rows", "live_step_s", ...} or {"error": one line}."""
+
+    def __init__(self, result: dict) -> None:
+        super().__init__()
+        self.result = result
+
+
+class ProjectionPane(Vertical):
+    """Implements the Pane protocol (widgets/pane.py)."""
+
+    def __init__(self, preset_name: str, calibration_path: Path | None = None, *, id: str | None = None):
+        super().__init__(id=id)
+        self.preset_name, self.calibration_path = preset_name, calibration_path
+        self.config: dict | None = None  # the live run's, from its RunStarted
+        self.world_size = 1
+        self.steps: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.result: dict | None = None  # the latest projection (worker thread)
+        self.cluster = "this-machine"
+        self._stale = True  # the projection must be recomputed
+        self._dirty = True  # the live comparison must be redrawn
+
+    def compose(self) -> ComposeResult:
+        from engine.projection.clusters import list_clusters
+        names = [p.stem for p in list_clusters()]
+        yield Select([(n, n) for n in names], value=self.cluster if self.cluster in names else names[0],
+                     allow_blank=False, id="projection-cluster")
+        yield Static("", id="projection-live")
+        with Horizontal(id="projection-body"):
+            yield PlotextPlot(id="projection-plot")
+            yield DataTable(id="projection-table", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#projection-table", DataTable).add_columns(*COLUMNS)
+
+    # ------------------------------------------------------------------ the Pane protocol
+
+    def ingest(self, tick: Tick) -> None:
+        for event in tick.events:
+            if isinstance(event, RunStarted):
+                self.config, self.world_size = event.config, event.world_size
+                self.steps.clear()
+                self._stale = True
+        fresh = [s.step_time_s for s in tick.steps if not s.skipped]
+        if fresh:
+            self.steps.extend(fresh)
+            self._dirty = True
+
+    def redraw(self) -> None:
+        if not (self.is_mounted and self.is_on_screen):
+            return
+        if self._stale:
+            self._stale = False
+            self.refresh_projection()
+        if self._dirty:
+            self._dirty = False
+            self.query_one("#projection-live", Static).update(self.live_text())
+
+    # ------------------------------------------------------------------ computing (worker thread)
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        if event.value != self.cluster and isinstance(event.value, str):
+            self.cluster = event.value
+            self.refresh_projection()
+
+    def refresh_projection(self) -> None:
+        self._say(Text(f"projecting onto {self.cluster} ...", style="dim"))
+        self.run_worker(self._compute, thread=True, exclusive=True, group="projection")
+
+    def _compute(self) -> None:
+        result = compute_projection(self._cfg(), self.cluster, self.calibration_path)
+        self.post_message(ProjectionReady(result))
+
+    def calibrate(self) -> None:
+        """Measure this machine for the run's model on a worker thread, then project again."""
+        self._say(Text("calibrating this machine (about a minute) ...", style="bold yellow"))
+        self.run_worker(self._calibrate, thread=True, exclusive=True, group="projection")
+
+    def _calibrate(self) -> None:
+        from engine.build import vocab_size
+        from engine.projection.calibrate import calibrate, default_path
+        cfg = self._cfg()
+        try:
+            calibrate(cfg, vocab_size(cfg) if cfg.model.kind == "gpt" else 0, [cfg.precision.dtype],
+                      path=self.calibration_path or default_path())
+        except Exception as e:  # noqa: BLE001 - shown in the pane, never crashes the app
+            self.post_message(ProjectionReady({"error": f"calibration failed: {e}"}))
+            return
+        self._compute()
+
+    def _say(self, text: Text) -> None:
+        self.query_one("#projection-live", Static).update(text)
+
+    def _cfg(self):
+        from engine.config import from_dict
+        from engine.presets import load_preset
+        if self.config is not None:
+            return from_dict(self.config, source="<live run>")
+        return load_preset(self.preset_name)[0]
+
+    # ------------------------------------------------------------------ drawing
+
+    def on_projection_ready(self, message: ProjectionReady) -> None:
+        self._show(message.result)
+
+    def _show(self, result: dict) -> None:
+        self.result = result
+        self._dirty = True
+        table = self.query_one("#projection-table", DataTable)
+        table.clear()
+        plot = self.query_one("#projection-plot", PlotextPlot)
+        plot.plt.clear_data()
+        plot.plt.clear_figure()
+        rows = result.get("rows") or []
+        for r in rows:
+            fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "NO")
+            ms = [f"{r[k] * 1e3:.2f}" for k in ("step_s", "compute_s", "overlapped_s", "exposed_s")]
+            table.add_row(str(r["world_size"]), *ms, f"{r['comm_share']:.0%}", f"{r['tokens_per_s']:.3g}",
+                          f"{r['scaling_efficiency']:.0%}", f"{r['mfu']:.1%}", f"{r['peak_bytes'] / 1e6:.1f}",
+                          fits)
+        if len(rows) > 1:
+            draw_scaling(plot.plt, rows)
+        plot.refresh()
+        self._say(self.live_text())
+
+    def live_text(self) -> Text:
+        r = self.result or {}
+        if "error" in r:
+            return Text(r["error"], style="bold red")
+        text = Text()
+        predicted = r.get("live_step_s")
+        if predicted is not None:
+            text.append(f"{r.get('cluster', self.cluster)}: {self.world_size} rank(s) predicted "
+                        f"{predicted * 1e3:.1f} ms/step")
+        if self.steps:
+            measured = statistics.median(self.steps)
+            text.append(f"   measured here {measured * 1e3:.1f} ms/step (median of the last "
+                        f"{len(self.steps)})")
+            if predicted is not None and r.get("calibrated"):
+                text.append(f"   error {(predicted - measured) / measured:+.0%}", style="bold")
+        if not text:
+            text.append("no run yet: the projection is of the preset", style="dim")
+        return text
+
+
+def compute_projection(cfg, cluster_name: str, calibration_path: Path | None) -> dict:
+    """The projection the pane shows (JSON-like), or {"error": one line}; never raises."""
+    from engine.config import ConfigError
+    from engine.projection.calibrate import Calibration, CalibrationError, default_path
+    from engine.projection.clusters import load_cluster
+    from engine.projection.flops import model_signature
+    from engine.projection.project import predict, project
+    try:
+        cluster = load_cluster(cluster_name)
+        calibration = None
+        if cluster.calibrated:
+            from engine.build import vocab_size
+            calibration = Calibration.load(calibration_path or default_path())
+            vocab = vocab_size(cfg) if cfg.model.kind == "gpt" else 0
+            if calibration is None or calibration.missing(model_signature(cfg, vocab), [cfg.precision.dtype]):
+                return {"error": f"{cluster.name}: no calibration of this model in {cfg.precision.dtype} "
+                                 "yet; press c to measure it (about a minute)"}
+        report = project(cfg, cluster, calibration=calibration)
+        live = predict(cfg, cluster, calibration)[0] if cfg.parallel.world_size <= cluster.max_ranks else None
+        return {"cluster": cluster.name, "calibrated": cluster.calibrated,
+                "rows": [row.as_dict() for row in report["rows"]],
+                "live_step_s": live.step_s if live is not None else None}
+    except (ConfigError, CalibrationError, ValueError) as e:
+        return {"error": str(e).splitlines()[0]}

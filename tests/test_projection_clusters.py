@@ -1,0 +1,98 @@
+"""Cluster files: the shipped ones load and cite every figure; a user folder shadows them; mistakes are one
+line naming the file, the line and the key."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import pytest
+
+from engine.config import ConfigError
+from engine.projection.clusters import FIELDS, cluster_dirs, find_cluster, list_clusters, load_cluster
+
+SHIPPED = ("this-machine", "cpu-100gbe", "a100-hdr", "h100-ndr")
+SOURCES = ("nominal", "reported", "measured", "assumed", "calibrat")
+
+
+@pytest.fixture(autouse=True)
+def _only_shipped(in_tmp, monkeypatch):
+    monkeypatch.delenv("NANODIST_CLUSTERS", raising=False)
+
+
+def test_the_shipped_clusters_load():
+    names = [p.stem for p in list_clusters()]
+    assert set(SHIPPED) <= set(names)
+    for name in SHIPPED:
+        cluster = load_cluster(name)
+        assert cluster.name and cluster.max_ranks >= 1
+    assert load_cluster("this-machine").calibrated
+    h100 = load_cluster("h100-ndr")
+    assert h100.peak_flops("bf16") == 989e12 and h100["intra.bandwidth_gbs"] == 370
+    assert h100["intra.nominal_gbs"] == 450 and h100.max_ranks == 4096
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_figure_says_where_it_comes_from(name):
+    """Each numeric setting carries a comment naming its kind of source: nominal (datasheet), reported
+    (a published measurement), measured (by nanoDist), assumed, or calibrated here."""
+    text = find_cluster(name).read_text()
+    tomllib.loads(text)
+    pending = None
+    for line in text.splitlines() + [""]:
+        match = re.match(r"^(\w+)\s*=\s*([\d.]+)\s*(#.*)?$", line)
+        if pending is not None and not line.startswith(" "):  # a figure's comment may go on below it
+            assert any(word in pending[1].lower() for word in SOURCES), f"{name}: {pending[0]} cites nothing"
+            pending = None
+        if pending is not None:
+            pending = (pending[0], pending[1] + line)
+        if match and match.group(1) not in ("nodes", "ranks_per_node", "cores"):
+            pending = (match.group(1), match.group(3) or "")
+        if match and match.group(1) in ("memory_gb",) and float(match.group(2)) == 0:
+            pending = None  # 0 = the host's own memory: nothing to cite
+
+
+def test_a_user_folder_shadows_the_shipped_ones(in_tmp, monkeypatch):
+    mine = in_tmp / "mine"
+    mine.mkdir()
+    (mine / "a100-hdr.toml").write_text('name = "my A100s"\nranks_per_node = 1\n'
+                                        '[compute]\npeak_tflops_bf16 = 1\n')
+    monkeypatch.setenv("NANODIST_CLUSTERS", str(mine))
+    assert cluster_dirs()[0] == mine
+    assert load_cluster("a100-hdr").name == "my A100s"
+    assert load_cluster(mine / "a100-hdr.toml").name == "my A100s"
+
+
+@pytest.mark.parametrize("body, key, line, words", [
+    ("nodes = 2\n[compute]\npeak_tflops_bf16 = 1\n[inter]\nbandwidth_gbs = 1\nlatency = 3\n", "inter.latency",
+     6, "did you mean inter.latency_us?"),
+    ("[compute]\npeak_tflops_bf16 = \"fast\"\n", "compute.peak_tflops_bf16", 2, "expected float"),
+    ("[compute]\npeak_tflops_bf16 = 1\nefficiency_max = 1.5\n", "compute.efficiency_max", 3, "fraction"),
+    ("[compute]\npeak_tflops_bf16 = 1\n[inter]\nnic = \"switch\"\n", "inter.nic", 4, '"rank", "node"'),
+    ("ranks_per_node = 8\n", "compute", None, "no compute figures"),
+    ("ranks_per_node = 8\n[compute]\npeak_tflops_fp32 = 1\n", "intra.bandwidth_gbs", None, "no bandwidth"),
+    ("nodes = 4\n[compute]\npeak_tflops_fp32 = 1\n", "inter.bandwidth_gbs", None, "no link between them"),
+])
+def test_mistakes_are_one_line_naming_file_line_and_key(in_tmp, body, key, line, words):
+    path = in_tmp / "bad.toml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as err:
+        load_cluster(path)
+    text = str(err.value)
+    assert err.value.key == key and err.value.line == line and words in text
+    assert text.startswith(str(path)) and "\n" not in text
+
+
+def test_unknown_names_and_bad_toml(in_tmp):
+    with pytest.raises(ConfigError, match="did you mean a100-hdr"):
+        load_cluster("a100-hrd")
+    bad = in_tmp / "broken.toml"
+    bad.write_text("nodes = [1,\n")
+    with pytest.raises(ConfigError, match="TOML syntax error"):
+        load_cluster(bad)
+
+
+def test_every_field_has_a_doc_and_a_default_of_its_type():
+    for key, (kind, default, check, doc) in FIELDS.items():
+        assert doc and isinstance(default, kind), key
+        assert check(default) is None or key.startswith("compute.efficiency"), key
