@@ -297,14 +297,19 @@ def resolved_document(doc: Any) -> tomlkit.TOMLDocument:
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+def check_preset_name(name: str, source: str = "<preset>") -> None:
+    """ConfigError unless `name` can name a preset file (letters, digits, '.', '_', '-')."""
+    if not _NAME.match(name):
+        raise ConfigError("name", f"{name!r} cannot name a preset", "use letters, digits, '.', '_' and '-' "
+                          "(e.g. my-gpt)", source=source)
+
+
 def save_as(doc: tomlkit.TOMLDocument, name: str, overrides: list[str] | tuple[str, ...] = (), *,
             folder: str | os.PathLike = "presets", force: bool = False, source: str = "<preset>") -> Path:
     """Save `doc` with `overrides` applied as the new preset `name` (folder/NAME.toml, its `name` set):
     comments and the spelling of numbers stay as written. ConfigError for a bad name, an existing file
     (unless `force`) or an override that does not validate; `doc` itself is left unchanged."""
-    if not _NAME.match(name):
-        raise ConfigError("name", f"{name!r} cannot name a preset", "use letters, digits, '.', '_' and '-' "
-                          "(e.g. my-gpt)", source=source)
+    check_preset_name(name, source)
     target = Path(folder) / f"{name}.toml"
     if target.exists() and not force:
         raise ConfigError("name", f"{target} exists", "choose another name (or overwrite it: --force)",

@@ -50,10 +50,12 @@ REPLAY_ACTIONS = ("replay_speed", "seek")
 
 class WorkbenchActions:
     """Needs the app's `session`, `header`, `workspace`, `make_job`, `check_run`, `sweep_finish`, `sweeping`,
-    `display_frozen`, `say`, `replace_session`, `_set_state` and `_redraw` (app.py)."""
+    `display_frozen`, `model_server`, `say`, `replace_session`, `_set_state` and `_redraw` (app.py)."""
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Footer and keys offer only what fits: run control for a training run, seeking for a replay."""
+        if action == "stop_serving":  # the palette's only
+            return self.model_server is not None
         if action not in WORKBENCH_ACTIONS:
             return True  # Textual's own (pop_screen, the palette, ...)
         if len(self.screen_stack) > 1 and action not in ("quit", "stop_and_quit", "help"):
@@ -206,6 +208,47 @@ class WorkbenchActions:
         if chosen and len(chosen) == 2:
             from nanodist_tui.screens.compare import CompareScreen
             self.push_screen(CompareScreen(*chosen))
+
+    def action_sweeps(self) -> None:
+        from nanodist_tui.screens.sweeps import SweepsScreen
+        self.push_screen(SweepsScreen())
+
+    def action_serve(self) -> None:
+        if self.model_server is not None:
+            self.notify(f"already serving on {self.model_server.url} (the palette's Stop serving ends it)")
+            return
+        from nanodist_tui.screens.open_run import OpenRunScreen
+        self.push_screen(OpenRunScreen(count=1), self._serve_chosen)
+
+    def _serve_chosen(self, chosen) -> None:
+        if chosen:
+            self.run_worker(lambda: self._start_serving(chosen[0]), name="serve", group="serve", thread=True,
+                            exit_on_error=False)
+
+    def _start_serving(self, run_dir) -> None:
+        """On a worker thread: loading and checking the model takes a moment."""
+        from nanodist_tui.serving import start_server
+        try:
+            server = start_server(run_dir)
+        except Exception as e:  # noqa: BLE001 - shown as one line; the workbench goes on
+            self.call_from_thread(self.notify, f"cannot serve {run_dir}: {e}", severity="error", timeout=10)
+            return
+        self.call_from_thread(self._serving, server, run_dir)
+
+    def _serving(self, server, run_dir) -> None:
+        if not self.is_running:
+            server.stop()
+            return
+        self.model_server = server
+        self.say(f"serving {run_dir} on {server.url}: POST /generate, GET /info, GET /health, docs at "
+                 f"{server.url}/docs (palette: \"Stop serving\")", "success")
+        self.notify(f"serving on {server.url}")
+
+    def action_stop_serving(self) -> None:
+        server, self.model_server = self.model_server, None
+        if server is not None:
+            server.stop()
+            self.say(f"stopped serving on {server.url}")
 
     async def action_quit(self) -> None:
         """Quit; a run still going is stopped first (after a confirmation), keeping its checkpoint."""

@@ -73,6 +73,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self.tick_times: deque[tuple[float, float]] = deque(maxlen=10_000)
         self._next_job: tuple[JobFn, ReplayPlayer | None, str] | None = None  # started once the current ends
         self._quit_when_done = False
+        self.model_server: Any = None  # a run's model served from the palette (nanodist_tui.serving)
 
     # ------------------------------------------------------------------ layout
 
@@ -111,6 +112,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
     def on_unmount(self) -> None:
         if self.session is not None:
             self.session.control.set()  # however the app ends, the job must stop
+        self.action_stop_serving()
 
     @staticmethod
     def _startup_log() -> LogPane:

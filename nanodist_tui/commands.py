@@ -23,6 +23,9 @@ ACTIONS = {
     "replay_speed(-1)": ("Replay slower", "halve the replay speed"),
     "seek(1)": ("Seek forward", "jump ahead a tenth of the run"),
     "seek(-1)": ("Seek back", "jump back a tenth of the run (the panes are rebuilt)"),
+    "sweeps": ("Sweep results", "a stored sweep's trials and best (sweep show); e exports the best"),
+    "serve": ("Serve a run's model", "a trained GPT over HTTP on loopback, as `nanodist-tui serve` does"),
+    "stop_serving": ("Stop serving", "end the model server the palette started"),
     "help": ("Help", "every key, and what each pane, bar, column and mark means"),
     "stop_and_quit": ("Quit", "stop the run (checkpoint kept) and quit"),
 }
