@@ -58,11 +58,12 @@ def test_sweep_results_show_what_sweep_show_prints_and_export_the_best(in_tmp):
     sweep = load_sweep(in_tmp / "runs" / "sweep-cli")
     best = min(load_study(sweep).get_trials(deepcopy=False), key=lambda t: t.values[0])
     cfg = presets.load_preset(str(in_tmp / "presets" / "best-lr.toml"))[0]
-    assert cfg.optim.lr == best.params["optim.lr"] and cfg.optim.warmup_steps == best.params["optim.warmup_steps"]
+    assert cfg.optim.lr == best.params["optim.lr"]
+    assert cfg.optim.warmup_steps == best.params["optim.warmup_steps"]
     assert "# " in (in_tmp / "presets" / "best-lr.toml").read_text()  # the swept preset's comments kept
 
 
-@pytest.mark.skipif(missing_library() is not None, reason=f"serving needs the serve extra: {missing_library()}")
+@pytest.mark.skipif(missing_library() is not None, reason=f"needs the serve extra: {missing_library()}")
 def test_a_runs_model_is_served_from_the_palette_and_stopped(tmp_path):
     runs = gpt_and_mlp_runs(tmp_path)
     seen: dict = {}
