@@ -4,6 +4,7 @@ so pausing the display freezes the log too."""
 from __future__ import annotations
 
 from rich.text import Text
+from textual.events import Resize
 from textual.widgets import RichLog
 
 from nanodist_tui.describe import Line
@@ -21,6 +22,11 @@ class LineLog(RichLog):
 
     def write_queued(self) -> None:
         """Write and forget the queued lines, wrapped to the log's current width (RichLog's default is 78)."""
+        if not self._size_known and self.size.width:
+            # A RichLog defers every write until a Resize tells it its size, and Textual does not always send
+            # one to a log laid out while the tab around it is being built (seen under a 1 kHz event stream):
+            # it then stays blank for good. Its own Resize handler writes what it deferred.
+            self.on_resize(Resize(self.size, self.virtual_size))
         width = self.scrollable_content_region.width or None
         for line in self._pending:
             self.write(Text(line.text, style=LEVEL_STYLES.get(line.level, "")), width=width)
