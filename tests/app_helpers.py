@@ -136,6 +136,9 @@ def demo_events() -> list:
     return read_events(DEMO_DIR)
 
 
+TEST_PANE_INTERVAL_S = 0.3  # panes redraw this often in tests (the app's default is slower: see app.py)
+
+
 async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -144,7 +147,7 @@ async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 10.0) 
 
 
 def run(scenario: Callable, job, size=SIZE, **kwargs) -> NanoDistApp:
-    app = create_app("fake", job, **kwargs)
+    app = create_app("fake", job, **{"pane_interval_s": TEST_PANE_INTERVAL_S, **kwargs})
 
     async def main() -> None:
         async with app.run_test(size=size, notifications=True) as pilot:

@@ -21,6 +21,7 @@ from engine.events import (
 from nanodist_tui.app import create_app
 from nanodist_tui.widgets.pane import Pane
 from nanodist_tui.widgets.sweep_pane import SweepPane
+from tests.app_helpers import TEST_PANE_INTERVAL_S
 from tests.sweep_helpers import sweep_of, write_preset
 
 SIZE = (160, 50)
@@ -85,7 +86,7 @@ def test_sweep_pane_is_a_pane_and_only_a_sweep_gets_it():
     assert isinstance(SweepPane(), Pane)
 
     async def main() -> None:
-        app = create_app("plain", lambda emit, stop: None)
+        app = create_app("plain", lambda emit, stop: None, pane_interval_s=TEST_PANE_INTERVAL_S)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause(0.2)
             assert not app.query(SweepPane)
@@ -97,7 +98,7 @@ def test_trials_fill_the_table_in_place_and_the_cursor_stays():
     job = FakeSweep(n=4, hold_at=2)
 
     async def main() -> None:
-        app = create_app("fake", job, sweep_finish=job.finish)
+        app = create_app("fake", job, sweep_finish=job.finish, pane_interval_s=TEST_PANE_INTERVAL_S)
         async with app.run_test(size=SIZE) as pilot:
             pane = app.query_one(SweepPane)
             await settle(pilot, app, lambda: len(pane.table.rows) == 2)
@@ -124,7 +125,7 @@ def test_two_metrics_show_the_pareto_front():
     job = FakeSweep(n=3, metrics=("val_loss", "peak_memory_mb"))
 
     async def main() -> None:
-        app = create_app("fake", job, sweep_finish=job.finish)
+        app = create_app("fake", job, sweep_finish=job.finish, pane_interval_s=TEST_PANE_INTERVAL_S)
         async with app.run_test(size=SIZE) as pilot:
             pane = app.query_one(SweepPane)
             await settle(pilot, app, lambda: app.session.state == "finished")
@@ -138,7 +139,7 @@ def test_x_ends_the_sweep_after_the_running_trial_on_the_jobs_thread():
     job = FakeSweep(n=5, hold_at=1)
 
     async def main() -> None:
-        app = create_app("fake", job, sweep_finish=job.finish)
+        app = create_app("fake", job, sweep_finish=job.finish, pane_interval_s=TEST_PANE_INTERVAL_S)
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot, app, lambda: job.ran == [0])
             assert app.check_action("finish_sweep", ()) is True
@@ -166,7 +167,8 @@ log = true
     finish = threading.Event()
 
     async def main() -> None:
-        app = create_app("tiny", lambda emit, stop: run_sweep(sweep, emit, stop, finish), sweep_finish=finish)
+        app = create_app("tiny", lambda emit, stop: run_sweep(sweep, emit, stop, finish), sweep_finish=finish,
+                         pane_interval_s=TEST_PANE_INTERVAL_S)
         async with app.run_test(size=SIZE) as pilot:
             pane = app.query_one(SweepPane)
             await settle(pilot, app, lambda: app.session.state == "finished", timeout=60)

@@ -1,6 +1,7 @@
-"""The workbench's own commands: `screenshot` draws the same SVG from the same recording (the README's picture
-is that drawing, kept current), `bench ui-events` reports a 1 kHz stream handled as the workbench promises,
-and `bench ui` compares tokens/s with the workbench open against --no-ui and says whether it meets the goal."""
+"""The workbench's own commands: `screenshot` draws the same SVG from the same recording (the README's
+picture is that drawing, kept current), `bench ui-events` reports a 1 kHz stream handled as the workbench
+promises, and `bench ui` compares tokens/s with the workbench open against --no-ui and says whether it
+meets the goal."""
 from __future__ import annotations
 
 import re
@@ -22,7 +23,7 @@ def test_screenshot_is_deterministic_and_the_readme_picture_is_current(tmp_path)
     assert svg.startswith("<svg") and "nanoDist" in svg
     assert first.read_bytes() == second.read_bytes()
     # the README shows docs/workbench.svg; `just screenshot` redraws it after a change of the picture
-    assert README_SHOT.read_bytes() == first.read_bytes(), "docs/workbench.svg is stale: run `just screenshot`"
+    assert README_SHOT.read_bytes() == first.read_bytes(), "docs/workbench.svg is stale: `just screenshot`"
 
 
 @pytest.mark.parametrize("size", ["160", "10x5"])

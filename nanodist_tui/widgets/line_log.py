@@ -22,10 +22,12 @@ class LineLog(RichLog):
 
     def write_queued(self) -> None:
         """Write and forget the queued lines, wrapped to the log's current width (RichLog's default is 78)."""
-        if not self._size_known and self.size.width:
-            # A RichLog defers every write until a Resize tells it its size, and Textual does not always send
-            # one to a log laid out while the tab around it is being built (seen under a 1 kHz event stream):
-            # it then stays blank for good. Its own Resize handler writes what it deferred.
+        if not self.size.width:
+            return  # not laid out yet: the lines wait here, to be wrapped at the width the log gets
+        if not self._size_known:
+            # RichLog holds every write until a Resize tells it its size, and Textual does not always send
+            # one to a log laid out while the tab around it is being built (seen under a 1 kHz event
+            # stream): it then stays blank for good. Its own Resize handler marks the size known.
             self.on_resize(Resize(self.size, self.virtual_size))
         width = self.scrollable_content_region.width or None
         for line in self._pending:
