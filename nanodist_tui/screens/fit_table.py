@@ -3,31 +3,15 @@ rank's row, and the total against the memory this machine has (for the ranks the
 
 from __future__ import annotations
 
-import os
-
 from rich.text import Text
 from textual.widgets import Static
 
+from engine.capacity import available_memory
 from engine.estimator import estimate
 from nanodist_tui.widgets.memory_pane import ordered, style_of
 from nanodist_tui.widgets.units import format_bytes
 
 LOCAL_BACKENDS = ("threads", "processes")  # every rank on this machine
-
-
-def available_bytes() -> int | None:
-    """MemAvailable (Linux), else the physical memory; None when neither can be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def fit_report(cfg, available: int | None) -> Text:
@@ -68,4 +52,4 @@ def fit_report(cfg, available: int | None) -> Text:
 
 class FitTable(Static):
     def show(self, cfg) -> None:
-        self.update(fit_report(cfg, available_bytes()))
+        self.update(fit_report(cfg, available_memory()))
