@@ -107,8 +107,8 @@ def test_without_data_the_panes_say_what_they_wait_for():
 
 
 def test_a_failure_is_shown_once_with_its_cause():
-    def lines(log) -> str:
-        return " ".join(line.text for line in log.lines)
+    def lines(log) -> str:  # wrapped lines joined back, words separated by single spaces
+        return " ".join(" ".join(line.text for line in log.lines).split())
 
     async def scenario(app: NanoDistApp, pilot) -> None:
         await wait_for(pilot, lambda: app.session.state == "failed" and app.session.worker.is_finished)
