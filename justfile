@@ -34,6 +34,22 @@ bench:
     nanodist-tui bench allreduce --backend processes --world-size 4 --sizes 16MiB,64MiB --vs-gloo
     nanodist-tui bench techniques --preset gpt-mini --world-size 4
     nanodist-tui bench pruning --preset sweep-lr --trials 20
+    nanodist-tui bench ui --preset quickstart
+    nanodist-tui bench ui-events
+
+# The workbench's cost: tokens/s with it open vs --no-ui, and a 1 kHz event stream.
+bench-ui:
+    nanodist-tui bench ui --preset quickstart
+    nanodist-tui bench ui-events
+
+# The README's picture of the workbench, drawn from the bundled demo recording.
+screenshot:
+    nanodist-tui screenshot -o docs/workbench.svg --size 160x50
+
+# Record the demo run again (4 ranks, ZeRO-2, fp16) that screenshots and snapshot tests replay; then
+# `just screenshot` and `python -m pytest tests/test_snapshots.py --snapshot-update`, and look at both.
+demo-recording:
+    python -m nanodist_tui.demo
 
 # What the median pruner saves a 20-trial sweep (sweep-lr twice: without and with it; steps counted).
 bench-pruning:

@@ -83,14 +83,16 @@ class StaticScaler(NoScaler):
     def check(self, grad, flat, offset: int = 0):
         return find_overflow(grad, flat, offset)
 
+    # What to try when every step overflows; a dynamic scaler is already lowering its own scale.
+    STUCK_ADVICE = 'lower precision.loss_scale or use "dynamic", lower optim.lr, or train in bf16'
+
     def _count_skips(self, step: int, found) -> None:
         """A run whose every step overflows makes no progress: stop it with a reason, don't spin."""
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if found is not None else 0
         if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
             raise LossScaleError(
                 f"{self.skipped_in_a_row} steps in a row overflowed (last: {found[0]} in {found[1]} at step "
-                f"{step}, loss scale {self.scale:g}); lower precision.loss_scale or use \"dynamic\", "
-                "lower optim.lr, or train in bf16")
+                f"{step}, loss scale {self.scale:g}); {self.STUCK_ADVICE}")
 
     def state_dict(self) -> dict:
         return {"scale": self.scale, "skipped_in_a_row": self.skipped_in_a_row}
@@ -108,6 +110,10 @@ class StaticScaler(NoScaler):
 
 class DynamicScaler(StaticScaler):
     """GradScaler's back-off / growth, with DeepSpeed's hysteresis and floor."""
+
+    # Halving the scale 50 times in a row did not help: the gradients are not finite at any scale.
+    STUCK_ADVICE = ("the gradients overflow at any scale, so the cause is upstream: lower optim.lr, check "
+                    "the data for inf/NaN, or train in bf16")
 
     def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
                  hysteresis=1, min_scale=0.0):

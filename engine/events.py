@@ -28,6 +28,8 @@ class RunStarted:
     total_steps: int
     network: str = ""  # "emulated network: ..." when the links are emulated (engine.comm.emulation)
     threads_per_rank: int = 0  # BLAS/OpenMP threads of each rank (rank 0's host), as resolved; 0 = unknown
+    first_step: int = 0  # the step a resumed run starts from
+    run_dir: str = ""  # the run folder, when the run is recorded
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,13 @@ class CheckpointSaved:
 
 
 @dataclass(frozen=True)
+class RunPaused:
+    kind: ClassVar[str] = "run_paused"
+    step: int  # every rank holds (or goes on) after this step
+    paused: bool  # True: held on request; False: training goes on
+
+
+@dataclass(frozen=True)
 class Log:
     kind: ClassVar[str] = "log"
     level: str  # "debug" | "info" | "warning" | "error"
@@ -125,6 +134,7 @@ class RunFinished:
     tokens_per_s: float
     wall_s: float
     run_dir: str | None
+    stopped: bool = False  # stopped on request before train.steps; its last checkpoint is at `steps`
 
 
 @dataclass(frozen=True)
@@ -193,8 +203,9 @@ class SweepFinished:
 
 
 EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
-    RunStarted, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, LossScaleChange, CheckpointSaved, Log,
-    RunFinished, RunFailed, SweepStarted, TrialStarted, TrialReport, TrialFinished, SweepFinished)}
+    RunStarted, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, LossScaleChange, CheckpointSaved,
+    RunPaused, Log, RunFinished, RunFailed, SweepStarted, TrialStarted, TrialReport, TrialFinished,
+    SweepFinished)}
 
 
 class EventError(ValueError):

@@ -25,10 +25,13 @@ from engine.trainer import train_rank
 
 
 def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None = None,
-                 record: bool = True, preset_doc=None, resume_from: str | Path | None = None) -> dict:
+                 record: bool = True, preset_doc=None, resume_from: str | Path | None = None,
+                 pause_event: threading.Event | None = None) -> dict:
     """Train `cfg` on its backend and world size; returns the run summary. Raises on failure
     (after emitting RunFailed), so callers can map the error to an exit code or a message.
-    A recorded run checkpoints into its folder; `resume_from` (a checkpoint folder) starts from it."""
+    A recorded run checkpoints into its folder, also when it is stopped (at the step reached);
+    `resume_from` (a checkpoint folder) starts from one. While `pause_event` is set the ranks hold
+    after their step (engine.control.RunControl carries both events)."""
     bus = ev.EventBus()
     recorder = None
     stop_event = stop_event or threading.Event()
@@ -53,7 +56,7 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
                             args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),
                             on_event=lambda d: bus.emit(ev.from_json(d)),
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event,
-                            network=network_emulation(cfg),
+                            pause_event=pause_event, network=network_emulation(cfg),
                             threads_per_rank=cfg.parallel.threads_per_rank)
     except BaseException as e:
         message = _failure_message(e, recorder)
@@ -75,15 +78,22 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         raise RecordingError(message)
     mine = [r for r in results if r is not None]  # tcp/mpi: only this process's rank (or all, on rank 0)
     if not mine:
-        raise RuntimeError("every rank stopped before finishing its first evaluation")
+        message = "every rank stopped before finishing its first evaluation"
+        bus.emit(ev.RunFailed(message=message))
+        if sinks:
+            sinks.close()
+        if recorder:
+            recorder.close()  # the run folder is closed and recorded as failed, like any failed run
+        raise RuntimeError(message)
     summary = dict(mine[0])
     summary["wall_s"] = time.perf_counter() - t0
-    summary["stopped"] = stop_event.is_set()
+    summary["stopped"] = summary["steps"] < cfg.train.steps
+    summary["total_steps"] = cfg.train.steps
     summary["lead"] = lead
     finished = ev.RunFinished(steps=summary["steps"], initial_val_loss=summary["initial_val_loss"],
                               final_val_loss=summary["final_val_loss"],
                               tokens_per_s=summary["tokens_per_s"], wall_s=summary["wall_s"],
-                              run_dir=str(recorder.run_dir) if recorder else "")
+                              run_dir=str(recorder.run_dir) if recorder else "", stopped=summary["stopped"])
     bus.emit(finished)
     if sinks:
         sinks.close()  # before the recorder: a sink's last failure still reaches the run's log

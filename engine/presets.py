@@ -292,6 +292,32 @@ def resolved_document(doc: Any) -> tomlkit.TOMLDocument:
     return out
 
 
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_preset_name(name: str, source: str = "<preset>") -> None:
+    """ConfigError unless `name` can name a preset file (letters, digits, '.', '_', '-')."""
+    if not _NAME.match(name):
+        raise ConfigError("name", f"{name!r} cannot name a preset", "use letters, digits, '.', '_' and '-' "
+                          "(e.g. my-gpt)", source=source)
+
+
+def save_as(doc: tomlkit.TOMLDocument, name: str, overrides: list[str] | tuple[str, ...] = (), *,
+            folder: str | os.PathLike = "presets", force: bool = False, source: str = "<preset>") -> Path:
+    """Save `doc` with `overrides` applied as the new preset `name` (folder/NAME.toml, its `name` set):
+    comments and the spelling of numbers stay as written. ConfigError for a bad name, an existing file
+    (unless `force`) or an override that does not validate; `doc` itself is left unchanged."""
+    check_preset_name(name, source)
+    target = Path(folder) / f"{name}.toml"
+    if target.exists() and not force:
+        raise ConfigError("name", f"{target} exists", "choose another name (or overwrite it: --force)",
+                          source=source)
+    copy = tomlkit.parse(doc.as_string())
+    apply_overrides(copy, [*overrides, f"name={name}"], source=source)
+    save_preset(copy, target)
+    return target
+
+
 def save_preset(doc: Any, path: str | os.PathLike) -> None:
     """Write a document atomically: nobody ever sees a half-written preset."""
     atomic_file.atomic_write_text(path, doc if isinstance(doc, str) else doc.as_string())

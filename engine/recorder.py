@@ -119,7 +119,8 @@ def summarize(s: dict[str, Any], ev: Any) -> None:
     elif isinstance(ev, ev_types.LossScaleChange):
         s["loss_scale_changes"] += 1
     elif isinstance(ev, ev_types.RunFinished):
-        s.update(status="finished", steps=ev.steps, tokens_per_s=ev.tokens_per_s, wall_s=ev.wall_s)
+        s.update(status="stopped" if ev.stopped else "finished", steps=ev.steps, tokens_per_s=ev.tokens_per_s,
+                 wall_s=ev.wall_s)
         for key in ("initial_val_loss", "final_val_loss"):
             if getattr(ev, key) is not None:
                 s[key] = getattr(ev, key)

@@ -6,12 +6,12 @@ gradients are synchronised or where optimizer state lives: that is the replica's
 meters are objects that do nothing when disabled, so there is no `if amp:` forest here.
 
 Events are emitted as JSON dicts (`events.to_json`) so they can cross a process boundary.
-Rank 0 reports the run (RunStarted, StepEnd, Eval); every rank reports its own RankStats.
+Rank 0 reports the run (RunStarted, StepEnd, Eval); every rank reports its own figures of each step
+(RankStats, MemorySnapshot, Traffic) — on tcp through rank 0, where the run's recorder and workbench are.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -22,9 +22,10 @@ from engine import events as ev
 from engine.build import build_dataset, build_model, count_params
 from engine.checkpoint import Checkpointer, NoCheckpoints, find_checkpoint, restore
 from engine.comm.base import RankFailure, StopRequested
-from engine.comm.collectives import all_gather, all_reduce, broadcast
+from engine.comm.collectives import all_reduce
 from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
+from engine.comm.objects import all_gather_json, broadcast_json
 from engine.config import Config, from_dict, to_dict
 from engine.data import rank_slice, slice_bounds
 from engine.dtypes import resolve_dtype
@@ -34,17 +35,19 @@ from engine.parallel import make_replica
 from engine.recompute import apply_checkpointing
 from engine.tensor import Tensor, no_grad, set_tape_observer
 
+PAUSE_POLL_S = 0.1  # how often paused ranks check, together, whether to go on
+
 
 class Trainer:
     """One rank's model, data, replica and loop state."""
 
     def __init__(self, cfg: Config, comm, emit=lambda d: None, should_stop=lambda: False,
-                 replica_factory=make_replica):
+                 replica_factory=make_replica, should_pause=lambda: False):
         self.cfg, self.comm = cfg, comm
         self.rank, self.world = comm.rank, comm.world_size
         if comm.meter is None:
             comm.meter = TrafficMeter(comm.rank)
-        self._emit, self.should_stop = emit, should_stop
+        self._emit, self.should_stop, self.should_pause = emit, should_stop, should_pause
         self.dataset = build_dataset(cfg)
         self.model = build_model(cfg, self.dataset)
         self.dtype = resolve_dtype(cfg.precision.dtype)
@@ -60,7 +63,8 @@ class Trainer:
         self.tokens_seen = 0
         self.train_time = 0.0  # seconds spent in train_step, for throughput
         self.stop_agreed = False  # set when any rank was asked to stop (see _agree)
-        self.gather_stats = cfg.parallel.backend == "tcp" and self.world > 1  # see _rank_stats
+        self.pause_agreed = False  # set when any rank was asked to hold after this step
+        self.gather_figures = cfg.parallel.backend == "tcp" and self.world > 1  # see _rank_figures
         # train_rank installs a Checkpointer when the run has a folder
         self.checkpoints: NoCheckpoints | Checkpointer = NoCheckpoints()
 
@@ -108,7 +112,7 @@ class Trainer:
         tokens = cfg.train.global_batch * self.dataset.tokens_per_row
         self.tokens_seen += tokens
         self.train_time += step_time
-        mean_loss, self.stop_agreed = self._agree(loss_sum / n_micro, self.should_stop())
+        mean_loss, self.stop_agreed, self.pause_agreed = self._agree(loss_sum / n_micro)
         return {"loss": mean_loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
                 "tokens": tokens, "skipped": not stepped}
 
@@ -119,12 +123,32 @@ class Trainer:
         if rng is not None:
             rng.begin(self.step, slice_bounds(rows, self.rank, self.world, micro, n_micro)[0])
 
-    def _agree(self, loss: float, stop: bool) -> tuple[float, bool]:
-        """The step's loss averaged over ranks, and whether ANY rank was asked to stop: ranks notice a
-        stop request at different moments, and must leave the loop after the same step, or one would
-        start evaluating while another still sends gradients."""
-        mean_loss, stop_share = self._mean_over_ranks(loss, float(stop))
-        return mean_loss, stop_share > 0
+    def _agree(self, loss: float) -> tuple[float, bool, bool]:
+        """The step's loss averaged over ranks, and whether ANY rank was asked to stop, or to pause:
+        ranks notice a request at different moments (and on tcp or mpi only one process hears it), and
+        must leave or hold the loop after the same step, or one would start evaluating while another
+        still sends gradients."""
+        mean_loss, stop_share, pause_share = self._mean_over_ranks(
+            loss, float(self.should_stop()), float(self.should_pause()))
+        return mean_loss, stop_share > 0, pause_share > 0
+
+    def _hold(self) -> None:
+        """Paused: every rank waits here, after the same step, until no rank asks to pause any more or one
+        asks to stop; the ranks poll the two flags together, so they also go on after the same poll."""
+        if self.rank == 0:
+            self.emit(ev.RunPaused(step=self.step, paused=True))
+        while True:
+            time.sleep(PAUSE_POLL_S)
+            pause_share, stop_share = self._mean_over_ranks(float(self.should_pause()),
+                                                            float(self.should_stop()))
+            if stop_share > 0:
+                self.stop_agreed = True
+                break
+            if pause_share == 0:
+                break
+        self.pause_agreed = False
+        if self.rank == 0:
+            self.emit(ev.RunPaused(step=self.step, paused=False))
 
     def _mean_over_ranks(self, *values: float) -> list[float]:
         """Each value averaged over the ranks, in one small fp64 all-reduce."""
@@ -146,12 +170,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def fit(self, run_id: str = "", preset: str = "") -> dict:
+    def fit(self, run_id: str = "", preset: str = "", run_dir: str = "") -> dict:
         cfg = self.cfg
         if self.rank == 0:
             self.emit(ev.RunStarted(run_id=run_id, preset=preset or cfg.name, config=to_dict(cfg),
                                     n_params=self.n_params, world_size=self.world,
                                     total_steps=cfg.train.steps, threads_per_rank=self.comm.threads_per_rank,
+                                    first_step=self.step, run_dir=run_dir,
                                     network=self.network_report()["network"]))
         val, evaluated_at = self.evaluate(), self.step
         first_val = val
@@ -164,11 +189,15 @@ class Trainer:
             if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and not s["skipped"]:
                 val, evaluated_at = self.evaluate(), self.step
                 self._report_eval(val)
+            if self.pause_agreed and not self.stop_agreed:
+                self._hold()
         if evaluated_at != self.step:  # the run ends with an evaluation of its final parameters
             val = self.evaluate()
             self._report_eval(val)
         wall = time.perf_counter() - t_start
-        self.checkpoints.at_end(self)  # finished or stopped, the step reached is kept
+        # Stop means keep: a stopped run checkpoints at the step it reached (every rank, the same step,
+        # as they agreed), so `resume` continues it exactly where it stopped.
+        self.checkpoints.at_end(self)
         # Throughput over the time spent in training steps (evaluations and checkpoints excluded),
         # the same figure StepEnd.tokens_per_s reports step by step.
         return {"steps": self.step, "initial_val_loss": first_val, "final_val_loss": val,
@@ -183,12 +212,8 @@ class Trainer:
         return report() if report is not None else {"network": "", "links": []}
 
     def _report_step(self, s: dict) -> None:
-        for stats in self._rank_stats(s):
-            self.emit(stats)
-        for snapshot in self.ledger.snapshots(self.step, self.rank, self.memory_estimate):
-            self.emit(snapshot)
-        if self.world > 1:
-            self.emit(ev.Traffic(step=self.step, rank=self.rank, links=self.comm.meter.snapshot()))
+        for event in self._rank_figures(s):
+            self.emit(event)
         if self.rank == 0:
             self.emit(ev.StepEnd(step=self.step, loss=s["loss"], lr=s["lr"], tokens=s["tokens"],
                                  step_time_s=s["step_time_s"],
@@ -199,21 +224,19 @@ class Trainer:
             if self.rank == 0:
                 self.emit(change)
 
-    def _rank_stats(self, s: dict) -> list:
-        """This rank's RankStats — or, on a tcp launch, where only rank 0's events reach the run's
-        recorder and workbench, every rank's, gathered to all and reported by rank 0."""
-        mine = (s["step_time_s"], self.replica.comm_wait_s, self.replica.bytes_sent)
-        if not self.gather_stats:
-            return [ev.RankStats(step=self.step, rank=self.rank, step_time_s=mine[0], comm_wait_s=mine[1],
-                                 bytes_sent=mine[2])]
-        table = np.zeros(3 * self.world, dtype=np.float64)
-        table[3 * self.rank:3 * self.rank + 3] = mine  # all_gather's shard of this rank, exactly
-        all_gather(self.comm, table)
-        if self.rank != 0:
-            return []
-        return [ev.RankStats(step=self.step, rank=r, step_time_s=float(table[3 * r]),
-                             comm_wait_s=float(table[3 * r + 1]), bytes_sent=int(table[3 * r + 2]))
-                for r in range(self.world)]
+    def _rank_figures(self, s: dict) -> list:
+        """This rank's figures of the step: RankStats, a MemorySnapshot per phase, Traffic. On a tcp launch,
+        where only rank 0's events reach the run's recorder and workbench, every rank's, gathered to all (as
+        JSON) and reported by rank 0."""
+        mine = [ev.RankStats(step=self.step, rank=self.rank, step_time_s=s["step_time_s"],
+                             comm_wait_s=self.replica.comm_wait_s, bytes_sent=self.replica.bytes_sent),
+                *self.ledger.snapshots(self.step, self.rank, self.memory_estimate)]
+        if self.world > 1:
+            mine.append(ev.Traffic(step=self.step, rank=self.rank, links=self.comm.meter.snapshot()))
+        if not self.gather_figures:
+            return mine
+        everyone = all_gather_json(self.comm, [ev.to_json(e) for e in mine])
+        return [ev.from_json(d) for rank in everyone for d in rank] if self.rank == 0 else []
 
     def _loss_scale(self) -> float | None:
         """The current loss scale, or None when this run does not scale (anything but fp16)."""
@@ -231,9 +254,9 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
     cfg = from_dict(cfg_dict, source="<run config>")
     if process_rank(cfg.parallel.backend) is not None and comm.world_size > 1:
         # Ranks started by mpiexec or by hand: rank 0's process made the run folder; everyone uses it.
-        run_id, checkpoint_dir, resume_from = _from_rank0(comm, run_id, checkpoint_dir, resume_from)
+        run_id, checkpoint_dir, resume_from = broadcast_json(comm, [run_id, checkpoint_dir, resume_from])
     try:
-        trainer = Trainer(cfg, comm, emit, comm.should_stop)
+        trainer = Trainer(cfg, comm, emit, comm.should_stop, should_pause=comm.should_pause)
     except Exception as exc:
         _log_own_failure(exc, comm.rank, checkpoint_dir)
         raise
@@ -246,7 +269,7 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
             restore(trainer, ckpt)
             if trainer.rank == 0:
                 trainer.emit(ev.Log(level="info", message=f"resumed at step {ckpt.step} from {ckpt.path}"))
-        return trainer.fit(run_id=run_id)
+        return trainer.fit(run_id=run_id, run_dir=str(Path(checkpoint_dir).parent) if checkpoint_dir else "")
     except Exception as exc:
         _log_own_failure(exc, comm.rank, checkpoint_dir)
         raise
@@ -259,15 +282,3 @@ def _log_own_failure(exc: Exception, rank: int, checkpoint_dir: str) -> None:
     error.log, which the one-line failure message points to."""
     if checkpoint_dir and not isinstance(exc, (RankFailure, StopRequested)):
         error_log.write(Path(checkpoint_dir).parent, f"rank {rank} failed", exc)
-
-
-def _from_rank0(comm, *texts: str) -> list[str]:
-    """Rank 0's values of a few short strings (paths, ids), on every rank."""
-    buf = np.zeros(8192, dtype=np.uint8)
-    if comm.rank == 0:
-        data = json.dumps(texts).encode()
-        if len(data) > buf.size:
-            raise ValueError("run folder path too long to share between ranks (over 8 KiB)")
-        buf[:len(data)] = np.frombuffer(data, dtype=np.uint8)
-    broadcast(comm, buf, root=0)
-    return json.loads(bytes(buf).rstrip(b"\0").decode())

@@ -1,218 +1,328 @@
-"""The nanoDist workbench: runs a training job on a background thread and shows its events live.
+"""The nanoDist workbench: runs a training job (or a replay) on a background thread and shows its events live.
 
-A job is `job_fn(emit, stop_event)`: it trains on the calling thread, calls `emit(event)` for
-every engine event, returns early once `stop_event` is set and raises on an engine error. The
-CLI passes a real training run or a replay of a recorded one; tests pass a fake. Events go
-through `bridge.EventBatcher` and arrive here as `Tick` messages; panes (widgets/pane.py) store
-what a tick brings at once and draw it on a timer, a few times a second.
+A job is `job_fn(emit, control)`: it trains on the calling thread, calls `emit(event)` for every engine
+event, stops early once `control` (an engine.control.RunControl) is set, holds while `control.pause` is, and
+raises on an engine error. The CLI passes a real training run or a replay; tests pass fakes. Events go through
+`bridge.EventBatcher` and arrive here as `Tick` messages; the panes of the run (panes.py lists them,
+workspace.py lays them out as tabs) store what a tick brings at once and draw it on a timer, a few times a
+second, only while they are on screen.
+
+Stopping (s, or q / ctrl+c / SIGTERM on the way out) asks every rank to stop after the same step; each writes
+a checkpoint there, the run is recorded as stopped and `nanodist-tui resume` continues it. Quitting waits for
+that, then `farewell()` gives the lines the CLI prints on the shell (the run folder and the summary).
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from textual.app import App, ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal
-from textual.widgets import Footer, HelpPanel
+from textual.app import App, ComposeResult, SystemCommand
+from textual.containers import Container
+from textual.screen import Screen
+from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
-from engine.events import RunFailed, RunFinished, RunStarted
-from nanodist_tui.bridge import EventBatcher
-from nanodist_tui.describe import failure
+from engine.events import RunFailed, RunFinished, RunPaused, RunStarted, TrialFinished
+from nanodist_tui.actions import BINDINGS, WorkbenchActions
+from nanodist_tui.describe import best_text, failure
 from nanodist_tui.messages import Tick
+from nanodist_tui.panes import panes_for
+from nanodist_tui.replay import ReplayPlayer
+from nanodist_tui.run_info import RunInfo
+from nanodist_tui.session import JobFn, RunSession
+from nanodist_tui.user_config import UserConfig
+from nanodist_tui.widgets.glyphs import choose
 from nanodist_tui.widgets.log_pane import LogPane
-from nanodist_tui.widgets.loss_plot import LossPlot
-from nanodist_tui.widgets.loss_scale_pane import LossScalePane
-from nanodist_tui.widgets.memory_pane import MemoryPane
-from nanodist_tui.widgets.pane import Pane
 from nanodist_tui.widgets.projection_pane import ProjectionPane
 from nanodist_tui.widgets.projection_screen import ProjectionScreen
-from nanodist_tui.widgets.rank_table import RankTable
 from nanodist_tui.widgets.run_header import RunHeader
-from nanodist_tui.widgets.sweep_pane import SweepPane
+from nanodist_tui.workspace import Workspace
 
-Emit = Callable[[Any], None]
-JobFn = Callable[[Emit, threading.Event], None]
+HEADER_INTERVAL_S = 0.3  # the header (state, step, loss, tok/s) redraws ~3 times a second: it is cheap
+# The panes redraw once a second: drawing them (plots, tables, bars) is Python holding the GIL, which the
+# ranks' threads need; at 0.3 s a 4-rank run trained at 0.65x its --no-ui speed, at 1 s 0.86x (bench ui).
+PANE_INTERVAL_S = 1.0
+COMPACT_BELOW = (120, 36)  # narrower or shorter than this, the overview keeps only what fits
+MakeJob = Callable[[Any, Any], JobFn]  # (Config, preset document) -> job
 
-RENDER_INTERVAL_S = 0.3  # panes redraw at most ~3 times a second
-QUIT_WAIT_S = 2.0  # how long quitting waits for the job to notice the stop event
-TERMINAL_STATES = ("finished", "stopped", "failed")
 
-
-class NanoDistApp(App[None]):
+class NanoDistApp(WorkbenchActions, App[None]):
     CSS_PATH = "app.tcss"
-    BINDINGS = [
-        Binding("s", "stop_training", "Stop training"),
-        Binding("x", "finish_sweep", "Stop sweep after this trial"),  # sweeps only (check_action)
-        Binding("p", "toggle_pause", "Pause display"),
-        Binding("j", "projection", "Projection"),
-        Binding("question_mark", "toggle_help", "Help", key_display="?"),
-        Binding("q", "quit", "Quit"),  # ctrl+q (Textual's own binding) runs the same action
-    ]
+    BINDINGS = BINDINGS
 
-    def __init__(self, preset_name: str, job_fn: JobFn, *, replay: bool = False,
-                 sweep_finish: threading.Event | None = None) -> None:
+    def __init__(self, preset_name: str, job_fn: JobFn | None, *, replay: ReplayPlayer | None = None,
+                 make_job: MakeJob | None = None, check_run: Callable[[Any], None] | None = None,
+                 user_config: UserConfig | None = None, compare: tuple | None = None,
+                 sweep_finish: threading.Event | None = None,
+                 pane_interval_s: float = PANE_INTERVAL_S) -> None:
         super().__init__()
+        self.pane_interval_s = pane_interval_s
+        self.compare_runs = compare
+        self.sweep_finish = sweep_finish  # set: the first job is a sweep, and this ends it after its trial
         self.preset_name = preset_name
-        self.replay = replay
-        self.sweep_finish = sweep_finish  # set: the job is a sweep, and this ends it after the running trial
-        self.job_fn = job_fn
-        self.stop_event = threading.Event()
-        self.display_paused = False
-        self.engine_worker: Worker[None] | None = None
-        self._batcher = EventBatcher(self.post_message)
+        self.first_job = job_fn
+        self.first_player = replay
+        self.make_job, self.check_run = make_job, check_run
+        self.user_config = user_config or UserConfig()
+        self.glyphs = choose(self.user_config.ascii, self.no_color)
+        self.session: RunSession | None = None
+        self.workspace: Workspace | None = None
+        self.display_frozen = False
+        self.shell_exit_code = 0
+        self._early: list[Tick] = []  # ticks before the run's panes exist
+        # (posted, handled) times of every Tick: the UI's updates, and how late each was
+        self.tick_times: deque[tuple[float, float]] = deque(maxlen=10_000)
+        self._next_job: tuple[JobFn, ReplayPlayer | None, str] | None = None  # started once the current ends
+        self._quit_when_done = False
+        self.model_server: Any = None  # a run's model served from the palette (nanodist_tui.serving)
+
+    # ------------------------------------------------------------------ layout
 
     def compose(self) -> ComposeResult:
-        # Panes are kept by reference: ticks and the render timer can still fire while the app
-        # shuts down, when querying the DOM would find nothing.
-        self.header = RunHeader(self.preset_name, replay=self.replay, id="header")
-        self.rank_table = RankTable(id="ranks")
-        self.log_pane = LogPane(id="log")
-        curves = (LossPlot(id="loss"), LossScalePane(id="loss-scale"))
-        memory = MemoryPane(id="memory")
+        # Widgets are kept by reference: ticks and the render timer can still fire while the app shuts down,
+        # when querying the DOM would find nothing.
+        self.header = RunHeader(self.preset_name, id="header")
+        self.startup_log = self._startup_log()
         self.projection = ProjectionPane(self.preset_name, id="projection")  # on its own screen (`j`)
-        self.panes: tuple[Pane, ...] = (self.header, *curves, memory, self.rank_table, self.log_pane,
-                                        self.projection)
+        shape = RunInfo(preset=self.preset_name, sweep=self.sweep_finish is not None)
+        self.session_panes = [spec.make(shape) for spec in panes_for(shape, scope="session")]
         yield self.header
-        if self.sweep_finish is not None:  # trials, best so far, history; the live panes follow its trials
-            sweep = SweepPane(id="sweep")
-            self.panes += (sweep,)
-            yield sweep
-        with Horizontal(id="curves"):
-            yield from curves
-        with Horizontal(id="resources"):
-            yield memory
-            yield self.rank_table
-        yield self.log_pane
+        with Container(id="session-panes"):
+            yield from self.session_panes
+        with Container(id="body"):
+            yield self.startup_log
         yield Footer()
 
     def on_mount(self) -> None:
         self.install_screen(ProjectionScreen(self.projection), name="projection")
         self.title = f"nanoDist · {self.preset_name}"
-        self._batcher.start()
-        self.engine_worker = self.run_worker(
-            self._run_job, name="engine", group="engine", thread=True, exit_on_error=False
-        )
-        self.set_interval(RENDER_INTERVAL_S, self._redraw)
+        self.set_keymap(self.user_config.keymap)
+        self.set_class(self.user_config.ascii, "ascii")
+        self._watch_signals()
+        self.set_interval(HEADER_INTERVAL_S, self.header.redraw)
+        self.set_interval(self.pane_interval_s, self._redraw)
+        if self.first_job is not None:
+            self.start_session(self.first_job, self.first_player, self.preset_name)
+        if self.compare_runs is not None:
+            self._compare_chosen(list(self.compare_runs))
         self.header.redraw()
 
+    def on_resize(self, event) -> None:
+        width, height = event.size
+        self.set_class(width < COMPACT_BELOW[0] or height < COMPACT_BELOW[1], "compact")
+
     def on_unmount(self) -> None:
-        self.stop_event.set()  # however the app ends, the job must stop
+        if self.session is not None:
+            self.session.control.set()  # however the app ends, the job must stop
+        self.action_stop_serving()
 
-    def _run_job(self) -> None:
-        """On the worker thread: the job only ever emits into the batcher, never touches widgets."""
-        try:
-            self.job_fn(self._batcher.emit, self.stop_event)
-        finally:
-            self._batcher.close()
+    @staticmethod
+    def _startup_log() -> LogPane:
+        """What shows until the run's panes exist; never focused (it goes away under the cursor)."""
+        log = LogPane(id="startup-log")
+        log.can_focus = False
+        return log
 
-    def on_tick(self, tick: Tick) -> None:
-        for pane in self.panes:
-            pane.ingest(tick)
-        if tick.steps and self.header.state == "starting":
-            self._set_state("running")
+    @property
+    def panes(self) -> list:
+        """Every pane the app feeds: the header, the session's panes, the run's (or the startup log), and the
+        projection (on its own screen, `j`: it needs the run's config and step times whenever it opens)."""
+        run = self.workspace.panes if self.workspace else [self.startup_log]
+        return [self.header, *self.session_panes, *run, self.projection]
+
+    @property
+    def sweeping(self) -> bool:
+        s = self.session
+        return self.sweep_finish is not None and s is not None and s.job_fn is self.first_job
+
+    async def _build_workspace(self, info: RunInfo) -> None:
+        body = self.query_one("#body")
+        self.screen.set_focus(None)  # the startup log is going: focus must not stay on a removed widget
+        await body.remove_children()
+        workspace = Workspace(info, id="workspace")
+        await body.mount(workspace)
+        self.workspace = workspace  # only now: its tabs exist
+        for tick in self._early:
+            for pane in workspace.panes:
+                pane.ingest(tick)
+        self._early.clear()
+        self.call_after_refresh(workspace.focus_tabs)
+
+    # ------------------------------------------------------------------ sessions
+
+    def start_session(self, job_fn: JobFn, player: ReplayPlayer | None, name: str) -> RunSession:
+        session = RunSession(job_fn, self.post_message, player=player)
+        self.session = session
+        self.preset_name = name
+        self.header.reset(name, replay_speed=player.speed if player is not None else None)
+        self._early.clear()
+        if job_fn is not self.first_job and self.session_panes:  # a run started later is not a sweep
+            for pane in self.session_panes:
+                pane.remove()
+            self.session_panes = []
+        if self.workspace is not None:
+            self.screen.set_focus(None)
+            self.workspace.remove()
+            self.workspace = None
+            self.startup_log = self._startup_log()
+            self.query_one("#body").mount(self.startup_log)
+        session.batcher.start()
+        session.worker = self.run_worker(session.run, name="engine", group="engine", thread=True,
+                                         exit_on_error=False)
+        self.refresh_bindings()
+        return session
+
+    def replace_session(self, job_fn: JobFn, player: ReplayPlayer | None, name: str) -> None:
+        """Start a job now, or once the current one has stopped (it is asked to)."""
+        current = self.session
+        if current is None or not current.active:
+            self.start_session(job_fn, player, name)
+            return
+        self._next_job = (job_fn, player, name)
+        self._stop(current, quiet=current.replay)
+
+    async def on_tick(self, tick: Tick) -> None:
+        self.tick_times.append((tick.posted_at, time.monotonic()))
+        s = self.session
+        if s is None or tick.session != s.id:
+            return  # a replaced run's last words
+        started = next((e for e in tick.events if isinstance(e, RunStarted)), None)
+        if started is not None and (s.info is None or self.sweeping):  # a sweep's next trial: its own panes
+            s.info = RunInfo.from_started(started, replay=s.replay, sweep=self.sweeping)
+            s.run_dir = started.run_dir
+            self._early.append(tick)
+            await self._build_workspace(s.info)  # feeds the new panes every tick so far
+            for pane in (self.header, *self.session_panes, self.projection):
+                pane.ingest(tick)
+        else:
+            if self.workspace is None:
+                self._early.append(tick)
+            for pane in self.panes:
+                pane.ingest(tick)
+        if (tick.steps or started) and s.state == "starting":
+            self._set_state(s, "running")
+        if self.sweeping:
+            self._sweep_events(tick)
+            return  # a trial's run ending is not the sweep's: the sweep pane and the log show it
         for event in tick.events:
-            if isinstance(event, RunStarted):
-                self._run_started(event)
-            elif self.sweep_finish is not None:
-                continue  # a trial's run ending is not the sweep's: the sweep pane and the log show it
+            if isinstance(event, RunPaused) and not s.replay and s.state in ("pausing", "paused", "running"):
+                self._set_state(s, "paused" if event.paused else "running")
             elif isinstance(event, RunFinished):
-                self._end("stopped" if self.stop_event.is_set() else "finished")
+                s.run_dir = event.run_dir or s.run_dir
+                if s.active:
+                    self._set_state(s, "stopped" if event.stopped else "finished")
             elif isinstance(event, RunFailed):
-                self._fail(failure(event))
+                self._show_failure(s, failure(event), logged=True)
 
-    def _run_started(self, event: RunStarted) -> None:
-        if event.world_size > 1:
-            self.rank_table.add_ranks(event.world_size)
-            self.rank_table.display = True
-        if self.header.state == "starting":
-            self._set_state("running")
+    def _sweep_events(self, tick: Tick) -> None:
+        for event in tick.events:
+            if isinstance(event, TrialFinished) and event.best:
+                self.header.set_extra("sweep", best_text(event.best, event.metrics, event.best_values))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        if event.worker is not self.engine_worker:
+        s = self.session  # a replaced run ends before the next starts: only the current one's worker runs
+        if s is None or s.worker is not event.worker or event.state not in (WorkerState.SUCCESS,
+                                                                           WorkerState.ERROR):
             return
         if event.state == WorkerState.ERROR:
             error = event.worker.error
-            message = f"engine error: {type(error).__name__}: {error}"
-            self.log_pane.add(message, level="error")
-            self._fail(message)
-        elif event.state == WorkerState.SUCCESS:
-            self._end("stopped" if self.stop_event.is_set() else "finished")
+            self._show_failure(s, f"engine error: {type(error).__name__}: {error}", logged=False)
+        else:
+            result = event.worker.result
+            s.summary = result if isinstance(result, dict) else None
+            if s.summary and s.summary.get("run_dir"):
+                s.run_dir = s.summary["run_dir"]
+            if s.active:
+                self._set_state(s, "stopped" if s.control.is_set() else "finished")
+        if self._quit_when_done:
+            self.exit()
+        elif self._next_job is not None:
+            job, player, name = self._next_job
+            self._next_job = None
+            self.start_session(job, player, name)
+        self.refresh_bindings()
 
-    def _set_state(self, state: str) -> None:
-        self.header.set_state(state)
-        self.header.redraw()  # the run state shows even while the display is paused
+    def _set_state(self, s: RunSession, state: str) -> None:
+        s.state = state
+        if s is self.session:
+            self.header.set_state(state)
+            self.header.redraw()  # the run state shows even while the display is frozen
+            self.refresh_bindings()
 
-    def _end(self, state: str) -> None:
-        if self.header.state not in TERMINAL_STATES:
-            self._set_state(state)
-
-    def _fail(self, message: str) -> None:
-        """Show a failure once (notification + header); later failures only add log lines."""
-        if self.header.state != "failed":
+    def _show_failure(self, s: RunSession, message: str, logged: bool) -> None:
+        """A failure is shown once: one notification, one log line (the RunFailed event's own, when there is
+        one), the header. The same failure arriving again (the job raising after it emitted RunFailed) adds
+        nothing."""
+        if s.fail(message) and s is self.session:
             self.notify(message, title="run failed", severity="error", timeout=15)
-            self._set_state("failed")
+            if not logged:
+                self.say(message, "error")
+        if s.active or s.state != "failed":
+            self._set_state(s, "failed")
+
+    def say(self, text: str, level: str = "info") -> None:
+        """One of the app's own lines, in every log pane."""
+        for pane in self.panes:
+            if isinstance(pane, LogPane):
+                pane.add(text, level)
 
     def _redraw(self) -> None:
-        if self.display_paused:
+        self.header.redraw()
+        if self.display_frozen:
             return
-        for pane in self.panes:
+        for pane in self.panes[1:]:
             pane.redraw()
 
-    def action_stop_training(self) -> None:
-        if self.header.state in TERMINAL_STATES or self.stop_event.is_set():
-            self.notify("no training is running")
-            return
-        self.stop_event.set()
-        self.log_pane.add("stop requested: the job stops at its next check", level="warning")
-        self._set_state("stopping")
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return self.sweep_finish is not None if action == "finish_sweep" else True
-
-    def action_finish_sweep(self) -> None:
-        """The sweep's own thread sees the event after the running trial and calls Optuna's stop."""
-        if self.sweep_finish is None or self.header.state in TERMINAL_STATES:
-            return
-        self.sweep_finish.set()
-        self.log_pane.add("the sweep stops after the running trial", level="warning")
-
-    def action_toggle_pause(self) -> None:
-        self.display_paused = not self.display_paused
-        self.header.display_paused = self.display_paused
+    def redraw_now(self) -> None:
+        """Draw every pane on screen now (the timer would within pane_interval_s)."""
         self.header.redraw(force=True)
-        if not self.display_paused:
-            self._redraw()
+        for pane in self.panes[1:]:
+            pane.redraw()
 
-    def action_projection(self) -> None:
-        self.push_screen("projection")
+    # ------------------------------------------------------------------ actions
 
-    def action_toggle_help(self) -> None:
-        if self.screen.query(HelpPanel):
-            self.action_hide_help_panel()
-        else:
-            self.action_show_help_panel()
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The palette (ctrl+p): every action of the workbench and every pane, then Textual's own."""
+        from nanodist_tui.commands import workbench_commands
+        yield from workbench_commands(self)
+        yield from super().get_system_commands(screen)
 
-    async def action_quit(self) -> None:
-        """Stop the job, give it a moment to return (its thread then ends), then exit."""
-        self.stop_event.set()
-        deadline = time.monotonic() + QUIT_WAIT_S
-        while (
-            self.engine_worker is not None
-            and not self.engine_worker.is_finished
-            and time.monotonic() < deadline
-        ):
-            await asyncio.sleep(0.02)
-        self.exit()
+    # ------------------------------------------------------------------ leaving
+
+    def farewell(self) -> list[str]:
+        """What the shell shows once the workbench has closed: the run folder and the summary, or the
+        failure; sets `shell_exit_code` (1 for a failed run)."""
+        from nanodist_tui.headless import summary_lines
+        s = self.session
+        if s is None or s.replay:
+            return []
+        if s.failure is not None:
+            self.shell_exit_code = 1
+            return [f"run failed: {s.failure}"] + ([f"run folder     {s.run_dir}"] if s.run_dir else [])
+        if s.summary is not None and self.sweeping:
+            best = self.header.extras.get("sweep", "")
+            lines = [f"sweep folder   {s.summary.get('sweep_dir', '')}"]
+            return lines + ([f"sweep          {best}"] if best else [])
+        if s.summary is not None:
+            return summary_lines(s.summary)
+        if s.run_dir:
+            still = " (still stopping when the workbench closed)" if s.active else ""
+            return [f"run folder     {s.run_dir}{still}"]
+        return []
 
 
-def create_app(preset_name: str, job_fn: JobFn, *, replay: bool = False,
-               sweep_finish: threading.Event | None = None) -> NanoDistApp:
-    """The app for one run, or for a sweep (`sweep_finish` given); shared by the CLI (real or replayed
-    run, sweep) and the tests (fake jobs)."""
-    return NanoDistApp(preset_name, job_fn, replay=replay, sweep_finish=sweep_finish)
+def create_app(preset_name: str, job_fn: JobFn | None, *, replay: ReplayPlayer | None = None,
+               make_job: MakeJob | None = None, check_run: Callable[[Any], None] | None = None,
+               user_config: UserConfig | None = None, compare: tuple | None = None,
+               sweep_finish: threading.Event | None = None,
+               pane_interval_s: float = PANE_INTERVAL_S) -> NanoDistApp:
+    """The app for one run, a sweep (`sweep_finish` given) or none (to compare two recorded runs); shared
+    by the CLI (real or replayed run, sweep) and the tests (fake jobs). `make_job(cfg, doc)` lets the user
+    start other runs from the app. `pane_interval_s`: how often the panes redraw (tests draw faster)."""
+    return NanoDistApp(preset_name, job_fn, replay=replay, make_job=make_job, check_run=check_run,
+                       user_config=user_config, compare=compare, sweep_finish=sweep_finish,
+                       pane_interval_s=pane_interval_s)

@@ -102,7 +102,9 @@ class EventBatcher:
                 self._steps_seen = 0
                 self._events = []
                 self._dirty = False
-                self._wake.clear()
+                # close() sets _stopping and _wake under this lock: a wake meant for stopping is never lost.
+                if not self._stopping.is_set():
+                    self._wake.clear()
             self._last_post = time.monotonic()
             try:
                 accepted = self._post(tick)
@@ -115,20 +117,18 @@ class EventBatcher:
 
     def close(self) -> None:
         """Stop the flusher and post what is left; safe to call more than once."""
-        self._stopping.set()
-        self._wake.set()
+        with self._lock:  # not between flush's check of _stopping and its clearing of _wake
+            self._stopping.set()
+            self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         self.flush()
 
     def _flush_loop(self) -> None:
         while True:
-            # a timeout, so stopping is seen even when a flush cleared the wake-up close() had just set
-            self._wake.wait(0.25)
+            self._wake.wait()  # close() wakes it too, and no flush can clear that wake-up (see flush)
             if self._stopping.is_set() or self._app_gone:
                 return
-            if not self._wake.is_set():
-                continue
             # Rate limit: the first event after a quiet spell goes out at once, then one tick per interval.
             delay = self._last_post + self._interval_s - time.monotonic()
             if delay > 0 and self._stopping.wait(delay):

@@ -15,6 +15,7 @@ from engine.events import (
     LossScaleChange,
     RunFailed,
     RunFinished,
+    RunPaused,
     RunStarted,
     SweepFinished,
     SweepStarted,
@@ -95,9 +96,13 @@ def _loss(value: float | None) -> str:
 def describe(event: Any) -> Line | None:
     """The line for a discrete event; None for the continuous ones (steps, rank stats, traffic, memory)."""
     if isinstance(event, RunStarted):
+        start = f" from step {event.first_step}" if event.first_step else ""
         return Line(f"run {event.run_id} started: preset {event.preset}, {event.n_params:,} parameters, "
-                    f"{event.world_size} rank(s){threads_note(event)}, {event.total_steps} steps"
+                    f"{event.world_size} rank(s){threads_note(event)}, {event.total_steps} steps{start}"
                     + (f"; {event.network}" if event.network else ""))
+    if isinstance(event, RunPaused):
+        what = "paused: every rank holds" if event.paused else "resumed: training goes on"
+        return Line(f"step {event.step}: {what}", "warning" if event.paused else "info")
     if isinstance(event, Eval):
         return Line(f"step {event.step}: val loss {event.val_loss:.4f}")
     if isinstance(event, LossScaleChange):
@@ -109,6 +114,10 @@ def describe(event: Any) -> Line | None:
         return Line(f"{event.level}: {event.message}", _LOG_LEVEL_ALIASES.get(level, level))
     if isinstance(event, RunFinished):
         folder = f", run folder {event.run_dir}" if event.run_dir else ""
+        if event.stopped:
+            kept = ", checkpoint kept" if event.run_dir else ""
+            return Line(f"stopped at step {event.steps}{kept}: val loss {_loss(event.initial_val_loss)} -> "
+                        f"{_loss(event.final_val_loss)}{folder}", "warning")
         return Line(f"finished {event.steps} steps in {event.wall_s:.1f} s: val loss "
                     f"{_loss(event.initial_val_loss)} -> {_loss(event.final_val_loss)}, "
                     f"{event.tokens_per_s:,.0f} tokens/s{folder}", "success")

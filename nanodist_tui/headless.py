@@ -70,7 +70,7 @@ class HeadlessPrinter:
     def _print_event(self, e) -> None:
         self._print(describe(e).text)
 
-    _on_loss_scale_change = _on_checkpoint_saved = _on_log = _print_event
+    _on_loss_scale_change = _on_checkpoint_saved = _on_log = _on_run_paused = _print_event
 
     def _on_run_failed(self, e: ev.RunFailed) -> None:
         self.close()
@@ -103,8 +103,11 @@ def summary_lines(summary: dict) -> list[str]:
     """The final report of a run, one fact per line."""
     first, last = summary["initial_val_loss"], summary["final_val_loss"]
     drop = 100.0 * (first - last) / first if first else 0.0
+    steps = f"{summary['steps']}" + (f" of {summary['total_steps']}" if summary.get("total_steps") else "")
+    if summary.get("stopped"):
+        steps += "  (stopped early" + (", checkpoint kept)" if summary.get("run_dir") else ")")
     lines = [
-        f"steps          {summary['steps']}" + ("  (stopped early)" if summary.get("stopped") else ""),
+        f"steps          {steps}",
         f"val loss       {first:.4f} -> {last:.4f}  ({drop:.1f}% lower)",
         f"throughput     {summary['tokens_per_s']:,.0f} tokens/s",
         f"wall time      {summary['wall_s']:.1f} s",
@@ -115,4 +118,6 @@ def summary_lines(summary: dict) -> list[str]:
         lines.append(f"network        {summary['network']}")
     if summary.get("run_dir"):
         lines.append(f"run folder     {summary['run_dir']}")
+        if summary.get("stopped"):
+            lines.append(f"continue with  nanodist-tui resume {summary['run_dir']}")
     return lines

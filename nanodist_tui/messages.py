@@ -6,6 +6,7 @@ every engine event reaches the UI inside a tick (see `bridge.EventBatcher`).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from textual.message import Message
@@ -24,6 +25,8 @@ class Tick(Message, bubble=False):
             until it is reported again).
         events: the discrete events (everything that is not a continuous one) since the previous
             tick, in emission order; none is ever dropped.
+        session: which of the app's runs posted it (set by the poster; 0 when unset).
+        posted_at: time.monotonic() when the batcher made it.
 
     `can_replace`: Textual's queue asks a queued message whether the message behind it may
     supersede it. An older tick may be superseded only when it carries nothing but snapshots,
@@ -49,6 +52,8 @@ class Tick(Message, bubble=False):
         self.memory = memory
         self.traffic = traffic
         self.events = events
+        self.session = 0
+        self.posted_at = time.monotonic()
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, Tick) and not (self.steps or self.events or self.dropped_steps)

@@ -3,8 +3,8 @@ the sampled parameters, duration), above a rich progress bar of trials on a term
 anywhere else (rich's live display only prints its last frame off a terminal). The trials' own training
 progress is not printed: their run folders hold it.
 
-`result_lines` words a study's trials and its best trial (or Pareto front) once, for the end of a sweep
-and for `nanodist-tui sweep show`.
+`result_lines` words a study's trials and its best trial (or Pareto front) once, for the end of a sweep,
+for `nanodist-tui sweep show` and for the workbench's sweep screen (`sweep_results` reads them from a sweep).
 """
 
 from __future__ import annotations
@@ -95,3 +95,14 @@ def result_lines(rows: list[dict], metrics: list[str], directions: list[str], be
 
 def _cell(value) -> str:
     return "-" if value is None else number(value)
+
+
+def sweep_results(swept) -> list[str]:
+    """`result_lines` for a stored sweep (engine.sweep.study.Sweep); its study's errors raise (SweepError)."""
+    from engine.sweep.results import TRIALS_CSV, best_trials, trial_row
+    from engine.sweep.study import load_study
+    stored = load_study(swept)
+    rows = [trial_row(t, swept.metrics) for t in stored.get_trials(deepcopy=False)]
+    best = [t.number for t in best_trials(stored)]
+    return result_lines(rows, swept.metrics, swept.directions, best, swept.storage.describe(swept.sweep_dir),
+                        str(swept.sweep_dir / TRIALS_CSV))

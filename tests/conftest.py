@@ -22,17 +22,21 @@ def workbench(monkeypatch):
     import time
 
     from nanodist_tui.app import NanoDistApp
+    from nanodist_tui.widgets.log_pane import LogPane
     seen: dict = {}
 
     def run_until_done(self: NanoDistApp) -> None:
         async def main() -> None:
             async with self.run_test(size=(160, 50)) as pilot:
                 deadline = time.monotonic() + 30
-                while self.header.state not in ("finished", "failed") and time.monotonic() < deadline:
+                while (self.session is None or self.session.active) and time.monotonic() < deadline:
                     await pilot.pause(0.05)
                 await pilot.pause(0.4)  # one render tick after the last event
-                seen.update(state=self.header.state, header=str(self.header.content), replay=self.replay,
-                            log="\n".join(strip.text for strip in self.log_pane.lines))
+                self.redraw_now()  # the log tab writes what it queued only when drawn
+                logs = [pane for pane in self.panes if isinstance(pane, LogPane)]
+                seen.update(state=self.session.state, header=str(self.header.content),
+                            replay=self.session.replay,
+                            log="\n".join(line.text for log in logs[:1] for line in log.lines))
                 await pilot.press("q")
         asyncio.run(main())
 

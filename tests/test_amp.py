@@ -200,8 +200,11 @@ def test_a_run_that_overflows_every_step_stops_with_a_reason():
         scaler.update(MAX_SKIPPED_IN_A_ROW, None)  # one clean step resets the count
         for step in range(MAX_SKIPPED_IN_A_ROW - 1):
             scaler.update(step, ("nan", "wte.weight"))
-        with pytest.raises(LossScaleError, match="steps in a row overflowed"):
+        with pytest.raises(LossScaleError, match="steps in a row overflowed") as stuck:
             scaler.update(99, ("nan", "wte.weight"))
+        # The advice fits the scaler: a static one may go dynamic; a dynamic one already is.
+        advice, static = str(stuck.value), type(scaler) is StaticScaler
+        assert ('use "dynamic"' in advice) == static and ("lower precision.loss_scale" in advice) == static
 
 
 def test_static_scale_too_large_fails_the_run_instead_of_spinning(tmp_path, monkeypatch):
@@ -211,6 +214,7 @@ def test_static_scale_too_large_fails_the_run_instead_of_spinning(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["--no-ui", "--preset", "quickstart", "--set", 'precision.dtype="fp16"',
                                       "--set", "precision.loss_scale=1e30", "--set", "train.steps=60",
-                                      "--set", "model.block_size=16", "--set", "data.max_chars=50000"])
+                                      "--set", "model.block_size=16", "--set", "data.max_chars=50000",
+                                      "--world-size", "1"])
     assert result.exit_code == 1
     assert "steps in a row overflowed" in result.output

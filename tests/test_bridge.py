@@ -228,6 +228,40 @@ def test_close_ends_the_flusher_thread():
     assert not [t for t in threading.enumerate() if t.name == "nanodist-ticks"]
 
 
+class CloseWhileClearing(threading.Event):
+    """The flusher's wake event; its first clear() (the flusher, inside flush) starts close() on another
+    thread and gives it a moment to run first: the window in which a wake meant for stopping could be lost."""
+
+    def __init__(self, batcher_ref: list) -> None:
+        super().__init__()
+        self.batcher_ref = batcher_ref
+        self.closer: threading.Thread | None = None
+
+    def clear(self) -> None:
+        if self.closer is None and threading.current_thread().name == "nanodist-ticks":
+            batcher = self.batcher_ref[0]
+            self.closer = threading.Thread(target=batcher.close, daemon=True)
+            self.closer.start()
+            batcher._stopping.wait(0.3)  # an unguarded close() sets it at once; a guarded one waits for us
+        super().clear()
+
+
+def test_close_while_the_flusher_is_flushing_does_not_hang():
+    ref: list = []
+    batcher = EventBatcher(Recorder())
+    ref.append(batcher)
+    batcher._wake = wake = CloseWhileClearing(ref)
+    batcher.start()
+    batcher.emit(step(0))  # wakes the flusher, which flushes, and close() races its clear()
+    deadline = time.monotonic() + 5
+    while wake.closer is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert wake.closer is not None, "the flusher never flushed"
+    wake.closer.join(timeout=3)
+    assert not wake.closer.is_alive(), "close() hung: the flusher missed its wake-up"
+    assert not [t for t in threading.enumerate() if t.name == "nanodist-ticks"]
+
+
 def test_only_a_snapshot_only_tick_may_be_superseded():
     def tick(**overrides) -> Tick:
         fields = dict(seq=0, steps=(), dropped_steps=0, rank_stats={}, memory={}, traffic={}, events=())

@@ -37,7 +37,8 @@ def gpt_copy(runs, tmp_path):
 
 
 COMMANDS = [[], ["run"], ["memory"], ["presets"], ["presets", "list"], ["presets", "show"],
-            ["presets", "new"], ["presets", "diff"], ["runs"], ["replay"], ["resume"], ["export"], ["sample"],
+            ["presets", "new"], ["presets", "diff"], ["runs"], ["replay"], ["compare"], ["screenshot"],
+            ["resume"], ["export"], ["sample"],
             ["bench"], ["bench", "step"], ["bench", "allreduce"], ["bench", "techniques"], ["sweep"],
             ["sweep", "show"], ["sweep", "export-best"]]
 
@@ -195,6 +196,9 @@ def test_resume_in_the_workbench(gpt_copy, workbench):
     assert result.exit_code == 0, result.output
     assert not workbench["replay"] and workbench["state"] == "finished"
     assert "8/8" in workbench["header"]
+    # Once the workbench closes, the shell shows the run folder and the summary.
+    new = next(p for p in gpt_copy.parent.iterdir() if p != gpt_copy)
+    assert f"run folder     {new}" in result.output and "steps          8 of 8" in result.output
 
 
 @pytest.mark.parametrize("extra, named", [

@@ -13,6 +13,8 @@ from engine import events as ev
 SAMPLES = [
     ev.RunStarted(run_id="r1", preset="quickstart", config={"model": {"n_layer": 2}}, n_params=123,
                   world_size=2, total_steps=10),
+    ev.RunStarted(run_id="r2", preset="quickstart", config={}, n_params=123, world_size=2, total_steps=10,
+                  first_step=4, run_dir="runs/r2"),
     ev.StepEnd(step=3, loss=2.5, lr=1e-3, tokens=4096, step_time_s=0.1, tokens_per_s=40960.0, grad_norm=0.7),
     ev.StepEnd(step=4, loss=2.4, lr=1e-3, tokens=4096, step_time_s=0.1, tokens_per_s=40960.0, grad_norm=0.7,
                loss_scale=65536.0, skipped=True),
@@ -26,9 +28,12 @@ SAMPLES = [
     ev.LossScaleChange(step=7, reason="inf", old_scale=65536.0, new_scale=32768.0, first_param="blocks.0.w"),
     ev.LossScaleChange(step=9, reason="growth", old_scale=32768.0, new_scale=65536.0),
     ev.CheckpointSaved(step=10, path="runs/x/ckpt-10"),
+    ev.RunPaused(step=4, paused=True),
     ev.Log(level="info", message="hello"),
     ev.RunFinished(steps=10, initial_val_loss=4.2, final_val_loss=2.1, tokens_per_s=1e4, wall_s=12.5,
                    run_dir="runs/x"),
+    ev.RunFinished(steps=4, initial_val_loss=4.2, final_val_loss=3.0, tokens_per_s=1e4, wall_s=2.5,
+                   run_dir="runs/x", stopped=True),
     ev.RunFinished(steps=0, initial_val_loss=None, final_val_loss=None, tokens_per_s=0.0, wall_s=0.1,
                    run_dir=None),
     ev.RunFailed(message="rank 1 died", rank=1),
@@ -51,8 +56,8 @@ SAMPLES = [
 def test_samples_cover_every_kind_of_the_contract():
     assert {type(e).kind for e in SAMPLES} == set(ev.EVENT_TYPES) == {
         "run_started", "step_end", "eval", "rank_stats", "traffic", "memory_snapshot", "loss_scale_change",
-        "checkpoint_saved", "log", "run_finished", "run_failed", "sweep_started", "trial_started",
-        "trial_report", "trial_finished", "sweep_finished"}
+        "checkpoint_saved", "run_paused", "log", "run_finished", "run_failed", "sweep_started",
+        "trial_started", "trial_report", "trial_finished", "sweep_finished"}
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.kind)

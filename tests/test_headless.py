@@ -106,9 +106,15 @@ def test_val_loss_joins_the_step_line_after_an_eval():
 
 def test_summary_lines():
     lines = summary_lines({"steps": 10, "initial_val_loss": 4.0, "final_val_loss": 2.0, "tokens_per_s": 1e4,
-                           "wall_s": 3.25, "stopped": True, "run_dir": "runs/x"})
-    assert lines == ["steps          10  (stopped early)", "val loss       4.0000 -> 2.0000  (50.0% lower)",
-                     "throughput     10,000 tokens/s", "wall time      3.2 s", "run folder     runs/x"]
+                           "wall_s": 3.25, "stopped": True, "run_dir": "runs/x", "total_steps": 40})
+    assert lines == ["steps          10 of 40  (stopped early, checkpoint kept)",
+                     "val loss       4.0000 -> 2.0000  (50.0% lower)",
+                     "throughput     10,000 tokens/s", "wall time      3.2 s", "run folder     runs/x",
+                     "continue with  nanodist-tui resume runs/x"]
+    finished = summary_lines({"steps": 40, "initial_val_loss": 4.0, "final_val_loss": 2.0,
+                              "tokens_per_s": 1e4, "wall_s": 3.25, "stopped": False, "run_dir": "runs/x",
+                              "total_steps": 40})
+    assert finished[0] == "steps          40 of 40" and finished[-1] == "run folder     runs/x"
 
 
 def test_the_printer_and_the_event_wording_need_no_textual():

@@ -13,6 +13,7 @@ from textual.widgets import DataTable, Input, Select, Static
 from engine.config import to_dict
 from engine.events import RunStarted, StepEnd
 from nanodist_tui.app import create_app
+from tests.app_helpers import TEST_PANE_INTERVAL_S
 
 SIZE = (160, 50)
 
@@ -48,7 +49,7 @@ def live_text(app) -> str:
 def test_projection_screen_shows_the_scaling_and_the_live_comparison(in_tmp, monkeypatch):
     monkeypatch.setenv("NANODIST_CALIBRATION", str(in_tmp / "calibration.json"))
     fixture_calibration(in_tmp / "calibration.json")
-    app = create_app("small", Job())
+    app = create_app("small", Job(), pane_interval_s=TEST_PANE_INTERVAL_S)
 
     async def scenario(pilot) -> None:
         await pilot.pause(0.3)
@@ -64,7 +65,7 @@ def test_projection_screen_shows_the_scaling_and_the_live_comparison(in_tmp, mon
         assert "error" not in live_text(app)  # another machine's prediction is not held to this one's run
         await pilot.press("escape")
         await pilot.pause(0.1)
-        assert app.screen.query("#loss")  # back on the run's panes
+        assert app.screen.query("#workspace")  # back on the run's panes
 
     async def main() -> None:
         async with app.run_test(size=SIZE) as pilot:
@@ -75,7 +76,7 @@ def test_projection_screen_shows_the_scaling_and_the_live_comparison(in_tmp, mon
 
 def test_without_a_calibration_the_screen_says_how_to_make_one(in_tmp, monkeypatch):
     monkeypatch.setenv("NANODIST_CALIBRATION", str(in_tmp / "none.json"))
-    app = create_app("small", Job())
+    app = create_app("small", Job(), pane_interval_s=TEST_PANE_INTERVAL_S)
 
     async def main() -> None:
         async with app.run_test(size=SIZE) as pilot:
@@ -92,7 +93,7 @@ def test_nccl_tests_fit_from_the_projection_screen(in_tmp, monkeypatch):
     fixture_calibration(in_tmp / "calibration.json")
     table = in_tmp / "allreduce.txt"
     table.write_text(nccl_table(10e-6, 1 / 200e9, 8, [8 << k for k in range(0, 25, 3)]))
-    app = create_app("small", Job())
+    app = create_app("small", Job(), pane_interval_s=TEST_PANE_INTERVAL_S)
 
     def tools() -> str:
         return str(app.screen.query_one("#projection-tools", Static).content)

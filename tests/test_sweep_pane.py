@@ -21,6 +21,7 @@ from engine.events import (
 from nanodist_tui.app import create_app
 from nanodist_tui.widgets.pane import Pane
 from nanodist_tui.widgets.sweep_pane import SweepPane
+from tests.app_helpers import TEST_PANE_INTERVAL_S
 from tests.sweep_helpers import sweep_of, write_preset
 
 SIZE = (160, 50)
@@ -85,7 +86,7 @@ def test_sweep_pane_is_a_pane_and_only_a_sweep_gets_it():
     assert isinstance(SweepPane(), Pane)
 
     async def main() -> None:
-        app = create_app("plain", lambda emit, stop: None)
+        app = create_app("plain", lambda emit, stop: None, pane_interval_s=TEST_PANE_INTERVAL_S)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause(0.2)
             assert not app.query(SweepPane)
@@ -97,7 +98,7 @@ def test_trials_fill_the_table_in_place_and_the_cursor_stays():
     job = FakeSweep(n=4, hold_at=2)
 
     async def main() -> None:
-        app = create_app("fake", job, sweep_finish=job.finish)
+        app = create_app("fake", job, sweep_finish=job.finish, pane_interval_s=TEST_PANE_INTERVAL_S)
         async with app.run_test(size=SIZE) as pilot:
             pane = app.query_one(SweepPane)
             await settle(pilot, app, lambda: len(pane.table.rows) == 2)
@@ -108,7 +109,7 @@ def test_trials_fill_the_table_in_place_and_the_cursor_stays():
             assert str(table.get_cell("0", "val_loss")) == "3"
             assert str(table.get_cell("1", "state")) == "complete *"
             job.go.set()
-            await settle(pilot, app, lambda: app.header.state == "finished")
+            await settle(pilot, app, lambda: app.session.state == "finished")
             assert len(table.rows) == 4 and table.cursor_row == 1  # updated in place: the cursor stayed
             assert [str(table.get_cell(str(n), "val_loss")) for n in range(4)] == ["3", "2.6", "3.2", "2.8"]
             assert str(table.get_cell("1", "state")) == "complete *"  # still the best
@@ -116,7 +117,7 @@ def test_trials_fill_the_table_in_place_and_the_cursor_stays():
             assert pane.history.best == {0: 3.0, 1: 2.6, 2: 2.6, 3: 2.6}
             assert pane.intermediate.running[3] == [(2, 3.6), (4, 3.2)]
             assert not pane.pareto.display  # one metric
-            assert app.header.state == "finished"  # trials' RunFinished events did not end the app early
+            assert app.session.state == "finished"  # trials' RunFinished events did not end the app early
     asyncio.run(main())
 
 
@@ -124,10 +125,10 @@ def test_two_metrics_show_the_pareto_front():
     job = FakeSweep(n=3, metrics=("val_loss", "peak_memory_mb"))
 
     async def main() -> None:
-        app = create_app("fake", job, sweep_finish=job.finish)
+        app = create_app("fake", job, sweep_finish=job.finish, pane_interval_s=TEST_PANE_INTERVAL_S)
         async with app.run_test(size=SIZE) as pilot:
             pane = app.query_one(SweepPane)
-            await settle(pilot, app, lambda: app.header.state == "finished")
+            await settle(pilot, app, lambda: app.session.state == "finished")
             assert pane.pareto.display and pane.pareto.front == [0, 1, 2]
             assert pane.pareto.points == {0: (3.0, 10.0), 1: (2.6, 11.0), 2: (3.2, 12.0)}
             assert "Pareto front: trials 0, 1, 2" in str(pane.summary.content)
@@ -138,14 +139,14 @@ def test_x_ends_the_sweep_after_the_running_trial_on_the_jobs_thread():
     job = FakeSweep(n=5, hold_at=1)
 
     async def main() -> None:
-        app = create_app("fake", job, sweep_finish=job.finish)
+        app = create_app("fake", job, sweep_finish=job.finish, pane_interval_s=TEST_PANE_INTERVAL_S)
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot, app, lambda: job.ran == [0])
             assert app.check_action("finish_sweep", ()) is True
             await pilot.press("x")
-            assert job.finish.is_set() and not app.stop_event.is_set()  # not a stop of the running trial
+            assert job.finish.is_set() and not app.session.control.is_set()  # not a stop of the running trial
             job.go.set()
-            await settle(pilot, app, lambda: app.header.state == "finished")
+            await settle(pilot, app, lambda: app.session.state == "finished")
             assert job.ran == [0] and job.thread is not threading.main_thread()
             assert app.query_one(SweepPane).finished.stopped
     asyncio.run(main())
@@ -166,11 +167,12 @@ log = true
     finish = threading.Event()
 
     async def main() -> None:
-        app = create_app("tiny", lambda emit, stop: run_sweep(sweep, emit, stop, finish), sweep_finish=finish)
+        app = create_app("tiny", lambda emit, stop: run_sweep(sweep, emit, stop, finish), sweep_finish=finish,
+                         pane_interval_s=TEST_PANE_INTERVAL_S)
         async with app.run_test(size=SIZE) as pilot:
             pane = app.query_one(SweepPane)
-            await settle(pilot, app, lambda: app.header.state == "finished", timeout=60)
-            assert app.header.state == "finished" and len(pane.table.rows) == 2
+            await settle(pilot, app, lambda: app.session.state == "finished", timeout=60)
+            assert app.session.state == "finished" and len(pane.table.rows) == 2
             assert {str(pane.table.get_cell(str(n), "state")).split()[0] for n in range(2)} == {"complete"}
             assert len(pane.history.trials) == 2 and pane.intermediate.running  # reports at steps 4, 8, 12
             assert pane.finished is not None and not pane.finished.stopped

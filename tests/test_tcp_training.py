@@ -1,5 +1,5 @@
 """A training run on the tcp backend, ranks started by hand as on two hosts (torchrun-style env):
-rank 0's process records the run, and its events carry every rank's step statistics."""
+rank 0's process records the run, and its events carry every rank's step statistics, memory and traffic."""
 
 from __future__ import annotations
 
@@ -36,4 +36,14 @@ def test_tcp_ranks_started_by_hand_train_and_report_every_rank(tmp_path):
     stats = [(e["step"], e["rank"]) for e in events if e["kind"] == "rank_stats"]
     assert stats == [(step, rank) for step in (1, 2, 3) for rank in (0, 1)]
     assert all(e["bytes_sent"] > 0 for e in events if e["kind"] == "rank_stats")
+    # every rank's memory (one snapshot per phase) and traffic (its own links) reach rank 0's recorder
+    memory = sorted((e["step"], e["rank"], e["phase"]) for e in events if e["kind"] == "memory_snapshot")
+    assert memory == sorted((s, r, p) for s in (1, 2, 3) for r in (0, 1) for p in ("forward", "backward",
+                                                                                     "optimizer"))
+    traffic = [e for e in events if e["kind"] == "traffic"]
+    assert sorted((e["step"], e["rank"]) for e in traffic) == [(s, r) for s in (1, 2, 3) for r in (0, 1)]
+    sent = {(e["step"], e["rank"]): e["bytes_sent"] for e in events if e["kind"] == "rank_stats"}
+    for e in traffic:  # a rank's links are its own sends, and add up to what its RankStats says
+        assert {link["src"] for link in e["links"]} == {e["rank"]}
+        assert sum(link["bytes"] for link in e["links"]) == sent[(e["step"], e["rank"])]
     assert "steps          3" in outputs[0][0] and "steps" not in outputs[1][0]

@@ -14,9 +14,9 @@ from engine.job import run_training
 from tests.parallel_helpers import gradient_group_lengths, ring_bytes, tiny_gpt, with_parallel
 
 STEPS = 3
-# fp64 scalars all-reduced every step besides the gradients: the trainer agrees on [mean loss, stop flag]
+# fp64 scalars all-reduced every step besides the gradients: the trainer agrees on [mean loss, stop, pause]
 # (Trainer._agree); sharded stages also all-reduce the gradient norm's sum of squares (ShardOptimizer).
-AGREE, NORM = 2, 1
+AGREE, NORM = 3, 1
 
 
 def traced_run(world: int, stage: int) -> tuple[list, list, dict]:

@@ -220,8 +220,8 @@ def test_bytes_sent_per_rank_match_ring_formulas(world):
         passes = {0: (1, 1), 1: (1, 1), 2: (1, 1), 3: (1, 2)}[stage]  # (reduce-scatters, all-gathers)
         for rank, r in enumerate(results):
             rs_ag = [ring_bytes(n, world, rank) for n in lengths]
-            # fp64 all-reduces: [loss, stop flag] from the trainer, and the grad norm when sharded
-            scalars = 8 * sum(ring_bytes(2, world, rank))
+            # fp64 all-reduces: [loss, stop, pause] from the trainer, and the grad norm when sharded
+            scalars = 8 * sum(ring_bytes(3, world, rank))
             if stage:
                 scalars += 8 * sum(ring_bytes(1, world, rank))
             model_bytes = 4 * sum(passes[0] * rs + passes[1] * ag for rs, ag in rs_ag)

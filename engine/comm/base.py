@@ -23,6 +23,8 @@ Rules every backend keeps (tests/test_comm_conformance.py checks them on each on
   silent peer) and raises RankFailure promptly once another rank of the job has failed.
 * Stop: ``should_stop()`` turns True when the launcher is asked to stop (UI stop, Ctrl-C). A call
   blocked on a peer that has already left because of that stop raises StopRequested.
+* Pause: ``should_pause()`` is True while the launcher is asked to hold the job (the trainer then
+  waits after its step, engine.trainer); it never interrupts a call.
 * Metering: every send (and the send half of every sendrecv) is reported to ``meter``, if set, as
   ``meter.record(phase, src, dst, nbytes, seconds, group)`` with the meter's current labels, global
   ranks and the communicator's ``name`` ("world", or a process group's); ``nbytes`` is the payload
@@ -81,10 +83,11 @@ def blame(rank: int, exc: BaseException) -> tuple[int, str]:
 
 
 class Signals:
-    """Stop and failure flags shared by every communicator of a job that lives in one process."""
+    """Stop, pause and failure flags shared by every communicator of a job that lives in one process."""
 
-    def __init__(self, stop_event: threading.Event | None = None):
+    def __init__(self, stop_event: threading.Event | None = None, pause_event: threading.Event | None = None):
         self.stop = stop_event if stop_event is not None else threading.Event()
+        self.pause = pause_event if pause_event is not None else threading.Event()
         self.failure: tuple[int, str] | None = None
         self._lock = threading.Lock()
 
@@ -125,6 +128,10 @@ class Communicator(ABC):
     def should_stop(self) -> bool:
         """True once the launcher was asked to stop; poll it between steps and return from rank_fn."""
         return self.signals.stop.is_set()
+
+    def should_pause(self) -> bool:
+        """True while the launcher is asked to hold the job; poll it between steps."""
+        return self.signals.pause.is_set()
 
     def send(self, dst: int, arr: np.ndarray) -> None:
         arr = np.ascontiguousarray(arr)

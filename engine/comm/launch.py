@@ -6,7 +6,11 @@ comes out of JSON on every backend (called from rank threads or the launcher's t
 at a time).
 
 Stopping: setting ``stop_event`` (the UI's stop, or the first Ctrl-C in the launching process)
-makes ``comm.should_stop()`` True on every rank; poll it between steps and return. Ranks may
+makes ``comm.should_stop()`` True on every rank; poll it between steps and return. Pausing works
+the same way: while ``pause_event`` is set, ``comm.should_pause()`` is True on every rank the
+launcher started (threads: the shared event; processes: a "pause" / "resume" message down each
+rank's pipe); on tcp and mpi only this process's rank sees it, and the ranks share it through the
+flags they all-reduce every step (engine.trainer), as they do the stop request. Ranks may
 notice at different steps: one blocked on a peer that already left because of the stop gets
 StopRequested, which counts as a clean stop (its result is None). To stop every rank at the same
 step, all-reduce (max) the flag. After a Ctrl-C, run_ranks re-raises KeyboardInterrupt once the
@@ -56,8 +60,8 @@ MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
 def run_ranks(world_size: int, backend: str, rank_fn: Callable, args: tuple = (),
               on_event: Callable[[dict], None] | None = None, timeout_s: float = 30.0,
-              stop_event: threading.Event | None = None, threads_per_rank: int = 0,
-              network: NetworkEmulation | None = None) -> list:
+              stop_event: threading.Event | None = None, pause_event: threading.Event | None = None,
+              threads_per_rank: int = 0, network: NetworkEmulation | None = None) -> list:
     """Run ``rank_fn(comm, emit, *args)`` on every rank; returns the ranks' return values by rank.
     ``network`` (processes and tcp: the socket transport) emulates latency and bandwidth per link."""
     if network is not None and network.active and backend not in EMULATING_BACKENDS:
@@ -67,26 +71,26 @@ def run_ranks(world_size: int, backend: str, rank_fn: Callable, args: tuple = ()
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     on_event = on_event or (lambda event: None)
     stop_event = stop_event if stop_event is not None else threading.Event()
+    signals = Signals(stop_event, pause_event)
     if backend in ("threads", "processes"):  # every rank on this host, with this process's CPUs
         threads = cores.resolve(threads_per_rank, len(cores.usable_cores()), world_size)
     if backend == "threads":
         with cores.limited(threads):
-            return _run_threads(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event, threads)
+            return _run_threads(world_size, rank_fn, tuple(args), on_event, timeout_s, signals, threads)
     if backend == "processes":
         from engine.comm.procs import run_processes
-        return run_processes(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event, threads,
+        return run_processes(world_size, rank_fn, tuple(args), on_event, timeout_s, signals, threads,
                              network)
     if backend == "tcp":
         from engine.comm.rendezvous import connect_from_env
-        comm = connect_from_env(timeout_s=timeout_s, stop_event=stop_event, emulation=network)
+        comm = connect_from_env(timeout_s=timeout_s, signals=signals, emulation=network)
         if comm.world_size != world_size:
             comm.close()
             raise ValueError(f"WORLD_SIZE is {comm.world_size} but world_size is {world_size}")
         return _run_here(comm, world_size, rank_fn, tuple(args), on_event, threads_per_rank)
     if backend == "mpi":
         from engine.comm.mpi import run_mpi_rank
-        return run_mpi_rank(world_size, rank_fn, tuple(args), on_event, timeout_s, stop_event,
-                            threads_per_rank)
+        return run_mpi_rank(world_size, rank_fn, tuple(args), on_event, timeout_s, signals, threads_per_rank)
     raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
@@ -167,10 +171,11 @@ def _only_blamed_left(threads: list[threading.Thread], group) -> bool:
     return all(not t.is_alive() for r, t in enumerate(threads) if r != blamed)
 
 
-def _run_threads(world_size, rank_fn, args, on_event, timeout_s, stop_event, pool_threads: int) -> list:
+def _run_threads(world_size, rank_fn, args, on_event, timeout_s, signals: Signals, pool_threads: int) -> list:
     from engine.comm.threads import ThreadGroup
 
-    group = ThreadGroup(world_size, timeout_s, Signals(stop_event))
+    stop_event = signals.stop
+    group = ThreadGroup(world_size, timeout_s, signals)
     results: list = [None] * world_size
     event_lock = threading.Lock()
 

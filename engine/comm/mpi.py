@@ -104,14 +104,14 @@ def _raw(arr: np.ndarray) -> list:
     return [arr.reshape(-1).view(np.uint8), MPI.BYTE]
 
 
-def run_mpi_rank(world_size, rank_fn, args, on_event, timeout_s, stop_event,
+def run_mpi_rank(world_size, rank_fn, args, on_event, timeout_s, signals: Signals,
                  threads_per_rank: int = 0) -> list:
     """Run this process's rank; rank 0 relays every rank's events to on_event and gathers results."""
     world = MPI.COMM_WORLD
     if world.Get_size() != world_size:
         raise ValueError(f"started with {world.Get_size()} MPI ranks but world_size is {world_size}; "
                          f"run mpiexec -n {world_size}")
-    comm = MpiCommunicator(world, timeout_s, signals=Signals(stop_event))
+    comm = MpiCommunicator(world, timeout_s, signals=signals)
     relay_comm = world.Dup()
     rank, lock = comm.rank, threading.Lock()
 

@@ -4,8 +4,9 @@ The launcher spawns each rank with multiprocessing 'spawn' and talks to it over 
 JSON messages only (codec.py; never pickle): the launch spec with a fresh random secret goes
 down, events / result / error come up. Rank 0 binds a free port and reports it; the launcher
 relays it to the others, so there is no port race. Control messages down the pipe: "master"
-(the port), "stop" (should_stop() turns True), "abort" (the job failed: blocked calls raise
-RankFailure). A rank whose pipe closes (the launcher died) exits at once: no orphans.
+(the port), "stop" (should_stop() turns True), "pause" / "resume" (should_pause() turns True /
+False), "abort" (the job failed: blocked calls raise RankFailure). A rank whose pipe closes (the
+launcher died) exits at once: no orphans.
 
 Ctrl-C in the terminal reaches the whole process group: ranks ignore it and the launcher turns
 the first one into a stop request (the second kills); run_ranks then raises KeyboardInterrupt.
@@ -38,7 +39,7 @@ ABORT_GRACE_S = 3.0
 COLLECT_S = 0.3  # after a first timeout, how long to gather the others before naming the hung rank
 
 
-def run_processes(world_size, rank_fn, args, on_event, timeout_s, stop_event, threads: int = 1,
+def run_processes(world_size, rank_fn, args, on_event, timeout_s, signals: Signals, threads: int = 1,
                   network=None) -> list:
     """Run rank_fn on `world_size` spawned processes, each limiting its thread pools to `threads`;
     ``network``: a NetworkEmulation that shapes every rank's links, or None."""
@@ -56,7 +57,7 @@ def run_processes(world_size, rank_fn, args, on_event, timeout_s, stop_event, th
             theirs.close()
             children.append(_Child(rank, process, ours))
             children[-1].tell({**spec, "rank": rank})
-        return _Supervisor(children, on_event, timeout_s, stop_event).run()
+        return _Supervisor(children, on_event, timeout_s, signals).run()
     finally:
         for child in children:
             child.reap()
@@ -85,8 +86,10 @@ class _Child:
 
 
 class _Supervisor:
-    def __init__(self, children: list[_Child], on_event, timeout_s: float, stop_event: threading.Event):
-        self.children, self.on_event, self.stop_event = children, on_event, stop_event
+    def __init__(self, children: list[_Child], on_event, timeout_s: float, signals: Signals):
+        self.children, self.on_event = children, on_event
+        self.stop_event, self.pause_event = signals.stop, signals.pause
+        self.paused = False  # what the ranks were last told
         self.timeout_s = timeout_s
         self.failures: list[tuple[int, int, str]] = []  # (reporting rank, blamed rank, cause) by arrival
         self.timeouts: dict[int, int] = {}  # reporting rank -> the rank it timed out waiting on
@@ -121,6 +124,10 @@ class _Supervisor:
             self.stop_at = now
             for child in self.children:
                 child.tell({"type": "stop"})
+        if self.pause_event.is_set() != self.paused:
+            self.paused = not self.paused
+            for child in self.children:
+                child.tell({"type": "pause" if self.paused else "resume"})
         if self.failed_at is not None and not self.aborted and now - self.failed_at > COLLECT_S:
             self._abort()
         grace = min(ABORT_GRACE_S, self.timeout_s) + COLLECT_S
@@ -218,6 +225,10 @@ def child_main(conn) -> None:
         kind = message.get("type")
         if kind == "stop":
             signals.stop.set()
+        elif kind == "pause":
+            signals.pause.set()
+        elif kind == "resume":
+            signals.pause.clear()
         elif kind == "abort":
             signals.fail(int(message["rank"]), str(message["cause"]))
         elif kind == "master":

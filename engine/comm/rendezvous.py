@@ -90,9 +90,10 @@ def connect(rank: int, world_size: int, master_addr: str, master_port: int, secr
 
 def connect_from_env(timeout_s: float = 30.0, stop_event: threading.Event | None = None,
                      meter: TrafficMeter | None = None, environ: Mapping[str, str] = os.environ,
-                     emulation: NetworkEmulation | None = None):
+                     signals: Signals | None = None, emulation: NetworkEmulation | None = None):
     """``connect`` configured like torchrun: MASTER_ADDR (default 127.0.0.1), MASTER_PORT, RANK,
-    WORLD_SIZE, NANODIST_SECRET or NANODIST_SECRET_FILE, optional NANODIST_BIND_ADDR, NANODIST_SHM=0."""
+    WORLD_SIZE, NANODIST_SECRET or NANODIST_SECRET_FILE, optional NANODIST_BIND_ADDR, NANODIST_SHM=0.
+    `signals` (stop and pause flags) wins over `stop_event`."""
     def integer(name: str) -> int:
         try:
             return int(environ[name])
@@ -103,7 +104,7 @@ def connect_from_env(timeout_s: float = 30.0, stop_event: threading.Event | None
     return connect(integer("RANK"), integer("WORLD_SIZE"), environ.get("MASTER_ADDR", "127.0.0.1"),
                    integer("MASTER_PORT"), read_secret(environ), bind_addr=environ.get("NANODIST_BIND_ADDR"),
                    timeout_s=timeout_s, use_shm=environ.get("NANODIST_SHM", "1") != "0", meter=meter,
-                   signals=Signals(stop_event), emulation=emulation)
+                   signals=signals if signals is not None else Signals(stop_event), emulation=emulation)
 
 
 def read_secret(environ: Mapping[str, str]) -> bytes:

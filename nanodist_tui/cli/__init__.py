@@ -11,7 +11,20 @@ from __future__ import annotations
 
 import typer
 
-from nanodist_tui.cli import bench, memory, model, presets, project, resume, runs, serve, sweep, train
+from nanodist_tui.cli import (
+    bench,
+    bench_ui,
+    memory,
+    model,
+    presets,
+    project,
+    resume,
+    runs,
+    screenshot,
+    serve,
+    sweep,
+    train,
+)
 from nanodist_tui.cli.errors import OneLineErrors
 
 app = typer.Typer(
@@ -25,13 +38,17 @@ app.callback(invoke_without_command=True)(train.main_callback)
 app.command("run")(train.run)
 app.command("runs")(runs.runs)
 app.command("replay")(runs.replay)
+app.command("compare")(runs.compare)
 app.command("resume")(resume.resume)
 app.command("export")(model.export)
 app.command("sample")(model.sample)
 app.command("serve")(serve.serve)
 app.command("memory")(memory.memory)
 app.command("project")(project.project)
+app.command("screenshot")(screenshot.screenshot)
 app.add_typer(sweep.app, name="sweep")
+bench.app.command("ui")(bench_ui.ui)
+bench.app.command("ui-events")(bench_ui.ui_events)
 app.add_typer(bench.app, name="bench")
 app.add_typer(presets.app, name="presets")
 

@@ -23,3 +23,6 @@ RunDirArg = Annotated[Path, typer.Argument(help="a run folder (runs/<timestamp>-
                                            show_default=False)]
 StepOpt = Annotated[int | None, typer.Option("--step", min=0, help="use the checkpoint of this step "
                                                                    "(default: the newest finished one)")]
+AsciiOpt = Annotated[bool, typer.Option("--ascii", help="ASCII instead of braille and block characters (also "
+                                                   "NANODIST_ASCII=1, or ascii = true under [display] in the "
+                                                   "user config)")]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,9 +10,6 @@ from nanodist_tui.cli.errors import fail, user_errors
 from nanodist_tui.cli.options import SetOpt
 
 app = typer.Typer(help="Presets: list, show, create from another, compare.", no_args_is_help=True)
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
 
 @app.command("list")
 def list_presets() -> None:
@@ -52,19 +47,14 @@ def new(name: Annotated[str, typer.Argument(help="name of the new preset (./pres
         ) -> None:
     """Copy a preset to ./presets/NAME.toml with overrides applied; comments and numbers stay as written."""
     from engine import presets
-    if not _NAME.match(name):
-        fail(f"preset name {name!r}: use letters, digits, '.', '_' and '-' (e.g. my-gpt)")
-    target = Path("presets") / f"{name}.toml"
-    if target.exists() and not force:
-        fail(f"{target} exists; choose another name or pass --force to overwrite it")
     with user_errors():
         path = presets.find_preset(source)
-        doc = presets.read_document(path)
-        presets.apply_overrides(doc, [*(sets or []), f"name={name}"], source=str(path))
-    try:
-        presets.save_preset(doc, target)
-    except OSError as e:
-        fail(f"{target}: cannot write it ({e.strerror or e}); ./presets must be a folder you can write to")
+        try:
+            target = presets.save_as(presets.read_document(path), name, sets or [], force=force,
+                                     source=str(path))
+        except OSError as e:
+            fail(f"presets/{name}.toml: cannot write it ({e.strerror or e}); ./presets must be a folder you "
+                 "can write to")
     print(f"wrote {target} (from {path}{', with ' + ', '.join(sets) if sets else ''})")
 
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from nanodist_tui.cli.errors import user_errors
-from nanodist_tui.cli.options import BackendOpt, LogToOpt, RunDirArg, SetOpt, StepOpt, WorldOpt
+from nanodist_tui.cli.options import AsciiOpt, BackendOpt, LogToOpt, RunDirArg, SetOpt, StepOpt, WorldOpt
 from nanodist_tui.cli.running import (
     check_can_run,
     require_run_dir,
@@ -22,7 +22,8 @@ from nanodist_tui.cli.running import (
 
 def resume(run_dir: RunDirArg, sets: SetOpt = None, world_size: WorldOpt = None, backend: BackendOpt = None,
            step: StepOpt = None, log_to: LogToOpt = None,
-           no_ui: Annotated[bool, typer.Option("--no-ui", help="train headless")] = False) -> None:
+           no_ui: Annotated[bool, typer.Option("--no-ui", help="train headless")] = False,
+           ascii_only: AsciiOpt = False) -> None:
     """Resume a run: same world size continues bitwise-identically; another one reshards the state."""
     from engine.resume import prepare_resume
     require_run_dir(run_dir)
@@ -34,4 +35,4 @@ def resume(run_dir: RunDirArg, sets: SetOpt = None, world_size: WorldOpt = None,
         print(f"resuming from {Path(ckpt.path)} (step {ckpt.step})")
         run_headless_job(job)
     else:
-        run_in_workbench(cfg, job)
+        run_in_workbench(cfg, job, ascii_only)

@@ -4,8 +4,11 @@ before any rank starts, and the two ways to run the job (the workbench, or headl
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -92,18 +95,56 @@ def require_run_dir(run_dir: Path) -> None:
 
 def training_job(cfg, doc, resume_from: str | None = None):
     """The job both modes drive: train `cfg` (from the checkpoint folder `resume_from`, if given) on the
-    calling thread, events to `emit`; returns the run summary."""
+    calling thread, events to `emit`, until done or `control` (an engine.control.RunControl) stops it;
+    returns the run summary."""
     from engine.job import run_training
 
-    def job(emit, stop_event):
-        return run_training(cfg, on_event=emit, stop_event=stop_event, preset_doc=doc,
-                            resume_from=resume_from)
+    def job(emit, control):
+        return run_training(cfg, on_event=emit, stop_event=control, preset_doc=doc, resume_from=resume_from,
+                            pause_event=getattr(control, "pause", None))  # a plain stop event cannot pause
     return job
 
 
-def run_in_workbench(cfg, job, sweep_finish: threading.Event | None = None) -> None:
+@contextmanager
+def stop_on_signals(control: threading.Event) -> Iterator[list[int]]:
+    """While the job runs: Ctrl-C (SIGINT) or SIGTERM asks it to stop as the workbench's stop key does (every
+    rank checkpoints at the step reached); a second signal leaves at once (KeyboardInterrupt). Yields the
+    signals received, in order. Outside the main thread (where Python delivers signals) it does nothing."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def on_signal(signum, _frame) -> None:
+        received.append(signum)
+        if len(received) > 1:
+            raise KeyboardInterrupt
+        control.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def workbench_config(ascii_only: bool = False):
+    """The user's workbench settings (keymap, display); a mistake in that file is one line and exit 2."""
+    import dataclasses
+
+    from nanodist_tui.actions import BINDING_IDS
+    from nanodist_tui.user_config import UserConfigError, load_user_config
+    try:
+        config = load_user_config(BINDING_IDS)
+    except UserConfigError as e:
+        fail(str(e))
+    return dataclasses.replace(config, ascii=config.ascii or ascii_only)
+
+
+def run_in_workbench(cfg, job, ascii_only: bool = False, sweep_finish: threading.Event | None = None) -> None:
     """Open the workbench on a training job (new or resumed), or on a sweep (`sweep_finish`: the event
-    that ends it after the running trial)."""
+    that ends it after the running trial); from it the user may start other runs."""
     from engine.comm.launch import process_rank
     if process_rank(cfg.parallel.backend) not in (None, 0):
         # Under mpiexec or a tcp launch every process runs this command; only rank 0's shows the
@@ -116,34 +157,50 @@ def run_in_workbench(cfg, job, sweep_finish: threading.Event | None = None) -> N
         from multiprocessing import resource_tracker
         resource_tracker.ensure_running()
     from nanodist_tui.app import create_app
-    create_app(cfg.name, job, sweep_finish=sweep_finish).run()
+    user_config = workbench_config(ascii_only)
+    run_app(create_app(cfg.name, job, make_job=training_job, check_run=check_can_run,
+                       user_config=user_config, sweep_finish=sweep_finish))
+
+
+def run_app(app) -> None:
+    """Run the workbench, then print on the shell what it leaves behind: the run folder and the summary
+    (or the failure, exit code 1)."""
+    app.run()
+    for line in app.farewell():
+        print(line)
+    if app.shell_exit_code:
+        raise typer.Exit(app.shell_exit_code)
 
 
 def run_headless_job(job) -> None:
-    """Run `job(emit, stop_event)` (returning the run summary) with the headless printer, then print the
-    summary. Ctrl-C ends it with exit code 130, a user mistake with its one line and code 2, a failed
-    run with code 1 (the printer has already shown its one line: the rank and the cause), any other
-    failure with code 1 and one line naming where its traceback went."""
+    """Run `job(emit, control)` (returning the run summary) with the headless printer, then print the
+    summary. Ctrl-C or SIGTERM stops every rank after the same step with a checkpoint kept, prints the
+    summary and exits 130 (143); a second one leaves at once. A user mistake ends with its one line and
+    code 2, a failed run with code 1 (the printer has already shown its one line: the rank and the cause),
+    any other failure with code 1 and one line naming where its traceback went."""
+    from engine.control import RunControl
     from nanodist_tui.headless import HeadlessPrinter, summary_lines
-    printer, stop = HeadlessPrinter(), threading.Event()
-    try:
-        summary = job(printer, stop)
-    except KeyboardInterrupt:
-        stop.set()
-        printer.close()
-        fail("interrupted", code=130)
-    except USER_ERRORS as e:
-        printer.close()
-        fail(str(e))
-    except Exception as e:
-        printer.close()
-        if not printer.failure_shown:
-            internal_failure(e)
-        raise typer.Exit(1) from None
-    if not summary.get("lead", True):
-        return  # another process (rank 0's, under mpiexec or a tcp launch) reports this run
-    for line in summary_lines(summary):
-        print(line)
+    printer, control = HeadlessPrinter(), RunControl()
+    with stop_on_signals(control) as received:
+        try:
+            summary = job(printer, control)
+        except KeyboardInterrupt:
+            control.set()
+            printer.close()
+            fail("interrupted", code=130)
+        except USER_ERRORS as e:
+            printer.close()
+            fail(str(e))
+        except Exception as e:
+            printer.close()
+            if not printer.failure_shown:
+                internal_failure(e)
+            raise typer.Exit(1) from None
+    if summary.get("lead", True):  # else another process (rank 0's, under mpiexec or tcp) reports this run
+        for line in summary_lines(summary):
+            print(line)
+    if received:
+        raise typer.Exit(128 + received[0])
 
 
 def load_source(source: Path, step: int | None):

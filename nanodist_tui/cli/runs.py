@@ -1,5 +1,6 @@
-"""`nanodist-tui runs` (the run folders and their key figures) and `replay RUN_DIR` (a recorded run,
-played back into the workbench, or printed with --no-ui)."""
+"""`nanodist-tui runs` (the run folders and their key figures), `replay RUN_DIR` (a recorded run, played
+back into the workbench at any speed, or printed with --no-ui) and `compare RUN_A RUN_B` (two runs side by
+side)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Annotated
 import typer
 
 from nanodist_tui.cli.errors import fail, user_errors
-from nanodist_tui.cli.options import RunDirArg
-from nanodist_tui.cli.running import require_run_dir, sink_names
-from nanodist_tui.replay import replay_events
+from nanodist_tui.cli.options import AsciiOpt, RunDirArg
+from nanodist_tui.cli.running import require_run_dir, run_app, sink_names, workbench_config
+from nanodist_tui.replay import ReplayPlayer
 
 
 def _fmt(value, spec: str) -> str:
@@ -57,25 +58,25 @@ def replay(run_dir: RunDirArg,
            speed: Annotated[float | None, typer.Option(
                "--speed", min=0.0, help="playback speed (1 = as recorded, 0 = no pauses); "
                                         "default 1 in the workbench, 0 with --no-ui")] = None,
+           from_step: Annotated[int, typer.Option("--from-step", min=0, help="start playing at this step "
+                                                   "(what comes before it is shown at once)")] = 0,
            no_ui: Annotated[bool, typer.Option("--no-ui", help="print the events instead of opening the "
                                                               "workbench")] = False,
            to: Annotated[str | None, typer.Option(
                "--to", help="also write the run to these, comma-separated: tensorboard,wandb,mlflow "
-                            "(into the run folder, as a live run with --log-to would)")] = None) -> None:
-    """Play a recorded run (its events.jsonl) back into the workbench; --to converts it for TensorBoard,
-    W&B or MLflow on the way."""
-    from engine.recorder import read_events
-    require_run_dir(run_dir)
+                            "(into the run folder, as a live run with --log-to would)")] = None,
+           ascii_only: AsciiOpt = False) -> None:
+    """Play a recorded run (its events.jsonl) back into the workbench (p pauses, + and - change the speed,
+    [ and ] seek); --to converts it for TensorBoard, W&B or MLflow on the way."""
+    events = _read(run_dir)
     with user_errors():
-        events = read_events(run_dir)
         sinks, log_cfg = _replay_sinks(run_dir, to)
-    if not events:
-        fail(f"{run_dir}/events.jsonl: no events recorded")
     speed = (0.0 if no_ui else 1.0) if speed is None else speed
     if no_ui:
         from nanodist_tui.headless import HeadlessPrinter
         printer = HeadlessPrinter(live=False)
-        written = _replay_through_sinks(events, printer, threading.Event(), speed, sinks, run_dir, log_cfg)
+        written = _replay_through_sinks(ReplayPlayer(events, speed, start_step=from_step), printer,
+                                        threading.Event(), sinks, run_dir, log_cfg)
         printer.close()
         into = f" and wrote them to {', '.join(written)}" if written else ""
         print(f"replayed {len(events)} events from {run_dir}{into}")
@@ -85,8 +86,33 @@ def replay(run_dir: RunDirArg,
     from nanodist_tui.app import create_app
     started = next((e for e in events if e.kind == "run_started"), None)
     name = started.preset if started is not None else run_dir.name
-    create_app(name, lambda emit, stop: _replay_through_sinks(events, emit, stop, speed, sinks, run_dir,
-                                                              log_cfg), replay=True).run()
+    player = ReplayPlayer(events, speed, start_step=from_step)
+
+    def job(emit, control) -> list[str]:
+        return _replay_through_sinks(player, emit, control, sinks, run_dir, log_cfg)
+
+    run_app(create_app(name, job, replay=player, user_config=workbench_config(ascii_only)))
+
+
+def compare(run_a: Annotated[Path, typer.Argument(help="a run folder", show_default=False)],
+            run_b: Annotated[Path, typer.Argument(help="another run folder", show_default=False)],
+            ascii_only: AsciiOpt = False) -> None:
+    """Two recorded runs side by side: loss curves overlaid (m smooths them), memory and traffic."""
+    for run_dir in (run_a, run_b):
+        _read(run_dir)  # one line and exit 2 for a folder that is not a readable run
+    from nanodist_tui.app import create_app
+    run_app(create_app(f"{run_a.name} vs {run_b.name}", None, compare=(run_a, run_b),
+                       user_config=workbench_config(ascii_only)))
+
+
+def _read(run_dir: Path) -> list:
+    from engine.recorder import read_events
+    require_run_dir(run_dir)
+    with user_errors():
+        events = read_events(run_dir)
+    if not events:
+        fail(f"{run_dir}/events.jsonl: no events recorded")
+    return events
 
 
 def _replay_sinks(run_dir: Path, to: str | None):
@@ -105,11 +131,11 @@ def _replay_sinks(run_dir: Path, to: str | None):
     return names, cfg.log
 
 
-def _replay_through_sinks(events, emit, stop, speed: float, names, run_dir: Path, log_cfg) -> list[str]:
-    """Replay into `emit` and, when `names` are given, into those sinks (their messages go to `emit` too);
-    returns the sinks that wrote the whole run."""
+def _replay_through_sinks(player, emit, control, names, run_dir: Path, log_cfg) -> list[str]:
+    """Play `player` (a ReplayPlayer) into `emit` and, when `names` are given, into those sinks (their
+    messages go to `emit` too); returns the sinks that wrote the whole run."""
     if not names:
-        replay_events(events, emit, stop, speed)
+        player(emit, control)
         return []
     from engine.events import EventBus
     from engine.sinks.runner import SinkSet
@@ -118,7 +144,7 @@ def _replay_through_sinks(events, emit, stop, speed: float, names, run_dir: Path
     sinks = SinkSet(names, run_dir, log_cfg, bus.emit)
     bus.subscribe(sinks)
     try:
-        replay_events(events, bus.emit, stop, speed)
+        player(bus.emit, control)
     finally:
         sinks.close()
     return sinks.working

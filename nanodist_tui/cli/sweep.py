@@ -88,15 +88,10 @@ def _run_headless(swept, job) -> None:
 
 
 def _print_results(swept) -> None:
-    from engine.sweep.results import TRIALS_CSV, best_trials, trial_row
-    from engine.sweep.study import load_study
-    from nanodist_tui.sweep_printer import result_lines
+    from nanodist_tui.sweep_printer import sweep_results
     with user_errors():
-        stored = load_study(swept)
-    rows = [trial_row(t, swept.metrics) for t in stored.get_trials(deepcopy=False)]
-    best = [t.number for t in best_trials(stored)]
-    for line in result_lines(rows, swept.metrics, swept.directions, best,
-                             swept.storage.describe(swept.sweep_dir), str(swept.sweep_dir / TRIALS_CSV)):
+        lines = sweep_results(swept)
+    for line in lines:
         print(line)
 
 

@@ -7,17 +7,18 @@ from typing import Annotated
 
 import typer
 
-from nanodist_tui.cli.options import BackendOpt, LogToOpt, PresetOpt, SetOpt, WorldOpt
+from nanodist_tui.cli.options import AsciiOpt, BackendOpt, LogToOpt, PresetOpt, SetOpt, WorldOpt
 from nanodist_tui.cli.running import prepare_run, run_headless_job, run_in_workbench, training_job
 
 
-def train(preset: str, sets, world_size, backend, log_to, *, headless: bool) -> None:
+def train(preset: str, sets, world_size, backend, log_to, *, headless: bool,
+          ascii_only: bool = False) -> None:
     cfg, doc, _ = prepare_run(preset, sets, world_size, backend, log_to)
     job = training_job(cfg, doc)
     if headless:
         run_headless_job(job)
     else:
-        run_in_workbench(cfg, job)
+        run_in_workbench(cfg, job, ascii_only)
 
 
 def main_callback(
@@ -29,9 +30,10 @@ def main_callback(
     world_size: WorldOpt = None,
     backend: BackendOpt = None,
     log_to: LogToOpt = None,
+    ascii_only: AsciiOpt = False,
 ) -> None:
     if ctx.invoked_subcommand is None:
-        train(preset, sets, world_size, backend, log_to, headless=no_ui)
+        train(preset, sets, world_size, backend, log_to, headless=no_ui, ascii_only=ascii_only)
 
 
 def run(preset: PresetOpt = "quickstart", sets: SetOpt = None, world_size: WorldOpt = None,

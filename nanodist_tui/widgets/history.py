@@ -18,10 +18,6 @@ class History:
         if capacity < 2:
             raise ValueError("capacity must be at least 2")
         self.capacity = capacity
-        self.clear()
-
-    def clear(self) -> None:
-        """Forget every point (a sweep's next trial is a new run that starts again at step 0)."""
         self.xs: list[float] = []
         self.ys: list[float] = []
         self.last: tuple[float, float] | None = None
@@ -30,11 +26,6 @@ class History:
 
     def __len__(self) -> int:
         return self._seen
-
-    def starts_over(self, x: float, repeats: bool = False) -> bool:
-        """Whether x does not come after the newest point (comes before it, where x may `repeat`): a run's
-        steps only go up, so a new run began (a sweep's next trial), whose points replace the old."""
-        return self.last is not None and (x < self.last[0] or (x == self.last[0] and not repeats))
 
     def append(self, x: float, y: float) -> None:
         if self._seen % self._stride == 0:

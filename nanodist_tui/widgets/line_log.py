@@ -4,6 +4,7 @@ so pausing the display freezes the log too."""
 from __future__ import annotations
 
 from rich.text import Text
+from textual.events import Resize
 from textual.widgets import RichLog
 
 from nanodist_tui.describe import Line
@@ -12,8 +13,8 @@ LEVEL_STYLES = {"debug": "dim", "warning": "yellow", "error": "bold red", "succe
 
 
 class LineLog(RichLog):
-    def __init__(self, *, id: str | None = None, max_lines: int) -> None:
-        super().__init__(id=id, max_lines=max_lines, wrap=True, markup=False)
+    def __init__(self, *, id: str | None = None, max_lines: int, classes: str | None = None) -> None:
+        super().__init__(id=id, max_lines=max_lines, wrap=True, markup=False, classes=classes)
         self._pending: list[Line] = []
 
     def queue(self, line: Line) -> None:
@@ -21,6 +22,13 @@ class LineLog(RichLog):
 
     def write_queued(self) -> None:
         """Write and forget the queued lines, wrapped to the log's current width (RichLog's default is 78)."""
+        if not self.size.width:
+            return  # not laid out yet: the lines wait here, to be wrapped at the width the log gets
+        if not self._size_known:
+            # RichLog holds every write until a Resize tells it its size, and Textual does not always send
+            # one to a log laid out while the tab around it is being built (seen under a 1 kHz event
+            # stream): it then stays blank for good. Its own Resize handler marks the size known.
+            self.on_resize(Resize(self.size, self.virtual_size))
         width = self.scrollable_content_region.width or None
         for line in self._pending:
             self.write(Text(line.text, style=LEVEL_STYLES.get(line.level, "")), width=width)

@@ -1,4 +1,5 @@
-"""Base for the live plots: redraw only when new data arrived and the plot is on screen."""
+"""Base for the live plots: redraw only when new data arrived and the plot is on screen, on axes that hold
+still (widgets/axes.py)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,29 @@ from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
 from nanodist_tui.messages import Tick
+from nanodist_tui.run_info import RunInfo
+from nanodist_tui.widgets.axes import GrowingRange, step_ticks, value_ticks
+
+MIN_HEIGHT, MIN_WIDTH = 5, 20  # below this plotext has no room for a curve
+LEGEND_MIN_HEIGHT = 8
 
 
 class LivePlot(PlotextPlot):
     """A plotext plot fed by ticks and redrawn by the app's render timer (a few times a second).
 
     A full plotext build costs tens of milliseconds, so `redraw` does nothing unless `ingest`
-    brought new data (or the size changed) and the widget was on screen in the last update.
+    brought new data (or the size changed) and the widget is on screen; `draws` counts the builds.
     Subclasses implement `collect` (update histories from a tick, return True if anything
     changed), `has_data` and `draw` (plot at most ~`max_points` points per curve).
     """
 
     PLACEHOLDER = "no data yet"
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, info: RunInfo | None = None, *, id: str | None = None) -> None:
         super().__init__(id=id)
+        self.info = info or RunInfo()  # the run's shape: its step axis (plots of a sweep have none)
+        self.y_range = GrowingRange()
+        self.draws = 0
         self._dirty = False
         self._drawn = False  # plotext cannot build a figure without data: show the placeholder until then
 
@@ -39,7 +48,11 @@ class LivePlot(PlotextPlot):
             self._dirty = True
 
     def on_resize(self) -> None:
-        self._dirty = True  # the downsampling depends on the width
+        self._dirty = True  # the downsampling and the ticks depend on the size
+
+    @property
+    def marker(self) -> str:
+        return self.app.glyphs.plot_marker
 
     def redraw(self) -> None:
         if not (self._dirty and self.has_data() and self.is_on_screen):
@@ -48,10 +61,34 @@ class LivePlot(PlotextPlot):
         self.plt.clear_data()
         # Braille cells hold two points per column: more points than that only cost build time.
         self.draw(max_points=2 * max(self.size.width, 1))
+        self.draws += 1
         self._drawn = True
         self.refresh()
+
+    def step_axis(self, last_seen: int) -> None:
+        """x from the run's first step to its last (or beyond, if a replay runs longer), whole numbers
+        only."""
+        first = self.info.first_step
+        last = max(self.info.total_steps, last_seen, first + 1)
+        self.plt.xlim(first, last)
+        ticks = step_ticks(first, last, self.size.width)
+        self.plt.xticks(ticks, [str(t) for t in ticks])
+
+    def value_axis(self) -> None:
+        lo, hi = self.y_range.limits()
+        self.plt.ylim(lo, hi)
+        self.plt.yticks(*value_ticks(lo, hi, self.size.height))
+
+    def legend(self, label: str) -> str | None:
+        """A curve's legend label, or None when the plot is too small to hold a legend."""
+        return label if self.size.height >= LEGEND_MIN_HEIGHT and self.size.width >= 30 else None
 
     def render(self) -> RenderResult:
         if not self._drawn:
             return Text(self.PLACEHOLDER, style="dim")
-        return super().render()
+        if self.size.height < MIN_HEIGHT or self.size.width < MIN_WIDTH:
+            return Text("too small to plot: give it more room (or its own tab)", style="dim")
+        try:
+            return super().render()
+        except (IndexError, OverflowError, ValueError, ZeroDivisionError):  # plotext at odd sizes
+            return Text("cannot plot at this size: give it more room (or its own tab)", style="dim")

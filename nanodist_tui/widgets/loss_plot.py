@@ -6,6 +6,7 @@ import math
 
 from engine.events import Eval
 from nanodist_tui.messages import Tick
+from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.history import History
 from nanodist_tui.widgets.live_plot import LivePlot
 
@@ -13,8 +14,8 @@ from nanodist_tui.widgets.live_plot import LivePlot
 class LossPlot(LivePlot):
     PLACEHOLDER = "no loss yet: waiting for the first step"
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
+    def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
+        super().__init__(info, id=id)
         self.border_title = "loss"
         self.train = History()
         self.val = History()
@@ -27,15 +28,13 @@ class LossPlot(LivePlot):
         for step in tick.steps:
             # Skipped (overflowed) steps carry no usable loss.
             if not step.skipped and math.isfinite(step.loss):
-                if self.train.starts_over(step.step):  # a sweep's next trial
-                    self.train.clear()
                 self.train.append(step.step, step.loss)
+                self.y_range.include([step.loss])
                 changed = True
         for event in tick.events:
             if isinstance(event, Eval) and math.isfinite(event.val_loss):
-                if self.val.starts_over(event.step):
-                    self.val.clear()
                 self.val.append(event.step, event.val_loss)
+                self.y_range.include([event.val_loss])
                 changed = True
         return changed
 
@@ -43,7 +42,11 @@ class LossPlot(LivePlot):
         return bool(len(self.train) or len(self.val))
 
     def draw(self, max_points: int) -> None:
+        last = 0
         for name, history, color in (("train", self.train, "cyan"), ("val", self.val, "orange")):
             if len(history):
                 xs, ys = history.points(max_points)
-                self.plt.plot(xs, ys, label=name, marker="braille", color=color)
+                self.plt.plot(xs, ys, label=self.legend(name), marker=self.marker, color=color)
+                last = max(last, int(xs[-1]))
+        self.step_axis(last)
+        self.value_axis()

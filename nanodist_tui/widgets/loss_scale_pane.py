@@ -1,4 +1,4 @@
-"""Loss-scale pane: the scale plot above a log of every scale change."""
+"""Loss-scale pane (fp16 runs only): the scale plot above a log of every scale change."""
 
 from __future__ import annotations
 
@@ -8,20 +8,21 @@ from textual.containers import Vertical
 from engine.events import LossScaleChange
 from nanodist_tui.describe import describe_loss_scale
 from nanodist_tui.messages import Tick
+from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.line_log import LineLog
 from nanodist_tui.widgets.loss_scale_plot import OVERFLOW_REASONS, LossScalePlot
 
 
 class LossScalePane(Vertical):
-    """Feeds the plot and keeps the change log; the border title counts skipped steps."""
+    """Feeds the plot and keeps the change log; the border title counts overflows and skipped steps."""
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.border_title = "loss scale"
         self.skipped_steps = 0
         self.overflows = 0
-        self.plot = LossScalePlot(id="loss-scale-plot")
-        self.changes = LineLog(id="loss-scale-log", max_lines=500)
+        self.plot = LossScalePlot(info)
+        self.changes = LineLog(max_lines=500, classes="loss-scale-log")
 
     def compose(self) -> ComposeResult:
         yield self.plot
@@ -37,6 +38,5 @@ class LossScalePane(Vertical):
 
     def redraw(self) -> None:
         self.plot.redraw()
-        if self.skipped_steps or self.overflows:
-            self.border_title = f"loss scale · {self.overflows} overflows · {self.skipped_steps} skipped"
+        self.border_title = f"loss scale · {self.overflows} overflows · {self.skipped_steps} skipped"
         self.changes.write_queued()

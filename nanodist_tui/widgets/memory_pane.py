@@ -1,5 +1,5 @@
-"""Per-rank memory: the categories at the step's peak as one stacked bar per rank, the run's
-high-water mark on it, and the estimator's figure beside the measurement."""
+"""Per-rank memory: the categories at the step's peak as one stacked bar per rank, the run's high-water mark
+on it, and the estimator's figure beside the measurement (MB = 10^6 bytes, as `nanodist-tui memory`)."""
 
 from __future__ import annotations
 
@@ -9,28 +9,31 @@ from textual.widgets import Static
 from engine.events import MemorySnapshot
 from engine.memory import CATEGORIES
 from nanodist_tui.messages import Tick
+from nanodist_tui.run_info import RunInfo
+from nanodist_tui.widgets.glyphs import Glyphs
 from nanodist_tui.widgets.units import format_bytes
 
-# Label and colour per ledger category; colours follow PyTorch's memory timeline (parameters
-# green, gradients blue, optimizer state golds, activations red, temporaries purple).
+# Label, colour and (without colour) fill letter per ledger category; colours follow PyTorch's memory
+# timeline (parameters green, gradients blue, optimizer state golds, activations red, temporaries purple).
 STYLES = {
-    "parameters": ("params", "#2e8b2e"),
-    "gradients": ("grads", "#3050e0"),
-    "master": ("fp32 master", "#daa520"),
-    "adam_m": ("adam m", "#b8860b"),
-    "adam_v": ("adam v", "#f0c040"),
-    "activations": ("activations", "#e03030"),
-    "comm_buffers": ("comm buffers", "#20b2aa"),
-    "temporaries": ("temporaries", "#9370db"),
+    "parameters": ("params", "#2e8b2e", "p"),
+    "gradients": ("grads", "#3050e0", "g"),
+    "master": ("fp32 master", "#daa520", "M"),
+    "adam_m": ("adam m", "#b8860b", "m"),
+    "adam_v": ("adam v", "#f0c040", "v"),
+    "activations": ("activations", "#e03030", "a"),
+    "comm_buffers": ("comm buffers", "#20b2aa", "c"),
+    "temporaries": ("temporaries", "#9370db", "t"),
 }
-OTHER_COLOR = "#808080"
+OTHER = ("#808080", "o")
 LABEL_WIDTH = 8  # "rank 12 "
-NUMBERS_WIDTH = 58  # " peak 123.4 KiB (optimizer)  est 123.4 KiB, measured +12.3%"
+NUMBERS_WIDTH = 42  # "  221.5 kB backward   est  218.5 kB  +1.4%"
+MIN_BAR = 10
 
 
-def style_of(category: str) -> tuple[str, str]:
-    """(label, colour); a category the ledger adds later keeps its own name and a grey."""
-    return STYLES.get(category, (category, OTHER_COLOR))
+def style_of(category: str) -> tuple[str, str, str]:
+    """(label, colour, letter); a category the ledger adds later keeps its own name and a grey."""
+    return STYLES.get(category, (category, *OTHER))
 
 
 def ordered(amounts: dict[str, int]) -> list[tuple[str, int]]:
@@ -46,30 +49,44 @@ def total(amounts: dict[str, int] | None) -> int:
     return sum(amounts.values()) if amounts else 0
 
 
-def bar(amounts: dict[str, int], mark: int, scale: int, width: int) -> Text:
-    """`amounts` stacked in a bar `width` cells wide that `scale` bytes fill; '┃' at `mark` bytes."""
+def bar(amounts: dict[str, int], mark: int, scale: int, width: int, glyphs: Glyphs) -> Text:
+    """`amounts` stacked in a bar `width` cells wide that `scale` bytes fill; the mark at `mark` bytes."""
     text = Text()
     filled = running = 0
     for category, amount in ordered(amounts):
         running += amount
         end = round(running / scale * width)  # cumulative rounding: segments do not drift
-        text.append("█" * (end - filled), style=style_of(category)[1])
+        _, color, letter = style_of(category)
+        text.append(glyphs.fill(letter) * (end - filled), style=color)
         filled = end
     # The mark is the highest peak so far, never below this bar, so it sits past the filled part.
     mark_at = max(filled, min(width - 1, round(mark / scale * width)))
-    text.append("·" * (mark_at - filled), style="dim")
+    text.append(glyphs.track * (mark_at - filled), style="dim")
     if mark_at < width:
-        text.append("┃", style="bold")
-        text.append("·" * (width - mark_at - 1), style="dim")
+        text.append(glyphs.mark, style="bold")
+        text.append(glyphs.track * (width - mark_at - 1), style="dim")
     return text
+
+
+def _wrap(parts: list[str], width: int, sep: str = " · ") -> list[str]:
+    """Parts joined by `sep` into lines of at most `width` characters (a part is never split)."""
+    lines = [""]
+    for part in parts:
+        candidate = f"{lines[-1]}{sep}{part}" if lines[-1] else part
+        if len(candidate) > width and lines[-1]:
+            lines.append(part)
+        else:
+            lines[-1] = candidate
+    return lines
 
 
 class MemoryPane(Static):
     """Keeps the latest snapshot per (rank, phase); redrawn by the app's render timer."""
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
         super().__init__("no memory snapshot yet", id=id, classes="placeholder")
         self.border_title = "memory per rank"
+        self.info = info
         self.snapshots: dict[tuple[int, str], MemorySnapshot] = {}
         self.high_water: dict[int, int] = {}  # rank -> highest peak total seen in the run
         self._dirty = False
@@ -89,7 +106,7 @@ class MemoryPane(Static):
             return
         self._dirty = False
         self.remove_class("placeholder")
-        self.update(self.render_snapshots(self.size.width))
+        self.update(self.render_snapshots(self.content_region.width or 80))
 
     def peaks(self) -> dict[int, MemorySnapshot]:
         """Per rank, the snapshot of the phase whose peak was highest."""
@@ -100,28 +117,37 @@ class MemoryPane(Static):
         return worst
 
     def render_snapshots(self, width: int) -> Text:
+        glyphs: Glyphs = self.app.glyphs
         worst = self.peaks()
         scale = max(max(self.high_water[r], total(s.estimate)) for r, s in worst.items()) or 1
-        bar_width = max(10, width - LABEL_WIDTH - NUMBERS_WIDTH)
+        bar_width = max(MIN_BAR, width - LABEL_WIDTH - NUMBERS_WIDTH)
         out = Text()
         legend = dict.fromkeys(k for s in worst.values() for k, _ in ordered(s.peak))
-        for category in legend:
-            label, color = style_of(category)
-            out.append("■ ", style=color)
-            out.append(f"{label}  ")
-        out.append("┃ run peak\n", style="bold")
+        used = 0
+        for category in [*legend, None]:
+            label, color, letter = style_of(category) if category else ("run peak", "bold", glyphs.mark)
+            if used and used + len(label) + 4 > width:
+                out.append("\n")
+                used = 0
+            out.append((letter if category is None else glyphs.fill(letter)) + " ", style=color)
+            out.append(f"{label}  ", style="bold" if category is None else "")
+            used += len(label) + 4
+        out.append("\n")
         for rank, s in worst.items():
             peak = total(s.peak)
             out.append(f"rank {rank:<3}", style="bold")
-            out.append(bar(s.peak, self.high_water[rank], scale, bar_width))
-            out.append(f" peak {format_bytes(peak):>9} ({s.phase})")
+            out.append(bar(s.peak, self.high_water[rank], scale, bar_width, glyphs))
+            out.append(f" {format_bytes(peak, 9)} {s.phase:<9}")
             if s.estimate:
                 estimate = total(s.estimate)
-                off_by = (peak - estimate) / max(estimate, 1)
-                out.append(f"  est {format_bytes(estimate):>9}, measured {off_by:+.1%}")
+                out.append(f" est {format_bytes(estimate, 9)} {(peak - estimate) / max(estimate, 1):+6.1%}")
             out.append("\n")
-            parts = [f"{style_of(k)[0]} {format_bytes(v)}" for k, v in ordered(s.peak)]
-            out.append(" " * LABEL_WIDTH + " · ".join(parts) + f"  (step {s.step})\n", style="dim")
+            parts = [f"{style_of(k)[0]} {format_bytes(v)}" for k, v in ordered(s.peak)] + [f"(step {s.step})"]
+            for line in _wrap(parts, width - LABEL_WIDTH):
+                out.append(" " * LABEL_WIDTH + line + "\n", style="dim")
         everything = sum(total(s.peak) for s in worst.values())
         out.append(f"sum of peaks over {len(worst)} rank(s): {format_bytes(everything)}", style="bold")
+        missing = sorted(set(range(self.info.world_size)) - set(worst))
+        if missing:
+            out.append(f"\nno memory reported by rank(s) {', '.join(map(str, missing))}", style="yellow")
         return out

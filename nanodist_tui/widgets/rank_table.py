@@ -1,63 +1,81 @@
-"""Per-rank timing and traffic: one row per rank, cells updated in place."""
+"""Per-rank step figures: one row per rank, cells right-aligned and updated in place (the cursor and the
+scroll position stay where the user put them)."""
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.widgets import DataTable
 
 from engine.events import RankStats
 from nanodist_tui.messages import Tick
-from nanodist_tui.widgets.units import format_bytes, format_seconds
+from nanodist_tui.run_info import RunInfo
+from nanodist_tui.widgets.units import format_bytes, format_seconds, format_share
 
+# (key, label, width): what each column means is in the help screen (screens/help.py).
 COLUMNS = (
-    ("rank", "rank"),
-    ("step", "step"),
-    ("step_time", "step time"),
-    ("comm_wait", "comm wait"),
-    ("wait_share", "wait %"),
-    ("bytes_sent", "bytes sent"),
+    ("rank", "rank", 4),
+    ("step", "step", 6),
+    ("step_time", "step", 9),
+    ("compute", "compute", 9),
+    ("comm", "comm", 9),
+    ("wait", "wait", 9),
+    ("wait_share", "wait %", 6),
+    ("sent", "sent/step", 9),
+    ("memory", "peak mem", 9),
 )
 
 
-class RankTable(DataTable):
-    """Hidden until a run with more than one rank starts (the app shows it)."""
+def _right(text: str) -> Text:
+    return Text(text, justify="right")
 
-    def __init__(self, *, id: str | None = None) -> None:
+
+class RankTable(DataTable):
+    def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
         self.border_title = "ranks"
+        self.info = info
         self.stats: dict[int, RankStats] = {}
-        self._shown: dict[int, RankStats] = {}
+        self.comm_s: dict[int, float] = {}
+        self.memory_peak: dict[int, int] = {}
+        self._shown: dict[int, tuple] = {}
 
     def on_mount(self) -> None:
-        for key, label in COLUMNS:
-            self.add_column(label, key=key)
-
-    def add_ranks(self, world_size: int) -> None:
-        for rank in range(world_size):
-            self._ensure_row(rank)
+        for key, label, width in COLUMNS:
+            self.add_column(_right(label), key=key, width=width)
+        for rank in range(self.info.world_size):
+            self.add_row(*(_right("-") if k != "rank" else _right(str(rank)) for k, _, _ in COLUMNS),
+                         key=str(rank))
 
     def ingest(self, tick: Tick) -> None:
         self.stats.update(tick.rank_stats)
+        for rank, traffic in tick.traffic.items():
+            self.comm_s[rank] = sum(link["seconds"] for link in traffic.links)
+        for (rank, _), snap in tick.memory.items():
+            self.memory_peak[rank] = max(self.memory_peak.get(rank, 0), sum(snap.peak.values()))
 
     def redraw(self) -> None:
         if not self.is_on_screen:
             return
         for rank, stats in sorted(self.stats.items()):
-            if self._shown.get(rank) is stats:
+            figures = (stats, self.comm_s.get(rank), self.memory_peak.get(rank))
+            if self._shown.get(rank) == figures:
                 continue
-            self._ensure_row(rank)
-            share = stats.comm_wait_s / stats.step_time_s if stats.step_time_s > 0 else 0.0
+            if str(rank) not in self.rows:  # a rank beyond the run's world size: show it all the same
+                self.add_row(*(_right("-") for _ in COLUMNS), key=str(rank))
+            comm = self.comm_s.get(rank)
+            memory = self.memory_peak.get(rank)
             values = {
+                "rank": str(rank),
                 "step": str(stats.step),
                 "step_time": format_seconds(stats.step_time_s),
-                "comm_wait": format_seconds(stats.comm_wait_s),
-                "wait_share": f"{share:.0%}",
-                "bytes_sent": format_bytes(stats.bytes_sent),
+                "compute": format_seconds(max(0.0, stats.step_time_s - stats.comm_wait_s)),
+                "comm": "-" if comm is None else format_seconds(comm),
+                "wait": format_seconds(stats.comm_wait_s),
+                "wait_share": format_share(stats.comm_wait_s, stats.step_time_s),
+                "sent": format_bytes(stats.bytes_sent),
+                "memory": "-" if memory is None else format_bytes(memory),
             }
             for column, value in values.items():
                 # In place: clear() would reset the cursor and the scroll position.
-                self.update_cell(str(rank), column, value)
-            self._shown[rank] = stats
-
-    def _ensure_row(self, rank: int) -> None:
-        if str(rank) not in self.rows:
-            self.add_row(str(rank), *("-" for _ in COLUMNS[1:]), key=str(rank))
+                self.update_cell(str(rank), column, _right(value))
+            self._shown[rank] = figures

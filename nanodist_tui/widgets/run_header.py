@@ -1,52 +1,71 @@
-"""Header: preset, run state, step/total, loss, tokens/s, ETA."""
+"""Header: what runs (preset, backend and ranks, ZeRO stage, precision, checkpointing) and how it goes (state,
+step/total, loss, smoothed tokens/s, ETA, peak memory, loss scale, and whatever other panes report, such as
+a sweep's best trial). Items are laid out in as many lines as the width needs.
+
+Items are small functions of the header's state, listed in IDENTITY and PROGRESS; a feature that has
+something for the header appends an item there, or puts a value in `extras` (label -> text).
+"""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from rich.text import Text
 from textual.widgets import Static
 
 from engine.events import Eval, RunStarted, StepEnd
 from nanodist_tui.messages import Tick
-from nanodist_tui.widgets.units import format_duration
+from nanodist_tui.run_info import RunInfo
+from nanodist_tui.widgets.units import format_bytes, format_count, format_duration
 
 STATE_STYLES = {
     "starting": "dim",
     "running": "bold green",
+    "pausing": "bold magenta",
+    "paused": "bold magenta",
     "stopping": "bold yellow",
     "stopped": "bold yellow",
     "finished": "bold cyan",
     "failed": "bold red",
 }
-ETA_WINDOW = 20  # steps averaged for the ETA
+WINDOW = 20  # steps averaged for tokens/s and the ETA
+GAP = "   "
 
 
 class RunHeader(Static):
-    """The app sets `state` and `display_paused`; ticks bring everything else."""
+    """The app sets `state`, `replay_speed`, `display_frozen`; ticks bring everything else."""
 
-    def __init__(self, preset_name: str, *, replay: bool = False, id: str | None = None) -> None:
+    def __init__(self, preset_name: str, *, id: str | None = None) -> None:
         super().__init__(id=id)
+        self.display_frozen = False
+        self.extras: dict[str, str] = {}
+        self.reset(preset_name)
+
+    def reset(self, preset_name: str, replay_speed: float | None = None) -> None:
+        """Forget the previous run: a new one (or a replay from another step) starts."""
         self.preset_name = preset_name
-        self.replay = replay
+        self.replay_speed = replay_speed  # set for a replay
+        self.info: RunInfo | None = None
         self.state = "starting"
-        self.display_paused = False
-        self.started: RunStarted | None = None
         self.latest: StepEnd | None = None
         self.val_loss: float | None = None
-        self._step_times: deque[float] = deque(maxlen=ETA_WINDOW)
+        self.peak_memory: dict[int, int] = {}
+        self._window: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (tokens, seconds) per step
         self._dirty = True
 
     def ingest(self, tick: Tick) -> None:
         for event in tick.events:
             if isinstance(event, RunStarted):
-                self.started = event
+                self.info = RunInfo.from_started(event, replay=self.replay_speed is not None)
                 self._dirty = True
             elif isinstance(event, Eval):
                 self.val_loss = event.val_loss
                 self._dirty = True
+        for (rank, _), snap in tick.memory.items():
+            self.peak_memory[rank] = max(self.peak_memory.get(rank, 0), sum(snap.peak.values()))
         if tick.steps:
-            self._step_times.extend(step.step_time_s for step in tick.steps[-ETA_WINDOW:])
+            self._window.extend((step.tokens, step.step_time_s) for step in tick.steps[-WINDOW:])
             self.latest = tick.steps[-1]
             self._dirty = True
 
@@ -54,48 +73,131 @@ class RunHeader(Static):
         self.state = state
         self._dirty = True
 
+    def set_extra(self, label: str, value: str | None) -> None:
+        if value is None:
+            self.extras.pop(label, None)
+        else:
+            self.extras[label] = value
+        self._dirty = True
+
+    def on_resize(self) -> None:
+        self._dirty = True
+
     def redraw(self, force: bool = False) -> None:
         if self._dirty or force:
             self._dirty = False
-            self.update(self.summary())
+            self.update(self.summary(self.content_region.width or 80))
+
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second over the last WINDOW steps (a smoothed figure; one step's is noisy)."""
+        seconds = sum(s for _, s in self._window)
+        return sum(t for t, _ in self._window) / seconds if seconds > 0 else None
 
     def eta_s(self) -> float | None:
-        if self.latest is None or self.started is None or not self._step_times:
+        if self.latest is None or self.info is None or not self._window:
             return None
-        remaining = max(0, self.started.total_steps - self.latest.step)
-        return remaining * sum(self._step_times) / len(self._step_times)
+        remaining = max(0, self.info.total_steps - self.latest.step)
+        return remaining * sum(s for _, s in self._window) / len(self._window)
 
-    def summary(self) -> Text:
-        text = Text()
-        text.append("nanoDist ", style="bold")
-        text.append(self.preset_name)
-        text.append("  ")
-        text.append(f" {self.state} ", style=f"reverse {STATE_STYLES.get(self.state, '')}")
-        if self.replay:
-            text.append("  replay", style="italic")
-        if self.display_paused:
-            text.append("  display paused (training continues)", style="bold magenta")
-        if self.started is not None:
-            started = self.started
-            text.append(f"  {started.world_size} rank(s), {started.n_params:,} parameters", style="dim")
-            if started.threads_per_rank:  # each rank's share of the host's cores (parallel.threads_per_rank)
-                text.append(f"  {started.threads_per_rank} thread(s)/rank", style="dim")
-            if started.network:
-                text.append(f"  {started.network}", style="bold yellow")
-        text.append("\n")
-        total = self.started.total_steps if self.started else "?"
-        if self.latest is None:
-            text.append(f"step -/{total}", style="dim")
-            return text
-        s = self.latest
-        text.append(f"step {s.step}/{total}", style="bold")
-        text.append(f"  loss {s.loss:.4f}")
-        if self.val_loss is not None:
-            text.append(f"  val {self.val_loss:.4f}")
-        text.append(f"  lr {s.lr:.2e}  {s.tokens_per_s:,.0f} tokens/s")
-        if s.loss_scale is not None:
-            text.append(f"  scale {s.loss_scale:g}")
-        eta = self.eta_s()
-        if eta is not None and self.state in ("running", "stopping"):
-            text.append(f"  ETA {format_duration(eta)}")
-        return text
+    def summary(self, width: int = 80) -> Text:
+        out = Text()
+        for group in (IDENTITY, PROGRESS):
+            items = [text for item in group if (text := item(self)) is not None]
+            if group is PROGRESS:
+                items += [Text(f"{label} {value}") for label, value in self.extras.items()]
+            line = Text()
+            for text in items:
+                if line.cell_len and line.cell_len + len(GAP) + text.cell_len > width:
+                    out.append_text(line)
+                    out.append("\n")
+                    line = Text()
+                if line.cell_len:
+                    line.append(GAP)
+                line.append_text(text)
+            out.append_text(line)
+            if group is IDENTITY:
+                out.append("\n")
+        return out
+
+
+Item = Callable[[RunHeader], Text | None]
+
+
+def _title(h: RunHeader) -> Text:
+    text = Text("nanoDist ", style="bold")
+    text.append(h.preset_name)
+    text.append("  ")
+    text.append(f" {h.state} ", style=f"reverse {STATE_STYLES.get(h.state, '')}")
+    return text
+
+
+def _replay(h: RunHeader) -> Text | None:
+    if h.replay_speed is None:
+        return None
+    speed = "as fast as it goes" if h.replay_speed == 0 else f"{h.replay_speed:g}x"
+    return Text(f"replay {speed}", style="italic")
+
+
+def _frozen(h: RunHeader) -> Text | None:
+    return Text("display frozen (training goes on)", style="bold magenta") if h.display_frozen else None
+
+
+def _shape(h: RunHeader) -> Text | None:
+    i = h.info
+    if i is None:
+        return None
+    ranks = f"{i.world_size} rank{'s' if i.world_size > 1 else ''} on {i.backend}"
+    threads = f" · {i.threads_per_rank} thread(s)/rank" if i.threads_per_rank else ""
+    zero = f"ZeRO-{i.zero_stage}"
+    if i.hybrid and i.ranks_per_node and i.zero_stage:
+        zero += f" hybrid ({i.world_size // i.ranks_per_node} nodes x {i.ranks_per_node})"
+    algorithm = f" · all-reduce {i.algorithm}" if i.distributed and i.algorithm != "ring" else ""
+    return Text(f"{ranks}{threads} · {zero}{algorithm} · {i.dtype} · checkpointing {i.checkpointing}",
+                style="bold")
+
+
+def _network(h: RunHeader) -> Text | None:
+    """An emulated network is named, so a run on it can never pass for one on a real network."""
+    return Text(h.info.network, style="bold yellow") if h.info is not None and h.info.network else None
+
+
+def _step(h: RunHeader) -> Text:
+    total = h.info.total_steps if h.info else "?"
+    if h.latest is None:
+        return Text(f"step -/{total}", style="dim")
+    return Text(f"step {h.latest.step}/{total}", style="bold")
+
+
+def _loss(h: RunHeader) -> Text | None:
+    if h.latest is None:
+        return None
+    text = f"loss {h.latest.loss:.4f}"
+    return Text(text + (f"  val {h.val_loss:.4f}" if h.val_loss is not None else ""))
+
+
+def _speed(h: RunHeader) -> Text | None:
+    rate = h.tokens_per_s()
+    return None if rate is None else Text(f"{format_count(rate)} tok/s")
+
+
+def _eta(h: RunHeader) -> Text | None:
+    eta = h.eta_s()
+    if eta is None or h.state not in ("running", "pausing", "stopping"):
+        return None
+    return Text(f"ETA {format_duration(eta)}")
+
+
+def _memory(h: RunHeader) -> Text | None:
+    if not h.peak_memory:
+        return None
+    return Text(f"peak {format_bytes(max(h.peak_memory.values()))}/rank")
+
+
+def _scale(h: RunHeader) -> Text | None:
+    if h.latest is None or h.latest.loss_scale is None:
+        return None
+    return Text(f"scale {h.latest.loss_scale:g}")
+
+
+IDENTITY: list[Item] = [_title, _replay, _frozen, _shape, _network]
+PROGRESS: list[Item] = [_step, _loss, _speed, _eta, _memory, _scale]

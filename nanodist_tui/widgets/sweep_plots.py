@@ -56,11 +56,11 @@ class HistoryPlot(LivePlot):
 
     def draw(self, max_points: int) -> None:
         numbers = sorted(self.trials)
-        self.plt.scatter(numbers, [self.trials[n] for n in numbers], label=self.metric, marker="dot",
-                         color="cyan")
+        self.plt.scatter(numbers, [self.trials[n] for n in numbers], label=self.metric,
+                         marker=self.app.glyphs.dots, color="cyan")
         if self.best:
             steps = sorted(self.best)
-            self.plt.plot(steps, [self.best[n] for n in steps], label="best so far", marker="braille",
+            self.plt.plot(steps, [self.best[n] for n in steps], label="best so far", marker=self.marker,
                           color="green")
 
 
@@ -101,7 +101,7 @@ class IntermediatePlot(LivePlot):
         for color, (number, points) in zip(COLORS, self.running.items()):
             if points:
                 steps, values = zip(*points, strict=True)
-                self.plt.plot(list(steps), list(values), label=f"trial {number}", marker="braille",
+                self.plt.plot(list(steps), list(values), label=f"trial {number}", marker=self.marker,
                               color=color)
 
 
@@ -141,9 +141,10 @@ class ParetoPlot(LivePlot):
         others = [p for n, p in self.points.items() if n not in self.front]
         front = sorted(p for n, p in self.points.items() if n in self.front)
         if others:
-            self.plt.scatter([p[0] for p in others], [p[1] for p in others], label="trials", marker="dot",
+            self.plt.scatter([p[0] for p in others], [p[1] for p in others], label="trials",
+                             marker=self.app.glyphs.dots,
                              color="gray")
         if front:
-            self.plt.plot([p[0] for p in front], [p[1] for p in front], label="front", marker="braille",
+            self.plt.plot([p[0] for p in front], [p[1] for p in front], label="front", marker=self.marker,
                           color="green")
             self.plt.scatter([p[0] for p in front], [p[1] for p in front], marker="x", color="green")

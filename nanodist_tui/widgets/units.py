@@ -1,18 +1,43 @@
-"""Human-readable numbers for the panes (binary bytes, seconds, durations)."""
+"""Numbers as the panes, the CLI and the README write them: one unit system (MB = 10^6 bytes, GB/s = 10^9
+bytes a second, as `nanodist-tui memory` and the README print them), right-aligned in fixed widths so a
+column of figures lines up and does not jitter as values change."""
 
 from __future__ import annotations
 
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+BYTE_UNITS = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
 
 
-def format_seconds(s: float) -> str:
-    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
+def format_bytes(n: float, width: int = 0) -> str:
+    """`n` bytes in B, kB, MB or GB (powers of 10), one decimal; right-aligned in `width` characters."""
+    for unit, size in BYTE_UNITS:
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}".rjust(width)
+    return f"{n:.0f} B".rjust(width)
+
+
+def format_rate(bytes_per_s: float, width: int = 0) -> str:
+    """A bandwidth in GB/s (10^9 bytes per second, as NCCL-tests and `nanodist-tui bench` report it), or in
+    MB/s or kB/s when it is too slow to read in GB/s."""
+    if bytes_per_s == float("inf"):
+        return "inf".rjust(width)  # a transfer that took no measurable time
+    if bytes_per_s >= 1e9:
+        return f"{bytes_per_s / 1e9:.2f} GB/s".rjust(width)
+    if bytes_per_s >= 1e6:
+        return f"{bytes_per_s / 1e6:.1f} MB/s".rjust(width)
+    return f"{bytes_per_s / 1e3:.1f} kB/s".rjust(width)
+
+
+def format_seconds(s: float, width: int = 0) -> str:
+    return (f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s").rjust(width)
+
+
+def format_count(n: float, width: int = 0) -> str:
+    """A large count (tokens/s) with a thousands separator."""
+    return f"{n:,.0f}".rjust(width)
+
+
+def format_share(part: float, whole: float, width: int = 0) -> str:
+    return (f"{part / whole:.0%}" if whole > 0 else "-").rjust(width)
 
 
 def format_duration(s: float) -> str:

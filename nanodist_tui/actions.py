@@ -1,0 +1,286 @@
+"""The workbench's keys and what they do: the bindings (each with an id, so the user's [keymap] can move
+it), which of them fit the moment (a training run offers stop and pause, a replay speed and seek, a sweep its
+finish), and the actions themselves — stop, pause, freeze, tabs, replay control, help, new run, compare,
+quit. A mixin of NanoDistApp: the actions drive its sessions (app.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from textual.binding import Binding
+from textual.widgets import TabbedContent
+
+from nanodist_tui.replay import ReplayPlayer, faster, slower
+from nanodist_tui.session import RunSession
+
+SEEK_SHARE = 0.1  # [ and ] move a replay by this share of the run
+
+
+def _bindings() -> list[Binding]:
+    # In the footer's order: what the moment needs first (the footer cuts the rest off at 80 columns).
+    keys = [
+        Binding("s", "stop_training", "Stop", id="stop"),
+        Binding("p", "toggle_pause", "Pause", id="pause"),
+        Binding("x", "finish_sweep", "Finish sweep", id="finish-sweep"),  # sweeps only
+        Binding("plus", "replay_speed(1)", "Faster", id="replay-faster", key_display="+"),
+        Binding("minus", "replay_speed(-1)", "Slower", id="replay-slower", key_display="-"),
+        Binding("right_square_bracket", "seek(1)", "Seek +10%", id="seek-forward", key_display="]"),
+        Binding("left_square_bracket", "seek(-1)", "Seek -10%", id="seek-back", key_display="["),
+        Binding("question_mark", "help", "Help", key_display="?", id="help"),
+        Binding("q", "quit", "Quit", id="quit"),
+        Binding("f", "toggle_freeze", "Freeze display", id="freeze"),
+        Binding("n", "new_run", "New run", id="new-run"),
+        Binding("o", "open_replay", "Replay a run", id="open-replay", show=False),
+        Binding("c", "compare", "Compare runs", id="compare"),
+        Binding("j", "projection", "Projection", id="projection"),
+        Binding("ctrl+c", "stop_and_quit", "Stop and quit at once", show=False, id="stop-and-quit"),
+    ]
+    keys += [Binding(str(n), f"show_tab({n})", f"Show tab {n}", show=False, id=f"tab-{n}")
+             for n in range(1, 10)]
+    return keys
+
+
+BINDINGS = _bindings()
+BINDING_IDS = tuple(b.id for b in BINDINGS if b.id)
+WORKBENCH_ACTIONS = {b.action.partition("(")[0] for b in BINDINGS}
+RUN_ACTIONS = ("stop_training", "toggle_pause")
+REPLAY_ACTIONS = ("replay_speed", "seek")
+
+
+class WorkbenchActions:
+    """Needs the app's `session`, `header`, `workspace`, `make_job`, `check_run`, `sweep_finish`, `sweeping`,
+    `display_frozen`, `model_server`, `say`, `replace_session`, `_set_state` and `_redraw` (app.py)."""
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Footer and keys offer only what fits: run control for a training run, seeking for a replay."""
+        if action == "stop_serving":  # the palette's only
+            return self.model_server is not None
+        if action not in WORKBENCH_ACTIONS:
+            return True  # Textual's own (pop_screen, the palette, ...)
+        if len(self.screen_stack) > 1 and action not in ("quit", "stop_and_quit", "help"):
+            return False  # a dialog or another screen is open: it has its own keys
+        s = self.session
+        if action == "toggle_pause" and self.sweeping:
+            return False  # a sweep's trials cannot be held
+        if action in RUN_ACTIONS:
+            if s is None or not s.active or (s.replay and action == "stop_training"):
+                return False
+            return None if s.state == "stopping" else True  # None: shown, but dimmed
+        if action in REPLAY_ACTIONS:
+            return s is not None and s.replay
+        if action == "finish_sweep":
+            return self.sweeping and s is not None and s.active
+        if action == "new_run":
+            return self.make_job is not None
+        return True
+
+    def action_projection(self) -> None:
+        """The run projected onto a cluster (its own screen, installed by the app; `escape` comes back)."""
+        self.push_screen("projection")
+
+    def action_stop_training(self) -> None:
+        s = self.session
+        if s is None or not s.active or s.state == "stopping":
+            self.notify("no training is running")
+            return
+        from nanodist_tui.screens.confirm import ConfirmScreen
+        question = ("Stop training? Every rank finishes its step and saves a checkpoint there; "
+                    "`nanodist-tui resume` continues the run.")
+        self.push_screen(ConfirmScreen(question, "Stop"), lambda yes: self._stop(s) if yes else None)
+
+    def _stop(self, s: RunSession, quiet: bool = False) -> None:
+        if s.control.is_set() or not s.active:
+            return
+        s.control.pause.clear()  # a held run must wake up to stop
+        s.control.set()
+        if not quiet:
+            self.say("stop requested: every rank finishes its step, evaluates and saves a checkpoint",
+                     "warning")
+        self._set_state(s, "stopping")
+
+    def action_toggle_pause(self) -> None:
+        s = self.session
+        if s is None or not s.active or s.state == "stopping":
+            self.notify("nothing is running")
+            return
+        holding = s.control.toggle_pause()
+        if s.replay:
+            self._set_state(s, "paused" if holding else "running")
+        else:
+            self.say("pause requested: every rank holds after its step" if holding else "resume requested")
+            self._set_state(s, "pausing" if holding else "running")
+
+    def action_finish_sweep(self) -> None:
+        """The sweep's own thread sees the event after the running trial and calls Optuna's stop."""
+        if self.sweep_finish is None or not self.sweeping or self.sweep_finish.is_set():
+            return
+        self.sweep_finish.set()
+        self.say("the sweep stops after the running trial", "warning")
+
+    def action_toggle_freeze(self) -> None:
+        self.display_frozen = not self.display_frozen
+        self.header.display_frozen = self.display_frozen
+        self.header.redraw(force=True)
+        if not self.display_frozen:
+            self._redraw()
+
+    def action_show_tab(self, number: int) -> None:
+        if self.workspace is None:
+            return
+        ids = self.workspace.tab_ids
+        if 1 <= number <= len(ids):
+            self.workspace.query_one(TabbedContent).active = ids[number - 1]
+
+    def action_replay_speed(self, direction: int) -> None:
+        s = self.session
+        if s is None or s.player is None:
+            return
+        s.player.speed = faster(s.player.speed) if direction > 0 else slower(s.player.speed)
+        self.header.replay_speed = s.player.speed
+        self.header.redraw(force=True)
+
+    def action_seek(self, direction: int) -> None:
+        s = self.session
+        if s is None or s.player is None:
+            return
+        player = s.player
+        span = max(1, player.last_step - player.first_step)
+        target = player.step + round(direction * SEEK_SHARE * span)
+        target = max(player.first_step, min(player.last_step, target))
+        self.seek_to(target)
+
+    def seek_to(self, step: int) -> None:
+        """Replay from the start up to `step` at once, then at the current speed (the panes are rebuilt)."""
+        s = self.session
+        if s is None or s.player is None:
+            return
+        player = ReplayPlayer(s.player.events, s.player.speed, start_step=step)
+        self.replace_session(player, player, self.preset_name)
+
+    def action_help(self) -> None:
+        from nanodist_tui.screens.help import HelpScreen
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+        else:
+            self.push_screen(HelpScreen())
+
+    def action_new_run(self) -> None:
+        if self.make_job is None:
+            self.notify("starting runs needs the workbench started by nanodist-tui")
+            return
+        from nanodist_tui.screens.new_run import NewRunScreen
+        self.push_screen(NewRunScreen(self.check_run), self._new_run_chosen)
+
+    def _new_run_chosen(self, chosen) -> None:
+        if chosen is None or self.make_job is None:
+            return
+        cfg, doc = chosen
+        job = self.make_job(cfg, doc)
+        s = self.session
+        if s is None or not s.active or s.replay:
+            self.replace_session(job, None, cfg.name)
+            return
+        from nanodist_tui.screens.confirm import ConfirmScreen
+        question = (f"Start {cfg.name}? The run going now stops first: every rank saves a checkpoint at the "
+                    "step it reached.")
+        self.push_screen(ConfirmScreen(question, "Stop it and start"),
+                         lambda yes: self.replace_session(job, None, cfg.name) if yes else None)
+
+    def action_open_replay(self) -> None:
+        from nanodist_tui.screens.open_run import OpenRunScreen
+        self.push_screen(OpenRunScreen(count=1), self._replay_chosen)
+
+    def _replay_chosen(self, chosen) -> None:
+        if not chosen:
+            return
+        from engine.recorder import read_events
+        (run_dir,) = chosen
+        events = read_events(run_dir)
+        player = ReplayPlayer(events)
+        self.replace_session(player, player, run_dir.name)
+
+    def action_compare(self) -> None:
+        from nanodist_tui.screens.open_run import OpenRunScreen
+        self.push_screen(OpenRunScreen(count=2), self._compare_chosen)
+
+    def _compare_chosen(self, chosen) -> None:
+        if chosen and len(chosen) == 2:
+            from nanodist_tui.screens.compare import CompareScreen
+            self.push_screen(CompareScreen(*chosen))
+
+    def action_sweeps(self) -> None:
+        from nanodist_tui.screens.sweeps import SweepsScreen
+        self.push_screen(SweepsScreen())
+
+    def action_serve(self) -> None:
+        if self.model_server is not None:
+            self.notify(f"already serving on {self.model_server.url} (the palette's Stop serving ends it)")
+            return
+        from nanodist_tui.screens.open_run import OpenRunScreen
+        self.push_screen(OpenRunScreen(count=1), self._serve_chosen)
+
+    def _serve_chosen(self, chosen) -> None:
+        if chosen:
+            self.run_worker(lambda: self._start_serving(chosen[0]), name="serve", group="serve", thread=True,
+                            exit_on_error=False)
+
+    def _start_serving(self, run_dir) -> None:
+        """On a worker thread: loading and checking the model takes a moment."""
+        from nanodist_tui.serving import start_server
+        try:
+            server = start_server(run_dir)
+        except Exception as e:  # noqa: BLE001 - shown as one line; the workbench goes on
+            self.call_from_thread(self.notify, f"cannot serve {run_dir}: {e}", severity="error", timeout=10)
+            return
+        self.call_from_thread(self._serving, server, run_dir)
+
+    def _serving(self, server, run_dir) -> None:
+        if not self.is_running:
+            server.stop()
+            return
+        self.model_server = server
+        self.say(f"serving {run_dir} on {server.url}: POST /generate, GET /info, GET /health, docs at "
+                 f"{server.url}/docs (palette: \"Stop serving\")", "success")
+        self.notify(f"serving on {server.url}")
+
+    def action_stop_serving(self) -> None:
+        server, self.model_server = self.model_server, None
+        if server is not None:
+            server.stop()
+            self.say(f"stopped serving on {server.url}")
+
+    async def action_quit(self) -> None:
+        """Quit; a run still going is stopped first (after a confirmation), keeping its checkpoint."""
+        s = self.session
+        if s is None or not s.active or s.replay:
+            self.exit()
+        elif s.control.is_set():
+            self.exit()  # a second quit while stopping: leave now
+        else:
+            from nanodist_tui.screens.confirm import ConfirmScreen
+            question = "Stop the run and quit? Every rank saves a checkpoint at the step it reached."
+            self.push_screen(ConfirmScreen(question, "Stop and quit"),
+                             lambda yes: self.action_stop_and_quit() if yes else None)
+
+    def action_stop_and_quit(self) -> None:
+        """Stop the run (checkpoint kept) and quit once it has stopped; pressed again, quit at once."""
+        s = self.session
+        if s is None or not s.active or self._quit_when_done:
+            self.exit()
+            return
+        self._quit_when_done = True
+        self._stop(s, quiet=s.replay)
+        if s.worker is not None and s.worker.is_finished:
+            self.exit()
+
+    def _watch_signals(self) -> None:
+        """SIGTERM (and a SIGINT from outside: ctrl+c itself arrives as a key) stop the run and quit."""
+        if self.is_headless:
+            return
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.action_stop_and_quit)
+            except (ValueError, NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+                return

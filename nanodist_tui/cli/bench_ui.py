@@ -1,0 +1,68 @@
+"""`nanodist-tui bench ui` (tokens/s with the workbench open against --no-ui, the same run taking turns) and
+`nanodist-tui bench ui-events` (a 1 kHz event stream: updates handled, the last value, discrete events
+kept). The measuring is nanodist_tui.bench_ui's; this module parses and prints."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from typing import Annotated
+
+import typer
+
+from nanodist_tui.cli.errors import user_errors
+from nanodist_tui.cli.options import JsonOpt, PresetOpt, SetOpt, WorldOpt
+from nanodist_tui.cli.running import load_config
+
+UI_GOAL = 0.95  # the workbench may cost at most 5% of the throughput
+
+
+def ui(preset: PresetOpt = "quickstart", sets: SetOpt = None, world_size: WorldOpt = None,
+       steps: Annotated[int, typer.Option(help="train.steps of each run", min=1)] = 300,
+       repeats: Annotated[int, typer.Option(help="runs of each kind (medians reported)", min=1)] = 3,
+       as_json: JsonOpt = False) -> None:
+    """Tokens/s of one preset with the workbench open (headless Textual) against --no-ui, taking turns."""
+    from nanodist_tui.bench_ui import ui_overhead
+    with tempfile.TemporaryDirectory() as out, user_errors():
+        cfg, doc, _ = load_config(preset, [*(sets or []), f"train.steps={steps}", f"run.out_dir={out}"],
+                                  world_size)
+        report = ui_overhead(cfg, doc, repeats)
+    report |= {"preset": cfg.name, "world_size": cfg.parallel.world_size, "backend": cfg.parallel.backend,
+               "steps": steps, "goal": UI_GOAL}
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"preset {cfg.name}, {cfg.parallel.world_size} rank(s) on {cfg.parallel.backend}, {steps} steps "
+          f"per run, {repeats} runs each, taking turns (tokens/s over the training steps)")
+    for kind in ("no-ui", "workbench"):
+        runs = " / ".join(f"{r:,.0f}" for r in report["runs"][kind])
+        print(f"  {kind:<10} median {report['median'][kind]:>9,.0f} tokens/s   ({runs})")
+    verdict = "meets" if report["ratio"] >= UI_GOAL else "misses"
+    print(f"  workbench / no-ui = {report['ratio']:.3f}  ({verdict} the goal >= {UI_GOAL})")
+
+
+def ui_events(rate: Annotated[float, typer.Option(help="steps a second (each with 8 more events)", min=1)]
+              = 1000.0,
+              seconds: Annotated[float, typer.Option(help="how long the stream lasts", min=0.5)] = 3.0,
+              as_json: JsonOpt = False) -> None:
+    """A synthetic stream at `rate` steps a second into the workbench: updates it handled a second, the last
+    step it shows, the discrete events it kept."""
+    from nanodist_tui.bench_ui import MAX_UPDATES_PER_S, event_storm
+    report = event_storm(steps=int(rate * seconds), rate_hz=rate)
+    checks = {"at most 10 updates in any second": report["max_updates_in_1s"] <= MAX_UPDATES_PER_S + 1,
+              "last step shown exactly": report["last_step_shown"] == report["steps"],
+              "no discrete event lost": report["discrete_shown"] == report["discrete_sent"]}
+    if as_json:
+        print(json.dumps(report | {"checks": checks}, indent=2))
+    else:
+        print(f"{report['steps']} steps at {rate:g}/s ({report['events_per_s']:,.0f} events/s) into the "
+              "workbench")
+        print(f"  updates handled     {report['updates']} in all, at most {report['max_updates_in_1s']} in "
+              f"any 1 s window; each shown {report['median_latency_s'] * 1e3:.0f} ms after it was posted "
+              f"(median; at most {report['max_latency_s'] * 1e3:.0f} ms)")
+        print(f"  last step shown     {report['last_step_shown']} of {report['steps']}")
+        print(f"  discrete events     {report['discrete_shown']} of {report['discrete_sent']} in the log")
+        for name, ok in checks.items():
+            print(f"  {'ok    ' if ok else 'FAILED'}  {name}")
+    if not all(checks.values()):
+        raise typer.Exit(1)

@@ -1,0 +1,65 @@
+"""What the workbench knows about a run once it starts: its shape (backend, ranks, ZeRO stage, precision,
+checkpointing, length), read from the RunStarted event, so the layout can fit the run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import Config
+from engine.dtypes import itemsize
+from engine.events import RunStarted
+
+_DEFAULTS = Config()
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str = ""
+    preset: str = ""
+    backend: str = _DEFAULTS.parallel.backend
+    world_size: int = 1
+    zero_stage: int = 0
+    dtype: str = "fp32"
+    checkpointing: str = "none"
+    total_steps: int = 0
+    first_step: int = 0
+    n_params: int = 0
+    run_dir: str = ""
+    replay: bool = False
+    sweep: bool = False  # a trial of a sweep (the session runs many)
+    threads_per_rank: int = 0  # each rank's BLAS/OpenMP threads; 0 = not reported
+    network: str = ""  # "emulated network: ..." when the links are emulated; "" for a real network
+    algorithm: str = _DEFAULTS.parallel.algorithm  # parallel.algorithm (auto's choices are in Traffic)
+    ranks_per_node: int = 0
+    hybrid: bool = False
+
+    @classmethod
+    def from_started(cls, event: RunStarted, replay: bool = False, sweep: bool = False) -> RunInfo:
+        config = event.config or {}
+
+        def setting(section: str, key: str):
+            return config.get(section, {}).get(key, getattr(getattr(_DEFAULTS, section), key))
+
+        return cls(run_id=event.run_id, preset=event.preset, backend=setting("parallel", "backend"),
+                   world_size=event.world_size, zero_stage=int(setting("parallel", "zero_stage")),
+                   dtype=setting("precision", "dtype"), checkpointing=setting("memory", "checkpointing"),
+                   total_steps=event.total_steps, first_step=event.first_step, n_params=event.n_params,
+                   run_dir=event.run_dir, replay=replay, sweep=sweep, threads_per_rank=event.threads_per_rank,
+                   network=event.network, algorithm=setting("parallel", "algorithm"),
+                   ranks_per_node=int(setting("parallel", "ranks_per_node")),
+                   hybrid=bool(setting("parallel", "hybrid")))
+
+    @property
+    def scales_loss(self) -> bool:
+        """Only fp16 scales its loss (engine.amp); every other precision has nothing to show there."""
+        return self.dtype == "fp16"
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def gradient_bytes(self) -> int:
+        """S, the bytes of one full gradient (Ψ elements of the training dtype): what a ring all-reduce
+        moves 2(N-1)/N of, per rank and step."""
+        return self.n_params * itemsize(self.dtype)

@@ -1,0 +1,60 @@
+"""The panes of one run, as tabs: the overview first (the panes that fit on one screen), then one tab per
+pane the run has (panes.PANES decides which). Built when the run starts, rebuilt for the next run or a seek
+in a replay. Every pane instance (a pane on the overview and in its own tab is two) is listed in `panes`,
+which the app feeds every tick."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widget import Widget
+from textual.widgets import TabbedContent, TabPane
+
+from nanodist_tui.panes import PaneSpec, panes_for
+from nanodist_tui.run_info import RunInfo
+
+OVERVIEW = "overview"
+
+
+def tab_id(pane_id: str) -> str:
+    return f"tab-{pane_id}"
+
+
+class Workspace(Vertical):
+    def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.info = info
+        self.specs: list[PaneSpec] = panes_for(info)
+        self.tabs: dict[str, Widget] = {spec.id: spec.make(info) for spec in self.specs}
+        self.overview: dict[int, list[Widget]] = {}
+        for spec in self.specs:
+            if spec.overview_row is not None:
+                widget = (spec.overview_make or spec.make)(info)
+                widget.add_class(f"overview-{spec.id}")
+                self.overview.setdefault(spec.overview_row, []).append(widget)
+        for spec in self.specs:
+            self.tabs[spec.id].add_class(f"tab-{spec.id}")
+
+    def focus_tabs(self) -> None:
+        """Give the tab strip the focus (arrows then switch tabs), once it exists."""
+        for tabs in self.query("ContentTabs"):
+            tabs.focus()
+
+    @property
+    def panes(self) -> list[Widget]:
+        return [*(w for row in self.overview.values() for w in row), *self.tabs.values()]
+
+    @property
+    def tab_ids(self) -> list[str]:
+        """Tab ids in the order of their keys (1 = overview, 2 = the first pane, ...)."""
+        return [tab_id(OVERVIEW), *(tab_id(spec.id) for spec in self.specs)]
+
+    def compose(self) -> ComposeResult:
+        with TabbedContent(initial=tab_id(OVERVIEW)):
+            with TabPane(f"1 {OVERVIEW}", id=tab_id(OVERVIEW)), Vertical(classes="overview"):
+                for row in sorted(self.overview):
+                    with Horizontal(classes=f"overview-row row-{row}"):
+                        yield from self.overview[row]
+            for key, spec in enumerate(self.specs, 2):
+                with TabPane(f"{key} {spec.title}", id=tab_id(spec.id)):
+                    yield self.tabs[spec.id]

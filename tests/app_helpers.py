@@ -1,0 +1,177 @@
+"""Driving the workbench in tests: fake jobs that emit what a real run emits, the recorded demo run, waiting,
+and reading back what the screen shows."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+from collections.abc import Callable
+
+from rich.console import Console
+from textual.widgets import RichLog
+
+from engine.events import (
+    Eval,
+    Log,
+    LossScaleChange,
+    MemorySnapshot,
+    RankStats,
+    RunFailed,
+    RunFinished,
+    RunStarted,
+    StepEnd,
+    Traffic,
+)
+from engine.recorder import read_events
+from nanodist_tui.app import NanoDistApp, create_app
+from nanodist_tui.demo import DEMO_DIR
+
+SIZE = (160, 50)
+SMALL = (80, 24)
+
+
+def memory(activations: int) -> dict[str, int]:
+    return {"parameters": 49_380, "gradients": 49_380, "master": 98_760, "activations": activations}
+
+
+# Per phase: (activations at the phase's end, activations at its peak); backward peaks highest.
+PHASES = {"forward": (20_000, 20_000), "backward": (0, 24_000), "optimizer": (0, 0)}
+# Each rank sends LINK_BYTES in each of two phases to the next rank; with 2 ranks and fp16 a gradient of S =
+# 2·LINK_BYTES bytes (N_PARAMS elements) makes that exactly the ring bound 2(N-1)/N·S.
+LINK_BYTES = 4_000_000
+N_PARAMS = LINK_BYTES
+
+
+def config(world_size: int, dtype: str = "fp16", zero_stage: int = 0) -> dict:
+    return {"parallel": {"backend": "threads", "world_size": world_size, "zero_stage": zero_stage},
+            "precision": {"dtype": dtype}, "memory": {"checkpointing": "none"}}
+
+
+class FakeJob:
+    """A job that emits what an N-rank run emits (fp16 by default); `then` decides how it ends."""
+
+    def __init__(self, steps: int = 30, world_size: int = 2, then: str = "finish", dtype: str = "fp16",
+                 pace_s: float = 0.004, honour_pause: bool = True) -> None:
+        self.steps, self.world_size, self.then, self.dtype = steps, world_size, then, dtype
+        self.pace_s, self.honour_pause = pace_s, honour_pause
+        self.thread: threading.Thread | None = None
+        self.saw_stop = threading.Event()
+        self.go = threading.Event()  # "wait_for_stop": set to emit one more log line
+        self.held_at: int | None = None
+
+    def __call__(self, emit: Callable, control: threading.Event) -> None:
+        self.thread = threading.current_thread()
+        emit(RunStarted(run_id="r1", preset="fake", config=config(self.world_size, self.dtype),
+                        n_params=N_PARAMS, world_size=self.world_size, total_steps=self.steps,
+                        run_dir="runs/r1"))
+        scale = 2.0**16 if self.dtype == "fp16" else None
+        for i in range(1, self.steps + 1):
+            if control.is_set():
+                self.saw_stop.set()
+                emit(RunFinished(steps=i - 1, initial_val_loss=4.5, final_val_loss=4.5 / i, tokens_per_s=1.0,
+                                 wall_s=0.1, run_dir="runs/r1", stopped=True))
+                return
+            self._hold(i - 1, emit, control)
+            overflow = i == 5 and scale is not None
+            emit(StepEnd(step=i, loss=4.0 / i, lr=1e-3 * i / self.steps, tokens=512, step_time_s=0.004,
+                         tokens_per_s=128_000.0, grad_norm=1.0 + 1.0 / i, loss_scale=scale, skipped=overflow))
+            if overflow:
+                emit(LossScaleChange(step=i, reason="inf", old_scale=scale, new_scale=scale / 2,
+                                     first_param="blocks.0.attn.w_qkv"))
+                scale /= 2
+            for rank in range(self.world_size):
+                emit(RankStats(step=i, rank=rank, step_time_s=0.004, comm_wait_s=0.001 * (1 + rank),
+                               bytes_sent=2 * LINK_BYTES))
+                for phase, (end, peak) in PHASES.items():
+                    emit(MemorySnapshot(step=i, rank=rank, phase=phase, current=memory(end),
+                                        peak=memory(peak), estimate=memory(peak - peak // 8)))
+                if self.world_size > 1:
+                    dst = (rank + 1) % self.world_size
+                    link = {"src": rank, "dst": dst, "bytes": LINK_BYTES, "group": "world",
+                            "algorithm": "ring"}
+                    links = [{**link, "phase": "reduce-scatter", "seconds": 0.001},
+                             {**link, "phase": "all-gather", "seconds": 0.002}]
+                    emit(Traffic(step=i, rank=rank, links=links))
+            if i % 10 == 0:
+                emit(Eval(step=i, val_loss=4.5 / i))
+            time.sleep(self.pace_s)
+        self._end(emit, control)
+
+    def _hold(self, step: int, emit, control) -> None:
+        pause = getattr(control, "pause", None)
+        if not self.honour_pause or pause is None or not pause.is_set():
+            return
+        from engine.events import RunPaused
+        self.held_at = step
+        emit(RunPaused(step=step, paused=True))
+        while pause.is_set() and not control.is_set():
+            time.sleep(0.01)
+        emit(RunPaused(step=step, paused=False))
+
+    def _end(self, emit, control) -> None:
+        if self.then == "raise":
+            raise RuntimeError("rank 1 lost its socket")
+        if self.then == "run_failed":
+            emit(RunFailed(message="loss is NaN", rank=0))
+            return
+        if self.then == "run_failed_then_raise":  # what engine.job does: the event, then the exception
+            emit(RunFailed(message="ValueError: loss is NaN", rank=1))
+            raise RuntimeError("rank 1 failed: ValueError: loss is NaN")
+        if self.then == "wait_for_stop":
+            while not (self.go.is_set() or control.is_set()):
+                time.sleep(0.01)
+            if self.go.is_set():
+                emit(Log(level="info", message="still training"))
+            control.wait()
+            self.saw_stop.set()
+            return
+        emit(RunFinished(steps=self.steps, initial_val_loss=4.5, final_val_loss=0.15, tokens_per_s=128_000.0,
+                         wall_s=0.2, run_dir="runs/r1"))
+        return
+
+
+def demo_events() -> list:
+    """The recorded 4-rank fp16 ZeRO-2 run shipped with the package (nanodist_tui/demo)."""
+    return read_events(DEMO_DIR)
+
+
+TEST_PANE_INTERVAL_S = 0.3  # panes redraw this often in tests (the app's default is slower: see app.py)
+
+
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await pilot.pause(0.05)
+
+
+def run(scenario: Callable, job, size=SIZE, **kwargs) -> NanoDistApp:
+    app = create_app("fake", job, **{"pane_interval_s": TEST_PANE_INTERVAL_S, **kwargs})
+
+    async def main() -> None:
+        async with app.run_test(size=size, notifications=True) as pilot:
+            await scenario(app, pilot)
+
+    asyncio.run(main())
+    return app
+
+
+def header_text(app: NanoDistApp) -> str:
+    return str(app.header.content)
+
+
+def log_text(app: NanoDistApp, selector: str = "LogPane") -> str:
+    """Every log pane's text, wrapped lines joined back (words separated by single spaces)."""
+    logs = app.query(selector).results(RichLog)
+    return " | ".join(" ".join(" ".join(line.text for line in log.lines).split()) for log in logs)
+
+
+def screen_text(app: NanoDistApp) -> str:
+    """What the terminal shows, as plain text."""
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True, record=True,
+                      color_system=None, legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return console.export_text()

@@ -1,0 +1,82 @@
+"""The workbench in a real terminal (tmux): start `nanodist-tui`, wait for progress, switch panes by key,
+stop (and confirm), quit; the screen shows the panes and no traceback, the command exits 0 and the shell
+shows the run folder. Skips, saying why, only where tmux cannot be run (.ci/run installs it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TMUX = shutil.which("tmux")
+SETS = ["train.steps=400", "train.eval_every=100", "model.block_size=32", "data.max_chars=200000",
+        "parallel.world_size=2"]
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run([TMUX, *args], capture_output=True, text=True, check=True).stdout
+
+
+class Terminal:
+    def __init__(self, name: str, cwd: Path) -> None:
+        self.name = name
+        env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color", "NANODIST_CONFIG": "/nowhere"}
+        subprocess.run([TMUX, "new-session", "-d", "-s", name, "-x", "160", "-y", "50", "-c", str(cwd),
+                        "bash --norc --noprofile"], check=True, env=env)
+
+    def screen(self) -> str:
+        return tmux("capture-pane", "-p", "-t", self.name, "-S", "-200")
+
+    def keys(self, *keys: str) -> None:
+        tmux("send-keys", "-t", self.name, *keys)
+
+    def wait_for(self, pattern: str, timeout: float) -> str:
+        """The screen once `pattern` (a regular expression) appears on it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            shown = self.screen()
+            if re.search(pattern, shown):
+                return shown
+            time.sleep(0.5)
+        raise AssertionError(f"{pattern!r} never appeared; the screen shows:\n{self.screen()}")
+
+    def close(self) -> None:
+        subprocess.run([TMUX, "kill-session", "-t", self.name], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (.ci/run installs it with apt-get)")
+def test_start_watch_switch_stop_and_quit_in_a_real_terminal(tmp_path):
+    term = Terminal(f"nanodist-{uuid.uuid4().hex[:8]}", tmp_path)
+    try:
+        sets = " ".join(f"--set {s}" for s in SETS)
+        term.keys(f"{sys.executable} -m nanodist_tui.cli {sets}; echo EXIT=$?", "Enter")
+        term.wait_for("2 ranks on threads", timeout=120)
+        shown = term.wait_for("tok/s", timeout=120)  # progress: steps have arrived
+        assert "1 overview" in shown and "memory per rank" in shown and "ring traffic" in shown
+        term.keys("4")
+        term.wait_for("sent per rank and step", timeout=30)
+        term.keys("5")
+        term.wait_for("sent/step", timeout=30)
+        term.keys("s")
+        term.wait_for(r"Stop training\?", timeout=30)
+        term.keys("y")
+        term.wait_for(" stopped ", timeout=120)
+        before_quit = term.screen()
+        term.keys("q")
+        after = term.wait_for(r"EXIT=\d", timeout=60)  # the shell's echo, not the command line's
+        assert "Traceback" not in before_quit + after
+        assert "EXIT=0" in after
+        assert "run folder     " in after and "(stopped early, checkpoint kept)" in after
+        run_dirs = list((tmp_path / "runs").iterdir())
+        assert len(run_dirs) == 1 and str(run_dirs[0].name) in after
+    finally:
+        term.close()
