@@ -117,10 +117,12 @@ def test_a_failure_is_shown_once_with_its_cause():
         await wait_for(pilot, lambda: app.session.state == "failed" and app.session.worker.is_finished)
         assert app.is_running
         assert " failed " in header_text(app)
-        app.action_show_tab(len(app.workspace.tab_ids))  # the log tab: its pane writes what it queued
-        logs = list(app.query(LogPane))  # the overview's log and the log tab's
-        # the hidden tab's log writes once it is laid out (RichLog defers until it knows its size)
-        await wait_for(pilot, lambda: all("loss is NaN" in lines(log) for log in logs), timeout=20)
+        # the overview's log and the log tab's; a log writes what it queued once it is laid out on screen
+        # (RichLog defers until it knows its size), so each is looked at with its own tab shown
+        logs = [app.query_one("LogPane.overview-log", LogPane), app.query_one("LogPane.tab-log", LogPane)]
+        for tab, log in zip((1, len(app.workspace.tab_ids)), logs):
+            app.action_show_tab(tab)
+            await wait_for(pilot, lambda log=log: "loss is NaN" in lines(log), timeout=20)
         await pilot.pause(0.5)  # time for an echo to arrive, if there were one
         assert [n.message for n in app._notifications] == ["rank 1: ValueError: loss is NaN"]
         for log in logs:

@@ -313,9 +313,10 @@ def test_hybrid_traffic_per_group_is_exact(stage):
         inside = sum(ring_bytes(n, 2, local)[0] + gathers * ring_bytes(n, 2, local)[1] for n in lengths)
         shards = [n // 2 for n in lengths]  # buckets are padded to multiples of G: equal node shards
         across = sum(sum(ring_bytes(k, 2, node)) for k in shards)
-        scalars = 8 * sum(ring_bytes(2, 4, rank)) + 8 * sum(ring_bytes(1, 2, local))  # loss+stop; grad norm
+        # the trainer's agreement (loss, stop, pause) over the world; the grad norm in the node
+        scalars = 8 * sum(ring_bytes(3, 4, rank)) + 8 * sum(ring_bytes(1, 2, local))
         assert r["by"] == {"node": 4 * inside + 8 * sum(ring_bytes(1, 2, local)), "cross": 4 * across,
-                           "world": 8 * sum(ring_bytes(2, 4, rank))}, (stage, rank)
+                           "world": 8 * sum(ring_bytes(3, 4, rank))}, (stage, rank)
         assert sum(r["by"].values()) == 4 * inside + 4 * across + scalars
         assert across * 2 == sum(lengths)  # 2(M−1)/M · Ψ/G = Ψ/2 elements per rank cross the nodes
         assert {("node", "hierarchical"), ("cross", "ring"), ("node", "ring")} <= set(r["labels"])
