@@ -180,6 +180,21 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return make(out, (a, b), backward, _saved((need_b, a), (need_a, b)))
 
 
+def _add_bias(y: np.ndarray, bias: np.ndarray, dtype) -> np.ndarray:
+    """(y + bias) rounded to `dtype`: a product's epilogue, for y [rows, n] in the compute dtype (y is
+    written to). Rows in blocks shared among the rank's threads; each block is rounded while it is in
+    cache. Every element sees the one add and the one rounding, so the bits are the whole-array ones."""
+    rows, n = y.shape
+    out = y if y.dtype == np.dtype(dtype) else np.empty(y.shape, dtype)
+
+    def block(lo: int, hi: int) -> None:
+        y[lo:hi] += bias
+        if out is not y:
+            out[lo:hi] = lowp.narrow(y[lo:hi], dtype)
+    blocks.run(block, rows, max(1, blocks.BLOCK // max(1, n)))
+    return out
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x[..., in] @ weight[out, in].T + bias[out] (PyTorch's layout): one 2-D GEMM per product. The bias
     is added to the float32 product before its one rounding (a GEMM epilogue); the backward widens the
@@ -189,9 +204,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if bias is None:
         y = matmul_kernel(x.data.reshape(-1, n_in), weight.data.T)
     else:
-        y = matmul_kernel(x.data.reshape(-1, n_in), weight.data.T, out_dtype=compute_dtype(dtype))
-        y += lowp.widen(bias.data)
-        y = lowp.narrow(y, dtype)
+        y = _add_bias(matmul_kernel(x.data.reshape(-1, n_in), weight.data.T, out_dtype=compute_dtype(dtype)),
+                      lowp.widen(bias.data), dtype)
     need_x, need_w = x.requires_grad, weight.requires_grad
     get_x, get_w = _keep(need_w, x), _keep(need_x, weight)
     w_dtype, b_dtype = weight.dtype, None if bias is None else bias.dtype

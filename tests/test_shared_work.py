@@ -106,3 +106,14 @@ def test_large_adds_shared_among_threads_give_numpys_bits(dtype):
         return lowp.add(a, b), out
     for result in on_threads(2, both):
         assert same_bits(result, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_linear_with_bias_shared_among_threads_gives_the_whole_array_bits(dtype):
+    rng = np.random.default_rng(6)
+    x = Tensor(rng.standard_normal((3 * blocks.BLOCK // 64 + 5, 48)).astype(dtype))
+    w, b = (Tensor(rng.standard_normal(shape).astype(dtype)) for shape in ((64, 48), (64,)))
+    wide = ops.matmul_kernel(x.data, w.data.T, out_dtype=np.float32) if dtype != np.float32 else x.data @ w.data.T
+    want = lowp.narrow(wide + lowp.widen(b.data), dtype)  # the product, the bias added, rounded once
+    for threads in (1, 2):
+        assert same_bits(on_threads(threads, lambda: ops.linear(x, w, b).data), want)
