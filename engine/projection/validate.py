@@ -110,6 +110,7 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
         step, mem, _ = predict(cfg, cluster, calibration, vocab)
         run = measure_case(cfg, steps, warmup)
         run.update(predicted_s=step.step_s, predicted_share=step.comm_share,
+                   predicted_imbalance_share=step.imbalance_s / step.step_s,
                    memory_exact=all(run["states"][k] == mem.states[k] for k in MODEL_STATES))
         runs[label].append(run)
 
@@ -221,6 +222,9 @@ def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -
         "cases": [{"label": o.label, "predicted_s": o.predicted_s, "measured_s": o.measured_s,
                    "error": o.error, "predicted_comm_share": o.predicted_share,
                    "measured_comm_share": o.measured_share, "memory_exact": o.memory_exact,
+                   # of the predicted share, the wait for slower ranks sharing the host (calibrated)
+                   "predicted_imbalance_share": statistics.median(r["predicted_imbalance_share"]
+                                                                  for r in o.runs),
                    "runs_s": [r["step_s"] for r in o.runs],
                    "predicted_runs_s": [r["predicted_s"] for r in o.runs]} for o in outcomes],
         "mape": statistics.mean(abs(e) for e in errors),
