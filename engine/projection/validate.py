@@ -43,6 +43,7 @@ from engine.projection.calibrate import LEVELS, Calibration, calibrate, low_quan
 from engine.projection.clusters import Cluster
 from engine.projection.project import predict
 
+CALIBRATION_STEPS = 12  # timed steps of each case's compute calibration (after its warm-up)
 NOISE = 0.10  # measured step times closer than this are a tie for the ranking
 
 # label -> overrides on the base config (gpt-mini on the processes backend, 1 MiB buckets)
@@ -124,12 +125,14 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
 
 def calibrate_for(cfg: Config, vocab: int) -> Calibration:
     """A fresh calibration for one case (its precision, micro-batch size and busy ranks, the transport at
-    its buckets), in a temporary file."""
+    its buckets), in a temporary file. One size only, so it can afford CALIBRATION_STEPS steps: the ranks'
+    imbalance is a small difference of two step times, and a short calibration that a burst of load hits
+    on one rank would carry that burst into the prediction."""
     rows = cfg.train.global_batch // (cfg.parallel.world_size * cfg.train.micro_batches)
     level = min(cfg.parallel.world_size, max(LEVELS))
     with tempfile.TemporaryDirectory() as folder:
         return calibrate(cfg, vocab, [cfg.precision.dtype], path=Path(folder) / "calibration.json",
-                         rows=[rows], levels=(level,), measure_transport=True)
+                         rows=[rows], levels=(level,), measure_transport=True, steps=CALIBRATION_STEPS)
 
 
 def measure_case(cfg: Config, steps: int, warmup: int) -> dict:
