@@ -59,7 +59,8 @@ def test_split_stays_on_the_callers_thread_below_two_grains_and_when_nested():
 
 def attention_bits(dtype, p: float):
     rng = np.random.default_rng(0)
-    q, k, v = (Tensor(rng.standard_normal((6, 3, 40, 16)).astype(dtype), requires_grad=True) for _ in range(3))
+    q, k, v = (Tensor(rng.standard_normal((6, 3, 40, 16)).astype(dtype), requires_grad=True)
+               for _ in range(3))
     y = ops.causal_attention(q, k, v, p, DropoutRNG(5) if p else None, training=True)
     y.backward(rng.standard_normal(y.shape).astype(dtype))
     return y.data, q.grad, k.grad, v.grad
@@ -97,7 +98,8 @@ def test_adamw_shared_among_threads_gives_one_threads_bits(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_large_adds_shared_among_threads_give_numpys_bits(dtype):
     rng = np.random.default_rng(4)
-    a, b = (rng.standard_normal(lowp.SHARED_ADD_FROM + 777).astype(np.float32).astype(dtype) for _ in range(2))
+    n = lowp.SHARED_ADD_FROM[dtype != np.float32] + 777
+    a, b = (rng.standard_normal(n).astype(np.float32).astype(dtype) for _ in range(2))
     want = lowp.narrow(lowp.widen(a) + lowp.widen(b), dtype)  # the unshared definition
 
     def both():
@@ -113,7 +115,7 @@ def test_linear_with_bias_shared_among_threads_gives_the_whole_array_bits(dtype)
     rng = np.random.default_rng(6)
     x = Tensor(rng.standard_normal((3 * blocks.BLOCK // 64 + 5, 48)).astype(dtype))
     w, b = (Tensor(rng.standard_normal(shape).astype(dtype)) for shape in ((64, 48), (64,)))
-    wide = ops.matmul_kernel(x.data, w.data.T, out_dtype=np.float32) if dtype != np.float32 else x.data @ w.data.T
+    wide = ops.matmul_kernel(x.data, w.data.T, out_dtype=np.float32)
     want = lowp.narrow(wide + lowp.widen(b.data), dtype)  # the product, the bias added, rounded once
     for threads in (1, 2):
         assert same_bits(on_threads(threads, lambda: ops.linear(x, w, b).data), want)
