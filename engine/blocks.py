@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
 
 BLOCK = 1 << 15  # elements per block: a few float32 temporaries of it fit a core's L2 cache
 
@@ -70,6 +72,17 @@ def _as_share(fn: Callable[[int, int], None], lo: int, hi: int) -> None:
         _local.sharing = False
 
 
+def _hand_over(pool: ThreadPoolExecutor, fn: Callable[[int, int], None], lo: int, hi: int) -> Future:
+    """fn(lo, hi) on a pool worker under the caller's NumPy error state (a state is per thread: a backward
+    that expects overflow, under fp16 loss scaling, has turned its warnings off on the rank's thread)."""
+    state = np.geterr()
+
+    def share() -> None:
+        with np.errstate(**state):
+            fn(lo, hi)
+    return pool.submit(share)
+
+
 def run(fn: Callable[[int, int], None], n: int, block: int = BLOCK) -> None:
     """fn(lo, hi) over [0, n) in blocks of `block`, split into contiguous runs, one per thread."""
     pool, workers = _shared_pool(), _threads
@@ -82,7 +95,7 @@ def run(fn: Callable[[int, int], None], n: int, block: int = BLOCK) -> None:
     def run_from(start: int) -> None:
         for lo in range(start, min(n, start + per), block):
             fn(lo, min(n, lo + block, start + per))
-    futures = [pool.submit(run_from, start) for start in range(per, n, per)]
+    futures = [_hand_over(pool, lambda start, _: run_from(start), start, 0) for start in range(per, n, per)]
     _as_share(lambda start, _: run_from(start), 0, 0)
     for future in futures:
         future.result()
@@ -97,7 +110,7 @@ def split(fn: Callable[[int, int], None], n: int, grain: int = 1) -> None:
             fn(0, n)
         return
     bounds = [n * i // workers for i in range(workers + 1)]
-    futures = [pool.submit(fn, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    futures = [_hand_over(pool, fn, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
     _as_share(fn, bounds[0], bounds[1])
     for future in futures:
         future.result()

@@ -119,3 +119,10 @@ def test_linear_with_bias_shared_among_threads_gives_the_whole_array_bits(dtype)
     want = lowp.narrow(wide + lowp.widen(b.data), dtype)  # the product, the bias added, rounded once
     for threads in (1, 2):
         assert same_bits(on_threads(threads, lambda: ops.linear(x, w, b).data), want)
+
+
+def test_shares_run_under_the_callers_numpy_error_state():
+    states: list[dict] = []
+    with np.errstate(over="ignore", invalid="raise"):  # as a backward under fp16 loss scaling sets it
+        on_threads(2, lambda: blocks.split(lambda lo, hi: states.append(np.geterr()), 2))
+    assert len(states) == 2 and all(s["over"] == "ignore" and s["invalid"] == "raise" for s in states)
