@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from engine import halfconv, heap, kernels, lowp
+from engine import blocks, halfconv, heap, kernels, lowp
 from engine.dropout_rng import DropoutRNG
 from engine.dtypes import LOW_PRECISION, compute_dtype
 from engine.tensor import Parameter, ScatterGrad, Tensor, make
@@ -180,6 +180,21 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return make(out, (a, b), backward, _saved((need_b, a), (need_a, b)))
 
 
+def _add_bias(y: np.ndarray, bias: np.ndarray, dtype) -> np.ndarray:
+    """(y + bias) rounded to `dtype`: a product's epilogue, for y [rows, n] in the compute dtype (y is
+    written to). Rows in blocks shared among the rank's threads; each block is rounded while it is in
+    cache. Every element sees the one add and the one rounding, so the bits are the whole-array ones."""
+    rows, n = y.shape
+    out = y if y.dtype == np.dtype(dtype) else np.empty(y.shape, dtype)
+
+    def block(lo: int, hi: int) -> None:
+        y[lo:hi] += bias
+        if out is not y:
+            out[lo:hi] = lowp.narrow(y[lo:hi], dtype)
+    blocks.run(block, rows, max(1, blocks.BLOCK // max(1, n)))
+    return out
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x[..., in] @ weight[out, in].T + bias[out] (PyTorch's layout): one 2-D GEMM per product. The bias
     is added to the float32 product before its one rounding (a GEMM epilogue); the backward widens the
@@ -189,9 +204,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if bias is None:
         y = matmul_kernel(x.data.reshape(-1, n_in), weight.data.T)
     else:
-        y = matmul_kernel(x.data.reshape(-1, n_in), weight.data.T, out_dtype=compute_dtype(dtype))
-        y += lowp.widen(bias.data)
-        y = lowp.narrow(y, dtype)
+        y = _add_bias(matmul_kernel(x.data.reshape(-1, n_in), weight.data.T, out_dtype=compute_dtype(dtype)),
+                      lowp.widen(bias.data), dtype)
     need_x, need_w = x.requires_grad, weight.requires_grad
     get_x, get_w = _keep(need_w, x), _keep(need_x, weight)
     w_dtype, b_dtype = weight.dtype, None if bias is None else bias.dtype
@@ -332,6 +346,17 @@ def _causal_bias(t: int, dtype) -> np.ndarray:
     return bias
 
 
+def _matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out[...] = matmul_kernel(a, b, out_dtype=out.dtype), written into `out` (a slice of a stack)."""
+    if out.dtype in LOW_PRECISION or a.dtype in LOW_PRECISION or b.dtype in LOW_PRECISION:
+        out[...] = matmul_kernel(a, b, out_dtype=out.dtype)
+    else:
+        np.matmul(a, b, out=out)
+
+
+ATTENTION_SHARE_MACS = 1 << 20  # multiply-adds per share at least: less does not repay handing it over
+
+
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
                      rng: DropoutRNG | None = None, training: bool = False) -> Tensor:
     """softmax(q k^T / sqrt(D) + causal mask) [dropout] @ v for q, k, v of shape [B, H, T, D].
@@ -339,15 +364,20 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     Keeps q, k, v, the attention probabilities [B, H, T, T] (in q's dtype) and, with dropout, its
     boolean mask. Fused in float32: the scores, the softmax and, in backward, the score gradients are
     never rounded to a 16-bit dtype; only the kept probabilities and the results are.
+
+    Forward and backward run batch rows [lo, hi) at a time, shared among the rank's threads
+    (engine.blocks.split): NumPy runs a stack of small products (a T x D head each) one after another
+    on one thread, and every step of the chain is per head, so each share computes exactly what the
+    whole-batch chain computes for its rows.
     """
     dtype, cdt = q.dtype, compute_dtype(q.dtype)
     scale = 1.0 / math.sqrt(q.shape[-1])
     qd, kd, vd = q.data, k.data, v.data
-    att = matmul_kernel(qd, _swap(kd), out_dtype=cdt)
-    kernels.causal_scores(att, scale, _causal_bias(q.shape[-2], cdt))
-    np.exp(att, out=att)
-    att /= _row_sum(att)
-    att = lowp.narrow(att, dtype)
+    *lead, t, d = q.shape
+    att = np.empty((*lead, t, t), dtype)
+    out = np.empty((*lead, t, v.shape[-1]), dtype)
+    causal_bias = _causal_bias(t, cdt)
+    grain = max(1, math.ceil(ATTENTION_SHARE_MACS / max(1, att[:1].size * d)))
     mask = None
     if training and dropout_p > 0.0:
         if rng is None:
@@ -355,22 +385,38 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
         mask = rng.keep_mask(att.shape, dropout_p)
         keep_scale = np.asarray(1.0 / (1.0 - dropout_p), dtype=dtype).astype(cdt)
 
-    def dropped(a32: np.ndarray) -> np.ndarray:
-        """The probabilities after dropout, as the dtype holds them, widened."""
+    def dropped(a32: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """Rows [lo, hi) of the probabilities after dropout, as the dtype holds them, widened."""
         if mask is None:
             return a32
-        return lowp.widen(lowp.narrow(a32 * mask * keep_scale, dtype))
-    out = matmul_kernel(dropped(lowp.widen(att)), vd, out_dtype=dtype)
+        return lowp.widen(lowp.narrow(a32 * mask[lo:hi] * keep_scale, dtype))
+
+    def forward(lo: int, hi: int) -> None:
+        s = att[lo:hi] if dtype == cdt else np.empty(att[lo:hi].shape, cdt)
+        _matmul_into(qd[lo:hi], _swap(kd[lo:hi]), s)
+        kernels.causal_scores(s, scale, causal_bias)
+        np.exp(s, out=s)
+        s /= _row_sum(s)
+        if s.dtype != dtype:
+            att[lo:hi] = lowp.narrow(s, dtype)
+        _matmul_into(dropped(lowp.widen(att[lo:hi]), lo, hi), vd[lo:hi], out[lo:hi])
+    blocks.split(forward, len(att), grain)
 
     def backward(g):
-        g32, a32 = lowp.widen(g), lowp.widen(att)
-        dv = matmul_kernel(_swap(dropped(a32)), g32, out_dtype=dtype)
-        dp = matmul_kernel(g32, _swap(vd), out_dtype=cdt)
-        if mask is not None:
-            dp *= mask
-            dp *= keep_scale
-        kernels.softmax_grad(dp, a32, _row_sum(dp * a32), scale)  # ds = a (dp - sum(dp a)), scaled
-        return matmul_kernel(dp, kd, out_dtype=dtype), matmul_kernel(_swap(dp), qd, out_dtype=dtype), dv
+        dq, dk, dv = np.empty(qd.shape, dtype), np.empty(kd.shape, dtype), np.empty(vd.shape, dtype)
+
+        def rows(lo: int, hi: int) -> None:
+            g32, a32 = lowp.widen(g[lo:hi]), lowp.widen(att[lo:hi])
+            _matmul_into(_swap(dropped(a32, lo, hi)), g32, dv[lo:hi])
+            dp = matmul_kernel(g32, _swap(vd[lo:hi]), out_dtype=cdt)
+            if mask is not None:
+                dp *= mask[lo:hi]
+                dp *= keep_scale
+            kernels.softmax_grad(dp, a32, _row_sum(dp * a32), scale)  # ds = a (dp - sum(dp a)), scaled
+            _matmul_into(dp, kd[lo:hi], dq[lo:hi])
+            _matmul_into(_swap(dp), qd[lo:hi], dk[lo:hi])
+        blocks.split(rows, len(att), grain)
+        return dq, dk, dv
     saved = (qd, kd, vd, att) if mask is None else (qd, kd, vd, att, mask)
     return make(out, (q, k, v), backward, saved)
 

@@ -11,8 +11,11 @@ import math
 
 import numpy as np
 
+from engine import blocks
+
 SCHEDULES = ("constant", "cosine")  # lr_at's schedules
 CHUNK = 1 << 16  # elements per pass of the update: its two scratch rows stay in cache
+SHARE_FROM = 4 * CHUNK  # elements per thread at least before an update is shared among the rank's threads
 
 
 def adamw_scratch(numel: int, dtype) -> np.ndarray:
@@ -30,7 +33,9 @@ class AdamW:
     A step goes through the arrays CHUNK elements at a time, its temporaries written into `scratch`
     (from `adamw_scratch`; allocated here unless given): it allocates nothing, and each chunk's working
     set stays in cache (about twice as fast as whole-array temporaries). Every operation is
-    elementwise, so the result is the same bit for bit whatever the chunking."""
+    elementwise, so the result is the same bit for bit whatever the chunking. That also lets the
+    rank's threads share a large update (engine.blocks.split): each takes a contiguous range of the
+    arrays and its own columns of the scratch, so sharing allocates nothing either."""
 
     def __init__(self, params: np.ndarray, grads: np.ndarray, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
@@ -59,16 +64,25 @@ class AdamW:
         decay = 1 - lr * self.weight_decay
         bias2 = math.sqrt(1 - b2 ** self.t)
         step_size = -lr / (1 - b1 ** self.t)
-        chunk = self.scratch.shape[1]
-        for lo in range(0, self.params.size, chunk):
-            part = slice(lo, lo + chunk)
-            mask = True if self.decay_mask is None else self.decay_mask[part]
-            self._update(self.params[part], self.grads[part], self.m[part], self.v[part], mask, decay,
-                         bias2, step_size)
+        width, size = self.scratch.shape[1], self.params.size
+        shares = max(1, min(blocks.threads(), size // SHARE_FROM, width))
 
-    def _update(self, p, g, m, v, mask, decay: float, bias2: float, step_size: float) -> None:
+        def update_shares(first: int, last: int) -> None:
+            """Shares [first, last): share k updates its range of the arrays in its columns of the scratch."""
+            for k in range(first, last):
+                cols = slice(k * width // shares, (k + 1) * width // shares)
+                chunk = cols.stop - cols.start
+                for lo in range(size * k // shares, size * (k + 1) // shares, chunk):
+                    part = slice(lo, min(size * (k + 1) // shares, lo + chunk))
+                    mask = True if self.decay_mask is None else self.decay_mask[part]
+                    self._update(self.params[part], self.grads[part], self.m[part], self.v[part], mask,
+                                 decay, bias2, step_size, self.scratch[:, cols])
+        blocks.split(update_shares, shares)
+
+    def _update(self, p, g, m, v, mask, decay: float, bias2: float, step_size: float,
+                scratch: np.ndarray) -> None:
         """One chunk, in place; s and u are its scratch rows."""
-        s, u = self.scratch[0, :p.size], self.scratch[1, :p.size]
+        s, u = scratch[0, :p.size], scratch[1, :p.size]
         b1, b2 = self.betas
         if self.weight_decay:
             np.multiply(p, decay, out=p, where=mask)
