@@ -2,7 +2,10 @@
 
 The optimizer sees one flat parameter array and one flat gradient array (the whole buffer or one rank's
 shard: it knows nothing of sharding) and updates them in place with vectorised NumPy, no per-parameter
-loops. Its arithmetic follows torch.optim.AdamW (single-tensor path) operation for operation.
+loops. Its arithmetic follows torch.optim.AdamW (single-tensor path) operation for operation. (A compiled
+one-pass update was tried: it had the same bits and no gain inside a step, where the update is bound by
+memory bandwidth, reading and writing p, m and v once either way.) The gradient norm's sum of squares is
+a compiled pass where numba is installed (engine.optim_jit).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import math
 import numpy as np
 
 from engine import blocks
+from engine.compiled import load
 
 SCHEDULES = ("constant", "cosine")  # lr_at's schedules
 CHUNK = 1 << 16  # elements per pass of the update: its two scratch rows stay in cache
@@ -66,7 +70,6 @@ class AdamW:
         step_size = -lr / (1 - b1 ** self.t)
         width, size = self.scratch.shape[1], self.params.size
         shares = max(1, min(blocks.threads(), size // SHARE_FROM, width))
-
         def update_shares(first: int, last: int) -> None:
             """Shares [first, last): share k updates its range of the arrays in its columns of the scratch."""
             for k in range(first, last):
@@ -138,6 +141,9 @@ def sum_of_squares(x: np.ndarray, chunk: int = NORM_CHUNK, buf: np.ndarray | Non
     float64 buffer (`buf`, at least min(chunk, x.size) long; allocated here if not given). Per-shard sums
     add up to the whole buffer's sum, so the global norm can be formed from shards."""
     x, total = x.reshape(-1), 0.0
+    jit = load("optim_jit") if x.dtype in (np.float32, np.float64) else None
+    if jit is not None and x.flags.c_contiguous:
+        return float(jit.sum_of_squares(x))  # in float64 too, in one pass (no buffer)
     buf = np.empty(min(chunk, x.size), np.float64) if buf is None else buf
     for start in range(0, x.size, chunk):
         part = buf[:min(chunk, x.size - start)]
@@ -154,4 +160,13 @@ def global_norm_clip_scale(sumsq: float, max_norm: float) -> float:
     if max_norm <= 0 or not math.isfinite(norm):
         return 1.0
     return min(1.0, max_norm / (norm + 1e-6))
+
+
+def warm_up() -> None:
+    """Load the compiled sum of squares (its cached machine code, float32 and float64) now
+    rather than inside the first step (see engine.kernels.warm_up). Does nothing where numba is missing."""
+    if load("optim_jit") is None:
+        return
+    for dtype in (np.float32, np.float64):
+        sum_of_squares(np.ones(8, dtype))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import tracemalloc
 
-from engine import kernels
+from engine import kernels, optim
 from engine.comm.launch import EMULATING_BACKENDS, run_ranks
 from engine.config import EmulateConfig, from_dict, replace, to_dict
 from engine.memory import CATEGORIES, PHASES
@@ -31,6 +31,7 @@ def measure_rank(comm, emit, cfg_dict: dict, steps: int, trace: bool = False) ->
     cfg = from_dict(cfg_dict, source="<memory measure>")
     if trace:
         kernels.warm_up()  # numba's code and its caches are the interpreter's, not the run's memory
+        optim.warm_up()
         tracemalloc.start()
     trainer = Trainer(cfg, comm)
     ledger = trainer.ledger
