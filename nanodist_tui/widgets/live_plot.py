@@ -16,7 +16,7 @@ LEGEND_MIN_HEIGHT = 8
 
 
 class LivePlot(PlotextPlot):
-    """A plotext plot fed by ticks and redrawn by the app's render timer (a few times a second).
+    """A plotext plot fed by ticks and redrawn by the app's render timer (every other time it fires).
 
     A full plotext build costs tens of milliseconds, so `redraw` does nothing unless `ingest`
     brought new data (or the size changed) and the widget is on screen; `draws` counts the builds.
@@ -33,6 +33,7 @@ class LivePlot(PlotextPlot):
         self.draws = 0
         self._dirty = False
         self._drawn = False  # plotext cannot build a figure without data: show the placeholder until then
+        self._hidden = True  # off screen at the last redraw: draw as soon as it is on screen
 
     def collect(self, tick: Tick) -> bool:
         raise NotImplementedError
@@ -55,9 +56,15 @@ class LivePlot(PlotextPlot):
         return self.app.glyphs.plot_marker
 
     def redraw(self) -> None:
-        if not (self._dirty and self.has_data() and self.is_on_screen):
+        if not self.is_on_screen:
+            self._hidden = True
             return
-        self._dirty = False
+        # Plots draw at a lower rate than the other panes (the app says when they are due): a plotext build
+        # and its repaint cost more than a table's. A plot just brought on screen draws at once.
+        due = getattr(self.app, "plots_due", True) or self._hidden
+        if not (self._dirty and self.has_data() and due):
+            return
+        self._dirty = self._hidden = False
         self.plt.clear_data()
         # Braille cells hold two points per column: more points than that only cost build time.
         self.draw(max_points=2 * max(self.size.width, 1))
