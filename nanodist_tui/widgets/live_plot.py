@@ -34,6 +34,8 @@ class LivePlot(PlotextPlot):
         self._dirty = False
         self._drawn = False  # plotext cannot build a figure without data: show the placeholder until then
         self._hidden = True  # off screen at the last redraw: draw as soon as it is on screen
+        self._built: RenderResult = Text("")  # the last plotext build, and what it was built for
+        self._built_for: tuple | None = None
 
     def collect(self, tick: Tick) -> bool:
         raise NotImplementedError
@@ -95,7 +97,13 @@ class LivePlot(PlotextPlot):
             return Text(self.PLACEHOLDER, style="dim")
         if self.size.height < MIN_HEIGHT or self.size.width < MIN_WIDTH:
             return Text("too small to plot: give it more room (or its own tab)", style="dim")
-        try:
-            return super().render()
-        except (IndexError, OverflowError, ValueError, ZeroDivisionError):  # plotext at odd sizes
-            return Text("cannot plot at this size: give it more room (or its own tab)", style="dim")
+        # Textual renders again whenever the screen is laid out or repainted around the plot; the figure only
+        # changes with a draw, a size or a theme, so the plotext build of the last one is kept.
+        key = (self.draws, self.size, self.app.theme)
+        if key != self._built_for:
+            try:
+                self._built = super().render()
+            except (IndexError, OverflowError, ValueError, ZeroDivisionError):  # plotext at odd sizes
+                self._built = Text("cannot plot at this size: give it more room (or its own tab)", style="dim")
+            self._built_for = key
+        return self._built
