@@ -13,10 +13,13 @@ from rich.text import Text
 from textual.widgets import Static
 
 
-def rows(text: Text, width: int) -> int:
-    """Rows `text` takes in `width` cells when its long lines wrap (or are cut: never fewer rows)."""
+def rows(text: Text, width: int, wrap: bool = True) -> int:
+    """Rows `text` takes in `width` cells: one per line, more for a long line that wraps."""
+    lines = text.plain.split("\n")
+    if not wrap:
+        return len(lines)
     width = max(width, 1)
-    return sum(max(1, -(-cell_len(line) // width)) for line in text.plain.split("\n"))
+    return sum(max(1, -(-cell_len(line) // width)) for line in lines)
 
 
 class TextView(Static):
@@ -36,7 +39,7 @@ class TextView(Static):
         if self._shown is not None and text == self._shown:
             return
         self._shown = text
-        height = rows(text, self.content_region.width or 80)
+        height = rows(text, self.content_region.width or 80, wrap=self.styles.text_wrap != "nowrap")
         if self.KEEP_HEIGHT and height < self._shown_rows:
             text = text + "\n" * (self._shown_rows - height)
             height = self._shown_rows
