@@ -1,6 +1,7 @@
-"""What the workbench's UI thread does while a run goes on: the header and the text panes repaint without laying
-out the screen, plots draw at half the panes' rate and build their figure once per draw, and nothing wakes
-the UI when nothing arrives. (What this costs a real run is measured by `nanodist-tui bench ui`, not here.)"""
+"""What the workbench's UI thread does while a run goes on: the header and the text panes repaint without
+laying out the screen, plots draw at half the panes' rate and build their figure once per draw, and a
+workbench with nothing arriving does next to nothing. (What this costs a real run is measured by
+`nanodist-tui bench ui`, not here.)"""
 
 from __future__ import annotations
 
@@ -25,15 +26,17 @@ class SteadyJob:
         self.world_size, self.pace_s = world_size, pace_s
 
     def __call__(self, emit, control: threading.Event) -> None:
-        emit(RunStarted(run_id="r1", preset="steady", config=config(self.world_size, "fp32"), n_params=N_PARAMS,
-                        world_size=self.world_size, total_steps=100_000, run_dir="runs/r1"))
+        emit(RunStarted(run_id="r1", preset="steady", config=config(self.world_size, "fp32"),
+                        n_params=N_PARAMS, world_size=self.world_size, total_steps=100_000,
+                        run_dir="runs/r1"))
         step = 0
         while not control.is_set():
             step += 1
             emit(StepEnd(step=step, loss=4.0 / step, lr=1e-3, tokens=512, step_time_s=0.004,
                          tokens_per_s=128_000.0, grad_norm=1.0))
             for rank in range(self.world_size):
-                emit(RankStats(step=step, rank=rank, step_time_s=0.004, comm_wait_s=0.001, bytes_sent=LINK_BYTES))
+                emit(RankStats(step=step, rank=rank, step_time_s=0.004, comm_wait_s=0.001,
+                               bytes_sent=LINK_BYTES))
                 emit(MemorySnapshot(step=step, rank=rank, phase="backward", current=memory(0),
                                     peak=memory(24_000 + step % 7)))
                 emit(Traffic(step=step, rank=rank, links=[{
@@ -97,7 +100,7 @@ def test_a_pane_whose_lines_come_and_go_keeps_its_height_and_shows_the_new_text(
         await pilot.pause(0.2)
         assert layouts == []
         assert str(pane.content).split("\n") == ["four", "five", ""]
-        pane.show(Text("six\nseven\neight\nnine"))  # taller: the screen is laid out once, for the scroll range
+        pane.show(Text("six\nseven\neight\nnine"))  # taller: one layout (the scroll range)
         await pilot.pause(0.2)
         assert len(layouts) == 1 and str(pane.content).split("\n") == ["six", "seven", "eight", "nine"]
         await stop(app, pilot)
@@ -121,7 +124,7 @@ def test_plots_draw_at_half_the_panes_rate_and_build_their_figure_once_per_draw(
         redraws, draws = app._pane_redraws, plot.draws
         await pilot.pause(3.0)
         ran, drew = app._pane_redraws - redraws, plot.draws - draws
-        assert ran >= 6 and 1 <= drew <= ran // PLOT_EVERY + 1  # new data at every pane redraw, a draw every 2nd
+        assert ran >= 6 and 1 <= drew <= ran // PLOT_EVERY + 1  # data at every redraw, a draw every 2nd
         assert len(builds) <= drew  # one plotext build per draw at most (none for a draw not yet on screen)
 
         app.display_frozen = True  # no more draws: repaints now only render what was built

@@ -104,6 +104,7 @@ class LivePlot(PlotextPlot):
             try:
                 self._built = super().render()
             except (IndexError, OverflowError, ValueError, ZeroDivisionError):  # plotext at odd sizes
-                self._built = Text("cannot plot at this size: give it more room (or its own tab)", style="dim")
+                self._built = Text("cannot plot at this size: give it more room (or its own tab)",
+                                   style="dim")
             self._built_for = key
         return self._built
