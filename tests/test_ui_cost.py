@@ -13,7 +13,7 @@ from rich.text import Text
 from engine.events import MemorySnapshot, RankStats, RunStarted, StepEnd, Traffic
 from nanodist_tui.app import PLOT_EVERY, NanoDistApp
 from nanodist_tui.widgets.memory_pane import MemoryPane
-from nanodist_tui.widgets.text_view import rows
+from nanodist_tui.widgets.text_view import ROW_STEP, rows
 from nanodist_tui.widgets.traffic_pane import TrafficPane
 from tests.app_helpers import LINK_BYTES, N_PARAMS, config, memory, run, wait_for
 
@@ -88,21 +88,33 @@ def test_a_running_workbench_repaints_its_header_and_panes_without_laying_out_th
     run(scenario, SteadyJob())
 
 
-def test_a_pane_whose_lines_come_and_go_keeps_its_height_and_shows_the_new_text():
+def test_a_pane_whose_lines_come_and_go_lays_out_the_screen_only_when_its_text_overflows_it():
     async def scenario(app: NanoDistApp, pilot) -> None:
         await wait_for(pilot, lambda: app.workspace is not None)
         pane = app.workspace.query_one(".overview-memory", MemoryPane)
         await pilot.pause(0.5)
+        room = pane.content_region.height
+        assert room >= 4
         pane.show(Text("one\ntwo\nthree"))
         await pilot.pause(0.1)
         layouts = count_layouts(app)
-        pane.show(Text("four\nfive"))  # shorter: padded to the height shown, no layout
+        pane.show(Text("four\nfive"))  # shorter, and both fit: nothing to lay out
         await pilot.pause(0.2)
-        assert layouts == []
-        assert str(pane.content).split("\n") == ["four", "five", ""]
-        pane.show(Text("six\nseven\neight\nnine"))  # taller: one layout (the scroll range)
+        pane.show(Text("\n".join(map(str, range(room)))))  # taller, still fits
         await pilot.pause(0.2)
-        assert len(layouts) == 1 and str(pane.content).split("\n") == ["six", "seven", "eight", "nine"]
+        assert layouts == [] and str(pane.content) == "\n".join(map(str, range(room)))
+        padded = -(-(room + 1) // ROW_STEP) * ROW_STEP
+        overflowing = "\n".join(map(str, range(room + 1)))
+        pane.show(Text(overflowing))  # more than fits: the scroll range changes, one layout
+        await pilot.pause(0.2)
+        assert len(layouts) == 1
+        assert str(pane.content) == overflowing + "\n" * (padded - room - 1)  # padded to whole steps
+        pane.show(Text("\n".join(map(str, range(padded)))))  # longer, within the same step: no layout
+        await pilot.pause(0.2)
+        assert len(layouts) == 1 and str(pane.content) == "\n".join(map(str, range(padded)))
+        pane.show(Text("six\nseven"))  # back within the pane: one more, so the scroll bar goes
+        await pilot.pause(0.2)
+        assert len(layouts) == 2 and str(pane.content) == "six\nseven"
         await stop(app, pilot)
 
     run(scenario, SteadyJob(pace_s=0.05), pane_interval_s=60.0)  # the panes' timer stays out of the way

@@ -82,7 +82,7 @@ def _wrap(parts: list[str], width: int, sep: str = " · ") -> list[str]:
 
 class MemoryPane(TextView):
     """Keeps the latest snapshot per (rank, phase); redrawn by the app's render timer."""
-    KEEP_HEIGHT = True  # a fixed-size pane: lines that come and go need no layout
+    FIXED_SIZE = True  # a share of its row: lines that come and go need no layout until it overflows
 
     def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
         super().__init__("no memory snapshot yet", id=id, classes="placeholder")

@@ -30,7 +30,7 @@ COMPUTE_STYLE, WAIT_STYLE = "green", "red"
 
 
 class TrafficPane(TextView):
-    KEEP_HEIGHT = True  # a fixed-size pane: lines that come and go need no layout
+    FIXED_SIZE = True  # a share of its row: lines that come and go need no layout until it overflows
 
     def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
         super().__init__("no traffic yet: waiting for the first step", id=id, classes="placeholder")
