@@ -26,7 +26,7 @@ from engine.sinks import SINKS
 from engine.sweep.settings import DIRECTIONS, METRICS, PRUNERS, SAMPLERS, directions_of, metrics_of
 
 if TYPE_CHECKING:
-    from engine.config import Config, SweepConfig
+    from engine.config_schema import Config, SweepConfig
 
 Problem = tuple[str, str]  # (problem, fix): a rule's verdict on one setting's value
 INT64 = 1 << 63  # whole numbers must fit an int64: numpy holds them so in every rank

@@ -20,18 +20,40 @@ from engine import events as ev
 from nanodist_tui.describe import describe
 
 
-class HeadlessPrinter:
+class LinePrinter:
+    """Lines on stdout, above a rich progress bar (`_progress`, started by the subclass) while one is shown:
+    on a terminal through rich, anywhere else plain and unwrapped."""
+
+    def __init__(self, console: Console | None = None, live: bool | None = None):
+        self.console = console or Console()
+        self.live = self.console.is_terminal if live is None else live
+        self._progress: Progress | None = None
+        self._task = None
+
+    def _print(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        elif self.live:
+            self.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=self.console.file, flush=True)
+
+    def close(self) -> None:
+        """Stop the progress bar (its last frame stays); later lines print plain."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+class HeadlessPrinter(LinePrinter):
     """An EventBus subscriber that reports a run on stdout."""
 
     def __init__(self, console: Console | None = None, interval_s: float = 5.0, live: bool | None = None,
                  clock: Callable[[], float] = time.monotonic):
-        self.console = console or Console()
-        self.live = self.console.is_terminal if live is None else live
+        super().__init__(console, live)
         self.interval_s = interval_s
         self.clock = clock
         self._last_line: float | None = None  # None: the first step always gets a line
-        self._progress: Progress | None = None
-        self._task = None
         self.total = 0
         self.last_val: float | None = None
         self.failure_shown = False  # a RunFailed line was printed
@@ -79,24 +101,6 @@ class HeadlessPrinter:
 
     def _on_run_finished(self, e: ev.RunFinished) -> None:
         self.close()  # no line: run_headless_job prints the summary next, with every figure
-
-    def _print(self, text: str) -> None:
-        print_line(text, self.console, self.live, self._progress)
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
-
-
-def print_line(text: str, console: Console, live: bool, progress: Progress | None) -> None:
-    """One line of a headless report: above the live bar, on the terminal, or plain and unwrapped."""
-    if progress is not None:
-        progress.console.print(text, markup=False, highlight=False)
-    elif live:
-        console.print(text, markup=False, highlight=False)
-    else:
-        print(text, file=console.file, flush=True)
 
 
 def summary_lines(summary: dict) -> list[str]:

@@ -9,22 +9,15 @@ for `nanodist-tui sweep show` and for the workbench's sweep screen (`sweep_resul
 
 from __future__ import annotations
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine import events as ev
 from nanodist_tui.describe import describe, number, params_text, scores_text
-from nanodist_tui.headless import print_line
+from nanodist_tui.headless import LinePrinter
 
 
-class SweepPrinter:
+class SweepPrinter(LinePrinter):
     """An event subscriber that reports a sweep on stdout."""
-
-    def __init__(self, console: Console | None = None, live: bool | None = None):
-        self.console = console or Console()
-        self.live = self.console.is_terminal if live is None else live
-        self._progress: Progress | None = None
-        self._task = None
 
     def __call__(self, event) -> None:
         if isinstance(event, ev.SweepStarted):
@@ -50,14 +43,6 @@ class SweepPrinter:
                                   console=self.console, transient=False)
         self._task = self._progress.add_task("trials", total=total, status="")
         self._progress.start()
-
-    def _print(self, text: str) -> None:
-        print_line(text, self.console, self.live, self._progress)
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
 
 
 def result_lines(rows: list[dict], metrics: list[str], directions: list[str], best: list[int],

@@ -304,7 +304,8 @@ def test_the_summary_counts_only_pairs_the_measurements_tell_apart():
 
     def case(label, predicted, runs):
         return Outcome(label, predicted, sorted(runs)[len(runs) // 2], 0.1, 0.1, True,
-                       [{"step_s": r, "predicted_s": predicted} for r in runs])
+                       [{"step_s": r, "predicted_s": predicted, "predicted_imbalance_share": 0.0}
+                        for r in runs])
     fast, slow = case("fast", 1.0, [1.0, 1.02, 1.01]), case("slow", 2.2, [2.0, 2.1, 2.05])
     wobbly = case("wobbly", 0.9, [1.0, 3.0, 1.05])  # its runs spread over both: ties with each
     report = summarize([fast, slow, wobbly])

@@ -184,3 +184,21 @@ def test_a_sigkilled_sweep_loses_no_completed_trial_and_resumes(in_tmp):
                           for t in killed)
     assert all(t.state == TrialState.COMPLETE for t in after if t.number >= len(before))
     assert f"resuming with {len(before)} already" in rerun.stdout
+
+
+def test_log_to_makes_every_trial_log_there_with_its_own_losses(in_tmp):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    import json
+
+    from tests.sink_readers import tensorboard_scalars
+    result = invoke("sweep", "--no-ui", "--preset", write_preset(in_tmp, SPACE), "--trials", "2",
+                    "--log-to", "tensorboard")
+    assert result.exit_code == 0, result.output
+    _, stored = trials()
+    assert len(stored) == 2
+    for t in stored:  # each trial's TensorBoard losses are that trial's own recorded losses
+        run_dir = in_tmp / t.user_attrs["run_dir"]
+        lines = (run_dir / "events.jsonl").read_text().splitlines()
+        losses = {e["step"]: e["loss"] for e in map(json.loads, lines) if e["kind"] == "step_end"}
+        got = dict(tensorboard_scalars(run_dir / "tensorboard")["train/loss"])
+        assert got and got == pytest.approx({s: losses[s] for s in got}, rel=1e-6)

@@ -19,7 +19,6 @@ of the chain of waits — the one that stopped communicating — which is killed
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import multiprocessing
 import multiprocessing.connection
@@ -33,6 +32,7 @@ import traceback
 
 from engine.comm import codec, cores, pipe
 from engine.comm.base import PeerTimeout, RankFailure, Signals, StopRequested, blame
+from engine.comm.child import ChildProcess
 from engine.comm.pipe import MAX_MESSAGE
 
 ABORT_GRACE_S = 3.0
@@ -44,18 +44,13 @@ def run_processes(world_size, rank_fn, args, on_event, timeout_s, signals: Signa
     """Run rank_fn on `world_size` spawned processes, each limiting its thread pools to `threads`;
     ``network``: a NetworkEmulation that shapes every rank's links, or None."""
     target = _qualified_name(rank_fn)
-    ctx = multiprocessing.get_context("spawn")
     spec = {"world_size": world_size, "target": target, "args": list(args), "secret": secrets.token_hex(32),
             "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0", "threads": threads,
             "network": network.to_dict() if network is not None else None}
     children: list[_Child] = []
     try:
         for rank in range(world_size):
-            ours, theirs = ctx.Pipe(duplex=True)
-            process = ctx.Process(target=child_main, args=(theirs,), name=f"nanodist-rank{rank}", daemon=True)
-            process.start()
-            theirs.close()
-            children.append(_Child(rank, process, ours))
+            children.append(_Child(rank))
             children[-1].tell({**spec, "rank": rank})
         return _Supervisor(children, on_event, timeout_s, signals).run()
     finally:
@@ -63,26 +58,13 @@ def run_processes(world_size, rank_fn, args, on_event, timeout_s, signals: Signa
             child.reap()
 
 
-class _Child:
-    def __init__(self, rank: int, process, conn):
-        self.rank, self.process, self.conn = rank, process, conn
+class _Child(ChildProcess):
+    """A rank process; `outcome` is what it reported (result or failure), None until then."""
+
+    def __init__(self, rank: int):
+        super().__init__(child_main, f"nanodist-rank{rank}", daemon=True)
+        self.rank = rank
         self.outcome: tuple | None = None
-        self.exited = self.killed = False
-        self.listening = True  # its end of the pipe is still open
-
-    def tell(self, message: dict) -> None:
-        with contextlib.suppress(OSError):  # already gone: its exit is handled through its sentinel
-            self.conn.send_bytes(codec.dumps(message))
-
-    def kill(self) -> None:
-        if self.process.is_alive():
-            self.killed = True
-            self.process.kill()
-
-    def reap(self) -> None:
-        self.kill()
-        self.process.join()
-        self.conn.close()
 
 
 class _Supervisor:

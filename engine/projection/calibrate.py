@@ -11,7 +11,8 @@ What is measured, all on the processes backend (real processes, as training runs
   the batch, clearing gradients); for every precision and several micro-batch sizes. With 2 ranks the
   host's cores and memory bandwidth are shared: that contention is in the curve, not mistaken later for
   communication. So is their imbalance: ranks sharing cores do not finish together, and the time the
-  faster one waits at the barrier, as a share of the step's compute, is kept ("imbalance").
+  faster one waits at the barrier, as a share of the step's compute, is kept ("imbalance": the lower
+  quartile of the waits over that of the step's compute, averaged over the ranks).
 * copies: bytes per second of a large numpy copy, with the same ranks busy (ZeRO packs and unpacks).
 * transport: two ranks time our ring reduce-scatter and all-gather at the bucket sizes the run uses and
   sizes around them; fit.fit_ring turns them into α, β, γ. γ is measured per precision: 16-bit buffers
@@ -303,7 +304,9 @@ def _time_phases(comm, cfg: Config, steps: int, warmup: int) -> dict:
                     waits.append(t0 - before)
     finally:
         replica.close()
-    imbalance = statistics.median(waits) / statistics.median(computes) if waits else 0.0
+    # the lower quartiles, as for every timed figure: a step another job slowed on one rank is load, not
+    # the ranks' own imbalance (and a run's measured waits are taken the same way, validate.py)
+    imbalance = low_quantile(waits) / low_quantile(computes) if waits else 0.0
     return {**{k: low_quantile(v) for k, v in phases.items()}, "n_params": trainer.n_params,
             "imbalance": imbalance}
 

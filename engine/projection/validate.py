@@ -43,6 +43,7 @@ from engine.projection.calibrate import LEVELS, Calibration, calibrate, low_quan
 from engine.projection.clusters import Cluster
 from engine.projection.project import predict
 
+CALIBRATION_STEPS = 12  # timed steps of each case's compute calibration (after its warm-up)
 NOISE = 0.10  # measured step times closer than this are a tie for the ranking
 
 # label -> overrides on the base config (gpt-mini on the processes backend, 1 MiB buckets)
@@ -110,6 +111,7 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
         step, mem, _ = predict(cfg, cluster, calibration, vocab)
         run = measure_case(cfg, steps, warmup)
         run.update(predicted_s=step.step_s, predicted_share=step.comm_share,
+                   predicted_imbalance_share=step.imbalance_s / step.step_s,
                    memory_exact=all(run["states"][k] == mem.states[k] for k in MODEL_STATES))
         runs[label].append(run)
 
@@ -123,12 +125,14 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
 
 def calibrate_for(cfg: Config, vocab: int) -> Calibration:
     """A fresh calibration for one case (its precision, micro-batch size and busy ranks, the transport at
-    its buckets), in a temporary file."""
+    its buckets), in a temporary file. One size only, so it can afford CALIBRATION_STEPS steps: the ranks'
+    imbalance is a small difference of two step times, and a short calibration that a burst of load hits
+    on one rank would carry that burst into the prediction."""
     rows = cfg.train.global_batch // (cfg.parallel.world_size * cfg.train.micro_batches)
     level = min(cfg.parallel.world_size, max(LEVELS))
     with tempfile.TemporaryDirectory() as folder:
         return calibrate(cfg, vocab, [cfg.precision.dtype], path=Path(folder) / "calibration.json",
-                         rows=[rows], levels=(level,), measure_transport=True)
+                         rows=[rows], levels=(level,), measure_transport=True, steps=CALIBRATION_STEPS)
 
 
 def measure_case(cfg: Config, steps: int, warmup: int) -> dict:
@@ -221,6 +225,9 @@ def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -
         "cases": [{"label": o.label, "predicted_s": o.predicted_s, "measured_s": o.measured_s,
                    "error": o.error, "predicted_comm_share": o.predicted_share,
                    "measured_comm_share": o.measured_share, "memory_exact": o.memory_exact,
+                   # of the predicted share, the wait for slower ranks sharing the host (calibrated)
+                   "predicted_imbalance_share": statistics.median(r["predicted_imbalance_share"]
+                                                                  for r in o.runs),
                    "runs_s": [r["step_s"] for r in o.runs],
                    "predicted_runs_s": [r["predicted_s"] for r in o.runs]} for o in outcomes],
         "mape": statistics.mean(abs(e) for e in errors),

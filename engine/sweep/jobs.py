@@ -17,7 +17,6 @@ thread count (engine.comm.cores) is then its share of its job's CPUs.
 """
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -26,6 +25,7 @@ import threading
 
 from engine import events as ev
 from engine.comm import codec, pipe
+from engine.comm.child import ChildProcess
 from engine.comm.cores import usable_cores
 from engine.comm.pipe import MAX_MESSAGE
 from engine.job import one_line
@@ -51,17 +51,12 @@ def job_cpus(cpus: set[int], jobs: int) -> list[list[int]]:
 
 def run_jobs(sweep, jobs: int, remaining: int | None, timeout_s: float, emit, stop_event: threading.Event,
              finish_event: threading.Event) -> None:
-    ctx = multiprocessing.get_context("spawn")
     children: list[_Job] = []
     split = shares(remaining, jobs)
     cpus = job_cpus(usable_cores(), len(split))
     try:
         for number, share in enumerate(split):
-            ours, theirs = ctx.Pipe(duplex=True)
-            process = ctx.Process(target=job_main, args=(theirs,), name=f"nanodist-sweep-job{number}")
-            process.start()
-            theirs.close()
-            job = _Job(number, process, ours)
+            job = _Job(number)
             children.append(job)
             job.tell({"type": "run", "sweep_dir": str(sweep.sweep_dir), "n_trials": share,
                       "timeout_s": timeout_s, "job": number, "live": number == 0, "cpus": cpus[number]})
@@ -71,21 +66,13 @@ def run_jobs(sweep, jobs: int, remaining: int | None, timeout_s: float, emit, st
             job.reap()
 
 
-class _Job:
-    def __init__(self, number: int, process, conn):
-        self.number, self.process, self.conn = number, process, conn
-        self.done = self.exited = False
-        self.listening = True
+class _Job(ChildProcess):
+    """A sweep job process (not a daemon: a trial on the processes backend spawns rank processes)."""
 
-    def tell(self, message: dict) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.send_bytes(codec.dumps(message))
-
-    def reap(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join()
-        self.conn.close()
+    def __init__(self, number: int):
+        super().__init__(job_main, f"nanodist-sweep-job{number}", daemon=False)
+        self.number = number
+        self.done = False
 
 
 def _supervise(children: list[_Job], emit, stop_event: threading.Event,

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from nanodist_tui.cli.errors import USER_ERRORS, fail, internal_failure, user_errors
-from nanodist_tui.cli.options import BackendOpt, PresetOpt, SetOpt, WorldOpt
+from nanodist_tui.cli.options import BackendOpt, LogToOpt, PresetOpt, SetOpt, WorldOpt
 from nanodist_tui.cli.running import prepare_run, run_in_workbench, shortcut_overrides
 
 app = typer.Typer(help="Optuna sweeps over a preset's [sweep] space: run or resume, show, export the best.")
@@ -30,6 +30,7 @@ def sweep(
     sets: SetOpt = None,
     world_size: WorldOpt = None,
     backend: BackendOpt = None,
+    log_to: LogToOpt = None,
     no_ui: Annotated[bool, typer.Option("--no-ui", help="headless: one line per trial, then the results")]
     = False,
     trials: Annotated[int | None, typer.Option("--trials", min=1, help="trials the study holds at the end "
@@ -49,7 +50,7 @@ def sweep(
     if ctx.invoked_subcommand is not None:
         return
     from engine.sweep.study import prepare_sweep
-    extra = shortcut_overrides(sets, world_size, backend)
+    extra = shortcut_overrides(sets, world_size, backend, log_to)  # --log-to: every trial logs there
     extra += [f"sweep.n_trials={trials}"] if trials is not None else []
     extra += [f"sweep.timeout_s={timeout}"] if timeout is not None else []
     extra += [f'sweep.study="{study}"'] if study is not None else []
