@@ -46,6 +46,7 @@ HEADER_INTERVAL_S = 0.3  # the header (state, step, loss, tok/s) redraws ~3 time
 # The panes redraw once a second: drawing them (plots, tables, bars) is Python holding the GIL, which the
 # ranks' threads need; at 0.3 s a 4-rank run trained at 0.65x its --no-ui speed, at 1 s 0.86x (bench ui).
 PANE_INTERVAL_S = 1.0
+PLOT_EVERY = 2  # the plots redraw on every 2nd pane redraw (2 s): a plotext build costs more than a table
 COMPACT_BELOW = (120, 36)  # narrower or shorter than this, the overview keeps only what fits
 MakeJob = Callable[[Any, Any], JobFn]  # (Config, preset document) -> job
 
@@ -72,6 +73,8 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self.session: RunSession | None = None
         self.workspace: Workspace | None = None
         self.display_frozen = False
+        self.plots_due = True  # whether this pane redraw also redraws the plots (widgets/live_plot.py)
+        self._pane_redraws = 0
         self.shell_exit_code = 0
         self._early: list[Tick] = []  # ticks before the run's panes exist
         # (posted, handled) times of every Tick: the UI's updates, and how late each was
@@ -274,12 +277,15 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self.header.redraw()
         if self.display_frozen:
             return
+        self._pane_redraws += 1
+        self.plots_due = self._pane_redraws % PLOT_EVERY == 0
         for pane in self.panes[1:]:
             pane.redraw()
 
     def redraw_now(self) -> None:
-        """Draw every pane on screen now (the timer would within pane_interval_s)."""
+        """Draw every pane on screen now, plots too (the timer would within PLOT_EVERY × pane_interval_s)."""
         self.header.redraw(force=True)
+        self.plots_due = True
         for pane in self.panes[1:]:
             pane.redraw()
 

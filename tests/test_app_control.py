@@ -99,7 +99,7 @@ def test_will_it_fit_shows_the_estimate_per_rank_and_category(in_tmp):
                                                        "precision.dtype=fp16", "memory.checkpointing=blocks"])
         e = estimate(cfg)
         text = str(screen.query_one(FitTable).content)
-        assert "4 rank(s) on threads · ZeRO-3 · fp16 · checkpointing blocks" in text
+        assert f"4 rank(s) on {cfg.parallel.backend} · ZeRO-3 · fp16 · checkpointing blocks" in text
         peaks = e.category_peaks()
         rows = [line for line in text.splitlines() if line.startswith("rank ")]
         assert [line.split()[1] for line in rows] == ["0", "1", "2", "3"]  # a row per rank
@@ -108,7 +108,7 @@ def test_will_it_fit_shows_the_estimate_per_rank_and_category(in_tmp):
             if amount:
                 assert style_of(category)[0][:12] in header and format_bytes(amount) in rows[0]
         assert format_bytes(sum(e.peak()[1].values())) in rows[0]
-        assert "fits:" in text  # a small GPT on four thread ranks fits in this machine's memory
+        assert "fits:" in text  # a small GPT on four ranks fits in this machine's memory
 
     run(scenario, FakeJob(steps=0, then="wait_for_stop"), make_job=JobFactory())
 

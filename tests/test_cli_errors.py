@@ -111,8 +111,9 @@ def _bug_in(module: str, name: str):
 
 
 TCP = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29511", "NANODIST_SECRET": "s3cret"}
+# thread ranks: a bug patched into this process reaches them (quickstart's rank processes would not see it)
 TINY = ["--set", "train.steps=2", "--set", "model.n_layer=1", "--set", "model.n_embd=16",
-        "--set", "data.max_chars=20000", "--set", "train.eval_batches=1"]
+        "--set", "data.max_chars=20000", "--set", "train.eval_batches=1", "--set", "parallel.backend=threads"]
 HUGE_GPT = ["--set", "model.n_embd=131072", "--set", "model.n_head=4"]
 
 CASES: dict[str, tuple[list[str], dict]] = {

@@ -21,7 +21,8 @@ from engine.recorder import read_events
 
 REPO = Path(__file__).resolve().parent.parent
 # a ~5k-parameter GPT (its checkpoint shard is ~60 kB) that would write ~2 kB of events per step for 400 steps
-RUN = [sys.executable, "-m", "nanodist_tui.cli", "run", "-p", "quickstart", "--set", "data.max_chars=20000",
+RUN = [sys.executable, "-m", "nanodist_tui.cli", "run", "-p", "quickstart", "--set",
+       "parallel.backend=threads", "--set", "data.max_chars=20000",
        "--set", "model.n_layer=1", "--set", "model.n_embd=16", "--set", "model.n_head=2",
        "--set", "model.block_size=16", "--set", "train.global_batch=8", "--set", "train.eval_batches=1",
        "--set", "train.eval_every=0", "--set", "optim.warmup_steps=0", "--set", "train.steps=400",

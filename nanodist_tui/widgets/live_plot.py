@@ -16,7 +16,7 @@ LEGEND_MIN_HEIGHT = 8
 
 
 class LivePlot(PlotextPlot):
-    """A plotext plot fed by ticks and redrawn by the app's render timer (a few times a second).
+    """A plotext plot fed by ticks and redrawn by the app's render timer (every other time it fires).
 
     A full plotext build costs tens of milliseconds, so `redraw` does nothing unless `ingest`
     brought new data (or the size changed) and the widget is on screen; `draws` counts the builds.
@@ -33,6 +33,9 @@ class LivePlot(PlotextPlot):
         self.draws = 0
         self._dirty = False
         self._drawn = False  # plotext cannot build a figure without data: show the placeholder until then
+        self._hidden = True  # off screen at the last redraw: draw as soon as it is on screen
+        self._built: RenderResult = Text("")  # the last plotext build, and what it was built for
+        self._built_for: tuple | None = None
 
     def collect(self, tick: Tick) -> bool:
         raise NotImplementedError
@@ -55,9 +58,15 @@ class LivePlot(PlotextPlot):
         return self.app.glyphs.plot_marker
 
     def redraw(self) -> None:
-        if not (self._dirty and self.has_data() and self.is_on_screen):
+        if not self.is_on_screen:
+            self._hidden = True
             return
-        self._dirty = False
+        # Plots draw at a lower rate than the other panes (the app says when they are due): a plotext build
+        # and its repaint cost more than a table's. A plot just brought on screen draws at once.
+        due = getattr(self.app, "plots_due", True) or self._hidden
+        if not (self._dirty and self.has_data() and due):
+            return
+        self._dirty = self._hidden = False
         self.plt.clear_data()
         # Braille cells hold two points per column: more points than that only cost build time.
         self.draw(max_points=2 * max(self.size.width, 1))
@@ -88,7 +97,14 @@ class LivePlot(PlotextPlot):
             return Text(self.PLACEHOLDER, style="dim")
         if self.size.height < MIN_HEIGHT or self.size.width < MIN_WIDTH:
             return Text("too small to plot: give it more room (or its own tab)", style="dim")
-        try:
-            return super().render()
-        except (IndexError, OverflowError, ValueError, ZeroDivisionError):  # plotext at odd sizes
-            return Text("cannot plot at this size: give it more room (or its own tab)", style="dim")
+        # Textual renders again whenever the screen is laid out or repainted around the plot; the figure only
+        # changes with a draw, a size or a theme, so the plotext build of the last one is kept.
+        key = (self.draws, self.size, self.app.theme)
+        if key != self._built_for:
+            try:
+                self._built = super().render()
+            except (IndexError, OverflowError, ValueError, ZeroDivisionError):  # plotext at odd sizes
+                self._built = Text("cannot plot at this size: give it more room (or its own tab)",
+                                   style="dim")
+            self._built_for = key
+        return self._built

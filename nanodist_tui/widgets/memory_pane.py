@@ -4,13 +4,13 @@ on it, and the estimator's figure beside the measurement (MB = 10^6 bytes, as `n
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from engine.events import MemorySnapshot
 from engine.memory import CATEGORIES
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.glyphs import Glyphs
+from nanodist_tui.widgets.text_view import TextView
 from nanodist_tui.widgets.units import format_bytes
 
 # Label, colour and (without colour) fill letter per ledger category; colours follow PyTorch's memory
@@ -80,8 +80,9 @@ def _wrap(parts: list[str], width: int, sep: str = " · ") -> list[str]:
     return lines
 
 
-class MemoryPane(Static):
+class MemoryPane(TextView):
     """Keeps the latest snapshot per (rank, phase); redrawn by the app's render timer."""
+    FIXED_SIZE = True  # a share of its row: lines that come and go need no layout until it overflows
 
     def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
         super().__init__("no memory snapshot yet", id=id, classes="placeholder")
@@ -106,7 +107,7 @@ class MemoryPane(Static):
             return
         self._dirty = False
         self.remove_class("placeholder")
-        self.update(self.render_snapshots(self.content_region.width or 80))
+        self.show(self.render_snapshots(self.content_region.width or 80))
 
     def peaks(self) -> dict[int, MemorySnapshot]:
         """Per rank, the snapshot of the phase whose peak was highest."""

@@ -11,8 +11,9 @@ from nanodist_tui.messages import Tick
 class Pane(Protocol):
     """A widget the app feeds every Tick and redraws on its render timer.
 
-    Ticks arrive up to ~10 times a second, the render timer fires ~3 times a second, and pausing the
-    display stops the redraws but not the ticks. Hence the two halves:
+    Ticks arrive up to ~10 times a second, the render timer fires about once a second (the app's
+    pane_interval_s; plots draw every PLOT_EVERY-th time), and pausing the display stops the redraws but not
+    the ticks. Hence the two halves:
 
     - `ingest(tick)` stores what the tick brings (and notes that there is something to draw); it never
       draws, so a burst of ticks costs no rendering and a paused display loses nothing.

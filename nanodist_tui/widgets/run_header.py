@@ -12,11 +12,11 @@ from collections import deque
 from collections.abc import Callable
 
 from rich.text import Text
-from textual.widgets import Static
 
 from engine.events import Eval, RunStarted, StepEnd
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
+from nanodist_tui.widgets.text_view import TextView
 from nanodist_tui.widgets.units import format_bytes, format_count, format_duration
 
 STATE_STYLES = {
@@ -33,7 +33,7 @@ WINDOW = 20  # steps averaged for tokens/s and the ETA
 GAP = "   "
 
 
-class RunHeader(Static):
+class RunHeader(TextView):
     """The app sets `state`, `replay_speed`, `display_frozen`; ticks bring everything else."""
 
     def __init__(self, preset_name: str, *, id: str | None = None) -> None:
@@ -86,7 +86,7 @@ class RunHeader(Static):
     def redraw(self, force: bool = False) -> None:
         if self._dirty or force:
             self._dirty = False
-            self.update(self.summary(self.content_region.width or 80))
+            self.show(self.summary(self.content_region.width or 80))
 
     def tokens_per_s(self) -> float | None:
         """Tokens per second over the last WINDOW steps (a smoothed figure; one step's is noisy)."""

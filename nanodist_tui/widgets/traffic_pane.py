@@ -5,7 +5,6 @@ into compute and waiting (with its communication time), the straggler and any sl
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from engine.events import RankStats
 from nanodist_tui.messages import Tick
@@ -23,13 +22,16 @@ from nanodist_tui.traffic import (
     which_ran_where,
 )
 from nanodist_tui.widgets.ring import draw_ring
+from nanodist_tui.widgets.text_view import TextView
 from nanodist_tui.widgets.units import format_bytes, format_rate, format_seconds
 
 SPLIT_WIDTH = 20  # cells of the per-rank compute / wait bar
 COMPUTE_STYLE, WAIT_STYLE = "green", "red"
 
 
-class TrafficPane(Static):
+class TrafficPane(TextView):
+    FIXED_SIZE = True  # a share of its row: lines that come and go need no layout until it overflows
+
     def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
         super().__init__("no traffic yet: waiting for the first step", id=id, classes="placeholder")
         self.border_title = "ring traffic"
@@ -58,7 +60,7 @@ class TrafficPane(Static):
             return
         self._dirty = False
         self.remove_class("placeholder")
-        self.update(self.render_traffic(self.content_region.width or 80))
+        self.show(self.render_traffic(self.content_region.width or 80))
 
     def render_traffic(self, width: int) -> Text:
         glyphs = self.app.glyphs
