@@ -43,8 +43,9 @@ from nanodist_tui.widgets.run_header import RunHeader
 from nanodist_tui.workspace import Workspace
 
 HEADER_INTERVAL_S = 0.3  # the header (state, step, loss, tok/s) redraws ~3 times a second: it is cheap
-# The panes redraw once a second: drawing them (plots, tables, bars) is Python holding the GIL, which the
-# ranks' threads need; at 0.3 s a 4-rank run trained at 0.65x its --no-ui speed, at 1 s 0.86x (bench ui).
+# The panes redraw once a second: drawing them (plots, tables, bars) is Python holding the GIL, which thread
+# ranks need, and CPU the rank processes need; `bench ui` measures what it costs (README, "What the
+# workbench costs").
 PANE_INTERVAL_S = 1.0
 PLOT_EVERY = 2  # the plots redraw on every 2nd pane redraw (2 s): a plotext build costs more than a table
 COMPACT_BELOW = (120, 36)  # narrower or shorter than this, the overview keeps only what fits
