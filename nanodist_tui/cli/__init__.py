@@ -13,6 +13,7 @@ import typer
 
 from nanodist_tui.cli import (
     bench,
+    bench_allreduce,
     bench_ui,
     memory,
     model,
@@ -47,6 +48,7 @@ app.command("memory")(memory.memory)
 app.command("project")(project.project)
 app.command("screenshot")(screenshot.screenshot)
 app.add_typer(sweep.app, name="sweep")
+bench.app.command("allreduce")(bench_allreduce.allreduce)
 bench.app.command("ui")(bench_ui.ui)
 bench.app.command("ui-events")(bench_ui.ui_events)
 app.add_typer(bench.app, name="bench")

@@ -26,3 +26,9 @@ StepOpt = Annotated[int | None, typer.Option("--step", min=0, help="use the chec
 AsciiOpt = Annotated[bool, typer.Option("--ascii", help="ASCII instead of braille and block characters (also "
                                                    "NANODIST_ASCII=1, or ascii = true under [display] in the "
                                                    "user config)")]
+
+
+def node_grid(world_size: int, ranks_per_node: int) -> str:
+    """" as M nodes x G" for a node grid, "" for one node: how the bench commands name the ranks' layout."""
+    return f" as {world_size // ranks_per_node} nodes x {ranks_per_node}" if ranks_per_node else ""
+
