@@ -85,7 +85,9 @@ def test_silent_rank_times_out_and_is_named(backend):
 
     with pytest.raises(RankFailure) as failure:
         run_ranks(3, backend, comm_helpers.fail_on, (1, "hang", 8.0), on_event=on_event, timeout_s=1.5)
-    assert time.monotonic() - last_step[0] < 1.5 + 1.0
+    # within the timeout plus the moment to gather the chain (a slow moment of a loaded 2-core machine
+    # included); blaming the wrong rank, or waiting out every rank's timeout in turn, fails
+    assert time.monotonic() - last_step[0] < 1.5 + 2.0
     assert failure.value.rank == 1
     assert "waited on it" in failure.value.cause
     if backend == "processes":
@@ -128,7 +130,8 @@ if __name__ == '__main__':
 def start_launcher() -> tuple[subprocess.Popen, set[int]]:
     """A separate launcher process running 2 ranks until told to stop; returns it and the rank pids."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "tests")])}
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True, env=env)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
     pids = {int(launcher.stdout.readline()) for _ in range(2)}
     assert all(alive(pid) for pid in pids)
     return launcher, pids
@@ -158,7 +161,8 @@ def test_ctrl_c_stops_every_rank_cleanly():
     launcher, pids = start_launcher()
     try:
         launcher.send_signal(signal.SIGINT)
-        assert launcher.stdout.readline().strip() == "interrupted"
+        line = launcher.stdout.readline().strip()
+        assert line == "interrupted", f"the launcher said {line!r}; its stderr: {launcher.stderr.read()!r}"
         assert launcher.wait(10) == 0
         assert gone_within(pids, 1)
     finally:
