@@ -116,9 +116,13 @@ def test_stop_event_ends_every_rank_cleanly(backend):
 
 
 LAUNCHER = """
+import signal
 import comm_helpers
 from engine.comm import run_ranks
 if __name__ == '__main__':
+    # Ctrl-C as a terminal delivers it: a test suite run as a shell's background job (a CI script's `&`)
+    # hands its children SIGINT ignored, which would make the launcher deaf to the signal under test
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         run_ranks(2, 'processes', comm_helpers.stop_when_asked,
                   on_event=lambda e: print(e['pid'], flush=True) if e['step'] == 0 else None)
