@@ -352,6 +352,8 @@ def test_a_bug_inside_a_rank_leaves_its_traceback_in_the_run_folder(in_tmp, monk
     log = run_dir / error_log.ERROR_LOG
     assert f"traceback in {log}" in result.stderr
     text = log.read_text()
-    assert "rank 0 failed" in text and "Traceback (most recent call last)" in text and "invariant" in text
+    # every rank hits the same bug; which one is logged first is a race between the rank threads
+    assert re.search(r"rank \d failed", text)
+    assert "Traceback (most recent call last)" in text and "invariant" in text
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and "an invariant broke" in summary["error"]
