@@ -70,7 +70,7 @@ def add(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     low = any(d in LOW_PRECISION for d in dtypes)
     if (blocks.threads() > 1 and a.size >= SHARED_ADD_FROM[low] and a.shape == b.shape
             and (out is None or out.shape == a.shape)
-            and all(x.flags.c_contiguous for x in (a, b) if x is not None)
+            and a.flags.c_contiguous and b.flags.c_contiguous
             and (out is None or out.flags.c_contiguous)):
         if out is None:
             out = np.empty(a.shape, np.result_type(a.dtype, b.dtype))

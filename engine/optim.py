@@ -70,6 +70,7 @@ class AdamW:
         step_size = -lr / (1 - b1 ** self.t)
         width, size = self.scratch.shape[1], self.params.size
         shares = max(1, min(blocks.threads(), size // SHARE_FROM, width))
+
         def update_shares(first: int, last: int) -> None:
             """Shares [first, last): share k updates its range of the arrays in its columns of the scratch."""
             for k in range(first, last):
