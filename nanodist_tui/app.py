@@ -31,6 +31,7 @@ from nanodist_tui.actions import BINDINGS, WorkbenchActions
 from nanodist_tui.describe import best_text, failure
 from nanodist_tui.messages import Tick
 from nanodist_tui.panes import panes_for
+from nanodist_tui.priority import lower_this_thread, start_spawner
 from nanodist_tui.replay import ReplayPlayer
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.session import JobFn, RunSession
@@ -75,7 +76,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self.workspace: Workspace | None = None
         self.display_frozen = False
         self.plots_due = True  # whether this pane redraw also redraws the plots (widgets/live_plot.py)
-        self._pane_redraws = 0
+        self.pane_redraws = 0
         self.shell_exit_code = 0
         self._early: list[Tick] = []  # ticks before the run's panes exist
         # (posted, handled) times of every Tick: the UI's updates, and how late each was
@@ -102,6 +103,9 @@ class NanoDistApp(WorkbenchActions, App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        # Training before drawing: jobs run on threads of normal priority, this thread draws at a lower one.
+        start_spawner()
+        lower_this_thread()
         self.install_screen(ProjectionScreen(self.projection), name="projection")
         self.title = f"nanoDist · {self.preset_name}"
         self.set_keymap(self.user_config.keymap)
@@ -278,8 +282,8 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self.header.redraw()
         if self.display_frozen:
             return
-        self._pane_redraws += 1
-        self.plots_due = self._pane_redraws % PLOT_EVERY == 0
+        self.pane_redraws += 1
+        self.plots_due = self.pane_redraws % PLOT_EVERY == 0
         for pane in self.panes[1:]:
             pane.redraw()
 

@@ -1,7 +1,8 @@
 """One job the workbench runs (a training run or a replay): its worker thread, its control (stop, pause),
 its event batcher, the state the header shows, and what it came to (the summary, or the one failure).
 
-The job runs as `job_fn(emit, control)` on a Textual thread worker; it only ever emits into the batcher,
+The job runs as `job_fn(emit, control)` for a Textual thread worker (on a thread of normal priority: the
+workbench's own draw at a lower one, priority.py); it only ever emits into the batcher,
 which posts Ticks stamped with this session's id, so ticks of a previous session (a replaced run, a seek)
 are told apart and dropped.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from engine.control import RunControl
 from nanodist_tui.bridge import EventBatcher
 from nanodist_tui.messages import Tick
+from nanodist_tui.priority import run_at_normal_priority
 from nanodist_tui.replay import ReplayPlayer
 from nanodist_tui.run_info import RunInfo
 
@@ -53,9 +55,9 @@ class RunSession:
         return self.state in ACTIVE_STATES
 
     def run(self) -> Any:
-        """On the worker thread."""
+        """On the worker thread; the job itself on a thread at normal priority (priority.py)."""
         try:
-            return self.job_fn(self.batcher.emit, self.control)
+            return run_at_normal_priority(lambda: self.job_fn(self.batcher.emit, self.control))
         finally:
             self.batcher.close()
 

@@ -133,9 +133,9 @@ def test_plots_draw_at_half_the_panes_rate_and_build_their_figure_once_per_draw(
             return build()
 
         plot.plt.build = counted_build
-        redraws, draws = app._pane_redraws, plot.draws
+        redraws, draws = app.pane_redraws, plot.draws
         await pilot.pause(3.0)
-        ran, drew = app._pane_redraws - redraws, plot.draws - draws
+        ran, drew = app.pane_redraws - redraws, plot.draws - draws
         assert ran >= 6 and 1 <= drew <= ran // PLOT_EVERY + 1  # data at every redraw, a draw every 2nd
         assert len(builds) <= drew  # one plotext build per draw at most (none for a draw not yet on screen)
 

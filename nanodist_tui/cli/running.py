@@ -151,11 +151,11 @@ def run_in_workbench(cfg, job, ascii_only: bool = False, sweep_finish: threading
         # workbench (it receives every rank's events), the others train headless and quietly.
         run_headless_job(job)
         return
-    if cfg.parallel.backend == "processes" or sweep_finish is not None:  # a sweep may spawn --jobs
-        # Start multiprocessing's helper process now: once Textual owns the terminal, sys.stderr has no
-        # file descriptor, and spawning the tracker from inside the app fails ("bad value(s) in fds_to_keep").
-        from multiprocessing import resource_tracker
-        resource_tracker.ensure_running()
+    # Start multiprocessing's helper process now, whatever this run's backend (a run started from the app, or
+    # a sweep's --jobs, may spawn processes): once Textual owns the terminal, sys.stderr has no file
+    # descriptor, and spawning the tracker from inside the app fails ("bad value(s) in fds_to_keep").
+    from multiprocessing import resource_tracker
+    resource_tracker.ensure_running()
     from nanodist_tui.app import create_app
     user_config = workbench_config(ascii_only)
     run_app(create_app(cfg.name, job, make_job=training_job, check_run=check_can_run,
