@@ -17,6 +17,16 @@ What is measured, all on the processes backend (real processes, as training runs
 * transport: two ranks time our ring reduce-scatter and all-gather at the bucket sizes the run uses and
   sizes around them; fit.fit_ring turns them into α, β, γ. γ is measured per precision: 16-bit buffers
   are reduced through float32 (engine.comm.collectives), several times the work of a float32 sum.
+  The same collectives' CPU time (the calling thread's, time.thread_time: the socket transport sends,
+  receives, copies and reduces on the thread that calls it) is fitted the same way into the CPU's α, β,
+  γ ("cpu"): what a collective takes from the cores it shares with compute. It is more than the copying
+  (n·β): each message costs the transport's framing, system calls, shared-memory slot and ACK handling,
+  the Python of the ring, on the CPU, which is most of a small message's α on one host.
+  Every repetition starts with cold caches (each rank first writes EVICT_BYTES), as a training step's
+  collectives do: between two of them backward or the update streams activations, weights and optimizer
+  state through the caches, so a bucket, the shared-memory slots and the transport's own code and data
+  come from memory again. Timed back to back instead, a 1 MiB all-reduce here costs half the CPU time and
+  wall time it costs inside a step.
 
 A timed figure is the lower quartile of its repetitions: other jobs on a shared machine only ever slow a
 repetition down, so the low quantile estimates the machine's own speed better than the median.
@@ -47,6 +57,7 @@ from engine.projection.flops import model_signature
 VERSION = 1
 LEVELS = (1, 2)  # ranks computing at once on the host
 LOW_QUANTILE = 0.25
+EVICT_BYTES = 64 << 20  # written before each timed collective: more than this host's caches hold per core
 
 
 class CalibrationError(ValueError):
@@ -69,7 +80,8 @@ def default_path() -> Path:
 @dataclass
 class Calibration:
     """A calibration file's contents: {"version", "host", "cores", "peak_flops", "copy_bytes_per_s"
-    {level: B/s}, "transport" {alpha, beta, gamma, gamma_by_dtype, sizes, gather_s, scatter_s},
+    {level: B/s}, "transport" {alpha, beta, gamma, gamma_by_dtype, sizes, gather_s, scatter_s,
+    "cpu" {alpha, beta, gamma, gamma_by_dtype, gather_s, scatter_s}: the same collectives' CPU seconds},
     "models" {signature:
     {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s, imbalance}}}}}."""
 
@@ -94,6 +106,16 @@ class Calibration:
     def gamma(self, dtype: str) -> float:
         """Seconds per byte our reduction takes in this precision (fp32's when it was not measured)."""
         return float(self.transport.get("gamma_by_dtype", {}).get(dtype, self.transport["gamma"]))
+
+    def cpu(self, dtype: str) -> tuple[float, float, float]:
+        """(α, β, γ) of our collectives' CPU time in this precision: seconds per message, per byte sent,
+        per byte reduced. A file without them (measured before they were) gives the copying alone: 0, β
+        and γ of the wall-clock fit."""
+        cpu = self.transport.get("cpu")
+        if cpu is None:
+            return 0.0, float(self.transport["beta"]), self.gamma(dtype)
+        return (float(cpu["alpha"]), float(cpu["beta"]),
+                float(cpu.get("gamma_by_dtype", {}).get(dtype, cpu["gamma"])))
 
     def model(self, signature: str) -> dict | None:
         return self.data.get("models", {}).get(signature)
@@ -183,22 +205,36 @@ def peak_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
 
 
 def measure_ring(sizes: list[int], dtypes=("fp32",), ranks: int = 2, repeats: int = 12) -> dict:
-    """α, β (all-gathers) and γ per precision (reduce-scatters) of our ring on the processes backend."""
+    """α, β (all-gathers) and γ per precision (reduce-scatters) of our ring on the processes backend, in
+    wall-clock time (the slowest rank's) and in CPU time ("cpu": the mean rank's, each pays its own)."""
     kinds = ["fp32", *(d for d in dtypes if d != "fp32")]
     results = run_ranks(ranks, "processes", _ring_rank, (list(sizes), kinds, repeats), timeout_s=120.0)
 
     def slowest(key: str) -> list[float]:
         return [max(r[key][i] for r in results) for i in range(len(sizes))]
-    gather = slowest("gather")
-    fitted = fit_ring(ranks, sizes, gather, slowest("scatter fp32"))
-    gammas = {d: fit_ring(ranks, sizes, gather, slowest(f"scatter {d}"))["gamma"] for d in kinds}
-    return {**fitted, "gamma_by_dtype": gammas, "ranks": ranks, "sizes": list(sizes), "gather_s": gather,
-            "scatter_s": slowest("scatter fp32")}
+
+    def mean(key: str) -> list[float]:
+        return [statistics.mean(r[key][i] for r in results) for i in range(len(sizes))]
+    return {**ring_figures(ranks, sizes, kinds, slowest), "cpu": ring_figures(ranks, sizes, kinds, mean,
+                                                                               prefix="cpu "),
+            "ranks": ranks, "sizes": list(sizes)}
+
+
+def ring_figures(ranks: int, sizes: list[int], kinds: list[str], column: Callable[[str], list[float]],
+                 prefix: str = "") -> dict:
+    """α, β, γ (and γ per precision) fitted to the times `column(prefix + "gather")` and
+    `column(prefix + "scatter <dtype>")` at `sizes`."""
+    gather = column(prefix + "gather")
+    fitted = fit_ring(ranks, sizes, gather, column(prefix + "scatter fp32"))
+    gammas = {d: fit_ring(ranks, sizes, gather, column(f"{prefix}scatter {d}"))["gamma"] for d in kinds}
+    return {**fitted, "gamma_by_dtype": gammas, "gather_s": gather, "scatter_s": column(prefix + "scatter fp32")}
 
 
 def _ring_rank(comm, emit, sizes: list[int], dtypes: list[str], repeats: int) -> dict:
     from engine.dtypes import resolve_dtype
-    out: dict[str, list[float]] = {"gather": [], **{f"scatter {d}": [] for d in dtypes}}
+    evict = np.empty(EVICT_BYTES, np.uint8)
+    names = ["gather", *(f"scatter {d}" for d in dtypes)]
+    out: dict[str, list[float]] = {f"{kind}{name}": [] for name in names for kind in ("", "cpu ")}
     for size in sizes:
         runs: list[tuple[str, Callable, np.ndarray]] = [("gather", all_gather,
                                                           np.ones(size // 4, np.float32))]
@@ -206,13 +242,16 @@ def _ring_rank(comm, emit, sizes: list[int], dtypes: list[str], repeats: int) ->
             dtype = resolve_dtype(d)
             runs.append((f"scatter {d}", reduce_scatter, np.ones(size // dtype.itemsize, dtype)))
         for name, collective, buf in runs:
-            times = []
-            for _ in range(repeats + 2):
+            times, cpu = [], []
+            for k in range(repeats + 2):
+                evict.fill(k)  # the caches as a step leaves them (see the module docstring)
                 comm.barrier()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 collective(comm, buf)
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
             out[name].append(low_quantile(times[2:]))
+            out["cpu " + name].append(low_quantile(cpu[2:]))
     return out
 
 
