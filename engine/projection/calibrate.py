@@ -12,7 +12,9 @@ What is measured, all on the processes backend (real processes, as training runs
   host's cores and memory bandwidth are shared: that contention is in the curve, not mistaken later for
   communication. So is their imbalance: ranks sharing cores do not finish together, and the time the
   faster one waits at the barrier, as a share of the step's compute, is kept ("imbalance": the lower
-  quartile of the waits over that of the step's compute, averaged over the ranks).
+  quartile of the waits over that of the step's compute, averaged over the ranks). With 2 ranks, also
+  how much a bucket's all-reduce running beside forward and backward slows them per CPU second it takes
+  ("interference", κ) and how much CPU it takes there (engine.projection.interference).
 * copies: bytes per second of a large numpy copy, with the same ranks busy (ZeRO packs and unpacks).
 * transport: two ranks time our ring reduce-scatter and all-gather at the bucket sizes the run uses and
   sizes around them; fit.fit_ring turns them into α, β, γ. γ is measured per precision: 16-bit buffers
@@ -51,7 +53,9 @@ from engine.comm.collectives import all_gather, reduce_scatter
 from engine.comm.cores import usable_cores
 from engine.comm.launch import run_ranks
 from engine.config import Config, to_dict
+from engine.dtypes import itemsize
 from engine.projection.fit import fit_ring
+from engine.projection.interference import measure_interference
 from engine.projection.flops import model_signature
 
 VERSION = 1
@@ -83,7 +87,8 @@ class Calibration:
     {level: B/s}, "transport" {alpha, beta, gamma, gamma_by_dtype, sizes, gather_s, scatter_s,
     "cpu" {alpha, beta, gamma, gamma_by_dtype, gather_s, scatter_s}: the same collectives' CPU seconds},
     "models" {signature:
-    {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s, imbalance}}}}}."""
+    {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s, imbalance,
+    interference, interference_cpu_s, interference_bytes}}}}} (the last three at 2 busy ranks only)."""
 
     data: dict
 
@@ -287,13 +292,14 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
     per_row = cfg_dict["model"].get("block_size", 1) if cfg_dict["model"]["kind"] == "gpt" else 1
     for dtype in dtypes:
         per_size = [_time_phases(comm, from_dict(_single(cfg_dict, dtype, r), source="<calibration>"), steps,
-                                 warmup) for r in rows]
+                                 warmup, interference=r == rows[-1]) for r in rows]
         curves[dtype] = {"tokens": [r * per_row for r in rows], "forward_s": [p["forward"] for p in per_size],
                          "backward_s": [p["backward"] for p in per_size],
                          "optimizer_s_per_element": statistics.mean(p["optimizer"] / p["n_params"]
                                                                     for p in per_size),
                          "other_s": statistics.mean(p["other"] for p in per_size),
-                         "imbalance": statistics.mean(p["imbalance"] for p in per_size)}
+                         "imbalance": statistics.mean(p["imbalance"] for p in per_size),
+                         **{k: v for k, v in per_size[-1].items() if k.startswith("interference")}}
     return {"curves": curves, "copy_bytes_per_s": _copy_rate(comm)}
 
 
@@ -308,8 +314,10 @@ def _single(cfg_dict: dict, dtype: str, rows: int) -> dict:
     return d
 
 
-def _time_phases(comm, cfg: Config, steps: int, warmup: int) -> dict:
-    """Low-quantile seconds of a step's phases for a one-rank trainer, ranks stepping together."""
+def _time_phases(comm, cfg: Config, steps: int, warmup: int, interference: bool = False) -> dict:
+    """Low-quantile seconds of a step's phases for a one-rank trainer, ranks stepping together; with
+    `interference` and other busy ranks, also κ of a bucket's all-reduce beside its forward and backward
+    (engine.projection.interference; 1 with one rank, whose collectives never overlap anything)."""
     from engine.comm.base import Signals
     from engine.comm.threads import ThreadGroup
     from engine.data import rank_slice
@@ -341,13 +349,22 @@ def _time_phases(comm, cfg: Config, steps: int, warmup: int) -> dict:
                 computes.append(t4 - t0)
                 if i > warmup:  # the first barrier waits for the warm-up, not for a step
                     waits.append(t0 - before)
+        beside: dict = {}
+        if interference and comm.world_size > 1:
+            def forward_backward() -> None:
+                replica.zero_grad()
+                replica.begin_micro(sync=True)
+                replica.backward(trainer._loss(x, y), 1.0)
+                replica.finish_backward()
+            bucket = min(int(cfg.parallel.bucket_cap_mb * 2**20), trainer.n_params * itemsize(cfg.precision.dtype))
+            beside = measure_interference(comm, forward_backward, bucket, low_quantile)
     finally:
         replica.close()
     # the lower quartiles, as for every timed figure: a step another job slowed on one rank is load, not
     # the ranks' own imbalance (and a run's measured waits are taken the same way, validate.py)
     imbalance = low_quantile(waits) / low_quantile(computes) if waits else 0.0
     return {**{k: low_quantile(v) for k, v in phases.items()}, "n_params": trainer.n_params,
-            "imbalance": imbalance}
+            "imbalance": imbalance, **beside}
 
 
 def _copy_rate(comm, nbytes: int = 32 << 20, repeats: int = 7) -> float:

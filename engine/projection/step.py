@@ -99,7 +99,7 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) 
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, cfg.model.n_layer)) if cfg.model.kind == "gpt" \
         else set()
     t_opt = compute.optimizer_s(owned_elements, dtype, k)
-    tl = Timeline(shares_cores=machine.cpu_topology is not None)
+    tl = Timeline(shares_cores=machine.cpu_topology is not None, kappa=compute.interference(dtype, k))
     comm = _Comm(machine)
     tl.compute(compute.other_s(dtype, k))
     events = backward_events(cfg, flops_of.vocab)
