@@ -13,7 +13,7 @@ from projection_helpers import ALPHA, BETA, GAMMA, VOCAB, fixture_calibration, s
 
 from engine.comm.launch import run_ranks
 from engine.projection import calibrate as calibrate_module
-from engine.projection.calibrate import Calibration, low_quantile, measure_ring
+from engine.projection.calibrate import Calibration, measure_ring
 from engine.projection.clusters import load_cluster
 from engine.projection.interference import kappa, measure_interference
 from engine.projection.project import predict
@@ -30,7 +30,8 @@ def with_cpu(calibration: Calibration, kappa_: float | None = None, cpu_each: fl
     if kappa_ is not None:
         for by_dtype in data["models"].values():
             for levels in by_dtype.values():
-                levels["2"].update(interference=kappa_, interference_cpu_s=cpu_each, interference_bytes=nbytes)
+                levels["2"].update(interference=kappa_, interference_cpu_s=cpu_each,
+                                   interference_bytes=nbytes)
     return Calibration(data)
 
 
@@ -48,13 +49,16 @@ def test_the_cpu_figures_are_fitted_from_each_rank_cpu_clock(monkeypatch):
             out.append({"gather": [ring(ALPHA, BETA, 0, n, False) for n in sizes],
                         "scatter fp32": [ring(ALPHA, BETA, GAMMA, n, True) for n in sizes],
                         "cpu gather": [skew * ring(CPU_ALPHA, CPU_BETA, 0, n, False) for n in sizes],
-                        "cpu scatter fp32": [skew * ring(CPU_ALPHA, CPU_BETA, CPU_GAMMA, n, True) for n in sizes]})
+                        "cpu scatter fp32": [skew * ring(CPU_ALPHA, CPU_BETA, CPU_GAMMA, n, True)
+                                             for n in sizes]})
         return out
     monkeypatch.setattr(calibrate_module, "run_ranks", fake_ranks)
     fitted = measure_ring(sizes, ["fp32"])
-    assert (fitted["alpha"], fitted["beta"], fitted["gamma"]) == pytest.approx((ALPHA, BETA, GAMMA), rel=1e-6)
+    wall = (fitted["alpha"], fitted["beta"], fitted["gamma"])
+    assert wall == pytest.approx((ALPHA, BETA, GAMMA), rel=1e-6)
     cpu = fitted["cpu"]
-    assert (cpu["alpha"], cpu["beta"], cpu["gamma"]) == pytest.approx((CPU_ALPHA, CPU_BETA, CPU_GAMMA), rel=1e-6)
+    expected = (CPU_ALPHA, CPU_BETA, CPU_GAMMA)
+    assert (cpu["alpha"], cpu["beta"], cpu["gamma"]) == pytest.approx(expected, rel=1e-6)
     assert Calibration({"transport": fitted}).cpu("fp32") == pytest.approx((CPU_ALPHA, CPU_BETA, CPU_GAMMA),
                                                                            rel=1e-6)
 
@@ -98,8 +102,8 @@ def test_a_two_rank_step_pays_for_every_hidden_bucket(tmp_path):
     """Small buckets on 2 ranks: every bucket but the last all-reduces while backward goes on. Worked out
     without the timeline: a bucket that runs wholly beside compute costs κ' × its CPU time, 2α_c + (n/2)
     (2β_c + γ_c); so the step's interference lies between the hidden buckets' and all buckets' CPU time."""
-    from engine.flat import FlatLayout
     from engine.build import param_shapes
+    from engine.flat import FlatLayout
     cfg = small_config(parallel={"world_size": 2, "bucket_cap_mb": 0.02})
     factor_inputs = dict(kappa_=1.5, cpu_each=2 * CPU_ALPHA + (1 << 16) / 2 * (2 * CPU_BETA + CPU_GAMMA),
                          nbytes=1 << 16)  # the CPU measured equals the fitted: κ' = κ = 1.5
@@ -134,4 +138,4 @@ def _kappa_rank(comm, emit) -> dict:
         for _ in range(20):
             a @ a
             [v + 1 for v in range(200)]
-    return measure_interference(comm, step, 1 << 18, low_quantile)
+    return measure_interference(comm, step, 1 << 18)

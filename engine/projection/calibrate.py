@@ -55,8 +55,8 @@ from engine.comm.launch import run_ranks
 from engine.config import Config, to_dict
 from engine.dtypes import itemsize
 from engine.projection.fit import fit_ring
-from engine.projection.interference import measure_interference
 from engine.projection.flops import model_signature
+from engine.projection.interference import measure_interference
 
 VERSION = 1
 LEVELS = (1, 2)  # ranks computing at once on the host
@@ -232,7 +232,8 @@ def ring_figures(ranks: int, sizes: list[int], kinds: list[str], column: Callabl
     gather = column(prefix + "gather")
     fitted = fit_ring(ranks, sizes, gather, column(prefix + "scatter fp32"))
     gammas = {d: fit_ring(ranks, sizes, gather, column(f"{prefix}scatter {d}"))["gamma"] for d in kinds}
-    return {**fitted, "gamma_by_dtype": gammas, "gather_s": gather, "scatter_s": column(prefix + "scatter fp32")}
+    return {**fitted, "gamma_by_dtype": gammas, "gather_s": gather,
+            "scatter_s": column(prefix + "scatter fp32")}
 
 
 def _ring_rank(comm, emit, sizes: list[int], dtypes: list[str], repeats: int) -> dict:
@@ -356,8 +357,9 @@ def _time_phases(comm, cfg: Config, steps: int, warmup: int, interference: bool 
                 replica.begin_micro(sync=True)
                 replica.backward(trainer._loss(x, y), 1.0)
                 replica.finish_backward()
-            bucket = min(int(cfg.parallel.bucket_cap_mb * 2**20), trainer.n_params * itemsize(cfg.precision.dtype))
-            beside = measure_interference(comm, forward_backward, bucket, low_quantile)
+            bucket = min(int(cfg.parallel.bucket_cap_mb * 2**20),
+                         trainer.n_params * itemsize(cfg.precision.dtype))
+            beside = measure_interference(comm, forward_backward, bucket)
     finally:
         replica.close()
     # the lower quartiles, as for every timed figure: a step another job slowed on one rank is load, not
