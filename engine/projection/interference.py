@@ -39,7 +39,7 @@ import numpy as np
 
 from engine.comm.collectives import all_reduce
 
-STEPS = 8  # timed steps alone before, alone after, and (about) beside the communication
+STEPS = 6  # timed steps alone before, alone after, and (about) beside the communication
 GAP_S = 0.001  # pause between two of the communication thread's all-reduces
 
 
