@@ -40,7 +40,7 @@ import numpy as np
 from engine.comm.collectives import all_reduce
 
 STEPS = 6  # timed steps alone before, alone after, and (about) beside the communication
-GAP_S = 0.001  # pause between two of the communication thread's all-reduces
+GAP_S = 0.01  # pause between two of the communication thread's all-reduces: a few per backward, as buckets
 
 
 def kappa(alone_s: float, with_s: float, cpu_s: float) -> float:
