@@ -74,7 +74,7 @@ def measure_interference(comm, step: Callable[[], None], nbytes: int) -> dict:
 
     comm.barrier()
     before, step_s = alone()
-    buf = np.ones(max(1, nbytes // 4), np.float32)
+    buf = np.zeros(max(1, nbytes // 4), np.float32)  # sums of zeros: no overflow however many rounds
     comm.barrier()  # time one all-reduce itself, not the wait for a rank still stepping
     t0 = time.perf_counter()
     all_reduce(comm, buf)
