@@ -12,11 +12,23 @@ What is measured, all on the processes backend (real processes, as training runs
   host's cores and memory bandwidth are shared: that contention is in the curve, not mistaken later for
   communication. So is their imbalance: ranks sharing cores do not finish together, and the time the
   faster one waits at the barrier, as a share of the step's compute, is kept ("imbalance": the lower
-  quartile of the waits over that of the step's compute, averaged over the ranks).
+  quartile of the waits over that of the step's compute, averaged over the ranks). With 2 ranks, also
+  how much a bucket's all-reduce running beside forward and backward slows them per CPU second it takes
+  ("interference", κ) and how much CPU it takes there (engine.projection.interference).
 * copies: bytes per second of a large numpy copy, with the same ranks busy (ZeRO packs and unpacks).
 * transport: two ranks time our ring reduce-scatter and all-gather at the bucket sizes the run uses and
   sizes around them; fit.fit_ring turns them into α, β, γ. γ is measured per precision: 16-bit buffers
   are reduced through float32 (engine.comm.collectives), several times the work of a float32 sum.
+  The same collectives' CPU time (the calling thread's, time.thread_time: the socket transport sends,
+  receives, copies and reduces on the thread that calls it) is fitted the same way into the CPU's α, β,
+  γ ("cpu"): what a collective takes from the cores it shares with compute. It is more than the copying
+  (n·β): each message costs the transport's framing, system calls, shared-memory slot and ACK handling,
+  the Python of the ring, on the CPU, which is most of a small message's α on one host.
+  Every repetition starts with cold caches (each rank first writes EVICT_BYTES), as a training step's
+  collectives do: between two of them backward or the update streams activations, weights and optimizer
+  state through the caches, so a bucket, the shared-memory slots and the transport's own code and data
+  come from memory again. Timed back to back instead, a 1 MiB all-reduce here costs half the CPU time and
+  wall time it costs inside a step.
 
 A timed figure is the lower quartile of its repetitions: other jobs on a shared machine only ever slow a
 repetition down, so the low quantile estimates the machine's own speed better than the median.
@@ -41,12 +53,15 @@ from engine.comm.collectives import all_gather, reduce_scatter
 from engine.comm.cores import usable_cores
 from engine.comm.launch import run_ranks
 from engine.config import Config, to_dict
+from engine.dtypes import itemsize
 from engine.projection.fit import fit_ring
 from engine.projection.flops import model_signature
+from engine.projection.interference import measure_interference
 
 VERSION = 1
 LEVELS = (1, 2)  # ranks computing at once on the host
 LOW_QUANTILE = 0.25
+EVICT_BYTES = 64 << 20  # written before each timed collective: more than this host's caches hold per core
 
 
 class CalibrationError(ValueError):
@@ -69,9 +84,11 @@ def default_path() -> Path:
 @dataclass
 class Calibration:
     """A calibration file's contents: {"version", "host", "cores", "peak_flops", "copy_bytes_per_s"
-    {level: B/s}, "transport" {alpha, beta, gamma, gamma_by_dtype, sizes, gather_s, scatter_s},
+    {level: B/s}, "transport" {alpha, beta, gamma, gamma_by_dtype, sizes, gather_s, scatter_s,
+    "cpu" {alpha, beta, gamma, gamma_by_dtype, gather_s, scatter_s}: the same collectives' CPU seconds},
     "models" {signature:
-    {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s, imbalance}}}}}."""
+    {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s, imbalance,
+    interference, interference_cpu_s, interference_bytes}}}}} (the last three at 2 busy ranks only)."""
 
     data: dict
 
@@ -94,6 +111,16 @@ class Calibration:
     def gamma(self, dtype: str) -> float:
         """Seconds per byte our reduction takes in this precision (fp32's when it was not measured)."""
         return float(self.transport.get("gamma_by_dtype", {}).get(dtype, self.transport["gamma"]))
+
+    def cpu(self, dtype: str) -> tuple[float, float, float]:
+        """(α, β, γ) of our collectives' CPU time in this precision: seconds per message, per byte sent,
+        per byte reduced. A file without them (measured before they were) gives the copying alone: 0, β
+        and γ of the wall-clock fit."""
+        cpu = self.transport.get("cpu")
+        if cpu is None:
+            return 0.0, float(self.transport["beta"]), self.gamma(dtype)
+        return (float(cpu["alpha"]), float(cpu["beta"]),
+                float(cpu.get("gamma_by_dtype", {}).get(dtype, cpu["gamma"])))
 
     def model(self, signature: str) -> dict | None:
         return self.data.get("models", {}).get(signature)
@@ -183,22 +210,37 @@ def peak_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
 
 
 def measure_ring(sizes: list[int], dtypes=("fp32",), ranks: int = 2, repeats: int = 12) -> dict:
-    """α, β (all-gathers) and γ per precision (reduce-scatters) of our ring on the processes backend."""
+    """α, β (all-gathers) and γ per precision (reduce-scatters) of our ring on the processes backend, in
+    wall-clock time (the slowest rank's) and in CPU time ("cpu": the mean rank's, each pays its own)."""
     kinds = ["fp32", *(d for d in dtypes if d != "fp32")]
     results = run_ranks(ranks, "processes", _ring_rank, (list(sizes), kinds, repeats), timeout_s=120.0)
 
     def slowest(key: str) -> list[float]:
         return [max(r[key][i] for r in results) for i in range(len(sizes))]
-    gather = slowest("gather")
-    fitted = fit_ring(ranks, sizes, gather, slowest("scatter fp32"))
-    gammas = {d: fit_ring(ranks, sizes, gather, slowest(f"scatter {d}"))["gamma"] for d in kinds}
-    return {**fitted, "gamma_by_dtype": gammas, "ranks": ranks, "sizes": list(sizes), "gather_s": gather,
-            "scatter_s": slowest("scatter fp32")}
+
+    def mean(key: str) -> list[float]:
+        return [statistics.mean(r[key][i] for r in results) for i in range(len(sizes))]
+    return {**ring_figures(ranks, sizes, kinds, slowest), "cpu": ring_figures(ranks, sizes, kinds, mean,
+                                                                               prefix="cpu "),
+            "ranks": ranks, "sizes": list(sizes)}
+
+
+def ring_figures(ranks: int, sizes: list[int], kinds: list[str], column: Callable[[str], list[float]],
+                 prefix: str = "") -> dict:
+    """α, β, γ (and γ per precision) fitted to the times `column(prefix + "gather")` and
+    `column(prefix + "scatter <dtype>")` at `sizes`."""
+    gather = column(prefix + "gather")
+    fitted = fit_ring(ranks, sizes, gather, column(prefix + "scatter fp32"))
+    gammas = {d: fit_ring(ranks, sizes, gather, column(f"{prefix}scatter {d}"))["gamma"] for d in kinds}
+    return {**fitted, "gamma_by_dtype": gammas, "gather_s": gather,
+            "scatter_s": column(prefix + "scatter fp32")}
 
 
 def _ring_rank(comm, emit, sizes: list[int], dtypes: list[str], repeats: int) -> dict:
     from engine.dtypes import resolve_dtype
-    out: dict[str, list[float]] = {"gather": [], **{f"scatter {d}": [] for d in dtypes}}
+    evict = np.empty(EVICT_BYTES, np.uint8)
+    names = ["gather", *(f"scatter {d}" for d in dtypes)]
+    out: dict[str, list[float]] = {f"{kind}{name}": [] for name in names for kind in ("", "cpu ")}
     for size in sizes:
         runs: list[tuple[str, Callable, np.ndarray]] = [("gather", all_gather,
                                                           np.ones(size // 4, np.float32))]
@@ -206,13 +248,16 @@ def _ring_rank(comm, emit, sizes: list[int], dtypes: list[str], repeats: int) ->
             dtype = resolve_dtype(d)
             runs.append((f"scatter {d}", reduce_scatter, np.ones(size // dtype.itemsize, dtype)))
         for name, collective, buf in runs:
-            times = []
-            for _ in range(repeats + 2):
+            times, cpu = [], []
+            for k in range(repeats + 2):
+                evict.fill(k)  # the caches as a step leaves them (see the module docstring)
                 comm.barrier()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 collective(comm, buf)
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
             out[name].append(low_quantile(times[2:]))
+            out["cpu " + name].append(low_quantile(cpu[2:]))
     return out
 
 
@@ -248,13 +293,14 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
     per_row = cfg_dict["model"].get("block_size", 1) if cfg_dict["model"]["kind"] == "gpt" else 1
     for dtype in dtypes:
         per_size = [_time_phases(comm, from_dict(_single(cfg_dict, dtype, r), source="<calibration>"), steps,
-                                 warmup) for r in rows]
+                                 warmup, interference=r == rows[-1]) for r in rows]
         curves[dtype] = {"tokens": [r * per_row for r in rows], "forward_s": [p["forward"] for p in per_size],
                          "backward_s": [p["backward"] for p in per_size],
                          "optimizer_s_per_element": statistics.mean(p["optimizer"] / p["n_params"]
                                                                     for p in per_size),
                          "other_s": statistics.mean(p["other"] for p in per_size),
-                         "imbalance": statistics.mean(p["imbalance"] for p in per_size)}
+                         "imbalance": statistics.mean(p["imbalance"] for p in per_size),
+                         **{k: v for k, v in per_size[-1].items() if k.startswith("interference")}}
     return {"curves": curves, "copy_bytes_per_s": _copy_rate(comm)}
 
 
@@ -269,8 +315,10 @@ def _single(cfg_dict: dict, dtype: str, rows: int) -> dict:
     return d
 
 
-def _time_phases(comm, cfg: Config, steps: int, warmup: int) -> dict:
-    """Low-quantile seconds of a step's phases for a one-rank trainer, ranks stepping together."""
+def _time_phases(comm, cfg: Config, steps: int, warmup: int, interference: bool = False) -> dict:
+    """Low-quantile seconds of a step's phases for a one-rank trainer, ranks stepping together; with
+    `interference` and other busy ranks, also κ of a bucket's all-reduce beside its forward and backward
+    (engine.projection.interference; 1 with one rank, whose collectives never overlap anything)."""
     from engine.comm.base import Signals
     from engine.comm.threads import ThreadGroup
     from engine.data import rank_slice
@@ -302,13 +350,23 @@ def _time_phases(comm, cfg: Config, steps: int, warmup: int) -> dict:
                 computes.append(t4 - t0)
                 if i > warmup:  # the first barrier waits for the warm-up, not for a step
                     waits.append(t0 - before)
+        beside: dict = {}
+        if interference and comm.world_size > 1:
+            def forward_backward() -> None:
+                replica.zero_grad()
+                replica.begin_micro(sync=True)
+                replica.backward(trainer._loss(x, y), 1.0)
+                replica.finish_backward()
+            bucket = min(int(cfg.parallel.bucket_cap_mb * 2**20),
+                         trainer.n_params * itemsize(cfg.precision.dtype))
+            beside = measure_interference(comm, forward_backward, bucket)
     finally:
         replica.close()
     # the lower quartiles, as for every timed figure: a step another job slowed on one rank is load, not
     # the ranks' own imbalance (and a run's measured waits are taken the same way, validate.py)
     imbalance = low_quantile(waits) / low_quantile(computes) if waits else 0.0
     return {**{k: low_quantile(v) for k, v in phases.items()}, "n_params": trainer.n_params,
-            "imbalance": imbalance}
+            "imbalance": imbalance, **beside}
 
 
 def _copy_rate(comm, nbytes: int = 32 << 20, repeats: int = 7) -> float:

@@ -1,6 +1,7 @@
 """How fast a rank computes: FLOP/s as a function of the work's size, per phase and precision.
 
-Two sources, one interface (`rate`, `optimizer_s`, `copy_s`, `other_s`, `peak`):
+Two sources, one interface (`rate`, `optimizer_s`, `copy_s`, `other_s`, `peak`, `imbalance_s`, and
+`interference`: compute lost per CPU second of communication overlapping it):
 
 * `NominalCompute` — a cluster file's figures: peak FLOP/s × an efficiency curve that saturates with the
   micro-batch, eff(x) = eff_max · x / (x + x½) for x tokens per micro-batch (the shape of every achieved-
@@ -84,6 +85,9 @@ class NominalCompute:
     def imbalance_s(self, compute_s: float, dtype: str, ranks_on_host: int) -> float:
         return 0.0
 
+    def interference(self, dtype: str, ranks_on_host: int) -> float:
+        return 1.0  # a CPU second of communication takes a CPU second from compute
+
 
 @dataclass(frozen=True)
 class Curve:
@@ -151,3 +155,17 @@ class CalibratedCompute:
         by_dtype = self.entry.get(dtype) or self.entry[next(iter(self.entry))]
         share = by_dtype.get("2", {}).get("imbalance", 0.0)
         return share * compute_s * expected_max_normal(ranks_on_host) / expected_max_normal(2)
+
+    def interference(self, dtype: str, ranks_on_host: int) -> float:
+        """Seconds of compute lost per second of the transport's fitted CPU time (calibrate.py) of the
+        communication running beside it, as measured with 2 busy ranks (engine.projection.interference):
+        κ × the CPU one all-reduce took there over the fitted CPU time of that all-reduce. 1 where it was
+        not measured."""
+        by_dtype = self.entry.get(dtype) or self.entry[next(iter(self.entry))]
+        level = by_dtype.get("2", {})
+        if "interference" not in level:
+            return 1.0
+        alpha, beta, gamma = self.calibration.cpu(dtype)
+        n, ring = level["interference_bytes"], self.calibration.transport.get("ranks", 2)
+        fitted = 2 * (ring - 1) * alpha + (ring - 1) / ring * n * (2 * beta + gamma)
+        return float(level["interference"]) * (level["interference_cpu_s"] / fitted if fitted > 0 else 1.0)

@@ -6,10 +6,13 @@ An `[emulate]` section rides on top of it, as the socket transport does: an emul
 latency and bandwidth plus the real link's α and its last piece (one shared-memory slot) at the real β;
 virtual nodes of `parallel.ranks_per_node` ranks get the `inter_*` shape between them.
 
-Ranks that share a host's cores (compute.cores > 0) also share them with communication: the copying and
-reducing a collective does is CPU work (`cpu_topology`: the real links' β and γ, no latency), which slows
-compute it overlaps with. More ranks than the calibrated level time-slice the cores: the real links'
-figures then stretch by the same factor as compute does.
+Ranks that share a host's cores (compute.cores > 0) also share them with communication: what a collective
+does on the CPU slows compute it overlaps with (`cpu_topology`). On this machine that is the collectives'
+CPU time as calibrated (calibrate.py: α, β, γ fitted to the calling thread's CPU seconds — framing, system
+calls and the ring's Python per message as well as the copying and reducing per byte); on a cluster file's
+CPU ranks, the copying alone (the links' β and the reduction's γ, no latency). More ranks than the
+calibrated level time-slice the cores: the real links' figures and their CPU time then stretch by the same
+factor as compute does.
 """
 
 from __future__ import annotations
@@ -85,7 +88,9 @@ def _this_machine(cfg: Config, ranks: int, on_host: int, calibration: Calibratio
     per_node = cfg.parallel.ranks_per_node or ranks
     intra = _emulated(real, emulation.shape(0, 1) if per_node > 1 else None)
     inter = _emulated(real, emulation.shape(0, per_node) if per_node < ranks else None)
-    cpu = Topology(ranks, per_node, Link(0.0, real.beta), Link(0.0, real.beta), gamma)
+    cpu_alpha, cpu_beta, cpu_gamma = calibration.cpu(cfg.precision.dtype)
+    cpu_link = Link(cpu_alpha * stretch, cpu_beta * stretch)
+    cpu = Topology(ranks, per_node, cpu_link, cpu_link, cpu_gamma * stretch)
     return Topology(ranks, per_node, intra, inter, gamma), cpu
 
 

@@ -65,7 +65,8 @@ class StepBreakdown:
 
 
 class _Comm:
-    """Collective times on the machine, with their CPU part for interference."""
+    """Collective times on the machine, with their CPU part for interference (at most the collective's
+    own seconds: one thread runs it)."""
 
     def __init__(self, machine: Machine):
         self.m = machine
@@ -73,14 +74,14 @@ class _Comm:
     def all_reduce(self, nbytes: float) -> tuple[float, float]:
         _, seconds = all_reduce_time(self.m.topology, nbytes, self.m.algorithm)
         cpu = all_reduce_time(self.m.cpu_topology, nbytes, "ring")[1] if self.m.cpu_topology else 0.0
-        return seconds, cpu
+        return seconds, min(cpu, seconds)
 
     def half(self, nbytes: float, reduce: bool) -> tuple[float, float]:
         seconds = half_collective_time(self.m.topology, nbytes, reduce, self.m.algorithm)
         cpu = 0.0
         if self.m.cpu_topology is not None:
             cpu = half_collective_time(self.m.cpu_topology, nbytes, reduce, "ring")
-        return seconds, cpu
+        return seconds, min(cpu, seconds)
 
 
 def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) -> StepBreakdown:
@@ -98,7 +99,7 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) 
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, cfg.model.n_layer)) if cfg.model.kind == "gpt" \
         else set()
     t_opt = compute.optimizer_s(owned_elements, dtype, k)
-    tl = Timeline(shares_cores=machine.cpu_topology is not None)
+    tl = Timeline(shares_cores=machine.cpu_topology is not None, kappa=compute.interference(dtype, k))
     comm = _Comm(machine)
     tl.compute(compute.other_s(dtype, k))
     events = backward_events(cfg, flops_of.vocab)

@@ -11,8 +11,9 @@ order submitted. Replaying a step's program on this clock gives what a step cost
 
 Figures: compute (seconds computing), exposed (seconds waiting on communication, or running it),
 overlapped (communication hidden behind compute), and interference — where ranks share a host's cores,
-the CPU part of a collective that overlapped compute takes those cores from it, so that much of it comes
-back onto the step.
+the CPU part of a collective that overlapped compute takes those cores (and, for its Python, the rank's
+interpreter lock) from it: κ seconds of compute per CPU second (engine.projection.interference) come back
+onto the step.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Timeline:
     tasks: list[Task] = field(default_factory=list)
     busy: list[tuple[float, float]] = field(default_factory=list)  # the training thread computing
     shares_cores: bool = False
+    kappa: float = 1.0  # compute lost per CPU second of overlapping communication
 
     def compute(self, seconds: float) -> None:
         if seconds > 0:
@@ -80,7 +82,7 @@ class Timeline:
 
     @property
     def interference_s(self) -> float:
-        """The CPU share of every collective that ran while the training thread computed."""
+        """κ × the CPU share of every collective that ran while the training thread computed."""
         if not self.shares_cores:
             return 0.0
         total = 0.0
@@ -90,7 +92,7 @@ class Timeline:
                 continue
             hidden = sum(max(0.0, min(task.end, b) - max(task.start, a)) for a, b in self.busy)
             total += task.cpu * hidden / length
-        return total
+        return self.kappa * total
 
     @property
     def step_s(self) -> float:
