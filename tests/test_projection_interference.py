@@ -12,12 +12,13 @@ import pytest
 from projection_helpers import ALPHA, BETA, GAMMA, VOCAB, fixture_calibration, small_config
 
 from engine.comm.launch import run_ranks
-from engine.projection import calibrate as calibrate_module
-from engine.projection.calibrate import Calibration, measure_ring
+from engine.projection import transport_calibration
+from engine.projection.calibrate import Calibration
 from engine.projection.clusters import load_cluster
 from engine.projection.interference import kappa, measure_interference
 from engine.projection.project import predict
 from engine.projection.timeline import Timeline
+from engine.projection.transport_calibration import measure_ring
 
 CPU_ALPHA, CPU_BETA, CPU_GAMMA = 40e-6, 1 / 5e9, 1 / 10e9  # below the wall figures: one thread
 
@@ -52,7 +53,7 @@ def test_the_cpu_figures_are_fitted_from_each_rank_cpu_clock(monkeypatch):
                         "cpu scatter fp32": [skew * ring(CPU_ALPHA, CPU_BETA, CPU_GAMMA, n, True)
                                              for n in sizes]})
         return out
-    monkeypatch.setattr(calibrate_module, "run_ranks", fake_ranks)
+    monkeypatch.setattr(transport_calibration, "run_ranks", fake_ranks)
     fitted = measure_ring(sizes, ["fp32"])
     wall = (fitted["alpha"], fitted["beta"], fitted["gamma"])
     assert wall == pytest.approx((ALPHA, BETA, GAMMA), rel=1e-6)

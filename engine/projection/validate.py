@@ -39,9 +39,10 @@ from engine.build import vocab_size
 from engine.comm.launch import run_ranks
 from engine.config import Config, network_emulation, replace, to_dict
 from engine.memory import MODEL_STATES
-from engine.projection.calibrate import LEVELS, Calibration, calibrate, low_quantile
+from engine.projection.calibrate import LEVELS, Calibration, calibrate
 from engine.projection.clusters import Cluster
 from engine.projection.project import predict
+from engine.projection.quantile import low_quantile
 
 CALIBRATION_STEPS = 12  # timed steps of each case's compute calibration (after its warm-up)
 NOISE = 0.10  # measured step times closer than this are a tie for the ranking
