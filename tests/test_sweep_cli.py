@@ -159,7 +159,7 @@ def completed_rows(csv_path: Path) -> list[dict]:
 @pytest.mark.slow
 def test_a_sigkilled_sweep_loses_no_completed_trial_and_resumes(in_tmp):
     path = write_preset(in_tmp, SPACE.replace("n_trials = 3", "n_trials = 4"))
-    presets.apply_overrides(doc := presets.read_document(path), ["train.steps=30"])
+    presets.apply_overrides(doc := presets.read_document(path), ["train.steps=120"])
     presets.save_preset(doc, path)  # longer trials: the kill lands inside one
     command = [sys.executable, "-m", "nanodist_tui.cli", "sweep", "--no-ui", "--preset", str(path)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -168,7 +168,11 @@ def test_a_sigkilled_sweep_loses_no_completed_trial_and_resumes(in_tmp):
     deadline = time.monotonic() + 120
     while len(completed_rows(csv_path)) < 2 and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.3)  # into the next trial
+
+    def running() -> bool:  # a trial the study records as started, not finished: the kill lands inside it
+        return any(t.state == TrialState.RUNNING for t in trials()[1])
+    while not running() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.kill(child.pid, signal.SIGKILL)
     assert child.wait(timeout=30) == -signal.SIGKILL
     _, before = trials()

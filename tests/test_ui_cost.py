@@ -137,7 +137,9 @@ def test_plots_draw_at_half_the_panes_rate_and_build_their_figure_once_per_draw(
         await pilot.pause(3.0)
         ran, drew = app.pane_redraws - redraws, plot.draws - draws
         assert ran >= 6 and 1 <= drew <= ran // PLOT_EVERY + 1  # data at every redraw, a draw every 2nd
-        assert len(builds) <= drew  # one plotext build per draw at most (none for a draw not yet on screen)
+        # one plotext build per draw at most (none for a draw not yet on screen); the draw from before the
+        # window may be built inside it, when its repaint comes after the window opened
+        assert len([d for d in builds if d > draws]) <= drew
 
         app.display_frozen = True  # no more draws: repaints now only render what was built
         await pilot.pause(0.4)
