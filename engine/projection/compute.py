@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from engine.comm.cores import resolve, share
 from engine.dtypes import is_low_precision
+from engine.projection.collectives import Link, ring_all_reduce
 
 PHASES = ("forward", "backward")
 # AdamW per element: fp32 reads parameter, gradient, m, v and writes parameter, m, v (7 × 4 bytes); mixed
@@ -166,6 +167,6 @@ class CalibratedCompute:
         if "interference" not in level:
             return 1.0
         alpha, beta, gamma = self.calibration.cpu(dtype)
-        n, ring = level["interference_bytes"], self.calibration.transport.get("ranks", 2)
-        fitted = 2 * (ring - 1) * alpha + (ring - 1) / ring * n * (2 * beta + gamma)
+        ranks = self.calibration.transport.get("ranks", 2)
+        fitted = ring_all_reduce(ranks, level["interference_bytes"], Link(alpha, beta), gamma)
         return float(level["interference"]) * (level["interference_cpu_s"] / fitted if fitted > 0 else 1.0)
