@@ -2,3 +2,7 @@
 
 The engine never imports textual, typer or rich; the workbench in `nanodist_tui` drives it.
 """
+
+from engine.blas_idle import sleep_when_idle
+
+sleep_when_idle()  # before any engine module imports NumPy (engine/blas_idle.py says why)
