@@ -51,6 +51,28 @@ def astype(a: np.ndarray, dtype, copy: bool = False) -> np.ndarray:
     return a.astype(dtype, copy=copy)
 
 
+def astype_into(a: np.ndarray, out: np.ndarray) -> None:
+    """out[...] = a.astype(out.dtype), bit for bit, without the new array astype makes (a block of a
+    fused kernel writes its rounded result straight into its slice of the output). Both of one shape,
+    `out` C-contiguous; overflow to inf without a warning."""
+    jit = compiled() if a.size >= _SMALL and a.flags.c_contiguous and out.flags.c_contiguous else None
+    pair = (a.dtype, out.dtype)
+    if jit is not None and pair in _INTO:
+        loop, src_bits, dst_bits, with_table = _INTO[pair]
+        args = (_UP_BITS,) if with_table else ()
+        getattr(jit, loop)(a.reshape(-1).view(src_bits), *args, out.reshape(-1).view(dst_bits))
+        return
+    with np.errstate(over="ignore"):
+        out[...] = astype(a, out.dtype)
+
+
+# (from, to) -> (engine.halfconv_jit's loop, source bits, result bits, whether it takes the widening table)
+_INTO = {(np.dtype(np.float16), np.dtype(np.float32)): ("widen_bits", np.uint16, np.uint32, True),
+         (np.dtype(np.float32), np.dtype(np.float16)): ("round_bits", np.uint32, np.uint16, False),
+         (BFLOAT16, np.dtype(np.float32)): ("widen_bits_bf16", np.uint16, np.uint32, False),
+         (np.dtype(np.float32), BFLOAT16): ("round_bits_bf16", np.uint32, np.uint16, False)}
+
+
 def compiled():
     """engine.halfconv_jit, or None where numba is not installed (engine.compiled)."""
     return load("halfconv_jit")

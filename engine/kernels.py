@@ -61,13 +61,13 @@ def gelu(x: np.ndarray) -> np.ndarray:
                 jit.gelu_out(x32, t, consts[3], consts[4], out[lo:hi])
             else:
                 jit.gelu_out(x32, t, consts[3], consts[4], t)
-                out[lo:hi] = lowp.narrow(t, x.dtype)
+                lowp.narrow_into(t, out[lo:hi])
             return
         y = _tanh_arg(x32)
         y += 1
         y *= x32
         y *= 0.5
-        out[lo:hi] = lowp.narrow(y, x.dtype)
+        lowp.narrow_into(y, out[lo:hi])
     blocks.run(block, src.size)
     return out.reshape(x.shape)
 
@@ -87,7 +87,7 @@ def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
             dst = out[lo:hi] if out.dtype == t.dtype else t
             jit.gelu_grad(x32, t, g32, c, ck3, one, half, dst)
             if dst is t:
-                out[lo:hi] = lowp.narrow(t, x.dtype)
+                lowp.narrow_into(t, out[lo:hi])
             return
         t = _tanh_arg(x32)
         slope = x32 * x32  # d/dx of the tanh argument: c (1 + 3 k x^2)
@@ -101,7 +101,7 @@ def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
         d += 1
         d *= 0.5
         d *= lowp.widen(grad[lo:hi])
-        out[lo:hi] = lowp.narrow(d, x.dtype)
+        lowp.narrow_into(d, out[lo:hi])
     blocks.run(block, src.size)
     return out.reshape(x.shape)
 
@@ -131,7 +131,7 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
             jit.layer_norm_rows(x2, w32, shift, cdt.type(eps), cdt.type(1), b32 is not None,
                                 y, mu[lo:hi], rstd[lo:hi])
             if out.dtype != cdt:
-                out[lo:hi] = lowp.narrow(y, x.dtype)
+                lowp.narrow_into(y, out[lo:hi])
             return
         m = _row_sum(x2)
         m /= n
@@ -145,7 +145,8 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
         xhat *= w32
         if b32 is not None:
             xhat += b32
-        out[lo:hi], mu[lo:hi], rstd[lo:hi] = lowp.narrow(xhat, x.dtype), m, r
+        lowp.narrow_into(xhat, out[lo:hi])
+        mu[lo:hi], rstd[lo:hi] = m, r
     blocks.run(block, rows, max(1, BLOCK // n))
     return out, mu, rstd
 
@@ -170,7 +171,7 @@ def layer_norm_backward(x: np.ndarray, w: np.ndarray, mu: np.ndarray, rstd: np.n
             jit.layer_norm_rows_backward(lowp.widen(x[lo:hi]), g2, w32, mu[lo:hi], rstd[lo:hi], dx,
                                          dw_parts[k], db_parts[k])
             if dx_out.dtype != cdt:
-                dx_out[lo:hi] = lowp.narrow(dx, x.dtype)
+                lowp.narrow_into(dx, dx_out[lo:hi])
             return
         xh = lowp.widen(x[lo:hi]) - mu[lo:hi]
         xh *= rstd[lo:hi]
@@ -182,7 +183,7 @@ def layer_norm_backward(x: np.ndarray, w: np.ndarray, mu: np.ndarray, rstd: np.n
         dx -= _row_sum(dx) / n
         dx -= xh
         dx *= rstd[lo:hi]
-        dx_out[lo:hi] = lowp.narrow(dx, x.dtype)
+        lowp.narrow_into(dx, dx_out[lo:hi])
     blocks.run(block, rows, step)
     return dx_out, dw_parts.sum(0), db_parts.sum(0)
 

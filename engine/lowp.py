@@ -21,6 +21,13 @@ from engine import blocks, halfconv
 from engine.dtypes import LOW_PRECISION
 
 
+# Elements from which a conversion is shared among the rank's threads, by: compiled conversions. The
+# compiled ones (~0.1-0.3 ns per element while the arrays fit the cache) gained nothing from a second
+# thread below ~4 Mi elements (2 cores, measured: 1 Mi elements took 0.27-0.29 ns per element either
+# way, 16 Mi 0.5-0.77 alone and 0.44-0.5 shared); NumPy's (1-4 ns per element) repay it from two blocks.
+SHARED_CONVERT_FROM = {True: 128 * blocks.BLOCK, False: 2 * blocks.BLOCK}
+
+
 def widen(a: np.ndarray) -> np.ndarray:
     """`a` in its compute dtype: 16-bit floats exactly as float32; anything else as it is (no copy)."""
     return _convert(a, np.dtype(np.float32)) if a.dtype in LOW_PRECISION else a
@@ -38,20 +45,30 @@ def narrow(x: np.ndarray, dtype) -> np.ndarray:
         return _convert(x, dtype)
 
 
+def narrow_into(x: np.ndarray, out: np.ndarray) -> None:
+    """out[...] = narrow(x, out.dtype) with no array in between (out C-contiguous, x's shape): how a block
+    of a fused kernel stores its result."""
+    if x.dtype == out.dtype:
+        out[...] = x
+    elif x.dtype == np.float32 and out.dtype in LOW_PRECISION:
+        halfconv.astype_into(x, out)
+    else:
+        with np.errstate(over="ignore"):
+            out[...] = x.astype(out.dtype)
+
+
 def _convert(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """a.astype(dtype) through engine.halfconv; a large contiguous array in blocks shared among the
     rank's threads (engine.blocks). Only arrays large enough to repay handing work to another thread
-    (tens of microseconds): the compiled conversions (~0.3-1 ns per element) need ~16 blocks for that,
-    NumPy's (1-4 ns) two."""
-    shared_from = (16 if halfconv.compiled() is not None else 2) * blocks.BLOCK
+    (SHARED_CONVERT_FROM)."""
+    shared_from = SHARED_CONVERT_FROM[halfconv.compiled() is not None]
     if blocks.threads() == 1 or a.size < shared_from or not a.flags.c_contiguous:
         return halfconv.astype(a, dtype)
     out = np.empty(a.shape, dtype)
     src, dst = a.reshape(-1), out.reshape(-1)
 
     def block(lo: int, hi: int) -> None:
-        with np.errstate(over="ignore"):  # the thread's own error state
-            dst[lo:hi] = halfconv.astype(src[lo:hi], dtype)
+        halfconv.astype_into(src[lo:hi], dst[lo:hi])
     blocks.run(block, src.size, 4 * blocks.BLOCK)
     return out
 
@@ -89,6 +106,6 @@ def add(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
 def _add(a: np.ndarray, b: np.ndarray, out: np.ndarray, low: bool) -> None:
     """out = a + b, as add() computes it (`low`: in float32 on widened operands, rounded once)."""
     if low:
-        out[...] = narrow(widen(a) + widen(b), out.dtype)
+        narrow_into(widen(a) + widen(b), out)
     else:
         np.add(a, b, out=out)

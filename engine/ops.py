@@ -190,7 +190,7 @@ def _add_bias(y: np.ndarray, bias: np.ndarray, dtype) -> np.ndarray:
     def block(lo: int, hi: int) -> None:
         y[lo:hi] += bias
         if out is not y:
-            out[lo:hi] = lowp.narrow(y[lo:hi], dtype)
+            lowp.narrow_into(y[lo:hi], out[lo:hi])
     blocks.run(block, rows, max(1, blocks.BLOCK // max(1, n)))
     return out
 
@@ -398,7 +398,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
         np.exp(s, out=s)
         s /= _row_sum(s)
         if s.dtype != dtype:
-            att[lo:hi] = lowp.narrow(s, dtype)
+            lowp.narrow_into(s, att[lo:hi])
         _matmul_into(dropped(lowp.widen(att[lo:hi]), lo, hi), vd[lo:hi], out[lo:hi])
     blocks.split(forward, len(att), grain)
 
