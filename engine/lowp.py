@@ -20,7 +20,6 @@ import numpy as np
 from engine import blocks, halfconv
 from engine.dtypes import LOW_PRECISION
 
-
 # Elements from which a conversion is shared among the rank's threads, by: compiled conversions. The
 # compiled ones (~0.1-0.3 ns per element while the arrays fit the cache) gained nothing from a second
 # thread below ~4 Mi elements (2 cores, measured: 1 Mi elements took 0.27-0.29 ns per element either
