@@ -28,6 +28,7 @@ from engine.projection import calibrate as calibrate_module
 from engine.projection.calibrate import Calibration, CalibrationError, calibrate
 from engine.projection.clusters import load_cluster
 from engine.projection.compute import Curve
+from engine.projection.compute_calibration import imbalance_share
 from engine.projection.project import at_world_size, predict, project
 
 
@@ -184,6 +185,19 @@ def test_curve_interpolates_in_log_log():
     assert curve(2.0) == pytest.approx(math.sqrt(2.0))  # half-way in log x: half-way in log t
     assert curve(16.0) == pytest.approx(4.0)  # beyond the last size: along the last segment
     assert curve(0.25) == pytest.approx(0.5)  # below the first: along it too
+
+
+def test_imbalance_is_the_lower_quartile_of_the_calmer_stretch():
+    # waits and compute seconds of 8 steps: the first stretch has one rank slowed throughout (the other
+    # waits ~15% of its step), the second is calm; one step of each hit by a burst of load
+    computes = [0.100, 0.101, 0.099, 0.100, 0.102, 0.100, 0.300, 0.101]
+    skewed = [0.015, 0.016, 0.014, 0.015, 0.015, 0.016, 0.200, 0.015]
+    calm = [0.001, 0.002, 0.001, 0.002, 0.001, 0.002, 0.200, 0.001]
+    q = sorted(computes)[2]  # the lower quartile of 8: the third smallest
+    assert imbalance_share((skewed, computes), (calm, computes)) == pytest.approx(sorted(calm)[2] / q)
+    assert imbalance_share((calm, computes), (skewed, computes)) == pytest.approx(sorted(calm)[2] / q)
+    assert imbalance_share((skewed, computes), ([], [])) == pytest.approx(sorted(skewed)[2] / q)
+    assert imbalance_share(([], [])) == 0.0
 
 
 def test_scaling_and_world_sizes_left_out(calibration):

@@ -12,9 +12,10 @@ What is measured, all on the processes backend (real processes, as training runs
   host's cores and memory bandwidth are shared: that contention is in the curve, not mistaken later for
   communication. So is their imbalance: ranks sharing cores do not finish together, and the time the
   faster one waits at the barrier, as a share of the step's compute, is kept ("imbalance": the lower
-  quartile of the waits over that of the step's compute, averaged over the ranks). With 2 ranks, also
-  how much a bucket's all-reduce running beside forward and backward slows them per CPU second it takes
-  ("interference", κ) and how much CPU it takes there (engine.projection.interference).
+  quartile of the waits over that of the step's compute, the lower of two such estimates seconds apart,
+  averaged over the ranks). With 2 ranks, also how much a bucket's all-reduce running beside forward and
+  backward slows them per CPU second it takes ("interference", κ) and how much CPU it takes there
+  (engine.projection.interference). engine.projection.compute_calibration does this part.
 * copies: bytes per second of a large numpy copy, with the same ranks busy (ZeRO packs and unpacks).
 * transport: α, β, γ of our ring at the sizes a run sends, in wall-clock and in CPU time
   (engine.projection.transport_calibration).
@@ -29,7 +30,6 @@ import json
 import math
 import os
 import socket
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,16 +38,12 @@ import numpy as np
 
 from engine.atomic_file import atomic_write_text
 from engine.comm.cores import usable_cores
-from engine.comm.launch import run_ranks
-from engine.config import Config, to_dict
-from engine.dtypes import itemsize
+from engine.config import Config
+from engine.projection.compute_calibration import LEVELS, measure_compute
 from engine.projection.flops import model_signature
-from engine.projection.interference import measure_interference
-from engine.projection.quantile import low_quantile
 from engine.projection.transport_calibration import default_transport_sizes, measure_ring
 
 VERSION = 1
-LEVELS = (1, 2)  # ranks computing at once on the host
 
 
 class CalibrationError(ValueError):
@@ -175,123 +171,3 @@ def peak_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
         a @ a
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
-
-
-def measure_compute(cfg: Config, dtypes, rows: list[int], cores: int, steps: int, warmup: int,
-                    levels=LEVELS) -> tuple[dict, dict]:
-    """{dtype: {level: curve}} for cfg's model, and copy bandwidth per level."""
-    entry: dict = {d: {} for d in dtypes}
-    copies: dict = {}
-    for level in levels:
-        if level > max(1, cores):
-            continue  # more busy ranks than cores is time-slicing, which the model scales
-        args = (to_dict(cfg), list(dtypes), rows, steps, warmup)
-        results = run_ranks(level, "processes", _compute_rank, args, timeout_s=300.0)  # auto threads per rank
-        for dtype in dtypes:
-            per_rank = [r["curves"][dtype] for r in results]
-            entry[dtype][str(level)] = {key: _mean_over_ranks(per_rank, key) for key in per_rank[0]}
-        copies[str(level)] = statistics.mean(r["copy_bytes_per_s"] for r in results)
-    return entry, copies
-
-
-def _mean_over_ranks(per_rank: list[dict], key: str):
-    values = [r[key] for r in per_rank]
-    if isinstance(values[0], list):
-        return [statistics.mean(column) for column in zip(*values)]
-    return statistics.mean(values)
-
-
-def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int], steps: int, warmup: int
-                  ) -> dict:
-    """One busy rank: its model alone at every size and precision, in step with the other ranks."""
-    from engine.config import from_dict
-    curves = {}
-    per_row = cfg_dict["model"].get("block_size", 1) if cfg_dict["model"]["kind"] == "gpt" else 1
-    for dtype in dtypes:
-        per_size = [_time_phases(comm, from_dict(_single(cfg_dict, dtype, r), source="<calibration>"), steps,
-                                 warmup, interference=r == rows[-1]) for r in rows]
-        curves[dtype] = {"tokens": [r * per_row for r in rows], "forward_s": [p["forward"] for p in per_size],
-                         "backward_s": [p["backward"] for p in per_size],
-                         "optimizer_s_per_element": statistics.mean(p["optimizer"] / p["n_params"]
-                                                                    for p in per_size),
-                         "other_s": statistics.mean(p["other"] for p in per_size),
-                         "imbalance": statistics.mean(p["imbalance"] for p in per_size),
-                         **{k: v for k, v in per_size[-1].items() if k.startswith("interference")}}
-    return {"curves": curves, "copy_bytes_per_s": _copy_rate(comm)}
-
-
-def _single(cfg_dict: dict, dtype: str, rows: int) -> dict:
-    """cfg as one rank training `rows` rows per step in `dtype`: no accumulation, no checkpointing."""
-    d = json.loads(json.dumps(cfg_dict))
-    d["parallel"].update(world_size=1, backend="threads", zero_stage=0, ranks_per_node=0)
-    d.pop("emulate", None)
-    d["train"].update(global_batch=rows, micro_batches=1)
-    d["precision"]["dtype"] = dtype
-    d["memory"]["checkpointing"] = "none"
-    return d
-
-
-def _time_phases(comm, cfg: Config, steps: int, warmup: int, interference: bool = False) -> dict:
-    """Low-quantile seconds of a step's phases for a one-rank trainer, ranks stepping together; with
-    `interference` and other busy ranks, also κ of a bucket's all-reduce beside its forward and backward
-    (engine.projection.interference; 1 with one rank, whose collectives never overlap anything)."""
-    from engine.comm.base import Signals
-    from engine.comm.threads import ThreadGroup
-    from engine.data import rank_slice
-    from engine.trainer import Trainer
-    trainer = Trainer(cfg, ThreadGroup(1, cfg.parallel.timeout_s, Signals()).communicator(0))
-    replica = trainer.replica
-    phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": [], "other": []}
-    waits, computes = [], []
-    try:
-        for i in range(warmup + steps):
-            before = time.perf_counter()
-            comm.barrier()  # waits for the slowest rank's previous step
-            t0 = time.perf_counter()
-            x, y = rank_slice(trainer.dataset.global_batch(i, "train"), 0, 1, 0, 1)
-            replica.zero_grad()
-            replica.begin_micro(sync=True)
-            t1 = time.perf_counter()
-            loss = trainer._loss(x, y)
-            float(loss.data)
-            t2 = time.perf_counter()
-            replica.backward(loss, 1.0)
-            replica.finish_backward()
-            t3 = time.perf_counter()
-            replica.step(1e-4, min(1.0, 1.0 / max(replica.grad_norm(), 1e-12)), i)
-            t4 = time.perf_counter()
-            if i >= warmup:
-                for key, seconds in zip(phases, (t2 - t1, t3 - t2, t4 - t3, t1 - t0)):
-                    phases[key].append(seconds)
-                computes.append(t4 - t0)
-                if i > warmup:  # the first barrier waits for the warm-up, not for a step
-                    waits.append(t0 - before)
-        beside: dict = {}
-        if interference and comm.world_size > 1:
-            def forward_backward() -> None:
-                replica.zero_grad()
-                replica.begin_micro(sync=True)
-                replica.backward(trainer._loss(x, y), 1.0)
-                replica.finish_backward()
-            bucket = min(int(cfg.parallel.bucket_cap_mb * 2**20),
-                         trainer.n_params * itemsize(cfg.precision.dtype))
-            beside = measure_interference(comm, forward_backward, bucket)
-    finally:
-        replica.close()
-    # the lower quartiles, as for every timed figure: a step another job slowed on one rank is load, not
-    # the ranks' own imbalance (and a run's measured waits are taken the same way, validate.py)
-    imbalance = low_quantile(waits) / low_quantile(computes) if waits else 0.0
-    return {**{k: low_quantile(v) for k, v in phases.items()}, "n_params": trainer.n_params,
-            "imbalance": imbalance, **beside}
-
-
-def _copy_rate(comm, nbytes: int = 32 << 20, repeats: int = 7) -> float:
-    """Bytes per second of one large numpy copy, the other ranks copying at the same time."""
-    src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
-    times = []
-    for _ in range(repeats):
-        comm.barrier()
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t0)
-    return nbytes / low_quantile(times)
