@@ -133,3 +133,25 @@ def test_a_quick_validation_end_to_end(in_tmp, monkeypatch):
         assert case["predicted_s"] > 0 and case["measured_s"] > 0 and 0 <= case["measured_comm_share"] <= 1
     assert -1 <= report["kendall_tau"] <= 1 and report["mape"] >= 0
     assert not (in_tmp / "calibration.json").exists()  # each case calibrates into a file of its own
+
+
+def test_calibrate_prints_what_it_measured(preset, in_tmp, monkeypatch):
+    """--calibrate (the measurement faked: the fixture, plus CPU figures and κ) names every figure the
+    projection will use: the transport's α β γ in wall-clock and in CPU time, and per busy-rank level the
+    step's compute, the ranks' imbalance and κ."""
+    import engine.projection.calibrate as calibrate_module
+    cal = fixture_calibration(in_tmp / "measured.json", dtypes=("fp32",))
+    cal.data["transport"]["cpu"] = {"alpha": 25e-6, "beta": 1 / 8e9, "gamma": 1 / 5e9}
+    for level in cal.data["models"].values():
+        level["fp32"]["2"].update(interference=1.5, interference_cpu_s=0.8e-3, interference_bytes=2**20)
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda *args, **kwargs: cal)
+    out = invoke("--preset", preset, "--calibrate")
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert "alpha 60.0 us, beta 4.00 GB/s, gamma 6.00 GB/s" in lines[2]  # the fixture's ALPHA, BETA, GAMMA
+    assert lines[3] == "  its CPU time per collective: alpha 25.0 us, beta 8.00 GB/s, gamma 5.00 GB/s"
+    # forward + backward = 3 x the forward's 20 (1 rank) and 30 (2 ranks) us per token, at 1,024 tokens
+    assert lines[4] == "  small, fp32, 1 rank(s) busy: forward + backward 61.4 ms at 1,024 tokens"
+    assert lines[5] == ("  small, fp32, 2 rank(s) busy: forward + backward 92.2 ms at 1,024 tokens; "
+                        "imbalance 4.0% of compute; kappa 1.50 (an all-reduce of 1.00 MiB beside compute "
+                        "took 0.80 ms of CPU)")

@@ -12,7 +12,8 @@ runs measured here.
     timeline.py     the training thread and the communication thread of one step, replayed
     step.py         the step model: compute, bucket collectives overlapped with backward, ZeRO's gathers
     project.py      a run over world sizes: step split, tokens/s, scaling efficiency, MFU, memory and fit
-    calibrate.py    the live measurements on this machine (compute, copies), saved as JSON and reused
+    calibrate.py    the live measurements on this machine, saved as JSON and reused
+    compute_calibration.py  its compute part: phases by size, imbalance, κ, copies, with 1 and 2 ranks busy
     transport_calibration.py  alpha, beta, gamma of our ring, wall-clock and CPU, with cold caches
     interference.py what a CPU second of communication beside compute costs it (kappa)
     quantile.py     the lower quartile every timed figure takes

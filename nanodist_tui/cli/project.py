@@ -219,9 +219,29 @@ def _calibrate(cfg, path: Path, as_json: bool) -> None:
         return
     print(f"calibration saved to {path}")
     print(f"  host: {cal.cores} cores, best fp32 matmul {cal.peak_flops / 1e9:.0f} GFLOP/s")
-    print(f"  transport (processes backend, 2 ranks): alpha {t['alpha'] * 1e6:.1f} us, "
-          f"beta {1 / t['beta'] / 1e9 if t['beta'] else float('inf'):.2f} GB/s, "
-          f"gamma {1 / t['gamma'] / 1e9 if t['gamma'] else float('inf'):.2f} GB/s")
+    print(f"  transport (processes backend, 2 ranks): {_alpha_beta_gamma(t)}")
+    if "cpu" in t:
+        print(f"  its CPU time per collective: {_alpha_beta_gamma(t['cpu'])}")
+    from engine.projection.flops import model_signature
+    for dtype, levels in (cal.model(model_signature(cfg, vocab)) or {}).items():
+        for level, curve in sorted(levels.items(), key=lambda item: int(item[0])):
+            step_ms = (curve["forward_s"][-1] + curve["backward_s"][-1]) * 1e3
+            line = (f"  {cfg.name}, {dtype}, {level} rank(s) busy: forward + backward {step_ms:.1f} ms at "
+                    f"{curve['tokens'][-1]:,} tokens")
+            if int(level) > 1:
+                line += f"; imbalance {curve.get('imbalance', 0.0):.1%} of compute"
+            if "interference" in curve:
+                line += (f"; kappa {curve['interference']:.2f} (an all-reduce of "
+                         f"{curve['interference_bytes'] / 2**20:.2f} MiB beside compute took "
+                         f"{curve['interference_cpu_s'] * 1e3:.2f} ms of CPU)")
+            print(line)
+
+
+def _alpha_beta_gamma(t: dict) -> str:
+    """alpha in microseconds, beta and gamma as the bandwidths they stand for."""
+    def rate(seconds_per_byte: float) -> str:
+        return f"{1 / seconds_per_byte / 1e9:.2f}" if seconds_per_byte else "inf"
+    return f"alpha {t['alpha'] * 1e6:.1f} us, beta {rate(t['beta'])} GB/s, gamma {rate(t['gamma'])} GB/s"
 
 
 def _list_clusters(as_json: bool) -> None:
