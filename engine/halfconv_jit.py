@@ -54,26 +54,81 @@ _half_to_float_bits = _llvm_conversion("fpext", ir.HalfType(), ir.IntType(32), t
 _float_bits_to_half = _llvm_conversion("fptrunc", ir.FloatType(), ir.IntType(16), types.uint16(types.uint32))
 
 
+def _bitcast(from_type, to_type, signature):
+    """A numba intrinsic: a scalar's bits reinterpreted as another type of the same width."""
+    @intrinsic
+    def bitcast(typingctx, value):  # pragma: no cover - compiled
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], to_type)
+        return signature, codegen
+    return bitcast
+
+
+float_from_bits = _bitcast(ir.IntType(32), ir.FloatType(), types.float32(types.uint32))
+bits_of_float = _bitcast(ir.FloatType(), ir.IntType(32), types.uint32(types.float32))
+
+
+# One element each way, inlined into every loop that converts (these below, and engine.kernels_jit's fused
+# 16-bit kernels, which read and write 16-bit arrays directly).
+
+@njit(cache=True, nogil=True, inline="always")
+def half_to_float_bits(half):  # pragma: no cover - compiled
+    """The float32 bits of half bits `half`, by the CPU; NaNs as NumPy widens them."""
+    h = _U(half)
+    nan = ((h & _U(0x7C00)) == _U(0x7C00)) & ((h & _U(0x3FF)) != _U(0))
+    numpy_nan = ((h & _U(0x8000)) << _U(16)) | _U(0x7F800000) | ((h & _U(0x3FF)) << _U(13))
+    return numpy_nan if nan else _half_to_float_bits(half)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def float_bits_to_half(x):  # pragma: no cover - compiled
+    """The half bits of float32 bits `x`, by the CPU; NaNs as NumPy rounds them."""
+    a = x & _U(0x7FFFFFFF)
+    payload = (a & _U(0x7FFFFF)) >> _U(13)
+    sign = (x >> _U(16)) & _U(0x8000)
+    numpy_nan = np.uint16((_U(0x7C00) + (payload if payload != _U(0) else _U(1))) | sign)
+    return numpy_nan if a > _U(0x7F800000) else _float_bits_to_half(x)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def bf16_to_float_bits(half):  # pragma: no cover - compiled
+    """The float32 bits of bfloat16 bits `half`: their top 16 bits (as ml_dtypes widens)."""
+    return _U(half) << _U(16)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def float_bits_to_bf16(x):  # pragma: no cover - compiled
+    """The bfloat16 bits of float32 bits `x` as ml_dtypes rounds them (overflow carries into inf)."""
+    rounded = (x + _U(0x7FFF) + ((x >> _U(16)) & _U(1))) >> _U(16)
+    nan = ((x >> _U(16)) & _U(0x8000)) | _U(0x7FC0)
+    return np.uint16(nan if (x & _U(0x7FFFFFFF)) > _U(0x7F800000) else rounded)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def widen16(half, bf16):  # pragma: no cover - compiled
+    """The float32 value of 16-bit bits `half`: bfloat16's when `bf16`, else float16's (F16C)."""
+    return float_from_bits(bf16_to_float_bits(half) if bf16 else half_to_float_bits(half))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def narrow16(value, bf16):  # pragma: no cover - compiled
+    """The 16-bit bits of float32 `value` rounded once: to bfloat16 when `bf16`, else to float16 (F16C)."""
+    x = bits_of_float(value)
+    return float_bits_to_bf16(x) if bf16 else float_bits_to_half(x)
+
+
 @njit(cache=True, nogil=True)
 def _widen_hw(halves, table, out):  # pragma: no cover - compiled
     """out[i] = float32 bits of half halves[i], by the CPU; NaNs as NumPy widens them."""
     for i in range(halves.size):
-        h = _U(halves[i])
-        nan = ((h & _U(0x7C00)) == _U(0x7C00)) & ((h & _U(0x3FF)) != _U(0))
-        numpy_nan = ((h & _U(0x8000)) << _U(16)) | _U(0x7F800000) | ((h & _U(0x3FF)) << _U(13))
-        out[i] = numpy_nan if nan else _half_to_float_bits(halves[i])
+        out[i] = half_to_float_bits(halves[i])
 
 
 @njit(cache=True, nogil=True)
 def _round_hw(bits, out):  # pragma: no cover - compiled
     """out[i] = the half bits of float32 bits[i], by the CPU; NaNs as NumPy rounds them."""
     for i in range(bits.size):
-        x = bits[i]
-        a = x & _U(0x7FFFFFFF)
-        payload = (a & _U(0x7FFFFF)) >> _U(13)
-        sign = (x >> _U(16)) & _U(0x8000)
-        numpy_nan = np.uint16((_U(0x7C00) + (payload if payload != _U(0) else _U(1))) | sign)
-        out[i] = numpy_nan if a > _U(0x7F800000) else _float_bits_to_half(x)
+        out[i] = float_bits_to_half(bits[i])
 
 
 @njit(cache=True, nogil=True)
@@ -107,17 +162,14 @@ def _round_integer(bits, out):  # pragma: no cover - compiled; tests call it thr
 def widen_bits_bf16(halves, out):  # pragma: no cover - compiled; tests call it through halfconv
     """out[i] = the float32 bits of bfloat16 bits halves[i]: their top 16 bits (as ml_dtypes widens)."""
     for i in range(halves.size):
-        out[i] = _U(halves[i]) << _U(16)
+        out[i] = bf16_to_float_bits(halves[i])
 
 
 @njit(cache=True, nogil=True)
 def round_bits_bf16(bits, out):  # pragma: no cover - compiled; tests call it through halfconv
     """out[i] = the bfloat16 bits of float32 bits[i] as ml_dtypes rounds them (overflow carries into inf)."""
     for i in range(bits.size):
-        x = bits[i]
-        rounded = (x + _U(0x7FFF) + ((x >> _U(16)) & _U(1))) >> _U(16)
-        nan = ((x >> _U(16)) & _U(0x8000)) | _U(0x7FC0)
-        out[i] = np.uint16(nan if (x & _U(0x7FFFFFFF)) > _U(0x7F800000) else rounded)
+        out[i] = float_bits_to_bf16(bits[i])
 
 
 # widen_bits(halves uint16, table uint32, out uint32) and round_bits(bits uint32, out uint16): the CPU's

@@ -46,13 +46,36 @@ def _jit_tanh_arg(jit, x: np.ndarray, consts: tuple) -> np.ndarray:
     return np.tanh(t, out=t)
 
 
+def _fused16(jit, *arrays: np.ndarray) -> bool | None:
+    """Whether the fused 16-bit loops apply to `arrays` (one 16-bit dtype), and which: True for bfloat16,
+    False for float16 (where the CPU converts halves itself); None to widen and round around the float32
+    loops instead."""
+    dtype = arrays[0].dtype
+    if jit is None or dtype not in LOW_PRECISION or any(a.dtype != dtype for a in arrays):
+        return None
+    if dtype == np.float16 and not load("halfconv_jit").HAS_F16C:
+        return None
+    return dtype != np.float16
+
+
+_F32 = _constants(np.dtype(np.float32))
+
+
 def gelu(x: np.ndarray) -> np.ndarray:
     """0.5 x (1 + tanh(c (x + k x^3))) in x's dtype, computed in float32 (float64 for float64)."""
     src = np.ascontiguousarray(x).reshape(-1)
     out = np.empty(src.shape, x.dtype)
     jit = load("kernels_jit")
+    bf16 = _fused16(jit, src)
 
     def block(lo: int, hi: int) -> None:
+        if bf16 is not None:  # 16 bits in and out, float32 inside: no conversion passes
+            bits, (c, ck, _, one, half) = src[lo:hi].view(np.uint16), _F32
+            t = np.empty(hi - lo, np.float32)
+            jit.gelu_arg16(bits, bf16, c, ck, t)
+            np.tanh(t, out=t)
+            jit.gelu_out16(bits, bf16, t, one, half, out[lo:hi].view(np.uint16))
+            return
         x32 = lowp.widen(src[lo:hi])
         if jit is not None:
             consts = _constants(x32.dtype)
@@ -77,8 +100,17 @@ def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     src, grad = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(g).reshape(-1)
     out = np.empty(src.shape, x.dtype)
     jit = load("kernels_jit")
+    bf16 = _fused16(jit, src, grad)
 
     def block(lo: int, hi: int) -> None:
+        if bf16 is not None:  # 16 bits in and out, float32 inside: no conversion passes
+            bits, (c, ck, ck3, one, half) = src[lo:hi].view(np.uint16), _F32
+            t = np.empty(hi - lo, np.float32)
+            jit.gelu_arg16(bits, bf16, c, ck, t)
+            np.tanh(t, out=t)
+            jit.gelu_grad16(bits, grad[lo:hi].view(np.uint16), bf16, t, c, ck3, one, half,
+                            out[lo:hi].view(np.uint16))
+            return
         x32 = lowp.widen(src[lo:hi])
         if jit is not None:
             c, _, ck3, one, half = consts = _constants(x32.dtype)
@@ -122,8 +154,15 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
     w32, b32 = w.astype(cdt, copy=False), None if b is None else b.astype(cdt, copy=False)
     out, mu, rstd = np.empty(x.shape, x.dtype), np.empty((rows, 1), cdt), np.empty((rows, 1), cdt)
     jit = load("kernels_jit")
+    bf16 = _fused16(jit, x) if x.flags.c_contiguous else None
 
     def block(lo: int, hi: int) -> None:
+        if bf16 is not None:  # 16 bits in and out, float32 inside: no conversion passes
+            shift = w32 if b32 is None else b32
+            jit.layer_norm_rows16(x[lo:hi].view(np.uint16), bf16, w32, shift, cdt.type(eps), cdt.type(1),
+                                  b32 is not None, out[lo:hi].view(np.uint16), mu[lo:hi], rstd[lo:hi],
+                                  np.empty((1, n), cdt), np.empty((1, n), cdt))
+            return
         x2 = lowp.widen(x[lo:hi])
         if jit is not None:
             y = out[lo:hi] if out.dtype == cdt else np.empty(x2.shape, cdt)
@@ -162,8 +201,15 @@ def layer_norm_backward(x: np.ndarray, w: np.ndarray, mu: np.ndarray, rstd: np.n
     dw_parts, db_parts = np.zeros((n_blocks, n), cdt), np.zeros((n_blocks, n), cdt)
     step = max(1, BLOCK // n)
     jit = load("kernels_jit")
+    bf16 = _fused16(jit, x, g) if x.flags.c_contiguous and g.flags.c_contiguous else None
 
     def block(lo: int, hi: int) -> None:
+        if bf16 is not None:  # 16 bits in and out, float32 inside: no conversion passes
+            k = lo // step
+            jit.layer_norm_rows_backward16(x[lo:hi].view(np.uint16), g[lo:hi].view(np.uint16), bf16, w32,
+                                           mu[lo:hi], rstd[lo:hi], dx_out[lo:hi].view(np.uint16),
+                                           dw_parts[k], db_parts[k], *(np.empty((1, n), cdt) for _ in "xgd"))
+            return
         g2 = lowp.widen(g[lo:hi])
         if jit is not None:
             k = lo // step

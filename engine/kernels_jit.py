@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from engine.halfconv_jit import narrow16, widen16
+
 # Every constant comes in as an argument of the arrays' dtype (`one`, `half`, `eps`, ...): a Python literal
 # in a numba expression would promote float32 arithmetic to float64.
 
@@ -40,6 +42,35 @@ def gelu_grad(x, t, g, c, ck3, one, half, out):  # pragma: no cover - compiled
     for i in range(x.size):
         slope = x[i] * x[i] * ck3 + c
         out[i] = ((((one - t[i] * t[i]) * slope) * x[i] + t[i]) + one) * half * g[i]
+
+
+# GELU on 16-bit arrays read and written as their bits (uint16; `bf16` picks bfloat16 over float16): the
+# same float32 arithmetic as gelu_arg / gelu_out / gelu_grad on exactly widened operands, rounded once, so
+# the same bits as widening, computing and rounding in three passes, without the two conversion passes.
+
+@njit(cache=True, nogil=True)
+def gelu_arg16(x, bf16, c, ck, out):  # pragma: no cover - compiled
+    """out (float32) = GELU's tanh argument of the 16-bit x, as gelu_arg."""
+    for i in range(x.size):
+        v = widen16(x[i], bf16)
+        out[i] = (v * v * ck + c) * v
+
+
+@njit(cache=True, nogil=True)
+def gelu_out16(x, bf16, t, one, half, out):  # pragma: no cover - compiled
+    """out (16-bit) = 0.5 x (1 + t) rounded once, as gelu_out then one rounding."""
+    for i in range(x.size):
+        out[i] = narrow16((t[i] + one) * widen16(x[i], bf16) * half, bf16)
+
+
+@njit(cache=True, nogil=True)
+def gelu_grad16(x, g, bf16, t, c, ck3, one, half, out):  # pragma: no cover - compiled
+    """out (16-bit) = gelu_grad's expression of the 16-bit x and g, rounded once."""
+    for i in range(x.size):
+        v = widen16(x[i], bf16)
+        slope = v * v * ck3 + c
+        d = ((((one - t[i] * t[i]) * slope) * v + t[i]) + one) * half
+        out[i] = narrow16(d * widen16(g[i], bf16), bf16)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -115,6 +146,33 @@ def layer_norm_rows_backward(x, g, w, mu, rstd, dx, dw, db):  # pragma: no cover
             dw[j] += g[i, j] * xh
             db[j] += g[i, j]
             dx[i, j] = ((g[i, j] * w[j] - c1) - xh * c2) * r
+
+
+@njit(cache=True, nogil=True)
+def layer_norm_rows16(x, bf16, w, b, eps, one, has_bias, out, mu, rstd, xs, ys):  # pragma: no cover
+    """layer_norm_rows on 16-bit x (bits), out rounded once into 16-bit bits: each row widened into the
+    float32 scratch row xs, normalised into ys, rounded from there (all in one call, the rows in cache)."""
+    rows, n = x.shape
+    for i in range(rows):
+        for j in range(n):
+            xs[0, j] = widen16(x[i, j], bf16)
+        layer_norm_rows(xs, w, b, eps, one, has_bias, ys, mu[i:i + 1], rstd[i:i + 1])
+        for j in range(n):
+            out[i, j] = narrow16(ys[0, j], bf16)
+
+
+@njit(cache=True, nogil=True)
+def layer_norm_rows_backward16(x, g, bf16, w, mu, rstd, dx, dw, db, xs, gs, dxs):  # pragma: no cover
+    """layer_norm_rows_backward on 16-bit x and g (bits), dx rounded once into 16-bit bits, row by row
+    through float32 scratch rows as layer_norm_rows16."""
+    rows, n = x.shape
+    for i in range(rows):
+        for j in range(n):
+            xs[0, j] = widen16(x[i, j], bf16)
+            gs[0, j] = widen16(g[i, j], bf16)
+        layer_norm_rows_backward(xs, gs, w, mu[i:i + 1], rstd[i:i + 1], dxs, dw, db)
+        for j in range(n):
+            dx[i, j] = narrow16(dxs[0, j], bf16)
 
 
 @njit(cache=True, nogil=True)

@@ -1,10 +1,11 @@
 """engine.kernels_jit against the NumPy chains it replaces (engine.kernels under compiled.disabled()):
 GELU bit for bit; layer norm to float32 rounding (its row sums accumulate in float64 there)."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
-from engine import compiled, kernels
+from engine import compiled, kernels, lowp
 
 pytestmark = pytest.mark.skipif(compiled.load("kernels_jit") is None,
                                 reason="numba is not installed: no compiled path to compare")
@@ -18,6 +19,45 @@ def test_compiled_gelu_is_the_numpy_chain_bit_for_bit():
         chain = kernels.gelu(x), kernels.gelu_backward(x, g)
     for a, b in zip(fast, chain):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_fused_16_bit_gelu_is_float32_gelu_rounded_once_bit_for_bit(dtype):
+    """The fused loops read and write 16-bit bits directly; they must give what widening, the float32
+    kernel and one rounding give: every element, specials included (inf, nan, overflow, subnormals)."""
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(2 * kernels.BLOCK + 9) * 4).astype(np.float32)
+    x[:6] = [np.inf, -np.inf, np.nan, 3e38 if dtype != np.float16 else 6e4, 1e-7, -0.0]
+    g = (rng.standard_normal(x.size) * 100).astype(np.float32)
+    x16, g16 = x.astype(dtype), g.astype(dtype)
+    assert kernels._fused16(compiled.load("kernels_jit"), x16, g16) is not None or dtype == np.float16
+    with np.errstate(over="ignore", invalid="ignore"):
+        fused = kernels.gelu(x16), kernels.gelu_backward(x16, g16)
+        wide = (kernels.gelu(x16.astype(np.float32)),
+                kernels.gelu_backward(x16.astype(np.float32), g16.astype(np.float32)))
+    for a, w in zip(fused, wide):
+        assert a.dtype == dtype
+        np.testing.assert_array_equal(a.view(np.uint16), lowp.narrow(w, dtype).view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_16_bit_layer_norm_is_float32_layer_norm_rounded_once_bit_for_bit(dtype, bias):
+    rng = np.random.default_rng(9)
+    rows, n = 3 * (kernels.BLOCK // 130) + 5, 130
+    x, g = ((rng.standard_normal((rows, n)) * 3 + 1).astype(dtype) for _ in range(2))
+    w, b = (rng.standard_normal(n).astype(dtype) for _ in range(2))
+    b = b if bias else None
+    y, mu, rstd = kernels.layer_norm(x, w, b, 1e-5)
+    dx, dw, db = kernels.layer_norm_backward(x, w, mu, rstd, g)
+    x32, g32 = x.astype(np.float32), g.astype(np.float32)
+    y32, mu32, rstd32 = kernels.layer_norm(x32, w, b, 1e-5)
+    dx32, dw32, db32 = kernels.layer_norm_backward(x32, w, mu32, rstd32, g32)
+    for fused, wide in ((y, y32), (dx, dx32)):
+        assert fused.dtype == dtype
+        np.testing.assert_array_equal(fused.view(np.uint16), lowp.narrow(wide, dtype).view(np.uint16))
+    for fused, wide in ((mu, mu32), (rstd, rstd32), (dw, dw32), (db, db32)):
+        np.testing.assert_array_equal(fused.view(np.uint32), wide.view(np.uint32))
 
 
 @pytest.mark.parametrize("bias", [True, False])
