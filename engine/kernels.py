@@ -53,7 +53,8 @@ def _fused16(jit, *arrays: np.ndarray) -> bool | None:
     dtype = arrays[0].dtype
     if jit is None or dtype not in LOW_PRECISION or any(a.dtype != dtype for a in arrays):
         return None
-    if dtype == np.float16 and not load("halfconv_jit").HAS_F16C:
+    conversions = load("halfconv_jit")
+    if dtype == np.float16 and not (conversions is not None and conversions.HAS_F16C):
         return None
     return dtype != np.float16
 
@@ -69,7 +70,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     bf16 = _fused16(jit, src)
 
     def block(lo: int, hi: int) -> None:
-        if bf16 is not None:  # 16 bits in and out, float32 inside: no conversion passes
+        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
             bits, (c, ck, _, one, half) = src[lo:hi].view(np.uint16), _F32
             t = np.empty(hi - lo, np.float32)
             jit.gelu_arg16(bits, bf16, c, ck, t)
@@ -103,7 +104,7 @@ def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     bf16 = _fused16(jit, src, grad)
 
     def block(lo: int, hi: int) -> None:
-        if bf16 is not None:  # 16 bits in and out, float32 inside: no conversion passes
+        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
             bits, (c, ck, ck3, one, half) = src[lo:hi].view(np.uint16), _F32
             t = np.empty(hi - lo, np.float32)
             jit.gelu_arg16(bits, bf16, c, ck, t)
@@ -157,7 +158,7 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
     bf16 = _fused16(jit, x) if x.flags.c_contiguous else None
 
     def block(lo: int, hi: int) -> None:
-        if bf16 is not None:  # 16 bits in and out, float32 inside: no conversion passes
+        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
             shift = w32 if b32 is None else b32
             jit.layer_norm_rows16(x[lo:hi].view(np.uint16), bf16, w32, shift, cdt.type(eps), cdt.type(1),
                                   b32 is not None, out[lo:hi].view(np.uint16), mu[lo:hi], rstd[lo:hi],
@@ -204,7 +205,7 @@ def layer_norm_backward(x: np.ndarray, w: np.ndarray, mu: np.ndarray, rstd: np.n
     bf16 = _fused16(jit, x, g) if x.flags.c_contiguous and g.flags.c_contiguous else None
 
     def block(lo: int, hi: int) -> None:
-        if bf16 is not None:  # 16 bits in and out, float32 inside: no conversion passes
+        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
             k = lo // step
             jit.layer_norm_rows_backward16(x[lo:hi].view(np.uint16), g[lo:hi].view(np.uint16), bf16, w32,
                                            mu[lo:hi], rstd[lo:hi], dx_out[lo:hi].view(np.uint16),

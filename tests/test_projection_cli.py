@@ -137,11 +137,12 @@ def test_a_quick_validation_end_to_end(in_tmp, monkeypatch):
 
 def test_calibrate_prints_what_it_measured(preset, in_tmp, monkeypatch):
     """--calibrate (the measurement faked: the fixture, plus CPU figures and κ) names every figure the
-    projection will use: the transport's α β γ in wall-clock and in CPU time, and per busy-rank level the
-    step's compute, the ranks' imbalance and κ."""
+    projection will use: the transport's α β γ in wall-clock and in CPU time, per busy-rank level the
+    step's compute, the ranks' imbalance and κ, and how late time-sliced ranks meet."""
     import engine.projection.calibrate as calibrate_module
     cal = fixture_calibration(in_tmp / "measured.json", dtypes=("fp32",))
     cal.data["transport"]["cpu"] = {"alpha": 25e-6, "beta": 1 / 8e9, "gamma": 1 / 5e9}
+    cal.data["meeting_lag_s"] = 4.5e-3
     for level in cal.data["models"].values():
         level["fp32"]["2"].update(interference=1.5, interference_cpu_s=0.8e-3, interference_bytes=2**20)
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *args, **kwargs: cal)
@@ -155,3 +156,4 @@ def test_calibrate_prints_what_it_measured(preset, in_tmp, monkeypatch):
     assert lines[5] == ("  small, fp32, 2 rank(s) busy: forward + backward 92.2 ms at 1,024 tokens; "
                         "imbalance 4.0% of compute; kappa 1.50 (an all-reduce of 1.00 MiB beside compute "
                         "took 0.80 ms of CPU)")
+    assert lines[6] == "  ranks time-sliced 2 per core reach each collective 4.5 ms late"

@@ -172,6 +172,21 @@ def test_timeline_overlap_exposed_and_interference():
     assert Timeline(shares_cores=False).interference_s == 0.0
 
 
+def test_time_sliced_peers_meet_late():
+    """lag: a submitted collective starts `lag` after it is submitted at the earliest (a queue already
+    longer than that is not delayed), and a collective the training thread runs waits `lag` for peers."""
+    tl = Timeline(lag=0.25)
+    tl.compute(1.0)
+    a = tl.submit(0.5)  # 1.25..1.75
+    b = tl.submit(0.5)  # queued behind a: 1.75..2.25, later than its own 1.0 + 0.25
+    tl.compute(0.5)
+    tl.wait(b)  # 1.5 -> 2.25
+    tl.blocking(0.1)  # 0.25 for peers, then 0.1
+    assert (a.start, b.start, b.end) == (1.25, 1.75, 2.25)
+    assert tl.now == pytest.approx(2.6) and tl.exposed_s == pytest.approx(1.1)
+    assert tl.imbalance_s == pytest.approx(0.25) and tl.compute_s == pytest.approx(1.5)
+
+
 def test_tasks_run_one_at_a_time_in_order():
     tl = Timeline()
     first, second = tl.submit(2.0), tl.submit(1.0)

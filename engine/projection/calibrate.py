@@ -41,6 +41,7 @@ from engine.comm.cores import usable_cores
 from engine.config import Config
 from engine.projection.compute_calibration import LEVELS, measure_compute
 from engine.projection.flops import model_signature
+from engine.projection.meeting_lag import measure_meeting_lag
 from engine.projection.transport_calibration import default_transport_sizes, measure_ring
 
 VERSION = 1
@@ -60,9 +61,10 @@ def default_path() -> Path:
 
 @dataclass
 class Calibration:
-    """A calibration file's contents: {"version", "host", "cores", "peak_flops", "copy_bytes_per_s"
-    {level: B/s}, "transport" {alpha, beta, gamma, gamma_by_dtype, sizes, gather_s, scatter_s,
-    "cpu" {alpha, beta, gamma, gamma_by_dtype, gather_s, scatter_s}: the same collectives' CPU seconds},
+    """A calibration file's contents: {"version", "host", "cores", "peak_flops", "meeting_lag_s",
+    "copy_bytes_per_s" {level: B/s}, "transport" {alpha, beta, gamma, gamma_by_dtype, sizes, gather_s,
+    scatter_s, "cpu" {alpha, beta, gamma, gamma_by_dtype, gather_s, scatter_s}: the same collectives' CPU
+    seconds},
     "models" {signature:
     {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s, imbalance,
     interference, interference_cpu_s, interference_bytes}}}}} (the last three at 2 busy ranks only)."""
@@ -76,6 +78,11 @@ class Calibration:
     @property
     def peak_flops(self) -> float:
         return float(self.data["peak_flops"])
+
+    @property
+    def meeting_lag_s(self) -> float:
+        """How late the last of 2 ranks per core reaches a collective (0 where it was not measured)."""
+        return float(self.data.get("meeting_lag_s", 0.0))
 
     def copy_bytes_per_s(self, level: int) -> float:
         table = self.data["copy_bytes_per_s"]
@@ -129,11 +136,14 @@ class Calibration:
 
 def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: list[int] | None = None,
               steps: int = 6, warmup: int = 2, transport_sizes: list[int] | None = None,
-              measure_transport: bool = False, fresh: bool = False, levels=LEVELS) -> Calibration:
+              measure_transport: bool = False, fresh: bool = False, levels=LEVELS,
+              meeting_lag: bool = True) -> Calibration:
     """Measure what is missing for cfg's model in `dtypes` (and the host and transport, on a first run or
     with `measure_transport`), merge it into the calibration at `path` and save it there. `fresh`: measure
     the host, the transport and cfg's model in `dtypes` again (other models in the file are kept).
-    `levels`: how many busy ranks to measure the compute with (1 and 2 unless a caller needs fewer)."""
+    `levels`: how many busy ranks to measure the compute with (1 and 2 unless a caller needs fewer).
+    `meeting_lag`: with the host, measure how late time-sliced ranks meet (engine.projection.meeting_lag;
+    a caller that never puts more ranks than cores on the host can skip it)."""
     path = path or default_path()
     existing = Calibration.load(path)
     data: dict = existing.data if existing else {"version": VERSION, "models": {}}
@@ -144,6 +154,8 @@ def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: l
         data.update(host=socket.gethostname(), cores=cores, peak_flops=peak_matmul_flops(),
                     created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         data["transport"] = measure_ring(transport_sizes or default_transport_sizes(cfg, vocab), list(dtypes))
+        if meeting_lag:
+            data["meeting_lag_s"] = measure_meeting_lag(cores)
     signature = model_signature(cfg, vocab)
     todo = [d for d in dtypes if d not in data["models"].get(signature, {})]
     if todo:

@@ -17,7 +17,8 @@ engine.parallel.buckets, the estimator's units), as the replicas issue it (engin
              when its gradients are final, at most two in flight
     always   the grad norm's 8-byte all-reduce when gradients are sharded, fp16's 16-byte overflow flag
              likewise, and the 16-byte all-reduce that averages the loss over ranks; where ranks share a
-             host, the wait for the slowest of them (compute.py's imbalance, calibrated)
+             host, the wait for the slowest of them (compute.py's imbalance, calibrated); where ranks
+             outnumber its cores, the lag of the last one at every collective (Timeline.lag)
 
 Without `parallel.overlap` every collective is waited for where it is issued.
 """
@@ -99,7 +100,8 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) 
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, cfg.model.n_layer)) if cfg.model.kind == "gpt" \
         else set()
     t_opt = compute.optimizer_s(owned_elements, dtype, k)
-    tl = Timeline(shares_cores=machine.cpu_topology is not None, kappa=compute.interference(dtype, k))
+    tl = Timeline(shares_cores=machine.cpu_topology is not None, kappa=compute.interference(dtype, k),
+                  lag=compute.meeting_lag_s(dtype, k))
     comm = _Comm(machine)
     tl.compute(compute.other_s(dtype, k))
     events = backward_events(cfg, flops_of.vocab)

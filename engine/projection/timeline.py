@@ -9,6 +9,10 @@ order submitted. Replaying a step's program on this clock gives what a step cost
     blocking(s, cpu)  a collective the training thread runs itself (the communication thread is idle)
     wait_for_peers(s) the training thread waits for a slower rank to reach the same collective
 
+`lag`: where ranks outnumber the host's cores, the last rank reaches every collective this late
+(engine.projection.meeting_lag): a submitted collective starts no earlier than `lag` after it is submitted,
+and one the training thread runs itself waits that long for its peers first.
+
 Figures: compute (seconds computing), exposed (seconds waiting on communication, or running it),
 overlapped (communication hidden behind compute), and interference — where ranks share a host's cores,
 the CPU part of a collective that overlapped compute takes those cores (and, for its Python, the rank's
@@ -40,6 +44,7 @@ class Timeline:
     busy: list[tuple[float, float]] = field(default_factory=list)  # the training thread computing
     shares_cores: bool = False
     kappa: float = 1.0  # compute lost per CPU second of overlapping communication
+    lag: float = 0.0  # how late time-sliced peers reach each collective
 
     def compute(self, seconds: float) -> None:
         if seconds > 0:
@@ -48,7 +53,7 @@ class Timeline:
             self.compute_s += seconds
 
     def submit(self, seconds: float, cpu: float = 0.0) -> Task:
-        start = max(self.now, self.free_at)
+        start = max(self.now + self.lag, self.free_at)
         task = Task(start, start + seconds, cpu)
         self.free_at = task.end
         self.tasks.append(task)
@@ -67,6 +72,7 @@ class Timeline:
 
     def blocking(self, seconds: float, cpu: float = 0.0) -> None:
         self.wait_all()
+        self.wait_for_peers(self.lag)
         self.now += seconds
         self.exposed_s += seconds
         self.comm_s += seconds

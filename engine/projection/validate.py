@@ -13,7 +13,9 @@ On a shared machine the load drifts within minutes, so every case is predicted f
 just before it runs — the compute of the case's model in its precision at its micro-batch size with 1 or
 2 busy ranks (as many as it has, at most 2), and the transport — into a temporary file, leaving the
 user's calibration alone. The calibration still runs none of what the case adds: no communication with
-the compute, no ZeRO, no recomputation, no emulated network, never more than 2 ranks. The validation goes
+the compute, no ZeRO, no recomputation, no emulated network, never more than 2 training ranks (for a case
+with more ranks than cores, 2 per core run a fixed matrix product between barriers, to time how late
+time-sliced ranks meet: engine.projection.meeting_lag). The validation goes
 in `repeats` rounds over every case; a case's figures are the medians over rounds. Model-state memory is
 compared byte for byte with the ledger.
 
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.build import vocab_size
+from engine.comm.cores import usable_cores
 from engine.comm.launch import run_ranks
 from engine.config import Config, network_emulation, replace, to_dict
 from engine.memory import MODEL_STATES
@@ -133,7 +136,8 @@ def calibrate_for(cfg: Config, vocab: int) -> Calibration:
     level = min(cfg.parallel.world_size, max(LEVELS))
     with tempfile.TemporaryDirectory() as folder:
         return calibrate(cfg, vocab, [cfg.precision.dtype], path=Path(folder) / "calibration.json",
-                         rows=[rows], levels=(level,), measure_transport=True, steps=CALIBRATION_STEPS)
+                         rows=[rows], levels=(level,), measure_transport=True, steps=CALIBRATION_STEPS,
+                         meeting_lag=cfg.parallel.world_size > len(usable_cores()))
 
 
 def measure_case(cfg: Config, steps: int, warmup: int) -> dict:

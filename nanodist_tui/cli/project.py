@@ -235,6 +235,8 @@ def _calibrate(cfg, path: Path, as_json: bool) -> None:
                          f"{curve['interference_bytes'] / 2**20:.2f} MiB beside compute took "
                          f"{curve['interference_cpu_s'] * 1e3:.2f} ms of CPU)")
             print(line)
+    if "meeting_lag_s" in cal.data:
+        print(f"  ranks time-sliced 2 per core reach each collective {cal.meeting_lag_s * 1e3:.1f} ms late")
 
 
 def _alpha_beta_gamma(t: dict) -> str:
