@@ -173,18 +173,17 @@ def test_timeline_overlap_exposed_and_interference():
 
 
 def test_time_sliced_peers_meet_late():
-    """lag: a submitted collective starts `lag` after it is submitted at the earliest (a queue already
-    longer than that is not delayed), and a collective the training thread runs waits `lag` for peers."""
+    """lag: a collective the training thread runs after computing waits `lag` for its peers first; one
+    right after another meeting does not; the communication thread's collectives are not delayed."""
     tl = Timeline(lag=0.25)
     tl.compute(1.0)
-    a = tl.submit(0.5)  # 1.25..1.75
-    b = tl.submit(0.5)  # queued behind a: 1.75..2.25, later than its own 1.0 + 0.25
-    tl.compute(0.5)
-    tl.wait(b)  # 1.5 -> 2.25
-    tl.blocking(0.1)  # 0.25 for peers, then 0.1
-    assert (a.start, b.start, b.end) == (1.25, 1.75, 2.25)
-    assert tl.now == pytest.approx(2.6) and tl.exposed_s == pytest.approx(1.1)
-    assert tl.imbalance_s == pytest.approx(0.25) and tl.compute_s == pytest.approx(1.5)
+    a = tl.submit(0.5)  # 1.0..1.5: peers still computing, the lag hides behind their compute
+    tl.compute(0.25)
+    tl.blocking(0.1)  # waits for a (1.25 -> 1.5), 0.25 for peers, then 0.1
+    tl.blocking(0.1)  # right after: the ranks met a moment ago
+    assert (a.start, a.end) == (1.0, 1.5)
+    assert tl.now == pytest.approx(1.95) and tl.exposed_s == pytest.approx(0.7)
+    assert tl.imbalance_s == pytest.approx(0.25) and tl.compute_s == pytest.approx(1.25)
 
 
 def test_tasks_run_one_at_a_time_in_order():

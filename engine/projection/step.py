@@ -18,7 +18,7 @@ engine.parallel.buckets, the estimator's units), as the replicas issue it (engin
     always   the grad norm's 8-byte all-reduce when gradients are sharded, fp16's 16-byte overflow flag
              likewise, and the 16-byte all-reduce that averages the loss over ranks; where ranks share a
              host, the wait for the slowest of them (compute.py's imbalance, calibrated); where ranks
-             outnumber its cores, the lag of the last one at every collective (Timeline.lag)
+             outnumber its cores, the lag of the last one at a meeting after compute (Timeline.lag)
 
 Without `parallel.overlap` every collective is waited for where it is issued.
 """

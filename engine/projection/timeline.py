@@ -9,9 +9,11 @@ order submitted. Replaying a step's program on this clock gives what a step cost
     blocking(s, cpu)  a collective the training thread runs itself (the communication thread is idle)
     wait_for_peers(s) the training thread waits for a slower rank to reach the same collective
 
-`lag`: where ranks outnumber the host's cores, the last rank reaches every collective this late
-(engine.projection.meeting_lag): a submitted collective starts no earlier than `lag` after it is submitted,
-and one the training thread runs itself waits that long for its peers first.
+`lag`: where ranks outnumber the host's cores, the last rank, the one the scheduler ran last, reaches a
+meeting this late (engine.projection.meeting_lag): a collective the training thread runs itself after it
+has computed since the last one waits that long for its peers first. Back-to-back collectives meet once
+(no compute in between lets the ranks drift apart again), and the communication thread's collectives
+wait on peers that are still computing, where the lag hides behind the compute.
 
 Figures: compute (seconds computing), exposed (seconds waiting on communication, or running it),
 overlapped (communication hidden behind compute), and interference — where ranks share a host's cores,
@@ -44,16 +46,18 @@ class Timeline:
     busy: list[tuple[float, float]] = field(default_factory=list)  # the training thread computing
     shares_cores: bool = False
     kappa: float = 1.0  # compute lost per CPU second of overlapping communication
-    lag: float = 0.0  # how late time-sliced peers reach each collective
+    lag: float = 0.0  # how late time-sliced peers reach a meeting
+    computed_since_meeting: bool = False
 
     def compute(self, seconds: float) -> None:
         if seconds > 0:
+            self.computed_since_meeting = True
             self.busy.append((self.now, self.now + seconds))
             self.now += seconds
             self.compute_s += seconds
 
     def submit(self, seconds: float, cpu: float = 0.0) -> Task:
-        start = max(self.now + self.lag, self.free_at)
+        start = max(self.now, self.free_at)
         task = Task(start, start + seconds, cpu)
         self.free_at = task.end
         self.tasks.append(task)
@@ -72,7 +76,9 @@ class Timeline:
 
     def blocking(self, seconds: float, cpu: float = 0.0) -> None:
         self.wait_all()
-        self.wait_for_peers(self.lag)
+        if self.computed_since_meeting:
+            self.wait_for_peers(self.lag)
+            self.computed_since_meeting = False
         self.now += seconds
         self.exposed_s += seconds
         self.comm_s += seconds
