@@ -173,17 +173,18 @@ def test_timeline_overlap_exposed_and_interference():
 
 
 def test_time_sliced_peers_meet_late():
-    """lag: a collective the training thread runs after computing waits `lag` for its peers first; one
-    right after another meeting does not; the communication thread's collectives are not delayed."""
-    tl = Timeline(lag=0.25)
-    tl.compute(1.0)
-    a = tl.submit(0.5)  # 1.0..1.5: peers still computing, the lag hides behind their compute
+    """The last peer falls behind by the CPU seconds computed (compute / slicing), at most `lag`; a wait
+    on communication lets it catch up; at a meeting the training thread waits for what is left."""
+    tl = Timeline(lag=0.25, slicing=2.0)
+    tl.compute(1.0)  # behind by min(0.25, 0.5)
+    a = tl.submit(0.5)  # 1.0..1.5 on the communication thread
     tl.compute(0.25)
-    tl.blocking(0.1)  # waits for a (1.25 -> 1.5), 0.25 for peers, then 0.1
-    tl.blocking(0.1)  # right after: the ranks met a moment ago
+    tl.blocking(0.1)  # waits for a 1.25..1.5, in which the peer caught up: nothing more; then 0.1
+    tl.compute(0.1)  # behind by 0.05
+    tl.blocking(0.1)  # 0.05 for the peer, then 0.1
     assert (a.start, a.end) == (1.0, 1.5)
-    assert tl.now == pytest.approx(1.95) and tl.exposed_s == pytest.approx(0.7)
-    assert tl.imbalance_s == pytest.approx(0.25) and tl.compute_s == pytest.approx(1.25)
+    assert tl.now == pytest.approx(1.85) and tl.exposed_s == pytest.approx(0.5)
+    assert tl.imbalance_s == pytest.approx(0.05) and tl.compute_s == pytest.approx(1.35)
 
 
 def test_tasks_run_one_at_a_time_in_order():

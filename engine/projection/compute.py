@@ -1,7 +1,8 @@
 """How fast a rank computes: FLOP/s as a function of the work's size, per phase and precision.
 
 Two sources, one interface (`rate`, `optimizer_s`, `copy_s`, `other_s`, `peak`, `imbalance_s`,
-`meeting_lag_s`, and `interference`: compute lost per CPU second of communication overlapping it):
+`meeting_lag_s`, `slicing`, and `interference`: compute lost per CPU second of communication overlapping
+it):
 
 * `NominalCompute` — a cluster file's figures: peak FLOP/s × an efficiency curve that saturates with the
   micro-batch, eff(x) = eff_max · x / (x + x½) for x tokens per micro-batch (the shape of every achieved-
@@ -92,6 +93,9 @@ class NominalCompute:
     def meeting_lag_s(self, dtype: str, ranks_on_host: int) -> float:
         return 0.0  # a cluster file's ranks each have their own cores
 
+    def slicing(self, dtype: str, ranks_on_host: int) -> float:
+        return 1.0
+
 
 @dataclass(frozen=True)
 class Curve:
@@ -164,8 +168,11 @@ class CalibratedCompute:
         """How late the last rank reaches each collective where the ranks outnumber the cores: the lag
         measured with 2 ranks per core (engine.projection.meeting_lag), scaled by the ranks per core beyond
         one (the time-slicing factor less one: 0 with cores to spare)."""
-        _, factor = self._level(dtype, ranks_on_host)
-        return self.calibration.meeting_lag_s * max(0.0, factor - 1.0)
+        return self.calibration.meeting_lag_s * max(0.0, self.slicing(dtype, ranks_on_host) - 1.0)
+
+    def slicing(self, dtype: str, ranks_on_host: int) -> float:
+        """The ranks' CPU demand over what the calibrated level had: > 1 where they time-slice."""
+        return self._level(dtype, ranks_on_host)[1]
 
     def interference(self, dtype: str, ranks_on_host: int) -> float:
         """Seconds of compute lost per second of the transport's fitted CPU time (calibrate.py) of the

@@ -18,7 +18,7 @@ engine.parallel.buckets, the estimator's units), as the replicas issue it (engin
     always   the grad norm's 8-byte all-reduce when gradients are sharded, fp16's 16-byte overflow flag
              likewise, and the 16-byte all-reduce that averages the loss over ranks; where ranks share a
              host, the wait for the slowest of them (compute.py's imbalance, calibrated); where ranks
-             outnumber its cores, the lag of the last one at a meeting after compute (Timeline.lag)
+             outnumber its cores, what is left of the last one's lag at each meeting (Timeline.lag)
 
 Without `parallel.overlap` every collective is waited for where it is issued.
 """
@@ -101,7 +101,7 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) 
         else set()
     t_opt = compute.optimizer_s(owned_elements, dtype, k)
     tl = Timeline(shares_cores=machine.cpu_topology is not None, kappa=compute.interference(dtype, k),
-                  lag=compute.meeting_lag_s(dtype, k))
+                  lag=compute.meeting_lag_s(dtype, k), slicing=compute.slicing(dtype, k))
     comm = _Comm(machine)
     tl.compute(compute.other_s(dtype, k))
     events = backward_events(cfg, flops_of.vocab)

@@ -9,17 +9,12 @@ order submitted. Replaying a step's program on this clock gives what a step cost
     blocking(s, cpu)  a collective the training thread runs itself (the communication thread is idle)
     wait_for_peers(s) the training thread waits for a slower rank to reach the same collective
 
-`lag`: where ranks outnumber the host's cores, the last rank, the one the scheduler ran last, reaches a
-meeting this late (engine.projection.meeting_lag): a collective the training thread runs itself after it
-has computed since the last one waits that long for its peers first. Back-to-back collectives meet once
-(no compute in between lets the ranks drift apart again), and the communication thread's collectives
-wait on peers that are still computing, where the lag hides behind the compute.
-
-Figures: compute (seconds computing), exposed (seconds waiting on communication, or running it),
-overlapped (communication hidden behind compute), and interference — where ranks share a host's cores,
-the CPU part of a collective that overlapped compute takes those cores (and, for its Python, the rank's
-interpreter lock) from it: κ seconds of compute per CPU second (engine.projection.interference) come back
-onto the step.
+`lag`: where ranks outnumber the host's cores (`slicing` ranks per core's worth of CPU), the last rank,
+the one the scheduler ran last, falls behind while the ranks compute — by the CPU seconds each computed
+(compute ÷ slicing), at most `lag` (engine.projection.meeting_lag: a time slice, about) — and catches up
+while the others wait on communication. At a meeting the training thread waits for what is left of it: a
+collective it runs itself after computing, or one it waits for (minus the wait, in which the late rank
+caught up).
 """
 
 from __future__ import annotations
@@ -46,12 +41,13 @@ class Timeline:
     busy: list[tuple[float, float]] = field(default_factory=list)  # the training thread computing
     shares_cores: bool = False
     kappa: float = 1.0  # compute lost per CPU second of overlapping communication
-    lag: float = 0.0  # how late time-sliced peers reach a meeting
-    computed_since_meeting: bool = False
+    lag: float = 0.0  # how late time-sliced peers reach a meeting, at most
+    slicing: float = 1.0  # the ranks' CPU demand over the host's cores (1: no time-slicing)
+    late: float = 0.0  # how far the last peer is behind now
 
     def compute(self, seconds: float) -> None:
         if seconds > 0:
-            self.computed_since_meeting = True
+            self.late = min(self.lag, self.late + seconds / self.slicing)
             self.busy.append((self.now, self.now + seconds))
             self.now += seconds
             self.compute_s += seconds
@@ -65,25 +61,33 @@ class Timeline:
         return task
 
     def wait(self, task: Task) -> None:
-        if task.end > self.now:
-            self.exposed_s += task.end - self.now
-            self.now = task.end
+        self._wait_until(task.end)
 
     def wait_all(self) -> None:
-        if self.free_at > self.now:
-            self.exposed_s += self.free_at - self.now
-            self.now = self.free_at
+        self._wait_until(self.free_at)
+
+    def _wait_until(self, end: float) -> None:
+        if end > self.now:
+            waited = end - self.now
+            self.exposed_s += waited
+            self.now = end
+            self._meet(waited)
+
+    def _meet(self, waited: float = 0.0) -> None:
+        """The ranks meet: wait for what is left of the last one's lag after `waited` (it caught up)."""
+        self.wait_for_peers(max(0.0, self.late - waited))
+        self.late = 0.0
 
     def blocking(self, seconds: float, cpu: float = 0.0) -> None:
         self.wait_all()
-        if self.computed_since_meeting:
-            self.wait_for_peers(self.lag)
-            self.computed_since_meeting = False
+        self._meet()
         self.now += seconds
         self.exposed_s += seconds
         self.comm_s += seconds
 
     def wait_for_peers(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
         self.now += seconds
         self.exposed_s += seconds
         self.imbalance_s += seconds
