@@ -62,6 +62,13 @@ def _fused16(jit, *arrays: np.ndarray) -> bool | None:
 _F32 = _constants(np.dtype(np.float32))
 
 
+def _jit_tanh_arg16(jit, bits: np.ndarray, bf16: bool) -> np.ndarray:
+    """_jit_tanh_arg of 16-bit `bits` (float32 out), their widening inside the compiled loop."""
+    t = np.empty(bits.size, np.float32)
+    jit.gelu_arg16(bits, bf16, _F32[0], _F32[1], t)
+    return np.tanh(t, out=t)
+
+
 def gelu(x: np.ndarray) -> np.ndarray:
     """0.5 x (1 + tanh(c (x + k x^3))) in x's dtype, computed in float32 (float64 for float64)."""
     src = np.ascontiguousarray(x).reshape(-1)
@@ -71,10 +78,8 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
     def block(lo: int, hi: int) -> None:
         if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
-            bits, (c, ck, _, one, half) = src[lo:hi].view(np.uint16), _F32
-            t = np.empty(hi - lo, np.float32)
-            jit.gelu_arg16(bits, bf16, c, ck, t)
-            np.tanh(t, out=t)
+            bits, (_, _, _, one, half) = src[lo:hi].view(np.uint16), _F32
+            t = _jit_tanh_arg16(jit, bits, bf16)
             jit.gelu_out16(bits, bf16, t, one, half, out[lo:hi].view(np.uint16))
             return
         x32 = lowp.widen(src[lo:hi])
@@ -105,10 +110,8 @@ def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
 
     def block(lo: int, hi: int) -> None:
         if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
-            bits, (c, ck, ck3, one, half) = src[lo:hi].view(np.uint16), _F32
-            t = np.empty(hi - lo, np.float32)
-            jit.gelu_arg16(bits, bf16, c, ck, t)
-            np.tanh(t, out=t)
+            bits, (c, _, ck3, one, half) = src[lo:hi].view(np.uint16), _F32
+            t = _jit_tanh_arg16(jit, bits, bf16)
             jit.gelu_grad16(bits, grad[lo:hi].view(np.uint16), bf16, t, c, ck3, one, half,
                             out[lo:hi].view(np.uint16))
             return

@@ -7,8 +7,10 @@ that the time-slicing stretches (engine.projection.compute's demand factor) — 
 last bucket after backward, a blocking all-reduce) it is waited for. Measured, not assumed: 2 × cores rank
 processes (one thread each) compute a fixed chunk of CHUNK_S seconds between barriers, and the lag is how
 long a rank waits at a barrier: the median over rounds (a burst of load hits a round), then over ranks.
-Chunks longer than a time slice (tens of milliseconds) measure the slice
-itself: 2, 10 and 34 ms chunks gave waits of 2.0, 3.3 and 4.3 ms per meeting on this 2-core machine.
+Chunks longer than a time slice (tens of milliseconds) measure the slice itself: 2, 10 and 34 ms chunks
+gave waits of 2.0, 3.3 and 4.3 ms per meeting on this 2-core machine. How much of the lag a step waits
+for is the step model's business (engine.projection.timeline: the late rank catches up while the others
+wait on communication).
 """
 
 from __future__ import annotations
