@@ -153,10 +153,10 @@ def test_stale_gradients_are_written_over_and_unused_ones_zeroed(dtype):
     cleared = [Parameter(v.copy(), name=f"p{i}") for i, v in enumerate(values)]
     flat, reference = FlatBuffer(stale, dtype, pad_to=4), FlatBuffer(cleared, dtype, pad_to=4)
     flat.grad[:flat.numel] = 5.0  # an earlier step's gradients (the padding is never written: it stays 0)
-    for step in range(2):
+    for _step in range(2):
         flat.mark_grads_stale()
         reference.grad.fill(0)
-        for micro in range(2):
+        for _micro in range(2):
             x = rng.normal(size=(2, 4)).astype(dt)
             for w, b, _ in (stale, cleared):
                 y = ops.matmul(Tensor(x), w) + b
