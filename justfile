@@ -65,4 +65,4 @@ memory-table:
 
 # The projection's validation table of the README (calibrates, then runs 12 held-out configurations).
 projection-validate:
-    nanodist-tui project --validate --repeats 3
+    nanodist-tui project --validate --repeats 4

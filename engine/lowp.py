@@ -56,6 +56,18 @@ def narrow_into(x: np.ndarray, out: np.ndarray) -> None:
             out[...] = x.astype(out.dtype)
 
 
+def copy_into(x: np.ndarray, out: np.ndarray) -> None:
+    """out[...] = x in out's dtype (rounded to nearest as narrow() rounds); a large contiguous copy is
+    shared among the rank's threads, block by block, as add() shares a sum."""
+    low = x.dtype in LOW_PRECISION or out.dtype in LOW_PRECISION
+    if (blocks.threads() > 1 and x.size >= SHARED_ADD_FROM[low] and x.shape == out.shape
+            and x.flags.c_contiguous and out.flags.c_contiguous):
+        src, dst = x.reshape(-1), out.reshape(-1)
+        blocks.run(lambda lo, hi: narrow_into(src[lo:hi], dst[lo:hi]), x.size, 4 * blocks.BLOCK)
+    else:
+        narrow_into(x, out)
+
+
 def _convert(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """a.astype(dtype) through engine.halfconv; a large contiguous array in blocks shared among the
     rank's threads (engine.blocks). Only arrays large enough to repay handing work to another thread

@@ -117,13 +117,16 @@ class Tensor:
 
 
 class Parameter(Tensor):
-    """A trainable leaf. `.name` is set by its model; grad-ready hooks fire once per backward."""
+    """A trainable leaf. `.name` is set by its model; grad-ready hooks fire once per backward.
+    `grad_stale`: `.grad` holds an earlier step's values, which the next gradient written replaces rather
+    than adds to (engine.flat.FlatBuffer.mark_grads_stale)."""
 
-    __slots__ = ("name", "_grad_ready_hooks")
+    __slots__ = ("name", "_grad_ready_hooks", "grad_stale")
 
     def __init__(self, data, name: str | None = None):
         super().__init__(data, requires_grad=True)
         self.name = name
+        self.grad_stale = False
         self._grad_ready_hooks: list[Callable[[Parameter], None]] = []
 
     def register_grad_ready_hook(self, fn: Callable[[Parameter], None]) -> Callable[[], None]:
@@ -315,6 +318,9 @@ def run_backward(root, grad: np.ndarray) -> None:
 def _write_leaf_grad(leaf: Tensor, grad: np.ndarray, owned: bool) -> None:
     if leaf.grad is None:
         leaf.grad = grad.astype(leaf.dtype, copy=not owned)
+    elif getattr(leaf, "grad_stale", False):
+        lowp.copy_into(grad, leaf.grad)  # a flat buffer's view, not cleared for this step (engine.flat)
+        leaf.grad_stale = False  # type: ignore[attr-defined]
     else:
         lowp.add(leaf.grad, grad, out=leaf.grad)  # in place: .grad may be a view into a flat gradient buffer
     for hook in getattr(leaf, "_grad_ready_hooks", ()):

@@ -199,3 +199,8 @@ def test_the_compiled_sum_of_squares_is_exact_to_float64_rounding(dtype):
     assert sum_of_squares(x) == pytest.approx(exact, rel=1e-14)
     assert numpy_sum == pytest.approx(exact, rel=1e-13)
     assert sum_of_squares(x[:7]) == pytest.approx(float(np.dot(wide[:7], wide[:7])), rel=1e-15)  # < 8 long
+    x[500_000] = np.inf  # the loop reassociates its additions, and only that: overflow still shows
+    assert sum_of_squares(x) == np.inf
+    x[7] = np.nan
+    assert np.isnan(sum_of_squares(x))
+

@@ -352,3 +352,10 @@ def test_the_summary_counts_only_pairs_the_measurements_tell_apart():
     assert report["mape"] == pytest.approx(sum(map(abs, errors)) / 3)
     assert report["bias"] == pytest.approx(sum(errors) / 3)
     assert report["max_error"] == pytest.approx(max(map(abs, errors)))
+
+
+def test_validation_rounds_alternate_their_order():
+    """Forward, backward, forward: each pair of cases runs on both sides of a drift that lasts a round."""
+    from engine.projection.validate import round_order
+    cases = ["a", "b", "c"]
+    assert [round_order(cases, r) for r in range(3)] == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]

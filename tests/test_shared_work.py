@@ -44,6 +44,29 @@ def test_split_runs_every_item_once_on_as_many_threads_as_the_pool_has(threads):
     assert len({ident for *_, ident in seen}) == threads
 
 
+def test_run_shares_blocks_only_when_the_first_block_says_it_repays_the_hand_offs():
+    """Blocks that each take many hand-offs' time (a sleep, which lets go of the GIL as a compiled loop
+    does) run on both threads; blocks far shorter than a hand-off stay on the caller's thread. Every
+    block runs once either way, with the same bounds."""
+    import time
+
+    def blocks_run(per_block_s: float) -> list[tuple[int, int, int]]:
+        seen: list[tuple[int, int, int]] = []
+
+        def work(lo: int, hi: int) -> None:
+            if per_block_s:
+                time.sleep(per_block_s)
+            seen.append((lo, hi, threading.get_ident()))
+        on_threads(2, lambda: blocks.run(work, 10 * 64 + 5, 64))
+        return sorted(seen)
+    assert on_threads(2, blocks.handoff_s) > 0 and blocks.handoff_s() == 0.0  # one thread: no pool
+    bounds = [(lo, min(lo + 64, 645)) for lo in range(0, 645, 64)]
+    slow, fast = blocks_run(0.02), blocks_run(0.0)
+    assert [b[:2] for b in slow] == [b[:2] for b in fast] == bounds
+    assert len({ident for *_, ident in slow}) == 2
+    assert {ident for *_, ident in fast} == {threading.get_ident()}
+
+
 def test_split_stays_on_the_callers_thread_below_two_grains_and_when_nested():
     idents = []
     on_threads(2, lambda: blocks.split(lambda lo, hi: idents.append(threading.get_ident()), 15, grain=8))

@@ -46,7 +46,11 @@ class DataParallel(Replica):
     # ------------------------------------------------------------------ gradients
 
     def zero_grad(self) -> None:
-        self.flat.zero_grad()
+        self.flat.mark_grads_stale()
+
+    def backward(self, loss, factor: float) -> None:
+        super().backward(loss, factor)
+        self.flat.zero_stale()  # before any bucket that waited on an unused parameter is reduced
 
     def begin_micro(self, sync: bool) -> None:
         """Only the micro-batch with sync=True all-reduces; earlier ones just accumulate."""

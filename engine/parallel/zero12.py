@@ -72,7 +72,7 @@ class ZeroReplica(ShardedReplica):
 
     def zero_grad(self) -> None:
         if self.stage == 1:
-            self.flat.zero_grad()
+            self.flat.mark_grads_stale()
         else:
             self.grad_shard.fill(0)
         self.comm_wait_s = 0.0
@@ -88,6 +88,8 @@ class ZeroReplica(ShardedReplica):
         """Backpropagate loss × factor × the loss scale, then issue the buckets backward left unfinished
         (parameters without a gradient), so every micro-batch issues every bucket, in order."""
         super().backward(loss, factor)
+        if self.stage == 1:
+            self.flat.zero_stale()  # before the buckets left unfinished are reduced
         if self._sync:
             while self._next < len(self.buckets):
                 self._launch(self._next)

@@ -16,7 +16,8 @@ user's calibration alone. The calibration still runs none of what the case adds:
 the compute, no ZeRO, no recomputation, no emulated network, never more than 2 training ranks (for a case
 with more ranks than cores, 2 per core run a fixed matrix product between barriers, to time how late
 time-sliced ranks meet: engine.projection.meeting_lag). The validation goes
-in `repeats` rounds over every case; a case's figures are the medians over rounds. Model-state memory is
+in `repeats` rounds over every case, forward and backward in turn (round_order); a case's figures are the
+medians over rounds. Model-state memory is
 compared byte for byte with the ledger.
 
 Summary: mean absolute percentage error of the step time, its maximum, the bias (mean signed error), the
@@ -109,7 +110,7 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
     vocab = vocab_size(cases[0][1]) if base.model.kind == "gpt" else 0
     runs: dict[str, list[dict]] = {label: [] for label, _ in cases}
     calibration = None
-    for repeat, (label, cfg) in itertools.product(range(repeats), cases):
+    for repeat, (label, cfg) in ((r, case) for r in range(repeats) for case in round_order(cases, r)):
         on_progress(f"round {repeat + 1}/{repeats}: {label}: calibrating, predicting, running")
         calibration = calibrate_for(cfg, vocab)
         step, mem, _ = predict(cfg, cluster, calibration, vocab)
@@ -125,6 +126,14 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
                         median(m, "comm_share"), all(r["memory_exact"] for r in m), m)
                 for label, m in runs.items()]
     return summarize(outcomes, calibration)
+
+
+def round_order(cases: list, repeat: int) -> list:
+    """The cases in round `repeat`'s order: forward in even rounds, backward in odd ones. The machine's
+    speed drifts over the minutes a round takes; run in one order only, a case early in the round would
+    always meet the round's first minutes, and a drift that lasts the round would rank it against a case
+    late in the round. Alternating the order puts every pair on both sides of the drift."""
+    return cases if repeat % 2 == 0 else cases[::-1]
 
 
 def calibrate_for(cfg: Config, vocab: int) -> Calibration:
