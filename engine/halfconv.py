@@ -57,20 +57,25 @@ def astype_into(a: np.ndarray, out: np.ndarray) -> None:
     `out` C-contiguous; overflow to inf without a warning."""
     jit = compiled() if a.size >= _SMALL and a.flags.c_contiguous and out.flags.c_contiguous else None
     pair = (a.dtype, out.dtype)
-    if jit is not None and pair in _INTO:
-        loop, src_bits, dst_bits, with_table = _INTO[pair]
-        args = (_UP_BITS,) if with_table else ()
-        getattr(jit, loop)(a.reshape(-1).view(src_bits), *args, out.reshape(-1).view(dst_bits))
+    if jit is not None and pair in _LOOPS:
+        loop, src_bits, dst_bits, args = _loop(jit, pair)
+        loop(a.reshape(-1).view(src_bits), *args, out.reshape(-1).view(dst_bits))
         return
     with np.errstate(over="ignore"):
         out[...] = astype(a, out.dtype)
 
 
 # (from, to) -> (engine.halfconv_jit's loop, source bits, result bits, whether it takes the widening table)
-_INTO = {(np.dtype(np.float16), np.dtype(np.float32)): ("widen_bits", np.uint16, np.uint32, True),
-         (np.dtype(np.float32), np.dtype(np.float16)): ("round_bits", np.uint32, np.uint16, False),
-         (BFLOAT16, np.dtype(np.float32)): ("widen_bits_bf16", np.uint16, np.uint32, False),
-         (np.dtype(np.float32), BFLOAT16): ("round_bits_bf16", np.uint32, np.uint16, False)}
+_LOOPS = {(np.dtype(np.float16), np.dtype(np.float32)): ("widen_bits", np.uint16, np.uint32, True),
+          (np.dtype(np.float32), np.dtype(np.float16)): ("round_bits", np.uint32, np.uint16, False),
+          (BFLOAT16, np.dtype(np.float32)): ("widen_bits_bf16", np.uint16, np.uint32, False),
+          (np.dtype(np.float32), BFLOAT16): ("round_bits_bf16", np.uint32, np.uint16, False)}
+
+
+def _loop(jit, pair: tuple) -> tuple:
+    """(compiled loop, source bits, result bits, the loop's extra arguments) of a (from, to) pair."""
+    name, src_bits, dst_bits, with_table = _LOOPS[pair]
+    return getattr(jit, name), src_bits, dst_bits, (_UP_BITS,) if with_table else ()
 
 
 def compiled():
@@ -84,7 +89,7 @@ def to_float32(a: np.ndarray, use_compiled: bool = True) -> np.ndarray:
         return a.astype(np.float32)
     jit = compiled() if use_compiled else None
     if jit is not None:
-        return _run_compiled(jit.widen_bits, a, np.float32, np.uint16, np.uint32, _UP_BITS)
+        return _run_compiled(jit, a, np.float32)
     out = np.empty_like(a, dtype=np.float32)
     src, dst = _in_memory_order(a, out)
     src16, dst = src.reshape(-1).view(np.uint16), dst.reshape(-1)  # reshape: a copy only when strided
@@ -101,7 +106,7 @@ def to_float16(x: np.ndarray, use_compiled: bool = True) -> np.ndarray:
             return x.astype(np.float16)
     jit = compiled() if use_compiled else None
     if jit is not None:
-        return _run_compiled(jit.round_bits, x, np.float16, np.uint32, np.uint16)
+        return _run_compiled(jit, x, np.float16)
     out = np.empty_like(x, dtype=np.float16)
     src, dst = _in_memory_order(x, out)
     src = np.ascontiguousarray(src).reshape(-1).view(np.uint32)
@@ -121,7 +126,7 @@ def to_bfloat16(x: np.ndarray, use_compiled: bool = True) -> np.ndarray:
     if jit is None or x.size < _SMALL:
         with np.errstate(over="ignore"):
             return x.astype(BFLOAT16)
-    return _run_compiled(jit.round_bits_bf16, x, BFLOAT16, np.uint32, np.uint16)
+    return _run_compiled(jit, x, BFLOAT16)
 
 
 def bfloat16_to_float32(a: np.ndarray, use_compiled: bool = True) -> np.ndarray:
@@ -129,13 +134,14 @@ def bfloat16_to_float32(a: np.ndarray, use_compiled: bool = True) -> np.ndarray:
     jit = compiled() if use_compiled else None
     if jit is None or a.size < _SMALL:
         return a.astype(np.float32)
-    return _run_compiled(jit.widen_bits_bf16, a, np.float32, np.uint16, np.uint32)
+    return _run_compiled(jit, a, np.float32)
 
 
-def _run_compiled(loop, a: np.ndarray, dtype, src_bits, dst_bits, *args) -> np.ndarray:
-    """loop(a's bits, *args, the result's bits), both flat, into a new array of `dtype` laid out as astype
-    lays it out. A C-contiguous `a` (the common case) skips the layout steps: their few microseconds
-    are a third of a conversion of a block."""
+def _run_compiled(jit, a: np.ndarray, dtype) -> np.ndarray:
+    """a.astype(dtype) through the pair's compiled loop (_LOOPS) on both arrays' bits, flat, into a new
+    array laid out as astype lays it out. A C-contiguous `a` (the common case) skips the layout steps:
+    their few microseconds are a third of a conversion of a block."""
+    loop, src_bits, dst_bits, args = _loop(jit, (a.dtype, np.dtype(dtype)))
     if a.flags.c_contiguous:
         out = np.empty(a.shape, dtype)
         loop(a.reshape(-1).view(src_bits), *args, out.reshape(-1).view(dst_bits))

@@ -52,8 +52,7 @@ def narrow_into(x: np.ndarray, out: np.ndarray) -> None:
     elif x.dtype == np.float32 and out.dtype in LOW_PRECISION:
         halfconv.astype_into(x, out)
     else:
-        with np.errstate(over="ignore"):
-            out[...] = x.astype(out.dtype)
+        out[...] = narrow(x, out.dtype)
 
 
 def copy_into(x: np.ndarray, out: np.ndarray) -> None:
