@@ -136,13 +136,10 @@ class FlatBuffer(FlatLayout):
         """Position of a parameter in the layout (by identity)."""
         return self._index[id(param)]
 
-    def zero_grad(self) -> None:
-        self.grad_buffer.fill(0)
-
     def mark_grads_stale(self) -> None:
         """Start a step's backward without clearing the gradient buffer: each parameter's first gradient
         of the step is written over its old values (engine.tensor), and zero_stale() clears those that
-        got none. One pass over the buffer fewer than zero_grad() and then adding to zeros: the gradient
+        got none. One pass over the buffer fewer than clearing it and adding to zeros: the gradient
         buffer is as large as the parameters, and these passes are bound by memory bandwidth. The
         padding is never written, so it stays zero."""
         for p in self.params:
@@ -150,8 +147,8 @@ class FlatBuffer(FlatLayout):
 
     def zero_stale(self) -> None:
         """Zero the gradients of parameters that backward has not written since mark_grads_stale() (a
-        parameter this step did not use): the buffer then holds exactly what zero_grad() and backward
-        would leave."""
+        parameter this step did not use): the buffer then holds exactly what clearing it before backward
+        would have left."""
         for p in self.params:
             if p.grad_stale:
                 p.grad[...] = 0
