@@ -59,20 +59,27 @@ def copy_into(x: np.ndarray, out: np.ndarray) -> None:
     """out[...] = x in out's dtype (rounded to nearest as narrow() rounds); a large contiguous copy is
     shared among the rank's threads, block by block, as add() shares a sum."""
     low = x.dtype in LOW_PRECISION or out.dtype in LOW_PRECISION
-    if (blocks.threads() > 1 and x.size >= SHARED_ADD_FROM[low] and x.shape == out.shape
-            and x.flags.c_contiguous and out.flags.c_contiguous):
+    if _shared(SHARED_ADD_FROM[low], x, out):
         src, dst = x.reshape(-1), out.reshape(-1)
         blocks.run(lambda lo, hi: narrow_into(src[lo:hi], dst[lo:hi]), x.size, 4 * blocks.BLOCK)
     else:
         narrow_into(x, out)
 
 
+def _shared(shared_from: int, first: np.ndarray, *others: np.ndarray | None) -> bool:
+    """Whether an elementwise pass over these arrays (None: an output not made yet) goes to the rank's
+    threads block by block: more than one thread, at least `shared_from` elements, one shape, every array
+    C-contiguous (its blocks are then plain slices of the flattened arrays)."""
+    if blocks.threads() == 1 or first.size < shared_from or not first.flags.c_contiguous:
+        return False
+    return all(a is None or (a.shape == first.shape and a.flags.c_contiguous) for a in others)
+
+
 def _convert(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """a.astype(dtype) through engine.halfconv; a large contiguous array in blocks shared among the
     rank's threads (engine.blocks). Only arrays large enough to repay handing work to another thread
     (SHARED_CONVERT_FROM)."""
-    shared_from = SHARED_CONVERT_FROM[halfconv.compiled() is not None]
-    if blocks.threads() == 1 or a.size < shared_from or not a.flags.c_contiguous:
+    if not _shared(SHARED_CONVERT_FROM[halfconv.compiled() is not None], a):
         return halfconv.astype(a, dtype)
     out = np.empty(a.shape, dtype)
     src, dst = a.reshape(-1), out.reshape(-1)
@@ -95,10 +102,7 @@ def add(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     arrays of one shape (the tape's gradient sums) is shared among the rank's threads, block by block."""
     dtypes = (a.dtype, b.dtype) if out is None else (a.dtype, b.dtype, out.dtype)
     low = any(d in LOW_PRECISION for d in dtypes)
-    if (blocks.threads() > 1 and a.size >= SHARED_ADD_FROM[low] and a.shape == b.shape
-            and (out is None or out.shape == a.shape)
-            and a.flags.c_contiguous and b.flags.c_contiguous
-            and (out is None or out.flags.c_contiguous)):
+    if _shared(SHARED_ADD_FROM[low], a, b, out):
         if out is None:
             out = np.empty(a.shape, np.result_type(a.dtype, b.dtype))
         fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)

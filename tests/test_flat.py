@@ -137,7 +137,6 @@ def test_decay_mask_covers_matrices_only():
     assert mask[:12].all() and not mask[12:16].any() and mask[16:36].all() and not mask[36:].any()
 
 
-
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_stale_gradients_are_written_over_and_unused_ones_zeroed(dtype):
     """mark_grads_stale + backward + zero_stale leaves, bit for bit, the buffer that clearing it and

@@ -203,4 +203,3 @@ def test_the_compiled_sum_of_squares_is_exact_to_float64_rounding(dtype):
     assert sum_of_squares(x) == np.inf
     x[7] = np.nan
     assert np.isnan(sum_of_squares(x))
-

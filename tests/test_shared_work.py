@@ -134,6 +134,22 @@ def test_large_adds_shared_among_threads_give_numpys_bits(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_large_copies_into_a_gradient_give_narrows_bits_at_one_thread_and_two(dtype):
+    """lowp.copy_into (how the tape writes a step's first gradient over a flat buffer's stale one): a float32
+    gradient rounded into `dtype` as narrow() rounds it, with the pool at one thread and at two."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(lowp.SHARED_ADD_FROM[True] + 333).astype(np.float32) * 1e3
+    want = lowp.narrow(x, dtype)
+
+    def copy():
+        out = np.full(x.shape, 7, dtype)
+        lowp.copy_into(x, out)
+        return out
+    for threads in (1, 2):
+        assert same_bits(on_threads(threads, copy), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_linear_with_bias_shared_among_threads_gives_the_whole_array_bits(dtype):
     rng = np.random.default_rng(6)
     x = Tensor(rng.standard_normal((3 * blocks.BLOCK // 64 + 5, 48)).astype(dtype))
