@@ -29,6 +29,7 @@ from engine.projection.calibrate import Calibration, CalibrationError, calibrate
 from engine.projection.clusters import load_cluster
 from engine.projection.compute import Curve
 from engine.projection.compute_calibration import imbalance_share
+from engine.projection.flops import model_signature
 from engine.projection.project import at_world_size, predict, project
 
 
@@ -50,12 +51,24 @@ def ring(p: int, n: float, alpha: float, beta: float, gamma: float) -> float:
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta + (p - 1) / p * n * gamma
 
 
+def loss_ring(p: int, alpha: float, beta: float, gamma: float) -> float:
+    """The all-reduce of the loss and the stop and pause votes: 3 fp64 values. On 2 ranks the published
+    ring of 24 bytes. On 4, one shard is empty and sends nothing: each of the 6 steps moves one whole value
+    (α + 8β), and each of the reduce-scatter's 3 adds one value's reduction on the rank that finishes last
+    (engine.projection.sparse_ring, worked out step by step in tests/test_sparse_ring.py)."""
+    if p == 2:
+        return ring(2, 24, alpha, beta, gamma)
+    assert p == 4
+    return 6 * (alpha + 8 * beta) + 3 * 8 * gamma
+
+
 # ----------------------------------------------------------------------------- a shipped cluster, by hand
 
 def test_a100_cluster_reproduces_the_hand_example():
     """16 ranks (2 nodes) of the a100-hdr cluster, bf16 DDP, 8 rows of 32 tokens per rank, one gradient
     bucket (the whole 0.2 MB gradient fits the 25 MiB cap): the step is compute, then the bucket's
-    all-reduce (nothing left to overlap it with), the update, and the loss's 16-byte all-reduce."""
+    all-reduce (nothing left to overlap it with), the update, and the 24-byte all-reduce of the loss and
+    the stop and pause votes (three fp64 values)."""
     cfg = small_config(precision={"dtype": "bf16"}, train={"global_batch": 8})
     a100 = load_cluster("a100-hdr")
     (row,) = project(cfg, a100, world_sizes=[16])["rows"]
@@ -79,7 +92,7 @@ def test_a100_cluster_reproduces_the_hand_example():
                    2 * (g - 1) * a_in + 2 * (g - 1) / g * n * b_in                       # hierarchical
                    + 2 * (m - 1) * a_out + 2 * (m - 1) / m * (n / g) * b_out)
 
-    comm = fastest(2 * psi) + fastest(16)
+    comm = fastest(2 * psi) + fastest(24)
     assert row.step.step_s == pytest.approx(compute + comm, rel=1e-9)
     assert row.step.exposed_s == pytest.approx(comm, rel=1e-9)
     assert row.step.overlapped_s == pytest.approx(0.0, abs=1e-12)
@@ -106,7 +119,7 @@ def test_two_ranks_from_the_calibration(calibration):
     step, _, _ = predict(cfg, load_cluster(HERE), calibration, VOCAB)
     psi, tokens = n_params(cfg), 16 * 32
     compute = OTHER_S["2"] + 3 * FORWARD_PER_TOKEN["2"] * tokens + OPTIMIZER_PER_ELEMENT["2"] * psi
-    comm = ring(2, 4 * psi, ALPHA, BETA, GAMMA) + ring(2, 16, ALPHA, BETA, GAMMA)
+    comm = ring(2, 4 * psi, ALPHA, BETA, GAMMA) + loss_ring(2, ALPHA, BETA, GAMMA)
     waits = IMBALANCE["2"] * compute  # for the slower of the two, as calibrated
     assert step.compute_s == pytest.approx(compute, rel=1e-9)
     assert step.imbalance_s == pytest.approx(waits, rel=1e-9)
@@ -122,11 +135,11 @@ def test_more_ranks_than_cores_time_slice(calibration):
     step, _, _ = predict(cfg, load_cluster(HERE), calibration, VOCAB)
     psi, tokens = n_params(cfg), 8 * 32
     compute = 2 * (OTHER_S["2"] + 3 * FORWARD_PER_TOKEN["2"] * tokens + OPTIMIZER_PER_ELEMENT["2"] * psi)
-    comm = ring(4, 4 * psi, 2 * ALPHA, 2 * BETA, 2 * GAMMA) + ring(4, 16, 2 * ALPHA, 2 * BETA, 2 * GAMMA)
+    comm = ring(4, 4 * psi, 2 * ALPHA, 2 * BETA, 2 * GAMMA) + loss_ring(4, 2 * ALPHA, 2 * BETA, 2 * GAMMA)
     # the slowest of 4 is further from the mean than the slower of 2: E[max of 4 normals] / E[max of 2]
     waits = IMBALANCE["2"] * compute * 1.0293754 / 0.5641896
     assert step.compute_s == pytest.approx(compute, rel=1e-9)
-    assert step.step_s == pytest.approx(compute + comm + waits, rel=1e-6)
+    assert step.step_s == pytest.approx(compute + comm + waits, rel=1e-9)
 
 
 def test_time_sliced_ranks_meet_late(calibration):
@@ -139,8 +152,8 @@ def test_time_sliced_ranks_meet_late(calibration):
     plain = {n: predict(small_config(parallel={"world_size": n}), load_cluster(HERE), calibration, VOCAB)[0]
              for n in (2, 4)}
     t_opt = 2 * OPTIMIZER_PER_ELEMENT["2"] * n_params(cfg4)
-    loss_ring = ring(4, 16, 2 * ALPHA, 2 * BETA, 2 * GAMMA)
-    bucket_wait = plain[4].exposed_s - loss_ring - plain[4].imbalance_s
+    loss = loss_ring(4, 2 * ALPHA, 2 * BETA, 2 * GAMMA)
+    bucket_wait = plain[4].exposed_s - loss - plain[4].imbalance_s
     for lag, extra in ((1e-4, 1e-4), (1.0, (plain[4].compute_s - t_opt) / 2 - bucket_wait + t_opt / 2)):
         calibration.data["meeting_lag_s"] = lag
         late = {n: predict(small_config(parallel={"world_size": n}), load_cluster(HERE), calibration,
@@ -149,6 +162,25 @@ def test_time_sliced_ranks_meet_late(calibration):
         assert late[4].step_s == pytest.approx(plain[4].step_s + extra, rel=1e-9)
         assert late[4].exposed_s == pytest.approx(plain[4].exposed_s + extra, rel=1e-9)
         assert late[4].compute_s == pytest.approx(plain[4].compute_s, rel=1e-12)
+
+
+def test_time_slicing_costs_its_measured_overhead(calibration):
+    """The overhead measured at 2 ranks per core (slicing_overhead) stretches compute where ranks
+    time-slice: all of it at 4 ranks on 2 cores, half of it at 3 (1.5 ranks per core's worth), none at 2.
+    How late the ranks meet still follows the ranks per core alone (the lag's slicing)."""
+    def computes() -> dict:
+        return {n: predict(small_config(parallel={"world_size": n}, train={"global_batch": 24}),
+                           load_cluster(HERE), calibration, VOCAB)[0] for n in (2, 3, 4)}
+    before = computes()
+    for by_dtype in calibration.data["models"].values():
+        for levels in by_dtype.values():
+            levels["2"]["slicing_overhead"] = 1.1
+    after = computes()
+    assert after[2].compute_s == pytest.approx(before[2].compute_s, rel=1e-12)
+    assert after[3].compute_s == pytest.approx(before[3].compute_s * 1.05, rel=1e-9)
+    assert after[4].compute_s == pytest.approx(before[4].compute_s * 1.1, rel=1e-9)
+    _, _, machine = predict(small_config(parallel={"world_size": 4}), load_cluster(HERE), calibration, VOCAB)
+    assert machine.compute.slicing("fp32", 4) == 2.0
 
 
 def test_one_rank_uses_the_one_rank_curve(calibration):
@@ -162,7 +194,7 @@ def test_an_emulated_latency_rides_on_the_real_link(calibration):
     cfg = small_config(parallel={"world_size": 2, "backend": "processes"}, emulate={"latency_us": 2000.0})
     step, _, _ = predict(cfg, load_cluster(HERE), calibration, VOCAB)
     psi = n_params(cfg)
-    comm = ring(2, 4 * psi, ALPHA + 2e-3, BETA, GAMMA) + ring(2, 16, ALPHA + 2e-3, BETA, GAMMA)
+    comm = ring(2, 4 * psi, ALPHA + 2e-3, BETA, GAMMA) + loss_ring(2, ALPHA + 2e-3, BETA, GAMMA)
     assert step.exposed_s - step.imbalance_s == pytest.approx(comm, rel=1e-9)
 
 
@@ -253,7 +285,7 @@ def test_a_calibrated_cluster_without_calibration_is_one_line():
 @pytest.fixture
 def fake_measurements(monkeypatch):
     """Replace the timed measurements by counters returning fixed figures."""
-    calls = {"ring": 0, "compute": [], "peak": 0}
+    calls = {"ring": 0, "compute": [], "peak": 0, "slicing": []}
 
     def ring_(sizes, dtypes):
         calls["ring"] += 1
@@ -269,9 +301,14 @@ def fake_measurements(monkeypatch):
         calls["peak"] += 1
         return 1e11
 
+    def slicing_(cfg, dtypes, rows, cores, steps, warmup):
+        calls["slicing"].append(list(dtypes))
+        return {d: 1.25 for d in dtypes}
+
     monkeypatch.setattr(calibrate_module, "measure_ring", ring_)
     monkeypatch.setattr(calibrate_module, "measure_compute", compute_)
     monkeypatch.setattr(calibrate_module, "peak_matmul_flops", peak_)
+    monkeypatch.setattr(calibrate_module, "measure_slicing_overhead", slicing_)
     return calls
 
 
@@ -279,12 +316,15 @@ def test_calibration_is_saved_merged_and_reused(tmp_path, fake_measurements):
     path = tmp_path / "cache" / "calibration.json"
     cfg = small_config()
     first = calibrate(cfg, VOCAB, ["fp32"], path=path)
-    assert fake_measurements == {"ring": 1, "compute": [["fp32"]], "peak": 1}
+    assert fake_measurements == {"ring": 1, "compute": [["fp32"]], "peak": 1, "slicing": [["fp32"]]}
+    assert first.model(model_signature(cfg, VOCAB))["fp32"]["2"]["slicing_overhead"] == 1.25
     assert Calibration.load(path).data == first.data
     calibrate(cfg, VOCAB, ["fp32"], path=path)  # nothing missing: nothing measured
     assert fake_measurements["compute"] == [["fp32"]] and fake_measurements["ring"] == 1
-    calibrate(cfg, VOCAB, ["fp32", "bf16"], path=path)  # only the new precision
+    calibrate(cfg, VOCAB, ["fp32", "bf16"], path=path, slicing=False)  # only the new precision
     assert fake_measurements["compute"] == [["fp32"], ["bf16"]] and fake_measurements["ring"] == 1
+    assert fake_measurements["slicing"] == [["fp32"]]  # not asked for this time
+    assert "slicing_overhead" not in Calibration.load(path).model(model_signature(cfg, VOCAB))["bf16"]["2"]
     other = small_config(model={"n_layer": 1})
     calibrate(other, VOCAB, ["fp32"], path=path)  # another model joins the same file
     assert len(Calibration.load(path).data["models"]) == 2

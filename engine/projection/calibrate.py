@@ -15,7 +15,9 @@ What is measured, all on the processes backend (real processes, as training runs
   quartile of the waits over that of the step's compute, the lower of two such estimates seconds apart,
   averaged over the ranks). With 2 ranks, also how much a bucket's all-reduce running beside forward and
   backward slows them per CPU second it takes ("interference", κ) and how much CPU it takes there
-  (engine.projection.interference). engine.projection.compute_calibration does this part.
+  (engine.projection.interference). engine.projection.compute_calibration does this part. And what
+  time-slicing costs the model beyond its share of a core: 2 ranks on one core against 2 on a core each
+  (engine.projection.slicing_overhead).
 * copies: bytes per second of a large numpy copy, with the same ranks busy (ZeRO packs and unpacks).
 * transport: α, β, γ of our ring at the sizes a run sends, in wall-clock and in CPU time
   (engine.projection.transport_calibration).
@@ -42,6 +44,7 @@ from engine.config import Config
 from engine.projection.compute_calibration import LEVELS, measure_compute
 from engine.projection.flops import model_signature
 from engine.projection.meeting_lag import measure_meeting_lag
+from engine.projection.slicing_overhead import measure_slicing_overhead
 from engine.projection.transport_calibration import default_transport_sizes, measure_ring
 
 VERSION = 1
@@ -67,7 +70,8 @@ class Calibration:
     seconds},
     "models" {signature:
     {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s, imbalance,
-    interference, interference_cpu_s, interference_bytes}}}}} (the last three at 2 busy ranks only)."""
+    interference, interference_cpu_s, interference_bytes, slicing_overhead}}}}} (the last four at 2 busy
+    ranks only; slicing_overhead where it was measured)."""
 
     data: dict
 
@@ -137,13 +141,15 @@ class Calibration:
 def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: list[int] | None = None,
               steps: int = 6, warmup: int = 2, transport_sizes: list[int] | None = None,
               measure_transport: bool = False, fresh: bool = False, levels=LEVELS,
-              meeting_lag: bool = True) -> Calibration:
+              meeting_lag: bool = True, slicing: bool = True) -> Calibration:
     """Measure what is missing for cfg's model in `dtypes` (and the host and transport, on a first run or
     with `measure_transport`), merge it into the calibration at `path` and save it there. `fresh`: measure
     the host, the transport and cfg's model in `dtypes` again (other models in the file are kept).
     `levels`: how many busy ranks to measure the compute with (1 and 2 unless a caller needs fewer).
     `meeting_lag`: with the host, measure how late time-sliced ranks meet (engine.projection.meeting_lag;
-    a caller that never puts more ranks than cores on the host can skip it)."""
+    a caller that never puts more ranks than cores on the host can skip it). `slicing`: with a model's
+    compute, measure what time-slicing costs it beyond its share of a core
+    (engine.projection.slicing_overhead; likewise skippable)."""
     path = path or default_path()
     existing = Calibration.load(path)
     data: dict = existing.data if existing else {"version": VERSION, "models": {}}
@@ -161,6 +167,10 @@ def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: l
     if todo:
         rows = rows or default_rows(cfg)
         entry, copies = measure_compute(cfg, todo, rows, cores, steps, warmup, levels)
+        if slicing and "2" in entry[todo[0]]:
+            overheads = measure_slicing_overhead(cfg, todo, rows[-1], sorted(usable_cores()), steps, warmup)
+            for dtype, overhead in overheads.items():
+                entry[dtype]["2"]["slicing_overhead"] = overhead
         data["models"].setdefault(signature, {}).update(entry)
         data["copy_bytes_per_s"] = {**data.get("copy_bytes_per_s", {}), **copies}
     calibration = Calibration(data)

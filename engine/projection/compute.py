@@ -13,7 +13,8 @@ it):
   efficiency is interpolated linearly in log(size) between them. Ranks sharing the host's cores and memory
   bandwidth are part of the curve: the 2-rank curve is measured with both ranks busy. Beyond what was
   calibrated, more ranks than cores time-slice: time × (ranks × threads) / (calibrated ranks × threads),
-  threads per rank as the run resolves them (parallel.threads_per_rank; auto: engine.comm.cores.share).
+  threads per rank as the run resolves them (parallel.threads_per_rank; auto: engine.comm.cores.share),
+  × the overhead of time-slicing where it was measured (engine.projection.slicing_overhead).
 """
 
 from __future__ import annotations
@@ -123,12 +124,21 @@ class CalibratedCompute:
         self.calibration, self.entry, self.flops_of = calibration, entry, flops_of
         self.cores, self.threads_per_rank = calibration.cores, threads_per_rank
 
-    def _level(self, dtype: str, ranks_on_host: int) -> tuple[dict, float]:
-        """The measured level for this many busy ranks, and the time-slicing factor beyond it."""
+    def _measured(self, dtype: str, ranks_on_host: int) -> tuple[dict, float]:
+        """The measured level for this many busy ranks, and the demand factor beyond it."""
         by_dtype = self.entry.get(dtype) or self.entry[next(iter(self.entry))]
         levels = sorted(int(k) for k in by_dtype)
         level = max([k for k in levels if k <= ranks_on_host] or levels[:1])
         return by_dtype[str(level)], demand(ranks_on_host, self.cores, self.threads_per_rank, level)
+
+    def _level(self, dtype: str, ranks_on_host: int) -> tuple[dict, float]:
+        """The measured level, and how much longer its work takes here: the demand factor, and where that
+        is time-slicing, its overhead (slicing_overhead: measured at 2 ranks per core, reached in
+        proportion as the demand goes from 1 to 2 ranks per core's worth)."""
+        level, factor = self._measured(dtype, ranks_on_host)
+        by_dtype = self.entry.get(dtype) or self.entry[next(iter(self.entry))]
+        overhead = by_dtype.get("2", {}).get("slicing_overhead", 1.0)
+        return level, factor * (1.0 + (overhead - 1.0) * min(1.0, factor - 1.0))
 
     def peak(self, dtype: str) -> float:
         return self.calibration.peak_flops
@@ -172,7 +182,7 @@ class CalibratedCompute:
 
     def slicing(self, dtype: str, ranks_on_host: int) -> float:
         """The ranks' CPU demand over what the calibrated level had: > 1 where they time-slice."""
-        return self._level(dtype, ranks_on_host)[1]
+        return self._measured(dtype, ranks_on_host)[1]
 
     def interference(self, dtype: str, ranks_on_host: int) -> float:
         """Seconds of compute lost per second of the transport's fitted CPU time (calibrate.py) of the

@@ -19,7 +19,7 @@ from engine.projection.interference import measure_interference
 from engine.projection.quantile import low_quantile
 
 LEVELS = (1, 2)  # ranks computing at once on the host
-IMBALANCE_STEPS = 6  # barrier-timed steps of the second imbalance estimate (see _time_phases)
+IMBALANCE_STEPS = 6  # barrier-timed steps of the second imbalance estimate (see time_phases)
 
 
 def measure_compute(cfg: Config, dtypes, rows: list[int], cores: int, steps: int, warmup: int,
@@ -53,8 +53,8 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
     curves = {}
     per_row = cfg_dict["model"].get("block_size", 1) if cfg_dict["model"]["kind"] == "gpt" else 1
     for dtype in dtypes:
-        per_size = [_time_phases(comm, from_dict(_single(cfg_dict, dtype, r), source="<calibration>"), steps,
-                                 warmup, interference=r == rows[-1]) for r in rows]
+        per_size = [time_phases(comm, from_dict(one_rank_config(cfg_dict, dtype, r), source="<calibration>"),
+                                steps, warmup, interference=r == rows[-1]) for r in rows]
         curves[dtype] = {"tokens": [r * per_row for r in rows], "forward_s": [p["forward"] for p in per_size],
                          "backward_s": [p["backward"] for p in per_size],
                          "optimizer_s_per_element": statistics.mean(p["optimizer"] / p["n_params"]
@@ -65,7 +65,7 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
     return {"curves": curves, "copy_bytes_per_s": _copy_rate(comm)}
 
 
-def _single(cfg_dict: dict, dtype: str, rows: int) -> dict:
+def one_rank_config(cfg_dict: dict, dtype: str, rows: int) -> dict:
     """cfg as one rank training `rows` rows per step in `dtype`: no accumulation, no checkpointing."""
     d = json.loads(json.dumps(cfg_dict))
     d["parallel"].update(world_size=1, backend="threads", zero_stage=0, ranks_per_node=0)
@@ -76,7 +76,7 @@ def _single(cfg_dict: dict, dtype: str, rows: int) -> dict:
     return d
 
 
-def _time_phases(comm, cfg: Config, steps: int, warmup: int, interference: bool = False) -> dict:
+def time_phases(comm, cfg: Config, steps: int, warmup: int, interference: bool = False) -> dict:
     """Low-quantile seconds of a step's phases for a one-rank trainer, ranks stepping together; with
     `interference` and other busy ranks, also κ of a bucket's all-reduce beside its forward and backward
     (engine.projection.interference; 1 with one rank, whose collectives never overlap anything)."""

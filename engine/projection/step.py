@@ -15,8 +15,9 @@ engine.parallel.buckets, the estimator's units), as the replicas issue it (engin
     stage 3  every micro-batch all-gathers each unit before its forward and again before its backward
              (the next one prefetched while this one computes, `parallel.prefetch`) and reduce-scatters it
              when its gradients are final, at most two in flight
-    always   the grad norm's 8-byte all-reduce when gradients are sharded, fp16's 16-byte overflow flag
-             likewise, and the 16-byte all-reduce that averages the loss over ranks; where ranks share a
+    always   the grad norm's all-reduce of one fp64 value when gradients are sharded, fp16's overflow flag
+             (two values) likewise, and the all-reduce of three that averages the loss and the stop and
+             pause votes over ranks (sparse_ring where they are fewer than the ranks); where ranks share a
              host, the wait for the slowest of them (compute.py's imbalance, calibrated); where ranks
              outnumber its cores, what is left of the last one's lag at each meeting (Timeline.lag)
 
@@ -35,6 +36,7 @@ from engine.parallel.buckets import aligned_buckets
 from engine.projection.collectives import all_reduce_time, half_collective_time
 from engine.projection.flops import BackwardEvent, FlopsOf, backward_events
 from engine.projection.machine import Machine
+from engine.projection.sparse_ring import sparse_all_reduce
 from engine.projection.timeline import Task, Timeline
 from engine.recompute import checkpointed_blocks
 
@@ -77,6 +79,16 @@ class _Comm:
         cpu = all_reduce_time(self.m.cpu_topology, nbytes, "ring")[1] if self.m.cpu_topology else 0.0
         return seconds, min(cpu, seconds)
 
+    def scalars(self, count: int) -> tuple[float, float]:
+        """An all-reduce of `count` fp64 values (the gradient norm, the overflow flag, the loss). On the
+        engine's ring, fewer values than ranks leave shards empty, which send nothing: the message-by-message
+        replay (sparse_ring), not the closed form, says what it costs."""
+        if self.m.algorithm != "ring" or count >= self.m.topology.ranks:
+            return self.all_reduce(8 * count)
+        seconds = sparse_all_reduce(self.m.topology, count, 8)
+        cpu = sparse_all_reduce(self.m.cpu_topology, count, 8) if self.m.cpu_topology else 0.0
+        return seconds, min(cpu, seconds)
+
     def half(self, nbytes: float, reduce: bool) -> tuple[float, float]:
         seconds = half_collective_time(self.m.topology, nbytes, reduce, self.m.algorithm)
         cpu = 0.0
@@ -113,15 +125,15 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) 
     tl.wait_all()  # finish_backward
     sharded = p.zero_stage > 0 and world > 1
     if sharded:
-        tl.blocking(*comm.all_reduce(8))  # the gradient norm's sum of squares
+        tl.blocking(*comm.scalars(1))  # the gradient norm's sum of squares
         if dtype == "fp16":
-            tl.blocking(*comm.all_reduce(16))  # the overflow flag
+            tl.blocking(*comm.scalars(2))  # the overflow flag and where it is
     tl.compute(t_opt)
     if p.zero_stage in (1, 2) and world > 1:
         for size in plan.sizes:
             tl.blocking(*comm.half(size, reduce=False))  # the updated parameters, bucket by bucket
     if world > 1:
-        tl.blocking(*comm.all_reduce(16))  # the loss, averaged over ranks
+        tl.blocking(*comm.scalars(3))  # the loss and the stop and pause votes, averaged over ranks
         tl.wait_for_peers(compute.imbalance_s(tl.compute_s, dtype, k))
     return StepBreakdown(
         step_s=tl.step_s, compute_s=tl.compute_s, overlapped_s=tl.overlapped_s, exposed_s=tl.exposed_s,

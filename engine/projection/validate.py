@@ -15,7 +15,8 @@ just before it runs — the compute of the case's model in its precision at its 
 user's calibration alone. The calibration still runs none of what the case adds: no communication with
 the compute, no ZeRO, no recomputation, no emulated network, never more than 2 training ranks (for a case
 with more ranks than cores, 2 per core run a fixed matrix product between barriers, to time how late
-time-sliced ranks meet: engine.projection.meeting_lag). The validation goes
+time-sliced ranks meet, engine.projection.meeting_lag; and 2 ranks train the model on one core, to time
+what time-slicing costs it, engine.projection.slicing_overhead). The validation goes
 in `repeats` rounds over every case, forward and backward in turn (round_order); a case's figures are the
 medians over rounds. Model-state memory is
 compared byte for byte with the ledger.
@@ -143,10 +144,11 @@ def calibrate_for(cfg: Config, vocab: int) -> Calibration:
     on one rank would carry that burst into the prediction."""
     rows = cfg.train.global_batch // (cfg.parallel.world_size * cfg.train.micro_batches)
     level = min(cfg.parallel.world_size, max(LEVELS))
+    sliced = cfg.parallel.world_size > len(usable_cores())  # time-slicing: how late ranks meet, what it costs
     with tempfile.TemporaryDirectory() as folder:
         return calibrate(cfg, vocab, [cfg.precision.dtype], path=Path(folder) / "calibration.json",
                          rows=[rows], levels=(level,), measure_transport=True, steps=CALIBRATION_STEPS,
-                         meeting_lag=cfg.parallel.world_size > len(usable_cores()))
+                         meeting_lag=sliced, slicing=sliced)
 
 
 def measure_case(cfg: Config, steps: int, warmup: int) -> dict:
