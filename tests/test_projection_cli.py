@@ -138,13 +138,15 @@ def test_a_quick_validation_end_to_end(in_tmp, monkeypatch):
 def test_calibrate_prints_what_it_measured(preset, in_tmp, monkeypatch):
     """--calibrate (the measurement faked: the fixture, plus CPU figures and κ) names every figure the
     projection will use: the transport's α β γ in wall-clock and in CPU time, per busy-rank level the
-    step's compute, the ranks' imbalance and κ, and how late time-sliced ranks meet."""
+    step's compute, the ranks' imbalance, κ and what time-slicing costs, and how late time-sliced ranks
+    meet."""
     import engine.projection.calibrate as calibrate_module
     cal = fixture_calibration(in_tmp / "measured.json", dtypes=("fp32",))
     cal.data["transport"]["cpu"] = {"alpha": 25e-6, "beta": 1 / 8e9, "gamma": 1 / 5e9}
     cal.data["meeting_lag_s"] = 4.5e-3
     for level in cal.data["models"].values():
-        level["fp32"]["2"].update(interference=1.5, interference_cpu_s=0.8e-3, interference_bytes=2**20)
+        level["fp32"]["2"].update(interference=1.5, interference_cpu_s=0.8e-3, interference_bytes=2**20,
+                                  slicing_overhead=1.047)
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *args, **kwargs: cal)
     out = invoke("--preset", preset, "--calibrate")
     assert out.exit_code == 0, out.output
@@ -155,5 +157,5 @@ def test_calibrate_prints_what_it_measured(preset, in_tmp, monkeypatch):
     assert lines[4] == "  small, fp32, 1 rank(s) busy: forward + backward 61.4 ms at 1,024 tokens"
     assert lines[5] == ("  small, fp32, 2 rank(s) busy: forward + backward 92.2 ms at 1,024 tokens; "
                         "imbalance 4.0% of compute; kappa 1.50 (an all-reduce of 1.00 MiB beside compute "
-                        "took 0.80 ms of CPU)")
+                        "took 0.80 ms of CPU); time-sliced 2 per core, 1.05x its share of a core")
     assert lines[6] == "  ranks time-sliced 2 per core reach each collective 4.5 ms late"

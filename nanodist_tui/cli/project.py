@@ -234,6 +234,8 @@ def _calibrate(cfg, path: Path, as_json: bool) -> None:
                 line += (f"; kappa {curve['interference']:.2f} (an all-reduce of "
                          f"{curve['interference_bytes'] / 2**20:.2f} MiB beside compute took "
                          f"{curve['interference_cpu_s'] * 1e3:.2f} ms of CPU)")
+            if "slicing_overhead" in curve:
+                line += f"; time-sliced 2 per core, {curve['slicing_overhead']:.2f}x its share of a core"
             print(line)
     if "meeting_lag_s" in cal.data:
         print(f"  ranks time-sliced 2 per core reach each collective {cal.meeting_lag_s * 1e3:.1f} ms late")
