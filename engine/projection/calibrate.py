@@ -155,7 +155,8 @@ def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: l
     data: dict = existing.data if existing else {"version": VERSION, "models": {}}
     if fresh:
         data["models"].pop(model_signature(cfg, vocab), None)
-    cores = len(usable_cores())
+    usable = sorted(usable_cores())
+    cores = len(usable)
     if measure_transport or fresh or existing is None:
         data.update(host=socket.gethostname(), cores=cores, peak_flops=peak_matmul_flops(),
                     created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -168,7 +169,7 @@ def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: l
         rows = rows or default_rows(cfg)
         entry, copies = measure_compute(cfg, todo, rows, cores, steps, warmup, levels)
         if slicing and "2" in entry[todo[0]]:
-            overheads = measure_slicing_overhead(cfg, todo, rows[-1], sorted(usable_cores()), steps, warmup)
+            overheads = measure_slicing_overhead(cfg, todo, rows[-1], usable, steps, warmup)
             for dtype, overhead in overheads.items():
                 entry[dtype]["2"]["slicing_overhead"] = overhead
         data["models"].setdefault(signature, {}).update(entry)

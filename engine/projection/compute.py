@@ -124,9 +124,13 @@ class CalibratedCompute:
         self.calibration, self.entry, self.flops_of = calibration, entry, flops_of
         self.cores, self.threads_per_rank = calibration.cores, threads_per_rank
 
+    def _by_level(self, dtype: str) -> dict:
+        """{level: measured figures} in this precision (the first one measured where it was not)."""
+        return self.entry.get(dtype) or self.entry[next(iter(self.entry))]
+
     def _measured(self, dtype: str, ranks_on_host: int) -> tuple[dict, float]:
         """The measured level for this many busy ranks, and the demand factor beyond it."""
-        by_dtype = self.entry.get(dtype) or self.entry[next(iter(self.entry))]
+        by_dtype = self._by_level(dtype)
         levels = sorted(int(k) for k in by_dtype)
         level = max([k for k in levels if k <= ranks_on_host] or levels[:1])
         return by_dtype[str(level)], demand(ranks_on_host, self.cores, self.threads_per_rank, level)
@@ -136,8 +140,7 @@ class CalibratedCompute:
         is time-slicing, its overhead (slicing_overhead: measured at 2 ranks per core, reached in
         proportion as the demand goes from 1 to 2 ranks per core's worth)."""
         level, factor = self._measured(dtype, ranks_on_host)
-        by_dtype = self.entry.get(dtype) or self.entry[next(iter(self.entry))]
-        overhead = by_dtype.get("2", {}).get("slicing_overhead", 1.0)
+        overhead = self._by_level(dtype).get("2", {}).get("slicing_overhead", 1.0)
         return level, factor * (1.0 + (overhead - 1.0) * min(1.0, factor - 1.0))
 
     def peak(self, dtype: str) -> float:
@@ -170,8 +173,7 @@ class CalibratedCompute:
         E[max of n] / E[max of 2]."""
         if ranks_on_host < 2:
             return 0.0
-        by_dtype = self.entry.get(dtype) or self.entry[next(iter(self.entry))]
-        share = by_dtype.get("2", {}).get("imbalance", 0.0)
+        share = self._by_level(dtype).get("2", {}).get("imbalance", 0.0)
         return share * compute_s * expected_max_normal(ranks_on_host) / expected_max_normal(2)
 
     def meeting_lag_s(self, dtype: str, ranks_on_host: int) -> float:
@@ -189,8 +191,7 @@ class CalibratedCompute:
         communication running beside it, as measured with 2 busy ranks (engine.projection.interference):
         κ × the CPU one all-reduce took there over the fitted CPU time of that all-reduce. 1 where it was
         not measured."""
-        by_dtype = self.entry.get(dtype) or self.entry[next(iter(self.entry))]
-        level = by_dtype.get("2", {})
+        level = self._by_level(dtype).get("2", {})
         if "interference" not in level:
             return 1.0
         alpha, beta, gamma = self.calibration.cpu(dtype)
