@@ -14,6 +14,7 @@ that, then `farewell()` gives the lines the CLI prints on the shell (the run fol
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -221,6 +222,9 @@ class NanoDistApp(WorkbenchActions, App[None]):
                 self._set_state(s, "paused" if event.paused else "running")
             elif isinstance(event, RunFinished):
                 s.run_dir = event.run_dir or s.run_dir
+                # the summary until the job returns its own (with threads and network), should the
+                # workbench close in between
+                s.summary = s.summary or dataclasses.asdict(event)
                 if s.active:
                     self._set_state(s, "stopped" if event.stopped else "finished")
             elif isinstance(event, RunFailed):
@@ -241,7 +245,8 @@ class NanoDistApp(WorkbenchActions, App[None]):
             self._show_failure(s, f"engine error: {type(error).__name__}: {error}", logged=False)
         else:
             result = event.worker.result
-            s.summary = result if isinstance(result, dict) else None
+            if isinstance(result, dict):
+                s.summary = result
             if s.summary and s.summary.get("run_dir"):
                 s.run_dir = s.summary["run_dir"]
             if s.active:

@@ -4,6 +4,7 @@ and reading back what the screen shows."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import threading
 import time
@@ -58,7 +59,7 @@ class FakeJob:
         self.pace_s, self.honour_pause = pace_s, honour_pause
         self.thread: threading.Thread | None = None
         self.saw_stop = threading.Event()
-        self.go = threading.Event()  # "wait_for_stop": set to emit one more log line
+        self.go = threading.Event()  # "wait_for_stop": set to emit one more log line; "linger": to return
         self.held_at: int | None = None
 
     def __call__(self, emit: Callable, control: threading.Event) -> None:
@@ -97,7 +98,7 @@ class FakeJob:
             if i % 10 == 0:
                 emit(Eval(step=i, val_loss=4.5 / i))
             time.sleep(self.pace_s)
-        self._end(emit, control)
+        return self._end(emit, control)
 
     def _hold(self, step: int, emit, control) -> None:
         pause = getattr(control, "pause", None)
@@ -127,8 +128,12 @@ class FakeJob:
             control.wait()
             self.saw_stop.set()
             return
-        emit(RunFinished(steps=self.steps, initial_val_loss=4.5, final_val_loss=0.15, tokens_per_s=128_000.0,
-                         wall_s=0.2, run_dir="runs/r1"))
+        finished = RunFinished(steps=self.steps, initial_val_loss=4.5, final_val_loss=0.15,
+                               tokens_per_s=128_000.0, wall_s=0.2, run_dir="runs/r1")
+        emit(finished)
+        if self.then == "linger":  # what engine.job does after the event: close sinks and record, return
+            self.go.wait()
+            return {**dataclasses.asdict(finished), "threads_per_rank": 1}
         return
 
 

@@ -225,6 +225,38 @@ def test_quit_mid_run_stops_the_job_and_leaves_no_engine_thread_behind():
     assert app.farewell() == ["run folder     runs/r1"]
 
 
+def test_quit_after_the_run_ended_waits_for_its_job_to_close_the_run_folder():
+    job = FakeJob(steps=3, then="linger")  # the job still closes sinks and record after RunFinished
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.session.state == "finished")
+        await pilot.press("q")
+        await pilot.pause(0.3)
+        assert app.is_running and "closing the run folder, then quitting" in log_text(app)
+        job.go.set()
+        await wait_for(pilot, lambda: not app.is_running, timeout=3)
+
+    app = run(scenario, job)
+    lines = app.farewell()
+    assert "threads/rank   1" in lines  # the job's own summary, not only the event's
+    assert lines[0] == "steps          3" and "run folder     runs/r1" in lines
+
+
+def test_quit_twice_after_the_run_ended_still_shows_the_runs_summary():
+    job = FakeJob(steps=3, then="linger")
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.session.state == "finished")
+        await pilot.press("q")
+        await pilot.press("q")  # leave before the job has returned its summary
+        threading.Timer(0.3, job.go.set).start()  # the job ends later; the process waits for it
+
+    app = run(scenario, job)
+    lines = app.farewell()  # from the job's summary or, had it not arrived, from the RunFinished event
+    assert lines[0] == "steps          3" and "val loss       4.5000 -> 0.1500  (96.7% lower)" in lines
+    assert lines[-1] == "run folder     runs/r1"
+
+
 def test_the_rank_table_keeps_its_cursor_across_updates():
     job = FakeJob(steps=300, world_size=4, pace_s=0.01)
 
