@@ -380,8 +380,8 @@ def test_the_summary_counts_only_pairs_the_measurements_tell_apart():
 
     def case(label, predicted, runs):
         return Outcome(label, predicted, sorted(runs)[len(runs) // 2], 0.1, 0.1, True,
-                       [{"step_s": r, "predicted_s": predicted, "predicted_imbalance_share": 0.0}
-                        for r in runs])
+                       [{"step_s": r, "predicted_s": predicted, "predicted_imbalance_share": 0.0,
+                         "comm_share": r / 10, "predicted_share": predicted / 10} for r in runs])
     fast, slow = case("fast", 1.0, [1.0, 1.02, 1.01]), case("slow", 2.2, [2.0, 2.1, 2.05])
     wobbly = case("wobbly", 0.9, [1.0, 3.0, 1.05])  # its runs spread over both: ties with each
     report = summarize([fast, slow, wobbly])
@@ -392,6 +392,10 @@ def test_the_summary_counts_only_pairs_the_measurements_tell_apart():
     assert report["mape"] == pytest.approx(sum(map(abs, errors)) / 3)
     assert report["bias"] == pytest.approx(sum(errors) / 3)
     assert report["max_error"] == pytest.approx(max(map(abs, errors)))
+    slow_case = report["cases"][1]  # every round's figures, in the order the rounds ran
+    assert slow_case["runs_s"] == [2.0, 2.1, 2.05]
+    assert slow_case["comm_shares"] == pytest.approx([0.2, 0.21, 0.205])
+    assert slow_case["predicted_comm_shares"] == pytest.approx([0.22, 0.22, 0.22])
 
 
 def test_validation_rounds_alternate_their_order():

@@ -245,7 +245,10 @@ def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -
                    "predicted_imbalance_share": statistics.median(r["predicted_imbalance_share"]
                                                                   for r in o.runs),
                    "runs_s": [r["step_s"] for r in o.runs],
-                   "predicted_runs_s": [r["predicted_s"] for r in o.runs]} for o in outcomes],
+                   "predicted_runs_s": [r["predicted_s"] for r in o.runs],
+                   # per round too: a share that misses in one round only is noise, in every round a cause
+                   "comm_shares": [r["comm_share"] for r in o.runs],
+                   "predicted_comm_shares": [r["predicted_share"] for r in o.runs]} for o in outcomes],
         "mape": statistics.mean(abs(e) for e in errors),
         "max_error": max(abs(e) for e in errors),
         "bias": statistics.mean(errors),
