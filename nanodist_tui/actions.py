@@ -253,14 +253,16 @@ class WorkbenchActions:
     async def action_quit(self) -> None:
         """Quit; a run still going is stopped first (after a confirmation), keeping its checkpoint."""
         s = self.session
-        if s is not None and not s.active and not s.replay and self._worker_running(s) \
-                and not self._quit_when_done:
-            # The run has ended but its job is still closing the run folder (sinks, record): quit once
-            # it has, so the shell gets the job's whole summary (the process waits for the job anyway).
-            self._quit_when_done = True
-            self.say("closing the run folder, then quitting")
-        elif s is None or not s.active or s.replay:
+        if s is None or s.replay:
             self.exit()
+        elif not s.active:
+            if s.job_running and not self._quit_when_done:
+                # The run has ended but its job is still closing the run folder (sinks, record): quit
+                # once it has, so the shell gets the job's whole summary (the process waits for it anyway).
+                self._quit_when_done = True
+                self.say("closing the run folder, then quitting")
+            else:
+                self.exit()
         elif s.control.is_set():
             self.exit()  # a second quit while stopping: leave now
         else:
@@ -277,12 +279,8 @@ class WorkbenchActions:
             return
         self._quit_when_done = True
         self._stop(s, quiet=s.replay)
-        if not self._worker_running(s):
+        if not s.job_running:
             self.exit()
-
-    @staticmethod
-    def _worker_running(s) -> bool:
-        return s.worker is not None and not s.worker.is_finished
 
     def _watch_signals(self) -> None:
         """SIGTERM (and a SIGINT from outside: ctrl+c itself arrives as a key) stop the run and quit."""

@@ -110,7 +110,7 @@ def ui_overhead(cfg, doc, repeats: int = 3) -> dict:
         async def until_done(pilot, app=app) -> None:
             # A plain sleep, not pilot.pause: a pause waits for every widget's queue and forces a screen
             # update, work the workbench does not do on its own, which would be counted against it.
-            while app.session is None or app.session.active or app.session.summary is None:
+            while app.session is None or app.session.active or app.session.job_running:
                 await asyncio.sleep(0.5)
             app.exit()
 

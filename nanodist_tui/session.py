@@ -35,7 +35,8 @@ class RunSession:
         self.control = RunControl()
         self.state = "starting"
         self.info: RunInfo | None = None
-        self.summary: dict | None = None  # what a training job returned
+        # what a training job returned; until it has, what its RunFinished event said (app.py)
+        self.summary: dict | None = None
         self.failure: str | None = None  # the first failure, shown once
         self.run_dir = ""
         self.worker: Any = None
@@ -53,6 +54,11 @@ class RunSession:
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+    @property
+    def job_running(self) -> bool:
+        """The job has not returned yet: after its run ends it still closes the run folder."""
+        return self.worker is not None and not self.worker.is_finished
 
     def run(self) -> Any:
         """On the worker thread; the job itself on a thread at normal priority (priority.py)."""
