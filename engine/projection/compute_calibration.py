@@ -80,16 +80,13 @@ def time_phases(comm, cfg: Config, steps: int, warmup: int, interference: bool =
     """Low-quantile seconds of a step's phases for a one-rank trainer, ranks stepping together; with
     `interference` and other busy ranks, also κ of a bucket's all-reduce beside its forward and backward
     (engine.projection.interference; 1 with one rank, whose collectives never overlap anything)."""
-    from engine.comm.base import Signals
-    from engine.comm.threads import ThreadGroup
     from engine.data import rank_slice
-    from engine.trainer import Trainer
-    trainer = Trainer(cfg, ThreadGroup(1, cfg.parallel.timeout_s, Signals()).communicator(0))
+    trainer = one_rank_trainer(cfg)
     replica = trainer.replica
     later_waits: list[float] = []
     later_computes: list[float] = []
     try:
-        phases, waits, computes = _timed_steps(comm, trainer, warmup, steps)
+        phases, waits, computes = timed_steps(comm, trainer, warmup, steps)
         beside: dict = {}
         if comm.world_size > 1:
             if interference:
@@ -103,12 +100,20 @@ def time_phases(comm, cfg: Config, steps: int, warmup: int, interference: bool =
                 bucket = min(int(cfg.parallel.bucket_cap_mb * 2**20),
                              trainer.n_params * itemsize(cfg.precision.dtype))
                 beside = measure_interference(comm, forward_backward, bucket)
-            _, later_waits, later_computes = _timed_steps(comm, trainer, 1, IMBALANCE_STEPS)
+            _, later_waits, later_computes = timed_steps(comm, trainer, 1, IMBALANCE_STEPS)
     finally:
         replica.close()
     imbalance = imbalance_share((waits, computes), (later_waits, later_computes))
     return {**{k: low_quantile(v) for k, v in phases.items()}, "n_params": trainer.n_params,
             "imbalance": imbalance, **beside}
+
+
+def one_rank_trainer(cfg: Config):
+    """A trainer of cfg on a one-rank group of its own (its collectives never leave this thread)."""
+    from engine.comm.base import Signals
+    from engine.comm.threads import ThreadGroup
+    from engine.trainer import Trainer
+    return Trainer(cfg, ThreadGroup(1, cfg.parallel.timeout_s, Signals()).communicator(0))
 
 
 def imbalance_share(*stretches: tuple[list[float], list[float]]) -> float:
@@ -123,7 +128,7 @@ def imbalance_share(*stretches: tuple[list[float], list[float]]) -> float:
     return min(shares, default=0.0)
 
 
-def _timed_steps(comm, trainer, warmup: int, steps: int) -> tuple[dict, list, list]:
+def timed_steps(comm, trainer, warmup: int, steps: int) -> tuple[dict, list, list]:
     """`warmup` + `steps` steps of the one-rank `trainer`, a barrier with the other busy ranks before
     each: the timed steps' phases, the waits at the barrier (after the first timed step: the first waits
     for the warm-up) and the steps' compute seconds."""
