@@ -54,13 +54,15 @@ def test_the_alternation_cancels_a_drift_that_two_launches_take_for_overhead():
                     reason="needs two cores to pin ranks to")
 def test_two_ranks_on_one_core_take_about_twice_as_long_as_on_a_core_each():
     """Two real single-threaded ranks of a small model, pinned in turn: every round reports both
-    placements, and sharing one core costs each rank well over what a core of its own does."""
+    placements, and sharing one core costs the pair well over what a core each does (about 2x; at least
+    1.5x even where the scheduler runs the two steps one after the other; 1x if pinning did nothing).
+    32 rows a step (~25 ms on a core here): much shorter steps fit in one scheduler slice."""
     cores = sorted(usable_cores())[:2]
-    cfg = small_config()
     results = run_ranks(2, "processes", slicing_overhead._alternating_rank,
-                        (to_dict(cfg), ["fp32"], 4, 3, 1, cores), timeout_s=120.0, threads_per_rank=1)
-    for r in results:
-        pairs = r["fp32"]
-        assert len(pairs) == ROUNDS
-        assert statistics.median(stacked / spread for spread, stacked in pairs) > 1.4
-    assert overhead([p for r in results for p in r["fp32"]]) >= 1.0
+                        (to_dict(small_config()), ["fp32"], 32, 3, 1, cores), timeout_s=120.0,
+                        threads_per_rank=1)
+    pairs = [r["fp32"] for r in results]
+    assert all(len(p) == ROUNDS for p in pairs)
+    both = [(a[0] + b[0], a[1] + b[1]) for a, b in zip(*pairs)]  # the pair's seconds, round by round
+    assert statistics.median(stacked / spread for spread, stacked in both) > 1.3
+    assert overhead([p for r in pairs for p in r]) >= 1.0
