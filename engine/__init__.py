@@ -3,6 +3,6 @@
 The engine never imports textual, typer or rich; the workbench in `nanodist_tui` drives it.
 """
 
-from engine.blas_idle import sleep_when_idle
+from engine.fast.blas_idle import sleep_when_idle
 
-sleep_when_idle()  # before any engine module imports NumPy (engine/blas_idle.py says why)
+sleep_when_idle()  # before any engine module imports NumPy (engine/fast/blas_idle.py says why)

@@ -180,7 +180,7 @@ class TrialReport:
 class TrialFinished:
     kind: ClassVar[str] = "trial_finished"
     number: int
-    state: str  # one of engine.sweep.settings.OUTCOMES
+    state: str  # one of engine.config.vocabulary.OUTCOMES
     metrics: list  # the study's metric names, in the order of `values`
     values: list | None  # one per metric (pruned: the last value reported); None when failed or rejected
     params: dict

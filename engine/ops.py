@@ -8,7 +8,7 @@ returns each gradient in its input's dtype: 16-bit gradients are rounded at ever
 training does (loss scaling exists because they underflow).
 
 Low precision: float16 and ml_dtypes.bfloat16 products go through `matmul_kernel` (float32 inside);
-elementwise work runs in float32 on exactly widened operands (engine.lowp), never in NumPy's own
+elementwise work runs in float32 on exactly widened operands (engine.fast.lowp), never in NumPy's own
 16-bit arithmetic: adds bit for bit as NumPy would, and the fused ops (linear with its bias, layer norm,
 attention, GELU, cross-entropy) keep their whole computation in float32 and round only what they
 return or keep, once, as matrix units and fused GPU kernels do. float64 stays float64.
@@ -21,9 +21,9 @@ import math
 
 import numpy as np
 
-from engine import blocks, halfconv, heap, kernels, lowp
 from engine.dropout_rng import DropoutRNG
 from engine.dtypes import LOW_PRECISION, compute_dtype
+from engine.fast import halfconv, heap, kernels, lowp, thread_pool
 from engine.tensor import Parameter, ScatterGrad, Tensor, make
 
 heap.keep_freed_memory()  # a step's large temporaries are reused, not faulted in again each op
@@ -191,7 +191,7 @@ def _add_bias(y: np.ndarray, bias: np.ndarray, dtype) -> np.ndarray:
         y[lo:hi] += bias
         if out is not y:
             lowp.narrow_into(y[lo:hi], out[lo:hi])
-    blocks.run(block, rows, max(1, blocks.BLOCK // max(1, n)))
+    thread_pool.run(block, rows, max(1, thread_pool.BLOCK // max(1, n)))
     return out
 
 
@@ -290,7 +290,7 @@ def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
 # ---- activations and regularisation ----------------------------------------------------------------
 
 def gelu(x: Tensor) -> Tensor:
-    """GPT-2's tanh approximation: 0.5 x (1 + tanh(c (x + k x^3))), fused (engine.kernels). Keeps only x,
+    """GPT-2's tanh approximation: 0.5 x (1 + tanh(c (x + k x^3))), fused (engine.fast.kernels). Keeps only x,
     in its own dtype: the backward recomputes the tanh."""
     xs = x.data
     return make(kernels.gelu(xs), (x,), lambda g: (kernels.gelu_backward(xs, g),), (xs,))
@@ -322,7 +322,7 @@ def backward_hook(x: Tensor, fn) -> Tensor:
 # ---- fused ops with hand-written backward ----------------------------------------------------------
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-    """Normalise the last axis, then scale and shift, fused (engine.kernels). Keeps x (in its own dtype),
+    """Normalise the last axis, then scale and shift, fused (engine.fast.kernels). Keeps x (in its own dtype),
     mean and 1/std (float32 inside)."""
     shape, n = x.shape, x.shape[-1]
     xs = np.ascontiguousarray(x.data).reshape(-1, n)
@@ -366,7 +366,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     never rounded to a 16-bit dtype; only the kept probabilities and the results are.
 
     Forward and backward run batch rows [lo, hi) at a time, shared among the rank's threads
-    (engine.blocks.split): NumPy runs a stack of small products (a T x D head each) one after another
+    (engine.fast.thread_pool.split): NumPy runs a stack of small products (a T x D head each) one after
+    another
     on one thread, and every step of the chain is per head, so each share computes exactly what the
     whole-batch chain computes for its rows.
     """
@@ -400,7 +401,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
         if s.dtype != dtype:
             lowp.narrow_into(s, att[lo:hi])
         _matmul_into(dropped(lowp.widen(att[lo:hi]), lo, hi), vd[lo:hi], out[lo:hi])
-    blocks.split(forward, len(att), grain)
+    thread_pool.split(forward, len(att), grain)
 
     def backward(g):
         dq, dk, dv = np.empty(qd.shape, dtype), np.empty(kd.shape, dtype), np.empty(vd.shape, dtype)
@@ -415,7 +416,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
             kernels.softmax_grad(dp, a32, _row_sum(dp * a32), scale)  # ds = a (dp - sum(dp a)), scaled
             _matmul_into(dp, kd[lo:hi], dq[lo:hi])
             _matmul_into(_swap(dp), qd[lo:hi], dk[lo:hi])
-        blocks.split(rows, len(att), grain)
+        thread_pool.split(rows, len(att), grain)
         return dq, dk, dv
     saved = (qd, kd, vd, att) if mask is None else (qd, kd, vd, att, mask)
     return make(out, (q, k, v), backward, saved)

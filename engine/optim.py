@@ -5,7 +5,7 @@ shard: it knows nothing of sharding) and updates them in place with vectorised N
 loops. Its arithmetic follows torch.optim.AdamW (single-tensor path) operation for operation. (A compiled
 one-pass update was tried: it had the same bits and no gain inside a step, where the update is bound by
 memory bandwidth, reading and writing p, m and v once either way.) The gradient norm's sum of squares is
-a compiled pass where numba is installed (engine.optim_jit).
+a compiled pass where numba is installed (engine.fast.optim_jit).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
-from engine import blocks
-from engine.compiled import load
+from engine.fast import thread_pool
+from engine.fast.compiled import load
 
 SCHEDULES = ("constant", "cosine")  # lr_at's schedules
 CHUNK = 1 << 16  # elements per pass of the update: its two scratch rows stay in cache
@@ -38,7 +38,7 @@ class AdamW:
     (from `adamw_scratch`; allocated here unless given): it allocates nothing, and each chunk's working
     set stays in cache (about twice as fast as whole-array temporaries). Every operation is
     elementwise, so the result is the same bit for bit whatever the chunking. That also lets the
-    rank's threads share a large update (engine.blocks.split): each takes a contiguous range of the
+    rank's threads share a large update (engine.fast.thread_pool.split): each takes a contiguous range of the
     arrays and its own columns of the scratch, so sharing allocates nothing either."""
 
     def __init__(self, params: np.ndarray, grads: np.ndarray, lr: float = 1e-3,
@@ -69,7 +69,7 @@ class AdamW:
         bias2 = math.sqrt(1 - b2 ** self.t)
         step_size = -lr / (1 - b1 ** self.t)
         width, size = self.scratch.shape[1], self.params.size
-        shares = max(1, min(blocks.threads(), size // SHARE_FROM, width))
+        shares = max(1, min(thread_pool.threads(), size // SHARE_FROM, width))
 
         def update_shares(first: int, last: int) -> None:
             """Shares [first, last): share k updates its range of the arrays in its columns of the scratch."""
@@ -81,7 +81,7 @@ class AdamW:
                     mask = True if self.decay_mask is None else self.decay_mask[part]
                     self._update(self.params[part], self.grads[part], self.m[part], self.v[part], mask,
                                  decay, bias2, step_size, self.scratch[:, cols])
-        blocks.split(update_shares, shares)
+        thread_pool.split(update_shares, shares)
 
     def _update(self, p, g, m, v, mask, decay: float, bias2: float, step_size: float,
                 scratch: np.ndarray) -> None:
@@ -165,7 +165,8 @@ def global_norm_clip_scale(sumsq: float, max_norm: float) -> float:
 
 def warm_up() -> None:
     """Load the compiled sum of squares (its cached machine code, float32 and float64) now
-    rather than inside the first step (see engine.kernels.warm_up). Does nothing where numba is missing."""
+    rather than inside the first step (see engine.fast.kernels.warm_up). Does nothing where numba is
+    missing."""
     if load("optim_jit") is None:
         return
     for dtype in (np.float32, np.float64):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine import lowp
+from engine.fast import lowp
 
 
 class _TapeState(threading.local):
@@ -119,7 +119,7 @@ class Tensor:
 class Parameter(Tensor):
     """A trainable leaf. `.name` is set by its model; grad-ready hooks fire once per backward.
     `grad_stale`: `.grad` holds an earlier step's values, which the next gradient written replaces rather
-    than adds to (engine.flat.FlatBuffer.mark_grads_stale)."""
+    than adds to (engine.parallel.data.flat.FlatBuffer.mark_grads_stale)."""
 
     __slots__ = ("name", "_grad_ready_hooks", "grad_stale")
 
@@ -319,7 +319,8 @@ def _write_leaf_grad(leaf: Tensor, grad: np.ndarray, owned: bool) -> None:
     if leaf.grad is None:
         leaf.grad = grad.astype(leaf.dtype, copy=not owned)
     elif getattr(leaf, "grad_stale", False):
-        lowp.copy_into(grad, leaf.grad)  # a flat buffer's view, not cleared for this step (engine.flat)
+        # a flat buffer's view (engine.parallel.data.flat), not cleared for this step
+        lowp.copy_into(grad, leaf.grad)
         leaf.grad_stale = False  # type: ignore[attr-defined]
     else:
         lowp.add(leaf.grad, grad, out=leaf.grad)  # in place: .grad may be a view into a flat gradient buffer

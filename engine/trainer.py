@@ -2,7 +2,7 @@
 
 Every rank runs `train_rank` with its own communicator. The loop knows nothing about how
 gradients are synchronised or where optimizer state lives: that is the replica's job
-(`engine.parallel.make_replica`: DDP for stage 0, ZeRO for 1-3). Loss scaling, checkpointing and the
+(`engine.parallel.data.make_replica`: DDP for stage 0, ZeRO for 1-3). Loss scaling, checkpointing and the
 meters are objects that do nothing when disabled, so there is no `if amp:` forest here.
 
 Events are emitted as JSON dicts (`events.to_json`) so they can cross a process boundary.
@@ -17,22 +17,24 @@ from pathlib import Path
 
 import numpy as np
 
-from engine import error_log, memory, ops
 from engine import events as ev
-from engine.build import build_dataset, build_model, count_params
-from engine.checkpoint import Checkpointer, NoCheckpoints, find_checkpoint, restore
+from engine import ops
+from engine.checkpoint.sharded import Checkpointer, NoCheckpoints, find_checkpoint, restore
 from engine.comm.base import RankFailure, StopRequested
 from engine.comm.collectives import all_reduce
 from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
 from engine.comm.objects import all_gather_json, broadcast_json
 from engine.config import Config, from_dict, to_dict
+from engine.config.build import build_dataset, build_model, count_params
 from engine.data import rank_slice, slice_bounds
 from engine.dtypes import resolve_dtype
-from engine.estimator import estimate
+from engine.memory import ledger
+from engine.memory.estimator import estimate
 from engine.optim import global_norm_clip_scale, lr_at
-from engine.parallel import make_replica
+from engine.parallel.data import make_replica
 from engine.recompute import apply_checkpointing
+from engine.run import error_log
 from engine.tensor import Tensor, no_grad, set_tape_observer
 
 PAUSE_POLL_S = 0.1  # how often paused ranks check, together, whether to go on
@@ -54,8 +56,8 @@ class Trainer:
         self.n_params = count_params(self.model)
         apply_checkpointing(self.model, cfg.memory.checkpointing)
         # The rank's memory ledger: replicas report model states to it, the tape its activations.
-        self.ledger = memory.Ledger()
-        memory.set_current(self.ledger)
+        self.ledger = ledger.Ledger()
+        ledger.set_current(self.ledger)
         set_tape_observer(self.ledger)
         self.replica = replica_factory(cfg, self.model, comm)
         self.memory_estimate = estimate(cfg, getattr(self.model, "vocab_size", None)).phases()

@@ -194,7 +194,7 @@ class WorkbenchActions:
     def _replay_chosen(self, chosen) -> None:
         if not chosen:
             return
-        from engine.recorder import read_events
+        from engine.run.recorder import read_events
         (run_dir,) = chosen
         events = read_events(run_dir)
         player = ReplayPlayer(events)

@@ -91,7 +91,7 @@ def ui_overhead(cfg, doc, repeats: int = 3) -> dict:
 
     from rich.console import Console
 
-    from engine.job import run_training
+    from engine.run.job import run_training
     from nanodist_tui.cli.running import training_job
     from nanodist_tui.headless import HeadlessPrinter
     start_spawner()  # before any workbench lowers this thread's priority

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.events import Eval, MemorySnapshot, RunFinished, RunStarted, StepEnd, Traffic
-from engine.recorder import read_events
+from engine.run.recorder import read_events
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.traffic import phase_bandwidths, rank_traffic
 

@@ -29,9 +29,9 @@ def thin(events: list[dict], total_steps: int) -> list[dict]:
 
 
 def record_demo(folder: Path = DEMO_DIR) -> Path:
-    from engine.atomic_file import atomic_write_text
-    from engine.job import run_training
-    from engine.presets import load_preset
+    from engine.config.presets import load_preset
+    from engine.run.atomic_file import atomic_write_text
+    from engine.run.job import run_training
     with tempfile.TemporaryDirectory() as tmp:
         cfg, doc, _ = load_preset(DEMO_PRESET, [*DEMO_SETTINGS, f"run.out_dir={tmp}"])
         summary = run_training(cfg, preset_doc=doc)

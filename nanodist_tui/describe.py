@@ -23,7 +23,7 @@ from engine.events import (
     TrialReport,
     TrialStarted,
 )
-from engine.recorder import is_interruption
+from engine.run.recorder import is_interruption
 
 
 def threads_note(event: RunStarted) -> str:

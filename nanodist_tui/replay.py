@@ -12,7 +12,8 @@ SPEEDS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)  # what faster
 class ReplayPlayer:
     """A job (`player(emit, control)`) that emits recorded events in order. Events up to step `start_step`
     go out at once; after that each step takes its recorded time / `speed` (0: no pauses). `speed` may be
-    changed from another thread while it plays; `control.pause` (an engine.control.RunControl's) holds it."""
+    changed from another thread while it plays; `control.pause` (an engine.run.control.RunControl's) holds
+    it."""
 
     def __init__(self, events: list, speed: float = 1.0, start_step: int = 0) -> None:
         self.events = events

@@ -51,7 +51,7 @@ class RunInfo:
 
     @property
     def scales_loss(self) -> bool:
-        """Only fp16 scales its loss (engine.amp); every other precision has nothing to show there."""
+        """Only fp16 scales its loss (engine.loss_scale); every other precision has nothing to show there."""
         return self.dtype == "fp16"
 
     @property

@@ -14,8 +14,8 @@ def start_server(run_dir: Path):
     """The GPT of `run_dir`'s newest checkpoint (checked before use) behind a started ModelServer on
     127.0.0.1, on any free port. ServeError for what the user can fix; the checkpoint's own errors raise."""
     from engine import nn
-    from engine.checkpoint import find_checkpoint
-    from engine.export import model_from_checkpoint
+    from engine.checkpoint.export import model_from_checkpoint
+    from engine.checkpoint.sharded import find_checkpoint
     from nanodist_tui.serve import missing_library
     if problem := missing_library():
         raise ServeError(problem)

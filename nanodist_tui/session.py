@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from engine.control import RunControl
+from engine.run.control import RunControl
 from nanodist_tui.bridge import EventBatcher
 from nanodist_tui.messages import Tick
 from nanodist_tui.priority import run_at_normal_priority

@@ -25,7 +25,7 @@ from engine.events import (
     StepEnd,
     Traffic,
 )
-from engine.recorder import read_events
+from engine.run.recorder import read_events
 from nanodist_tui.app import NanoDistApp, create_app
 from nanodist_tui.demo import DEMO_DIR
 
@@ -117,7 +117,7 @@ class FakeJob:
         if self.then == "run_failed":
             emit(RunFailed(message="loss is NaN", rank=0))
             return
-        if self.then == "run_failed_then_raise":  # what engine.job does: the event, then the exception
+        if self.then == "run_failed_then_raise":  # what engine.run.job does: the event, then the exception
             emit(RunFailed(message="ValueError: loss is NaN", rank=1))
             raise RuntimeError("rank 1 failed: ValueError: loss is NaN")
         if self.then == "wait_for_stop":
@@ -131,7 +131,7 @@ class FakeJob:
         finished = RunFinished(steps=self.steps, initial_val_loss=4.5, final_val_loss=0.15,
                                tokens_per_s=128_000.0, wall_s=0.2, run_dir="runs/r1")
         emit(finished)
-        if self.then == "linger":  # what engine.job does after the event: close sinks and record, return
+        if self.then == "linger":  # what engine.run.job does after the event: close sinks and record, return
             self.go.wait()
             return {**dataclasses.asdict(finished), "threads_per_rank": 1}
         return

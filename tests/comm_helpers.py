@@ -242,13 +242,14 @@ def native_check(comm, emit) -> dict:
 
 def pool_sizes(comm, emit) -> dict:
     """What this rank's thread pools are, as threadpoolctl reports them from inside the rank (BLAS) and as
-    engine.blocks reports its own (the kernels', the shared elementwise work's), beside the figure
+    engine.fast.thread_pool reports its own (the kernels', the shared elementwise work's), beside the figure
     run_ranks resolved and the CPUs the rank may use."""
     from threadpoolctl import threadpool_info
 
-    from engine import blocks
+    from engine.fast import thread_pool
     blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-    return {"rank": comm.rank, "blas": blas, "kernels": blocks.threads(), "resolved": comm.threads_per_rank,
+    return {"rank": comm.rank, "blas": blas, "kernels": thread_pool.threads(),
+            "resolved": comm.threads_per_rank,
             "cores": sorted(os.sched_getaffinity(0))}
 
 

@@ -1,4 +1,4 @@
-"""engine.halfconv against NumPy's own casts on every input: all 2^32 float32 bit patterns down, all 2^16
+"""engine.fast.halfconv against NumPy's own casts on every input: all 2^32 float32 bit patterns down, all 2^16
 float16 bit patterns up. Not a test (pytest does not collect it: it takes a few minutes); run it by
 hand after touching halfconv or moving to another NumPy:
 
@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from engine import halfconv
+from engine.fast import halfconv
 
 CHUNK = 1 << 24
 

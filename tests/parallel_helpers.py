@@ -5,8 +5,8 @@ Rank functions live in an importable module so the processes backend can run the
 
 from __future__ import annotations
 
+from engine.comm.shard import shard_bounds
 from engine.config import from_dict, to_dict
-from engine.flat import shard_bounds
 from engine.trainer import Trainer
 
 

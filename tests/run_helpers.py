@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine import presets
-from engine.checkpoint import find_checkpoint
-from engine.job import run_training
+from engine.checkpoint.sharded import find_checkpoint
+from engine.config import presets
+from engine.run.job import run_training
 
 # about 16k parameters, a 20k-character corpus, one eval batch, one rank (thread ranks, when a test asks for
 # more: quickstart itself trains on processes): a run takes well under a second

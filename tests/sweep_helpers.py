@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 
-from engine import presets
+from engine.config import presets
 from engine.sweep.runner import run_sweep
 from engine.sweep.study import Sweep, load_study, prepare_sweep
 

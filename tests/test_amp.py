@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from engine import ops
-from engine.amp import DynamicScaler, LossScaleError, StaticScaler, find_overflow
-from engine.build import build_dataset, build_model
 from engine.comm.launch import run_ranks
 from engine.config import from_dict
+from engine.config.build import build_dataset, build_model
 from engine.data import rank_slice
-from engine.flat import FlatBuffer
+from engine.loss_scale import DynamicScaler, LossScaleError, StaticScaler, find_overflow
+from engine.parallel.data.flat import FlatBuffer
 from engine.trainer import Trainer
 from tests.parallel_helpers import tiny_gpt
 
@@ -193,7 +193,7 @@ def test_fp16_gradients_underflow_without_scaling_and_not_with_it():
 
 
 def test_a_run_that_overflows_every_step_stops_with_a_reason():
-    from engine.amp import MAX_SKIPPED_IN_A_ROW, DynamicScaler, LossScaleError, StaticScaler
+    from engine.loss_scale import MAX_SKIPPED_IN_A_ROW, DynamicScaler, LossScaleError, StaticScaler
     for scaler in (StaticScaler(1e6), DynamicScaler()):
         for step in range(MAX_SKIPPED_IN_A_ROW - 1):
             scaler.update(step, ("nan", "wte.weight"))

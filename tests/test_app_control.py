@@ -8,8 +8,8 @@ import tomlkit
 from textual.widgets import Input, OptionList, Select, Static
 from typer.testing import CliRunner
 
-from engine import presets
-from engine.estimator import estimate
+from engine.config import presets
+from engine.memory.estimator import estimate
 from nanodist_tui.app import NanoDistApp
 from nanodist_tui.cli import app as cli
 from nanodist_tui.screens.confirm import ConfirmScreen

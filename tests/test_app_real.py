@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from engine.checkpoint import find_checkpoint
-from engine.job import resume_training
+from engine.checkpoint.sharded import find_checkpoint
+from engine.run.job import resume_training
 from nanodist_tui.app import NanoDistApp
 from nanodist_tui.cli.running import training_job
 from nanodist_tui.priority import SPAWNER

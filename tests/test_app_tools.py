@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from engine import presets
+from engine.config import presets
 from engine.sweep.study import load_study, load_sweep
 from nanodist_tui.app import NanoDistApp
 from nanodist_tui.screens.sweeps import SweepsScreen

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from engine.comm import auto
 from engine.comm.launch import run_ranks
 from engine.config import from_dict
-from engine.parallel.topology import Topology, tables
+from engine.parallel.data.topology import Topology, tables
 from nanodist_tui.cli import app
 
 INF = math.inf

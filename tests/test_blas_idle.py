@@ -1,4 +1,4 @@
-"""OpenBLAS's idle workers sleep instead of spinning once the engine is imported (engine/blas_idle.py):
+"""OpenBLAS's idle workers sleep instead of spinning once the engine is imported (engine/fast/blas_idle.py):
 measured as the CPU time a process burns while it sleeps between matrix products, against the same
 process with the spin set to OpenBLAS's longest."""
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from engine.blas_idle import THREAD_TIMEOUT, THREAD_TIMEOUT_VAR
+from engine.fast.blas_idle import THREAD_TIMEOUT, THREAD_TIMEOUT_VAR
 
 # The child imports the engine first, as `nanodist-tui` and every rank process do, then times a loop of
 # small products each followed by a sleep, with BLAS at 2 threads; it reports its CPU seconds (all its

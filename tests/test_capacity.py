@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.capacity import available_memory, check_data_fits, check_fits, data_bytes, local_ranks
 from engine.config import ConfigError, replace
-from engine.estimator import estimate
-from engine.presets import load_preset
+from engine.config.presets import load_preset
+from engine.memory.capacity import available_memory, check_data_fits, check_fits, data_bytes, local_ranks
+from engine.memory.estimator import estimate
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from engine.checkpoint import find_checkpoint
-from engine.checkpoint_io import MANIFEST, CheckpointError, checkpoint_dirs, finished_checkpoints, prune
-from engine.job import resume_training
-from engine.resume import prepare_resume
+from engine.checkpoint.files import MANIFEST, CheckpointError, checkpoint_dirs, finished_checkpoints, prune
+from engine.checkpoint.resume import prepare_resume
+from engine.checkpoint.sharded import find_checkpoint
+from engine.run.job import resume_training
 from tests.run_helpers import TINY, only_run, step_losses, train
 
 
@@ -43,9 +43,9 @@ def run_copy(finished_run, tmp_path):
 _CHILD = """
 import io, json, os, sys, time
 from pathlib import Path
-import engine.checkpoint_io as cio
-from engine import presets
-from engine.job import run_training
+import engine.checkpoint.files as cio
+from engine.config import presets
+from engine.run.job import run_training
 
 overrides, target, when, marker = json.loads(sys.argv[1])
 real_atomic_write = cio.atomic_write

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from engine import run_lock
-from engine.checkpoint import find_checkpoint
-from engine.checkpoint_io import MANIFEST, CheckpointError, checkpoint_dirs
-from engine.resume import prepare_resume
+from engine.checkpoint.files import MANIFEST, CheckpointError, checkpoint_dirs
+from engine.checkpoint.resume import prepare_resume
+from engine.checkpoint.sharded import find_checkpoint
+from engine.run import lock
 from nanodist_tui.cli import app
 from tests.run_helpers import train
 
@@ -273,7 +273,7 @@ def test_a_forged_shard_with_matching_checksums_is_refused_before_any_rank_start
 
 def test_export_refuses_parameters_that_do_not_fit_the_model(run_copy, tmp_path):
     """A model file whose parameter shapes do not fit its spec: one line naming the parameter."""
-    from engine.export import read_model
+    from engine.checkpoint.export import read_model
     out = tmp_path / "model.npz"
     result = CliRunner().invoke(app, ["export", str(run_copy), "-o", str(out)])
     assert result.exit_code == 0, result.output
@@ -321,19 +321,19 @@ def test_the_next_start_cleans_what_killed_writes_left(run_copy):
 
 def test_a_run_still_being_written_is_left_alone(run_copy):
     left = leave_leftovers(run_copy)
-    handle = run_lock.hold(run_copy)  # a live recorder holds the run folder
+    handle = lock.hold(run_copy)  # a live recorder holds the run folder
     try:
-        assert run_lock.is_held(run_copy)
+        assert lock.is_held(run_copy)
         prepare_resume(run_copy)
         assert all(p.exists() for p in left)
     finally:
-        run_lock.release(handle, run_copy)
-    assert run_lock.is_held(run_copy) is None
+        lock.release(handle, run_copy)
+    assert lock.is_held(run_copy) is None
 
 
 def test_zip_members_are_read_by_header_only(run_copy):
     """The shape check reads .npy headers, not the arrays (a huge forged array costs nothing to refuse)."""
-    from engine.checkpoint_io import shard_headers
+    from engine.checkpoint.files import shard_headers
     shard = run_copy / "checkpoints" / NEWEST / "rank-00000.npz"
     arrays, meta = shard_headers(shard)
     real, real_meta = shard_parts(shard)

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import nn, presets
-from engine.checkpoint import find_checkpoint
+from engine import nn
+from engine.checkpoint.export import load_model, params_from_checkpoint
+from engine.checkpoint.sharded import find_checkpoint
+from engine.config import presets
 from engine.events import StepEnd
-from engine.export import load_model, params_from_checkpoint
 from engine.trainer import Trainer
 from nanodist_tui.replay import replay_events
 from tests.cli_helpers import assert_user_error, invoke

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engine import error_log
+from engine.run import error_log
 from nanodist_tui.cli import app
 from tests.run_helpers import train
 
@@ -92,7 +92,7 @@ def _no_mpi4py(tmp: Path, monkeypatch) -> None:
 
 
 def _disk_full_on_run_folder(tmp: Path, monkeypatch) -> None:
-    from engine import atomic_file
+    from engine.run import atomic_file
 
     def full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -297,7 +297,7 @@ CASES: dict[str, tuple[list[str], dict]] = {
     "presets diff: unknown preset": (["presets", "diff", "quickstart", "nope"], {"named": "nope"}),
     "presets: unknown command": (["presets", "remove", "x"], {"named": "remove"}),
     "presets list: a bug": (["presets", "list"], {"code": 1, "named": "an invariant broke",
-                                                  "setup": _bug_in("engine.presets", "list_presets")}),
+                                                  "setup": _bug_in("engine.config.presets", "list_presets")}),
     "main: unknown command": (["fly"], {"named": "fly"}),
 }
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
 
-from engine import blocks
 from engine.comm import cores
 from engine.comm.launch import run_ranks
 from engine.config import ConfigError, from_dict
-from engine.job import run_training
+from engine.fast import thread_pool
+from engine.run.job import run_training
 from tests import comm_helpers
 from tests.parallel_helpers import tiny_gpt
 
@@ -78,13 +78,13 @@ def test_peer_ranks_learn_who_shares_their_host_at_start_up():
 
 
 def test_threads_backend_sizes_the_shared_pool_while_the_ranks_run_and_restores_it():
-    before, kernels_before = blas_pools(), blocks.threads()
+    before, kernels_before = blas_pools(), thread_pool.threads()
     results = run_ranks(2, "threads", comm_helpers.pool_sizes)
     expected = max(1, HOST_CORES // 2)
     assert [r["resolved"] for r in results] == [expected] * 2
     assert [r["blas"] for r in results] == [[expected] * len(before)] * 2
     assert [r["kernels"] for r in results] == [expected] * 2  # ranks x threads never exceed the cores
-    assert blas_pools() == before and blocks.threads() == kernels_before
+    assert blas_pools() == before and thread_pool.threads() == kernels_before
     one = run_ranks(1, "threads", comm_helpers.pool_sizes, threads_per_rank=1)[0]
     assert one["blas"] == [1] * len(before) and one["kernels"] == 1
     two = run_ranks(1, "threads", comm_helpers.pool_sizes, threads_per_rank=2)[0]
@@ -100,7 +100,7 @@ def test_processes_backend_ranks_blas_pool_has_the_configured_size(world, config
     for r in results:
         assert r["resolved"] == expected
         assert r["blas"] == [expected], r  # threadpoolctl, asked inside the rank process
-        assert r["kernels"] == expected, r  # engine.blocks' pool, the same share
+        assert r["kernels"] == expected, r  # engine.fast.thread_pool' pool, the same share
 
 
 def test_threads_per_rank_is_validated_and_recorded(tmp_path):

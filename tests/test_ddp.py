@@ -9,9 +9,9 @@ import pytest
 
 from engine.comm.launch import run_ranks
 from engine.config import from_dict
-from engine.parallel import make_replica
-from engine.parallel.ddp import DataParallel
-from engine.parallel.ddp_naive import NaiveDataParallel
+from engine.parallel.data import make_replica
+from engine.parallel.data.ddp import DataParallel
+from engine.parallel.data.ddp_naive import NaiveDataParallel
 from engine.trainer import Trainer
 from tests.parallel_helpers import tiny_gpt
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.checkpoint import find_checkpoint
-from engine.recorder import read_events
+from engine.checkpoint.sharded import find_checkpoint
+from engine.run.recorder import read_events
 
 REPO = Path(__file__).resolve().parent.parent
 # a ~5k-parameter GPT (its checkpoint shard is ~60 kB) that would write ~2 kB of events per step for 400 steps
@@ -102,7 +102,7 @@ class _FullDisk:
 
 def test_a_recorder_that_cannot_write_says_so_once_and_keeps_the_figures(tmp_path):
     from engine import events as ev
-    from engine.recorder import RunRecorder
+    from engine.run.recorder import RunRecorder
     told: list[str] = []
     recorder = RunRecorder(tmp_path, "tiny", {"name": "tiny"}, on_failure=told.append)
     recorder._events = _FullDisk()

@@ -12,7 +12,7 @@ import pytest
 from engine.comm.launch import run_ranks
 from engine.config import from_dict
 from engine.dropout_rng import DropoutRNG
-from engine.job import resume_training
+from engine.run.job import resume_training
 from engine.trainer import Trainer
 from tests.parallel_helpers import tiny_gpt
 from tests.run_helpers import state_at, step_losses, train

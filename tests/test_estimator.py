@@ -10,12 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.bench.memory import measure_rank
-from engine.build import build_model, count_params, param_shapes
 from engine.comm.launch import run_ranks
 from engine.config import DataConfig, PrecisionConfig, from_dict, to_dict
-from engine.estimator import estimate
-from engine.memory import MODEL_STATES
-from engine.presets import load_preset
+from engine.config.build import build_model, count_params, param_shapes
+from engine.config.presets import load_preset
+from engine.memory.estimator import estimate
+from engine.memory.ledger import MODEL_STATES
 from nanodist_tui.cli import app
 
 STATES = MODEL_STATES
@@ -239,7 +239,7 @@ def test_the_bucket_size_picked_for_memory_lowers_the_measured_peak():
     is smaller, and the ledger's peak with it is lower than with the default (and equals the estimate's
     model states and gradients)."""
     from engine.config import replace
-    from engine.estimator import BUCKET_CAPS_MB, bucket_cap_for_memory
+    from engine.memory.estimator import BUCKET_CAPS_MB, bucket_cap_for_memory
     cfg = tiny(parallel__zero_stage=2, precision__dtype="fp16", model__n_embd=64, model__n_head=4)
     cap = bucket_cap_for_memory(cfg)
     assert cap in BUCKET_CAPS_MB and cap < 25.0

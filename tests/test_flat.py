@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from engine.dtypes import master_dtype, resolve_dtype
-from engine.flat import FlatBuffer
+from engine.parallel.data.flat import FlatBuffer
 
 
 class P:

@@ -1,13 +1,15 @@
-"""engine.halfconv against NumPy's own float16 casts, bit for bit (tests/exhaustive_halfconv.py checks every
+"""engine.fast.halfconv against NumPy's own float16 casts, bit for bit (tests/exhaustive_halfconv.py checks
+every
 float32 input; this runs a sample, the rounding ties and the special values), and matmul_kernel on it.
-Every path: the compiled loops (engine.halfconv_jit, skipped only where numba is not installed), with the
+Every path: the compiled loops (engine.fast.halfconv_jit, skipped only where numba is not installed), with the
 CPU's conversions and with integer steps, and NumPy's."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from engine import halfconv, ops
+from engine import ops
+from engine.fast import halfconv
 
 BIG = 3 * halfconv._CHUNK + 123  # several passes of the downcast, the last one partial
 

@@ -1,4 +1,4 @@
-"""engine.heap: with glibc's thresholds raised, the large temporaries a training step frees and allocates
+"""engine.fast.heap: with glibc's thresholds raised, the large temporaries a training step frees and allocates
 again op after op reuse the heap's pages instead of being unmapped and faulted in again. Measured in
 fresh processes, with and without the setting, by the page faults the same allocation pattern causes."""
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 PATTERN = """
 import resource, sys
 import numpy as np
-from engine import heap
+from engine.fast import heap
 if sys.argv[1] == "kept":
     assert heap.keep_freed_memory() and heap.keep_freed_memory()  # set once; True again later
 for warm in (True, False):  # one untimed round, so both start with the blocks once allocated

@@ -1,5 +1,5 @@
-"""engine.kernels: block by block and shared among threads, the same results as whole-array NumPy; every
-test on both paths (the compiled loops of engine.kernels_jit, skipped only where numba is missing, and
+"""engine.fast.kernels: block by block and shared among threads, the same results as whole-array NumPy; every
+test on both paths (the compiled loops of engine.fast.kernels_jit, skipped only where numba is missing, and
 NumPy's chains)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from engine import blocks, compiled, kernels, lowp
+from engine.fast import compiled, kernels, lowp, thread_pool
 
 C, K = math.sqrt(2.0 / math.pi), 0.044715
 
@@ -28,10 +28,10 @@ def path(request):
 
 @pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
 def threads(request):
-    before = blocks.threads()
-    blocks.set_threads(request.param)
+    before = thread_pool.threads()
+    thread_pool.set_threads(request.param)
     yield request.param
-    blocks.set_threads(before)
+    thread_pool.set_threads(before)
 
 
 def whole_array_gelu(x):
@@ -52,9 +52,9 @@ def test_gelu_and_its_gradient_match_the_formula(threads, n):
 
 def test_blocks_and_threads_do_not_change_a_bit(threads):
     x = np.random.default_rng(0).standard_normal(3 * kernels.BLOCK + 5).astype(np.float32)
-    blocks.set_threads(1)
+    thread_pool.set_threads(1)
     one = kernels.gelu(x), kernels.gelu_backward(x, x)
-    blocks.set_threads(threads)
+    thread_pool.set_threads(threads)
     many = kernels.gelu(x), kernels.gelu_backward(x, x)
     for a, b in zip(one, many):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

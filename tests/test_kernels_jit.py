@@ -1,11 +1,12 @@
-"""engine.kernels_jit against the NumPy chains it replaces (engine.kernels under compiled.disabled()):
+"""engine.fast.kernels_jit against the NumPy chains it replaces (engine.fast.kernels under
+compiled.disabled()):
 GELU bit for bit; layer norm to float32 rounding (its row sums accumulate in float64 there)."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from engine import compiled, kernels, lowp
+from engine.fast import compiled, kernels, lowp
 
 pytestmark = pytest.mark.skipif(compiled.load("kernels_jit") is None,
                                 reason="numba is not installed: no compiled path to compare")

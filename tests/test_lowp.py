@@ -1,4 +1,4 @@
-"""engine.lowp: 16-bit arithmetic in float32 gives NumPy's own bits."""
+"""engine.fast.lowp: 16-bit arithmetic in float32 gives NumPy's own bits."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from engine import lowp
+from engine.fast import lowp
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
@@ -33,14 +33,14 @@ def test_float32_and_float64_pass_through():
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
 def test_conversions_shared_among_threads_give_the_same_bits(dtype):
-    from engine import blocks
-    x = np.random.default_rng(1).standard_normal((17, blocks.BLOCK + 17)).astype(np.float32) * 1e3
-    before = blocks.threads()
+    from engine.fast import thread_pool
+    x = np.random.default_rng(1).standard_normal((17, thread_pool.BLOCK + 17)).astype(np.float32) * 1e3
+    before = thread_pool.threads()
     try:
-        blocks.set_threads(2)
+        thread_pool.set_threads(2)
         half = lowp.narrow(x, dtype)
         back = lowp.widen(half)
     finally:
-        blocks.set_threads(before)
+        thread_pool.set_threads(before)
     assert np.array_equal(half.view(np.uint16), x.astype(dtype).view(np.uint16))
     assert np.array_equal(back, half.astype(np.float32))

@@ -13,7 +13,7 @@ from engine import nn, ops
 from engine.bench.memory import measure_rank
 from engine.comm.launch import run_ranks
 from engine.config import from_dict, to_dict
-from engine.memory import CATEGORIES, PHASES, Ledger, memory_block
+from engine.memory.ledger import CATEGORIES, PHASES, Ledger, memory_block
 from engine.tensor import Tensor, set_tape_observer
 
 

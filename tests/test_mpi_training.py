@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from engine.job import run_training
-from engine.presets import load_preset
+from engine.config.presets import load_preset
+from engine.run.job import run_training
 
 pytest.importorskip("mpi4py")
 MPIEXEC = shutil.which("mpiexec")

@@ -185,12 +185,12 @@ def test_sum_of_squares_from_shards_equals_whole():
     assert sum(sum_of_squares(s) for s in shards) == pytest.approx(whole, rel=1e-12)
 
 
-# ---- the compiled sum of squares (engine.optim_jit) against an exact sum and the NumPy path ----
+# ---- the compiled sum of squares (engine.fast.optim_jit) against an exact sum and the NumPy path ----
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_compiled_sum_of_squares_is_exact_to_float64_rounding(dtype):
     pytest.importorskip("numba", reason="numba is not installed: only the NumPy sum runs")
-    from engine import compiled
+    from engine.fast import compiled
     x = np.random.default_rng(4).normal(size=1_000_003).astype(dtype)
     wide = x.astype(np.float64)
     exact = math.fsum((wide * wide).tolist())

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from engine import config, presets
-from engine.config import ConfigError
+from engine import config
+from engine.config import ConfigError, presets
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "presets").glob("*.toml"))

@@ -22,8 +22,8 @@ from projection_helpers import (
     small_config,
 )
 
-from engine.build import param_shapes
-from engine.estimator import estimate
+from engine.config.build import param_shapes
+from engine.memory.estimator import estimate
 from engine.projection import calibrate as calibrate_module
 from engine.projection.calibrate import Calibration, CalibrationError, calibrate
 from engine.projection.clusters import load_cluster
@@ -349,10 +349,10 @@ def test_an_unusable_calibration_is_one_line(tmp_path, text, words):
 
 def _groups_of(comm, emit, cfg_dict):
     """The byte sizes of the groups this rank's replica communicates in, as the engine built them."""
-    from engine.build import build_model
     from engine.config import from_dict
+    from engine.config.build import build_model
     from engine.dtypes import itemsize
-    from engine.parallel import make_replica
+    from engine.parallel.data import make_replica
     cfg = from_dict(cfg_dict)
     replica = make_replica(cfg, build_model(cfg, vocab=VOCAB), comm)
     try:

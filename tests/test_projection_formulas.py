@@ -12,7 +12,7 @@ from projection_helpers import nccl_table
 
 from engine.comm.collectives import SEGMENT_BYTES
 from engine.config import from_dict
-from engine.projection.collectives import (
+from engine.projection.collective_times import (
     Link,
     Topology,
     all_reduce_time,
@@ -143,7 +143,7 @@ def test_mlp_flops():
 
 
 def test_backward_runs_from_the_head_to_the_embeddings():
-    from engine.build import param_shapes
+    from engine.config.build import param_shapes
     cfg = from_dict(GPT)
     names = [name for name, _, _ in param_shapes(cfg, 50)]
     events = backward_events(cfg, 50)

@@ -103,8 +103,8 @@ def test_a_two_rank_step_pays_for_every_hidden_bucket(tmp_path):
     """Small buckets on 2 ranks: every bucket but the last all-reduces while backward goes on. Worked out
     without the timeline: a bucket that runs wholly beside compute costs κ' × its CPU time, 2α_c + (n/2)
     (2β_c + γ_c); so the step's interference lies between the hidden buckets' and all buckets' CPU time."""
-    from engine.build import param_shapes
-    from engine.flat import FlatLayout
+    from engine.config.build import param_shapes
+    from engine.parallel.data.flat import FlatLayout
     cfg = small_config(parallel={"world_size": 2, "bucket_cap_mb": 0.02})
     factor_inputs = dict(kappa_=1.5, cpu_each=2 * CPU_ALPHA + (1 << 16) / 2 * (2 * CPU_BETA + CPU_GAMMA),
                          nbytes=1 << 16)  # the CPU measured equals the fitted: κ' = κ = 1.5

@@ -8,9 +8,11 @@ import time
 import pytest
 import tomlkit
 
-from engine import config, presets, recorder
+from engine import config
 from engine import events as ev
-from engine.recorder import METRIC_COLUMNS, RunRecorder, is_interruption, list_runs, read_events
+from engine.config import presets
+from engine.run import recorder
+from engine.run.recorder import METRIC_COLUMNS, RunRecorder, is_interruption, list_runs, read_events
 
 
 def step(n, loss=2.0, scale=None):
@@ -107,7 +109,7 @@ def test_failed_run_and_non_finite_values(tmp_path):
 
 
 @pytest.mark.parametrize("message, status", [
-    ("interrupted (Ctrl-C)", "interrupted"),  # what engine.job reports for a KeyboardInterrupt
+    ("interrupted (Ctrl-C)", "interrupted"),  # what engine.run.job reports for a KeyboardInterrupt
     ("KeyboardInterrupt", "interrupted"),
     ("killed by signal SIGTERM", "interrupted"),
     ("killed by signal SIGKILL", "failed"),  # also what the OOM killer sends

@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from engine.checkpoint import Checkpointer, find_checkpoint
-from engine.checkpoint_io import checkpoint_dirs
+from engine.checkpoint.files import checkpoint_dirs
+from engine.checkpoint.sharded import Checkpointer, find_checkpoint
 from engine.comm.base import RankFailure
 from engine.comm.launch import run_ranks
 from engine.config import from_dict, to_dict
-from engine.job import resume_training, run_training
+from engine.run.job import resume_training, run_training
 from engine.trainer import Trainer
 from tests.run_helpers import TINY, assert_same_state, only_run, state_at, step_losses, tiny_config, train
 
@@ -55,8 +55,8 @@ def test_resume_after_a_crash_continues_bitwise_identically(tmp_path, monkeypatc
 
 _KILL_AT_CHECKPOINT = """
 import json, os, signal, sys
-from engine import presets
-from engine.job import run_training
+from engine.config import presets
+from engine.run.job import run_training
 cfg, doc, _ = presets.load_preset("quickstart", json.loads(sys.argv[1]))
 def on_event(e):
     if e.kind == "checkpoint_saved" and e.step == 2:

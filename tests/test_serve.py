@@ -27,7 +27,7 @@ from tests.run_helpers import train
 pytest.importorskip("fastapi", reason="the server needs the serve extra (pip install 'nanodist[serve]')")
 pytest.importorskip("uvicorn", reason="the server needs the serve extra (pip install 'nanodist[serve]')")
 
-from engine.export import read_model  # noqa: E402
+from engine.checkpoint.export import read_model  # noqa: E402
 from nanodist_tui.serve.api import Limits, create_api  # noqa: E402
 from nanodist_tui.serve.server import ModelServer  # noqa: E402
 

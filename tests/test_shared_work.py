@@ -1,4 +1,5 @@
-"""Work shared among a rank's threads (engine.blocks) gives the bits one thread gives, and really runs on
+"""Work shared among a rank's threads (engine.fast.thread_pool) gives the bits one thread gives, and really
+runs on
 that many threads."""
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from engine import blocks, lowp, ops
+from engine import ops
 from engine.dropout_rng import DropoutRNG
+from engine.fast import lowp, thread_pool
 from engine.optim import SHARE_FROM, AdamW
 from engine.tensor import Tensor
 
@@ -19,12 +21,12 @@ DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
 
 def on_threads(n: int, fn):
     """fn() with the pool at n threads (restored after)."""
-    before = blocks.threads()
-    blocks.set_threads(n)
+    before = thread_pool.threads()
+    thread_pool.set_threads(n)
     try:
         return fn()
     finally:
-        blocks.set_threads(before)
+        thread_pool.set_threads(before)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -39,7 +41,7 @@ def test_split_runs_every_item_once_on_as_many_threads_as_the_pool_has(threads):
     def work(lo: int, hi: int) -> None:
         gate.wait()
         seen.append((lo, hi, threading.get_ident()))
-    on_threads(threads, lambda: blocks.split(work, 100, grain=10))
+    on_threads(threads, lambda: thread_pool.split(work, 100, grain=10))
     assert sorted(i for lo, hi, _ in seen for i in range(lo, hi)) == list(range(100))
     assert len({ident for *_, ident in seen}) == threads
 
@@ -57,9 +59,9 @@ def test_run_shares_blocks_only_when_the_first_block_says_it_repays_the_hand_off
             if per_block_s:
                 time.sleep(per_block_s)
             seen.append((lo, hi, threading.get_ident()))
-        on_threads(2, lambda: blocks.run(work, 10 * 64 + 5, 64))
+        on_threads(2, lambda: thread_pool.run(work, 10 * 64 + 5, 64))
         return sorted(seen)
-    assert on_threads(2, blocks.handoff_s) > 0 and blocks.handoff_s() == 0.0  # one thread: no pool
+    assert on_threads(2, thread_pool.handoff_s) > 0 and thread_pool.handoff_s() == 0.0  # one thread: no pool
     bounds = [(lo, min(lo + 64, 645)) for lo in range(0, 645, 64)]
     slow, fast = blocks_run(0.02), blocks_run(0.0)
     assert [b[:2] for b in slow] == [b[:2] for b in fast] == bounds
@@ -69,14 +71,14 @@ def test_run_shares_blocks_only_when_the_first_block_says_it_repays_the_hand_off
 
 def test_split_stays_on_the_callers_thread_below_two_grains_and_when_nested():
     idents = []
-    on_threads(2, lambda: blocks.split(lambda lo, hi: idents.append(threading.get_ident()), 15, grain=8))
+    on_threads(2, lambda: thread_pool.split(lambda lo, hi: idents.append(threading.get_ident()), 15, grain=8))
     assert idents == [threading.get_ident()]
     inner: list[int] = []
 
     def outer(lo: int, hi: int) -> None:  # a nested split runs inside the share that made it
         here = threading.get_ident()
-        blocks.split(lambda a, b: inner.append(threading.get_ident() == here), 1000)
-    on_threads(2, lambda: blocks.split(outer, 2))
+        thread_pool.split(lambda a, b: inner.append(threading.get_ident() == here), 1000)
+    on_threads(2, lambda: thread_pool.split(outer, 2))
     assert inner == [True, True]
 
 
@@ -152,7 +154,7 @@ def test_large_copies_into_a_gradient_give_narrows_bits_at_one_thread_and_two(dt
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_linear_with_bias_shared_among_threads_gives_the_whole_array_bits(dtype):
     rng = np.random.default_rng(6)
-    x = Tensor(rng.standard_normal((3 * blocks.BLOCK // 64 + 5, 48)).astype(dtype))
+    x = Tensor(rng.standard_normal((3 * thread_pool.BLOCK // 64 + 5, 48)).astype(dtype))
     w, b = (Tensor(rng.standard_normal(shape).astype(dtype)) for shape in ((64, 48), (64,)))
     wide = ops.matmul_kernel(x.data, w.data.T, out_dtype=np.float32)
     want = lowp.narrow(wide + lowp.widen(b.data), dtype)  # the product, the bias added, rounded once
@@ -163,5 +165,5 @@ def test_linear_with_bias_shared_among_threads_gives_the_whole_array_bits(dtype)
 def test_shares_run_under_the_callers_numpy_error_state():
     states: list[dict] = []
     with np.errstate(over="ignore", invalid="raise"):  # as a backward under fp16 loss scaling sets it
-        on_threads(2, lambda: blocks.split(lambda lo, hi: states.append(np.geterr()), 2))
+        on_threads(2, lambda: thread_pool.split(lambda lo, hi: states.append(np.geterr()), 2))
     assert len(states) == 2 and all(s["over"] == "ignore" and s["invalid"] == "raise" for s in states)

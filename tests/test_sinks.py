@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine import events as ev
-from engine.job import run_training
+from engine.run.job import run_training
 from engine.sinks import SINKS, SinkUnavailable, check_available, missing_library
 from engine.sinks import runner as sink_runner
 from engine.sinks.scalars import Point, ScalarFolder

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.projection.collectives import Link, Topology, ring_reduce_scatter
+from engine.projection.collective_times import Link, Topology, ring_reduce_scatter
 from engine.projection.sparse_ring import sparse_all_gather, sparse_all_reduce, sparse_reduce_scatter
 
 FAST, SLOW = Link(20e-6, 1 / 5e9), Link(1e-3, 1 / 0.25e9)

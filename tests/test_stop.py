@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from engine.checkpoint import find_checkpoint
-from engine.control import RunControl
-from engine.job import resume_training, run_training
-from engine.presets import load_preset
+from engine.checkpoint.sharded import find_checkpoint
+from engine.config.presets import load_preset
+from engine.run.control import RunControl
+from engine.run.job import resume_training, run_training
 from tests.run_helpers import assert_same_state, only_run, state_at, step_losses, tiny_config, train
 
 

@@ -14,8 +14,8 @@ import pytest
 import tomlkit
 from optuna.trial import TrialState
 
-from engine import presets
-from engine.estimator import estimate
+from engine.config import presets
+from engine.memory.estimator import estimate
 from engine.sweep import results
 from engine.sweep.storage import fail_orphans
 from engine.sweep.study import load_study

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from engine import presets
+from engine.config import presets
 from engine.sweep.study import load_study, load_sweep
 from tests.cli_helpers import assert_user_error, invoke
 from tests.sweep_helpers import write_preset

@@ -10,11 +10,11 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from engine import events as ev
 from engine.config import from_dict
+from engine.config.vocabulary import METRICS
 from engine.sweep.algorithms import sampler_seed
 from engine.sweep.errors import SweepError
 from engine.sweep.jobs import shares
 from engine.sweep.metrics import MetricTracker
-from engine.sweep.settings import METRICS
 from engine.sweep.space import distribution, grid
 from engine.sweep.storage import JOURNAL_FILE, SQLITE_FILE, StorageSpec, choose_storage, write_record
 

@@ -12,8 +12,8 @@ import pytest
 
 from engine.comm.base import Signals
 from engine.comm.threads import ThreadGroup
+from engine.config.presets import load_preset
 from engine.optim import lr_at
-from engine.presets import load_preset
 from engine.trainer import Trainer
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed: training parity vs PyTorch skipped")

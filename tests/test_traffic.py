@@ -1,4 +1,5 @@
-"""Per-step Traffic events of a real training job (engine.job.run_training on threads): one per rank per step,
+"""Per-step Traffic events of a real training job (engine.run.job.run_training on threads): one per rank per
+step,
 links along the ring (rank -> rank+1), and per phase exactly the bytes the ring formulas give for the run's
 buckets (units), plus the trainer's fp64 scalar all-reduces."""
 
@@ -10,7 +11,7 @@ import pytest
 
 from engine.comm.launch import run_ranks
 from engine.config import from_dict
-from engine.job import run_training
+from engine.run.job import run_training
 from tests.parallel_helpers import gradient_group_lengths, ring_bytes, tiny_gpt, with_parallel
 
 STEPS = 3

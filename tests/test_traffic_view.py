@@ -18,7 +18,7 @@ from nanodist_tui.traffic import (
     stragglers,
 )
 from nanodist_tui.widgets.glyphs import ASCII, UNICODE
-from nanodist_tui.widgets.ring import draw_ring
+from nanodist_tui.widgets.ring_diagram import draw_ring
 
 
 def traffic(rank: int, world: int, rs: tuple[int, float], ag: tuple[int, float]) -> Traffic:

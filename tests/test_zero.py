@@ -10,7 +10,7 @@ import pytest
 
 from engine.comm.launch import run_ranks
 from engine.config import from_dict
-from engine.memory import MODEL_STATES
+from engine.memory.ledger import MODEL_STATES
 from engine.trainer import Trainer
 from tests.parallel_helpers import gradient_group_lengths, ring_bytes, tiny_gpt, with_parallel
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 import tracemalloc
 
-from engine import kernels, optim
+from engine import optim
 from engine.comm.launch import EMULATING_BACKENDS, run_ranks
 from engine.config import EmulateConfig, from_dict, replace, to_dict
-from engine.memory import CATEGORIES, PHASES
+from engine.fast import kernels
+from engine.memory.ledger import CATEGORIES, PHASES
 from engine.trainer import Trainer
 
 EXTRA_ATTEMPTS = 40  # skipped steps a measurement tolerates (fp16 overflows while the loss scale settles)

@@ -25,7 +25,7 @@ from engine import ops, tensor
 from engine.comm.base import Signals
 from engine.comm.threads import ThreadGroup
 from engine.config import Config, replace
-from engine.parallel import shard_optimizer
+from engine.parallel.data import shard_optimizer
 
 ARRAY_HELPERS = ("matmul_kernel", "unbroadcast")  # public functions of engine.ops that are not ops
 OPS = tuple(name for name, fn in vars(ops).items() if inspect.isfunction(fn) and fn.__module__ == ops.__name__

@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine import presets
+from engine.config import presets
 from engine.sweep.results import best_trials
 from engine.sweep.runner import run_sweep
 from engine.sweep.study import load_study, prepare_sweep

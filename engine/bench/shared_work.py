@@ -1,5 +1,7 @@
-"""`python -m engine.bench.shared_work`: the pieces of a step that engine.blocks shares among a rank's
-threads, timed at one thread and at two (BLAS and engine.blocks both), at gpt-mini's and mlp's sizes.
+"""`python -m engine.bench.shared_work`: the pieces of a step that engine.fast.thread_pool shares among a
+rank's
+threads, timed at one thread and at two (BLAS and engine.fast.thread_pool both), at gpt-mini's and mlp's
+sizes.
 
 Why a separate bench: on a shared 2-core machine whole-step 2-thread timings swing with other people's
 load; a piece timed many times in a row, taking the fastest calls, says whether sharing it gains anything.
@@ -14,8 +16,9 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from engine import lowp, ops
+from engine import ops
 from engine.comm.cores import limited
+from engine.fast import lowp
 from engine.optim import AdamW
 from engine.tensor import Tensor
 

@@ -53,7 +53,7 @@ def race_torch(cfg: Config, warmup: int = 5, steps: int = 20, threads: int = 2) 
     except ImportError:
         return None
     from engine.comm.cores import limited
-    with limited(threads):  # our pools (BLAS and engine.kernels) the same size as PyTorch's
+    with limited(threads):  # our pools (BLAS and engine.fast.kernels) the same size as PyTorch's
         return _race(cfg, warmup, steps, threads)
 
 

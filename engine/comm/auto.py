@@ -22,7 +22,7 @@ and unfold of the whole buffer cost more than the ring's extra steps; with nodes
 all-reduce sends only 1/G of the bytes over the slow links between them.
 
 Every rank must pick the same algorithm for the same buffer: a job agrees on rank 0's table
-(engine.parallel.topology broadcasts it), and the choice depends only on the buffer's size in bytes.
+(engine.parallel.data.topology broadcasts it), and the choice depends only on the buffer's size in bytes.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.atomic_file import atomic_write
+from engine.run.atomic_file import atomic_write
 
 CANDIDATES = ("ring", "rhd", "tree", "hierarchical")  # what auto chooses among
 FORMAT, VERSION = "nanodist-allreduce-tuning", 1

@@ -33,7 +33,7 @@ from engine.comm.base import Communicator
 from engine.comm.group import NodeGrid
 from engine.comm.meter import metered
 from engine.comm.reduction import OPS, check_buffer, segments
-from engine.flat import shard_bounds
+from engine.comm.shard import shard_bounds
 
 SEGMENT_BYTES = 4 << 20
 # The four algorithms "auto" chooses among (ring, rhd, tree, hierarchical), auto itself, and MPI's own.

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from engine import blocks
+from engine.fast import thread_pool
 
 # Environment variables in which MPI launchers state how many ranks they started on this node, in the
 # order they are trusted. srun's is a compressed list over nodes (see _slurm_tasks_here).
@@ -144,23 +144,23 @@ def threads_for_peer_rank(comm, backend: str, configured: int,
 
 @contextlib.contextmanager
 def limited(threads: int) -> Iterator[None]:
-    """Every thread pool threadpoolctl finds (BLAS, OpenMP), and engine.kernels' own, limited to
+    """Every thread pool threadpoolctl finds (BLAS, OpenMP), and engine.fast.kernels' own, limited to
     `threads` inside the block."""
     from threadpoolctl import threadpool_limits
-    before = blocks.threads()
+    before = thread_pool.threads()
     with threadpool_limits(limits=threads):
-        blocks.set_threads(threads)
+        thread_pool.set_threads(threads)
         try:
             yield
         finally:
-            blocks.set_threads(before)
+            thread_pool.set_threads(before)
 
 
 def apply(threads: int) -> None:
     """Limit this process's pools to `threads` for good (a rank process, before it builds anything)."""
     from threadpoolctl import threadpool_limits
     threadpool_limits(limits=threads)
-    blocks.set_threads(threads)
+    thread_pool.set_threads(threads)
 
 
 def blas_threads() -> int | None:

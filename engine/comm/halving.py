@@ -24,7 +24,7 @@ import numpy as np
 from engine.comm.base import Communicator
 from engine.comm.meter import metered
 from engine.comm.reduction import check_buffer, divide, exchange, reducer, segments
-from engine.flat import shard_bounds
+from engine.comm.shard import shard_bounds
 
 NAME = "rhd"
 

@@ -11,7 +11,7 @@ divides the shard), against the flat ring's 2(N−1)/N·S, of which — ranks nu
 node's last rank sends all of it to the next node. Cost (one NIC per rank): 2(G−1)α_in + 2(G−1)/G·nβ_in
 + 2(M−1)α_out + 2(M−1)/M·(n/G)·β_out.
 
-Steps 1-2 alone are the gradient reduction of hybrid sharding (engine.parallel): every rank ends with its
+Steps 1-2 alone are the gradient reduction of hybrid sharding (engine.parallel.data): every rank ends with its
 node shard reduced over the whole world, replicated across the nodes. The inter-node step is a ring
 unless the caller passes another all-reduce. avg divides the finished shard by N once.
 

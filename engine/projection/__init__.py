@@ -20,6 +20,8 @@ runs measured here.
     fit.py          least-squares alpha, beta, gamma; nccl-tests output
     validate.py     predicted against measured runs here: error, bias, comm share, memory, ranking
 
-Memory comes from engine.estimator (the prediction the ledger tests hold exact); buckets and shards from
-engine.flat and engine.parallel.buckets, so the buckets predicted are the ones the engine sends.
+Memory comes from engine.memory.estimator (the prediction the ledger tests hold exact); buckets and shards
+from
+engine.parallel.data.flat and engine.parallel.data.buckets, so the buckets predicted are the ones the engine
+sends.
 """

@@ -38,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.atomic_file import atomic_write_text
 from engine.comm.cores import usable_cores
 from engine.config import Config
 from engine.projection.compute_calibration import LEVELS, measure_compute
@@ -46,6 +45,7 @@ from engine.projection.flops import model_signature
 from engine.projection.meeting_lag import measure_meeting_lag
 from engine.projection.slicing_overhead import measure_slicing_overhead
 from engine.projection.transport_calibration import default_transport_sizes, measure_ring
+from engine.run.atomic_file import atomic_write_text
 
 VERSION = 1
 

@@ -2,7 +2,8 @@
 like presets and validated into a `Cluster`, with one-line errors (file, line, key, problem, fix).
 
 Lookup for a bare name: $NANODIST_CLUSTERS (folders, os.pathsep-separated), then a `clusters/` folder in
-every preset folder (engine.presets.search_dirs: $NANODIST_PRESETS, ./presets, the repository's, the copy
+every preset folder (engine.config.presets.search_dirs: $NANODIST_PRESETS, ./presets, the repository's, the
+copy
 shipped in the package). A name with ".toml" or a folder in it is a path.
 
 Every setting is spelled once, in FIELDS (type, default, check, doc); messages and `describe` use it.
@@ -22,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError
+from engine.config.presets import find_named_file, locate_key, search_dirs
 from engine.dtypes import DTYPES
-from engine.presets import find_named_file, locate_key, search_dirs
-from engine.projection.collectives import NIC_KINDS
+from engine.projection.collective_times import NIC_KINDS
 
 ALGORITHMS = ("auto", "engine")  # auto: the fastest per size (NCCL's rule); engine: the preset's own
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from engine.comm.cores import resolve, share
 from engine.dtypes import is_low_precision
-from engine.projection.collectives import Link, ring_all_reduce
+from engine.projection.collective_times import Link, ring_all_reduce
 
 PHASES = ("forward", "backward")
 # AdamW per element: fp32 reads parameter, gradient, m, v and writes parameter, m, v (7 × 4 bytes); mixed

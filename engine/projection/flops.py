@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from engine.build import param_shapes
+from engine.config.build import param_shapes
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from engine.comm.rendezvous import SHM_SLOT_BYTES
 from engine.config import Config, network_emulation
 from engine.projection.calibrate import LEVELS, Calibration, CalibrationError
 from engine.projection.clusters import Cluster
-from engine.projection.collectives import Link, Topology
+from engine.projection.collective_times import Link, Topology
 from engine.projection.compute import CalibratedCompute, NominalCompute, demand
 from engine.projection.flops import FlopsOf
 

@@ -1,5 +1,6 @@
 """A run projected over world sizes on a cluster: per world size the step and where it goes, throughput,
-scaling efficiency, MFU, and per-rank memory by category (engine.estimator, the same prediction the memory
+scaling efficiency, MFU, and per-rank memory by category (engine.memory.estimator, the same prediction the
+memory
 command and the ledger tests use) with whether it fits.
 
 Scaling: "weak" keeps the preset's rows per rank and micro-batch (the global batch grows with the ranks,
@@ -14,10 +15,10 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from engine.build import vocab_size
 from engine.config import Config
+from engine.config.build import vocab_size
 from engine.dtypes import master_dtype
-from engine.estimator import MemoryEstimate, estimate
+from engine.memory.estimator import MemoryEstimate, estimate
 from engine.projection.calibrate import Calibration
 from engine.projection.clusters import Cluster
 from engine.projection.flops import FlopsOf

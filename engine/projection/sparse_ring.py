@@ -1,6 +1,7 @@
 """The engine's ring on a buffer with fewer elements than ranks, message by message.
 
-The ring cuts a buffer of n elements into one shard per rank (engine.flat.shard_bounds); with n < p ranks,
+The ring cuts a buffer of n elements into one shard per rank (engine.comm.shard.shard_bounds); with n < p
+ranks,
 p − n shards are empty and the engine sends nothing for them (engine.comm.ring). The small all-reduces
 every step makes — the gradient norm (1 fp64 element), the overflow flag (2), the loss (3) — are such
 buffers, so they are not 2(p−1) steps of the slowest link each, as the closed form says: each non-empty
@@ -22,8 +23,8 @@ from __future__ import annotations
 
 import functools
 
-from engine.flat import shard_bounds
-from engine.projection.collectives import Link, Topology
+from engine.comm.shard import shard_bounds
+from engine.projection.collective_times import Link, Topology
 
 
 def _links(topo: Topology) -> list[Link]:

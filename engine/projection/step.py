@@ -3,8 +3,8 @@
 Compute: FLOPs (flops.py) over the machine's rate at this micro-batch size (compute.py) for forward and
 backward, plus the recomputed forward of checkpointed blocks, the optimizer over the elements this rank
 owns (the estimator's shard), the bookkeeping around a step, and the copies ZeRO-2/3 make when packing
-gradients. Communication, on the buckets and units the engine really uses (engine.flat,
-engine.parallel.buckets, the estimator's units), as the replicas issue it (engine.parallel):
+gradients. Communication, on the buckets and units the engine really uses (engine.parallel.data.flat,
+engine.parallel.data.buckets, the estimator's units), as the replicas issue it (engine.parallel.data):
 
     stage 0  on the last micro-batch, each bucket's all-reduce goes to the communication thread once
              every bucket up to it is ready (their gradients final, backward_events) and overlaps the
@@ -29,11 +29,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from engine.build import param_shapes
+from engine.config.build import param_shapes
 from engine.dtypes import itemsize
-from engine.flat import FlatLayout
-from engine.parallel.buckets import aligned_buckets
-from engine.projection.collectives import all_reduce_time, half_collective_time
+from engine.parallel.data.buckets import aligned_buckets
+from engine.parallel.data.flat import FlatLayout
+from engine.projection.collective_times import all_reduce_time, half_collective_time
 from engine.projection.flops import BackwardEvent, FlopsOf, backward_events
 from engine.projection.machine import Machine
 from engine.projection.sparse_ring import sparse_all_reduce
@@ -99,7 +99,7 @@ class _Comm:
 
 def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) -> StepBreakdown:
     """One step of cfg (its world size, stage, precision, micro-batches) on `machine`. `owned_elements`:
-    the optimizer's shard (engine.estimator), which sets the update's cost."""
+    the optimizer's shard (engine.memory.estimator), which sets the update's cost."""
     p, dtype, world = cfg.parallel, cfg.precision.dtype, cfg.parallel.world_size
     micro, rows = cfg.train.micro_batches, cfg.train.global_batch // (world * cfg.train.micro_batches)
     tokens = rows * flops_of.tokens_per_row

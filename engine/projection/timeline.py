@@ -1,5 +1,5 @@
 """One rank's step as two threads, the way nanoDist runs it: the training thread computes and submits
-collectives; the rank's communication thread (engine.parallel.worker) runs them one at a time, in the
+collectives; the rank's communication thread (engine.parallel.data.worker) runs them one at a time, in the
 order submitted. Replaying a step's program on this clock gives what a step costs and where it went.
 
     compute(s)        the training thread works for s seconds

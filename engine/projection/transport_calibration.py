@@ -35,9 +35,9 @@ EVICT_BYTES = 64 << 20  # written before each timed collective: more than this h
 
 def default_transport_sizes(cfg: Config, vocab: int) -> list[int]:
     """The bucket sizes of cfg's model at its bucket cap (what its steps send), and sizes around them."""
-    from engine.build import param_shapes
+    from engine.config.build import param_shapes
     from engine.dtypes import itemsize
-    from engine.flat import FlatLayout
+    from engine.parallel.data.flat import FlatLayout
     shapes = [(name, shape) for name, shape, _ in param_shapes(cfg, vocab)]
     layout = FlatLayout(shapes, cfg.precision.dtype, 2)
     cap = cfg.parallel.bucket_cap_mb * 2**20

@@ -39,11 +39,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.build import vocab_size
 from engine.comm.cores import usable_cores
 from engine.comm.launch import run_ranks
 from engine.config import Config, network_emulation, replace, to_dict
-from engine.memory import MODEL_STATES
+from engine.config.build import vocab_size
+from engine.memory.ledger import MODEL_STATES
 from engine.projection.calibrate import LEVELS, Calibration, calibrate
 from engine.projection.clusters import Cluster
 from engine.projection.project import predict

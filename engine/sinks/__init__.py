@@ -26,13 +26,11 @@ import importlib
 import importlib.util
 from pathlib import Path
 
-# sink name -> (the module that must be importable, the extra that brings it, the sink's module here)
-_SINKS: dict[str, tuple[str, str, str]] = {
-    "tensorboard": ("tensorboard", "tensorboard", "engine.sinks.tensorboard_sink"),
-    "wandb": ("wandb", "wandb", "engine.sinks.wandb_sink"),
-    "mlflow": ("mlflow", "mlflow", "engine.sinks.mlflow_sink"),
-}
-SINKS = tuple(_SINKS)  # the names `log.to` and `--log-to` accept; validation and docs derive from it
+from engine.config.vocabulary import SINKS
+
+# sink name -> (the module that must be importable, the extra that brings it, the sink's module here):
+# each sink's library and its extra carry the sink's own name.
+_SINKS: dict[str, tuple[str, str, str]] = {name: (name, name, f"engine.sinks.{name}_sink") for name in SINKS}
 
 
 class SinkUnavailable(ValueError):

@@ -1,4 +1,4 @@
-"""The sampler and the pruner a [sweep] section names (engine.sweep.settings lists the names).
+"""The sampler and the pruner a [sweep] section names (engine.config.vocabulary lists the names).
 
 Samplers are seeded from sweep.seed, so the same preset samples the same sequence. Optuna does not store a
 sampler's state: a resumed sweep builds a fresh one, which learns from every trial already in the study,
@@ -17,7 +17,7 @@ from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
 
 from engine.config import Config
-from engine.sweep.settings import PRUNERS, SAMPLERS
+from engine.config.vocabulary import PRUNERS, SAMPLERS
 from engine.sweep.space import grid
 
 

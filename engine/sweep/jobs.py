@@ -28,7 +28,7 @@ from engine.comm import codec, pipe
 from engine.comm.child import ChildProcess
 from engine.comm.cores import usable_cores
 from engine.comm.pipe import MAX_MESSAGE
-from engine.job import one_line
+from engine.run.job import one_line
 from engine.sweep.loop import run_trials
 from engine.sweep.study import load_sweep, open_study
 

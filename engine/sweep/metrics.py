@@ -1,4 +1,4 @@
-"""A trial's metrics (engine.sweep.settings.METRICS), folded from the events of its training run.
+"""A trial's metrics (engine.config.vocabulary.METRICS), folded from the events of its training run.
 
 The tracker is an event subscriber: it sees what the recorder sees, so a trial's scores are exactly what
 its run folder shows. `value(name)` is the metric so far, which is what a pruner is shown at each

@@ -26,14 +26,14 @@ from typing import Any, NoReturn
 import optuna
 
 from engine import events as ev
-from engine.build import vocab_size
 from engine.comm.base import RankFailure
 from engine.config import Config, ConfigError, to_dict
+from engine.config.build import vocab_size
+from engine.config.vocabulary import METRICS
 from engine.data import DataError
-from engine.estimator import estimate
-from engine.job import one_line, run_training
+from engine.memory.estimator import estimate
+from engine.run.job import one_line, run_training
 from engine.sweep.metrics import MB, MetricTracker
-from engine.sweep.settings import METRICS
 from engine.sweep.space import sample, trial_config
 from engine.sweep.storage import claim
 

@@ -11,9 +11,9 @@ import optuna
 import tomlkit
 from optuna.trial import FrozenTrial, TrialState
 
-from engine import atomic_file, presets
-from engine.config import ConfigError
-from engine.sweep.settings import METRICS
+from engine.config import ConfigError, presets
+from engine.config.vocabulary import METRICS
+from engine.run import atomic_file
 from engine.sweep.space import trial_document
 
 TRIALS_CSV = "trials.csv"
@@ -22,7 +22,7 @@ _STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialSt
 
 
 def outcome(t: FrozenTrial) -> str:
-    """How the trial ended, in engine.sweep.settings.OUTCOMES (a rejected trial is FAIL to Optuna)."""
+    """How the trial ended, in engine.config.vocabulary.OUTCOMES (a rejected trial is FAIL to Optuna)."""
     recorded = t.user_attrs.get("outcome")
     return recorded if recorded and t.state.is_finished() else _STATES[t.state]
 

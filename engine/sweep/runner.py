@@ -17,10 +17,10 @@ import optuna
 from optuna.trial import TrialState
 
 from engine import events as ev
+from engine.config.vocabulary import OUTCOMES
 from engine.sweep.jobs import run_jobs
 from engine.sweep.loop import finished_event, run_trials
 from engine.sweep.results import best_trials, outcome, write_trials_csv
-from engine.sweep.settings import OUTCOMES
 from engine.sweep.storage import fail_orphans
 from engine.sweep.study import Sweep, open_study
 

@@ -18,8 +18,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from engine import presets
-from engine.config import Config, SearchParam
+from engine.config import Config, SearchParam, presets
 
 
 def distribution(param: SearchParam) -> BaseDistribution:
@@ -34,7 +33,7 @@ def distribution(param: SearchParam) -> BaseDistribution:
 
 
 def grid(space: dict[str, SearchParam]) -> dict[str, list]:
-    """Every value of each parameter, for the grid sampler (floats need a step: engine.config_rules)."""
+    """Every value of each parameter, for the grid sampler (floats need a step: engine.config.rules)."""
     out: dict[str, list] = {}
     for key, param in space.items():
         if param.type == "categorical":

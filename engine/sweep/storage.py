@@ -25,7 +25,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from engine.atomic_file import atomic_write_text
+from engine.run.atomic_file import atomic_write_text
 from engine.sweep.errors import SweepError
 
 RECORD = "sweep.json"

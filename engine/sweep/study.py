@@ -15,11 +15,10 @@ import optuna
 import tomlkit
 from optuna.study import StudyDirection
 
-from engine import presets
-from engine.config import Config
+from engine.config import Config, presets
+from engine.config.vocabulary import directions_of, metrics_of
 from engine.sweep.algorithms import make_pruner, make_sampler
 from engine.sweep.errors import SweepError
-from engine.sweep.settings import directions_of, metrics_of
 from engine.sweep.storage import RECORD, StorageSpec, choose_storage, read_record, write_record
 
 PRESET_COPY = "preset.toml"

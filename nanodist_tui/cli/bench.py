@@ -40,8 +40,8 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
     """Median training-step time: ours, and PyTorch on the same shapes (when installed): eager on one
     rank, DDP (gloo) on --world-size N --backend processes."""
     from engine.bench.step import race_torch, time_ours
-    from engine.capacity import check_fits
     from engine.config import replace
+    from engine.memory.capacity import check_fits
     with user_errors():
         cfg, _, _ = load_config(preset, sets, world_size, backend)
         check_fits(cfg)
@@ -153,7 +153,7 @@ def techniques(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: 
                as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """Median step time of the preset with each technique switched on, and its cost vs the baseline."""
     from engine.bench.techniques import time_techniques, variants
-    from engine.capacity import check_fits
+    from engine.memory.capacity import check_fits
     with user_errors():
         base, _, _ = load_config(preset, sets, world_size, backend)
         configs = variants(base)
@@ -250,7 +250,7 @@ def pruning(preset: PresetOpt = "sweep-lr", sets: SetOpt = None,
             as_json: JsonOpt = False) -> None:
     """The same sweep twice, without and with a pruner: training steps saved, and the best values."""
     from engine.bench.pruning import bench_pruning
-    from engine.sweep.settings import PRUNERS
+    from engine.config.vocabulary import PRUNERS
     if pruner not in PRUNERS or pruner == "none":
         fail(f'--pruner: "{pruner}" is not a pruner to measure; use one of '
              + ", ".join(f'"{p}"' for p in PRUNERS if p != "none"))

@@ -40,9 +40,9 @@ def _check_allreduce(backend: str, world_size: int, sizes: str | None, default) 
     """The message sizes, once every option is known to work here; UsageError/LaunchError otherwise."""
     import importlib.util
 
-    from engine.capacity import available_memory
     from engine.comm.launch import check_environment
-    from engine.config_rules import RULES
+    from engine.config.rules import RULES
+    from engine.memory.capacity import available_memory
     if backend not in ("threads", "processes", "mpi"):
         raise UsageError(f'--backend: unknown backend "{backend}"; use threads, processes or mpi')
     if problem := RULES["parallel.world_size"](world_size):

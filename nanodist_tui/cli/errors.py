@@ -19,15 +19,15 @@ import typer
 from typer._click.exceptions import ClickException, NoArgsIsHelpError  # typer vendors click
 from typer.core import TyperGroup
 
-from engine import error_log
-from engine.checkpoint_io import CheckpointError
+from engine.checkpoint.export import ExportError
+from engine.checkpoint.files import CheckpointError
 from engine.comm.auto import TuningError
 from engine.comm.launch import LaunchError
 from engine.config import ConfigError
 from engine.data import DataError
 from engine.events import EventError
-from engine.export import ExportError
-from engine.recorder import RunFolderError
+from engine.run import error_log
+from engine.run.recorder import RunFolderError
 from engine.sinks import SinkUnavailable
 from engine.sweep.errors import SweepError
 

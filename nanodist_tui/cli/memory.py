@@ -60,7 +60,7 @@ def memory(preset: PresetOpt = "seed-table", sets: SetOpt = None, world_size: Wo
 # ---------------------------------------------------------------------- gathering figures
 
 def _estimated(cfg) -> dict:
-    from engine.estimator import estimate
+    from engine.memory.estimator import estimate
     e = estimate(cfg)
     phase, cats = e.peak()
     return {"n_params": e.n_params, "states": e.states, "category_peaks": e.category_peaks(),
@@ -70,9 +70,9 @@ def _estimated(cfg) -> dict:
 def _measured(cfg, steps: int) -> dict | None:
     """The ledger's figures, or None with the reason when this configuration cannot run yet."""
     from engine.bench.memory import measure
-    from engine.capacity import check_fits
     from engine.comm.base import RankFailure
-    from engine.memory import MODEL_STATES
+    from engine.memory.capacity import check_fits
+    from engine.memory.ledger import MODEL_STATES
     check_fits(cfg)  # measuring trains: only what fits here
     try:
         m = measure(cfg, steps)
@@ -84,7 +84,7 @@ def _measured(cfg, steps: int) -> dict | None:
 
 
 def _describe(cfg) -> dict:
-    from engine.estimator import shard_count
+    from engine.memory.estimator import shard_count
     p = cfg.parallel
     return {"preset": cfg.name, "world_size": p.world_size, "zero_stage": p.zero_stage,
             "bucket_cap_mb": p.bucket_cap_mb,
@@ -101,9 +101,9 @@ def _breakdown(cfg, measure: bool, steps: int) -> dict:
 
 def optimized(cfg):
     """The baseline's model trained with fp16, ZeRO-2, checkpointing (blocks, where it has any) and the
-    bucket size a user would pick for the lowest peak (engine.estimator.bucket_cap_for_memory)."""
+    bucket size a user would pick for the lowest peak (engine.memory.estimator.bucket_cap_for_memory)."""
     from engine.config import replace
-    from engine.estimator import bucket_cap_for_memory
+    from engine.memory.estimator import bucket_cap_for_memory
     cfg = with_stage(replace(cfg, "precision.dtype", "fp16"), 2)
     cfg = replace(cfg, "memory.checkpointing", "blocks" if cfg.model.kind == "gpt" else "none")
     return replace(cfg, "parallel.bucket_cap_mb", bucket_cap_for_memory(cfg))

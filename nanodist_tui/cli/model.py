@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from engine.sample import SEED, TEMPERATURE, TOKENS, TOP_K
+from engine.checkpoint.sample import SEED, TEMPERATURE, TOKENS, TOP_K
 from nanodist_tui.cli.errors import user_errors
 from nanodist_tui.cli.options import RunDirArg, SourceArg, StepOpt
 from nanodist_tui.cli.running import load_source, require_run_dir
@@ -17,9 +17,10 @@ def export(run_dir: RunDirArg,
            output: Annotated[str | None, typer.Option("--output", "-o", help="the .npz to write "
                                                       "(default: RUN_DIR/model.npz)")] = None,
            step: StepOpt = None) -> None:
-    """Write the run's fp32 parameters and model config to one .npz (engine.export.load_model reads it)."""
-    from engine.checkpoint import find_checkpoint
-    from engine.export import export_model
+    """Write the run's fp32 parameters and model config to one .npz (engine.checkpoint.export.load_model
+    reads it)."""
+    from engine.checkpoint.export import export_model
+    from engine.checkpoint.sharded import find_checkpoint
     require_run_dir(run_dir)
     with user_errors():
         ckpt = find_checkpoint(run_dir, step)
@@ -38,7 +39,7 @@ def sample(source: SourceArg,
            = SEED,
            step: StepOpt = None) -> None:
     """Generate text from a trained GPT, decoded with its corpus's characters."""
-    from engine.sample import sample as sample_from
+    from engine.checkpoint.sample import sample as sample_from
     if not source.is_file():
         require_run_dir(source)
     with user_errors():

@@ -14,7 +14,7 @@ app = typer.Typer(help="Presets: list, show, create from another, compare.", no_
 @app.command("list")
 def list_presets() -> None:
     """Every preset by name, where it comes from (user, ./presets, repo, package) and what it is for."""
-    from engine.presets import list_presets as found
+    from engine.config.presets import list_presets as found
     infos = found()
     if not infos:
         fail("no presets found; set NANODIST_PRESETS or create ./presets")
@@ -29,7 +29,7 @@ def show(name: Annotated[str, typer.Argument(help="preset name or path to a .tom
          resolved: Annotated[bool, typer.Option("--resolved", help="also list every default it relies on")]
          = False) -> None:
     """Print a preset as written, comments included (or with every default filled in)."""
-    from engine import presets
+    from engine.config import presets
     with user_errors():
         path = presets.find_preset(name)
         doc = presets.read_document(path)
@@ -46,7 +46,7 @@ def new(name: Annotated[str, typer.Argument(help="name of the new preset (./pres
         force: Annotated[bool, typer.Option("--force", help="overwrite ./presets/NAME.toml")] = False
         ) -> None:
     """Copy a preset to ./presets/NAME.toml with overrides applied; comments and numbers stay as written."""
-    from engine import presets
+    from engine.config import presets
     with user_errors():
         path = presets.find_preset(source)
         try:
@@ -63,7 +63,7 @@ def diff(a: Annotated[str, typer.Argument(help="first preset (name or path)")],
          b: Annotated[str, typer.Argument(help="second preset (name or path)")]) -> None:
     """Settings that differ between two presets, defaults included."""
     from engine.config import toml_repr
-    from engine.presets import diff_presets
+    from engine.config.presets import diff_presets
     with user_errors():
         rows = diff_presets(a, b)
     if not rows:

@@ -90,7 +90,7 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
 
 def _calibration_for(cfg, target, path: Path, quiet: bool):
     """The calibration a calibrated cluster needs for cfg, measured now if it is missing."""
-    from engine.build import vocab_size
+    from engine.config.build import vocab_size
     from engine.projection.calibrate import Calibration, calibrate
     from engine.projection.flops import model_signature
     if not target.calibrated:
@@ -120,7 +120,7 @@ def _project(cfg, target, world_sizes, scaling: str, path: Path, out: Path | Non
 
 def _write_json(data: dict, out: Path) -> Path:
     """Write the report atomically; an unwritable place is one line, exit code 2."""
-    from engine.atomic_file import atomic_write_text
+    from engine.run.atomic_file import atomic_write_text
     try:
         atomic_write_text(out, json.dumps(data, indent=1) + "\n")
     except OSError as e:
@@ -150,7 +150,7 @@ def print_projection(data: dict, cfg, target) -> None:
 
 
 def _print_memory(rows: list[dict]) -> None:
-    from engine.memory import CATEGORIES
+    from engine.memory.ledger import CATEGORIES
     print("per-rank memory, MB (each category at its own peak; peak = highest simultaneous total)")
     print(f"{'ranks':>6} " + " ".join(f"{c[:11]:>11}" for c in CATEGORIES) + f" {'peak':>9}")
     for r in rows:
@@ -209,7 +209,7 @@ def print_validation(r: dict, preset: str) -> None:
 
 
 def _calibrate(cfg, path: Path, as_json: bool) -> None:
-    from engine.build import vocab_size
+    from engine.config.build import vocab_size
     from engine.projection.calibrate import calibrate
     vocab = vocab_size(cfg) if cfg.model.kind == "gpt" else 0
     cal = calibrate(cfg, vocab, [cfg.precision.dtype], path=path, measure_transport=True)

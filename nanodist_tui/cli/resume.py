@@ -25,7 +25,7 @@ def resume(run_dir: RunDirArg, sets: SetOpt = None, world_size: WorldOpt = None,
            no_ui: Annotated[bool, typer.Option("--no-ui", help="train headless")] = False,
            ascii_only: AsciiOpt = False) -> None:
     """Resume a run: same world size continues bitwise-identically; another one reshards the state."""
-    from engine.resume import prepare_resume
+    from engine.checkpoint.resume import prepare_resume
     require_run_dir(run_dir)
     with user_errors():
         cfg, doc, ckpt = prepare_resume(run_dir, shortcut_overrides(sets, world_size, backend, log_to), step)

@@ -31,7 +31,7 @@ def shortcut_overrides(sets: list[str] | None, world_size: int | None, backend: 
 def sink_names(text: str, flag: str) -> list[str]:
     """The sinks a comma-separated flag names, checked by log.to's own rule; ConfigError naming `flag`."""
     from engine.config import ConfigError
-    from engine.config_rules import RULES
+    from engine.config.rules import RULES
     names = [n.strip() for n in text.split(",") if n.strip()]
     if problem := RULES["log.to"](tuple(names)):
         raise ConfigError("", *problem, source=flag)
@@ -40,7 +40,7 @@ def sink_names(text: str, flag: str) -> list[str]:
 
 def load_config(preset: str, sets=None, world_size=None, backend=None, log_to=None):
     """(Config, tomlkit document, path) with overrides applied and validated."""
-    from engine.presets import load_preset
+    from engine.config.presets import load_preset
     return load_preset(preset, shortcut_overrides(sets, world_size, backend, log_to))
 
 
@@ -57,11 +57,11 @@ def check_can_run(cfg) -> None:
     """What a valid config can still get wrong on this machine: unreadable data, sizes it cannot hold, a
     backend that cannot start here, a run folder that cannot be made, a sink whose library is not
     installed, an unusable tuning file for algorithm "auto". Raises one of USER_ERRORS."""
-    from engine.build import build_dataset, vocab_size
-    from engine.capacity import check_data_fits, check_fits
     from engine.comm.launch import check_environment
     from engine.config import ConfigError
-    from engine.parallel.topology import tables
+    from engine.config.build import build_dataset, vocab_size
+    from engine.memory.capacity import check_data_fits, check_fits
+    from engine.parallel.data.topology import tables
     from engine.sinks import check_available
     check_data_fits(cfg)
     try:
@@ -95,9 +95,9 @@ def require_run_dir(run_dir: Path) -> None:
 
 def training_job(cfg, doc, resume_from: str | None = None):
     """The job both modes drive: train `cfg` (from the checkpoint folder `resume_from`, if given) on the
-    calling thread, events to `emit`, until done or `control` (an engine.control.RunControl) stops it;
+    calling thread, events to `emit`, until done or `control` (an engine.run.control.RunControl) stops it;
     returns the run summary."""
-    from engine.job import run_training
+    from engine.run.job import run_training
 
     def job(emit, control):
         return run_training(cfg, on_event=emit, stop_event=control, preset_doc=doc, resume_from=resume_from,
@@ -178,7 +178,7 @@ def run_headless_job(job) -> None:
     summary and exits 130 (143); a second one leaves at once. A user mistake ends with its one line and
     code 2, a failed run with code 1 (the printer has already shown its one line: the rank and the cause),
     any other failure with code 1 and one line naming where its traceback went."""
-    from engine.control import RunControl
+    from engine.run.control import RunControl
     from nanodist_tui.headless import HeadlessPrinter, summary_lines
     printer, control = HeadlessPrinter(), RunControl()
     with stop_on_signals(control) as received:
@@ -206,8 +206,8 @@ def run_headless_job(job) -> None:
 def load_source(source: Path, step: int | None):
     """The fp32 model of a run folder (its newest finished checkpoint, or the one of `step`), a checkpoint
     folder or an exported .npz, checked (checksums, names, shapes) before use; call inside user_errors()."""
-    from engine.checkpoint import find_checkpoint
-    from engine.export import model_from_checkpoint, read_model
+    from engine.checkpoint.export import model_from_checkpoint, read_model
+    from engine.checkpoint.sharded import find_checkpoint
     if source.is_file():
         return read_model(source)
     ckpt = find_checkpoint(source, step)

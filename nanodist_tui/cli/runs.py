@@ -23,9 +23,9 @@ def _fmt(value, spec: str) -> str:
 def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder holding the run folders")]
          = Path("runs")) -> None:
     """List recorded runs, newest first, with their key figures and latest checkpoint."""
-    from engine.checkpoint import CHECKPOINTS
-    from engine.checkpoint_io import scan_checkpoints
-    from engine.recorder import list_runs
+    from engine.checkpoint.files import scan_checkpoints
+    from engine.checkpoint.sharded import CHECKPOINTS
+    from engine.run.recorder import list_runs
     if not out_dir.is_dir():
         fail(f"{out_dir}: no such folder; train a run first (`nanodist-tui run`) or pass --out-dir")
     infos = list_runs(out_dir)
@@ -106,7 +106,7 @@ def compare(run_a: Annotated[Path, typer.Argument(help="a run folder", show_defa
 
 
 def _read(run_dir: Path) -> list:
-    from engine.recorder import read_events
+    from engine.run.recorder import read_events
     require_run_dir(run_dir)
     with user_errors():
         events = read_events(run_dir)
@@ -119,7 +119,7 @@ def _replay_sinks(run_dir: Path, to: str | None):
     """(sink names, the run's [log] settings) for `replay --to`; user errors raise (one line each)."""
     if to is None:
         return [], None
-    from engine.presets import load_preset
+    from engine.config.presets import load_preset
     from engine.sinks import check_available
     from engine.sinks.tensorboard_sink import logdir
     names = sink_names(to, "--to")

@@ -38,6 +38,6 @@ def screenshot(run_dir: RunOpt = None, output: OutputOpt = Path("workbench.svg")
     from nanodist_tui.user_config import UserConfig
     events = _read(run_dir or DEMO_DIR)
     svg = render_screenshot(events, _size(size), tab=tab, user_config=UserConfig(ascii=ascii_only))
-    from engine.atomic_file import atomic_write_text
+    from engine.run.atomic_file import atomic_write_text
     atomic_write_text(output, svg)
     print(f"wrote {output} ({size}, tab {tab}, {len(events)} events from {run_dir or 'the demo recording'})")

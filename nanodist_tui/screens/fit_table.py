@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.capacity import available_memory
-from engine.estimator import estimate
+from engine.memory.capacity import available_memory
+from engine.memory.estimator import estimate
 from nanodist_tui.widgets.memory_pane import ordered, style_of
 from nanodist_tui.widgets.units import format_bytes
 

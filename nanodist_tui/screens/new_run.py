@@ -15,11 +15,10 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
-from engine import presets
 from engine.comm.launch import BACKENDS
-from engine.config import ConfigError, describe
+from engine.config import ConfigError, describe, presets
 from engine.dtypes import DTYPES
-from engine.parallel import ZERO_STAGES
+from engine.parallel.data import ZERO_STAGES
 from nanodist_tui.screens.fit_table import FitTable
 
 # The settings the form shows; a tuple of choices makes a drop-down, None a text field.

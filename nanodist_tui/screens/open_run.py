@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from engine.recorder import list_runs
+from engine.run.recorder import list_runs
 
 COLUMNS = ("", "run", "status", "steps", "val loss", "tok/s")
 

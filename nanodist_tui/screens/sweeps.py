@@ -83,7 +83,7 @@ class SweepsScreen(Screen[None]):
     def export(self, name: str) -> str | None:
         """Write the shown sweep's best trial as presets/NAME.toml; the line saying what happened (shown)
         or None when it could not (the reason is shown, one line)."""
-        from engine.presets import check_preset_name
+        from engine.config.presets import check_preset_name
         from engine.sweep import results
         from engine.sweep.study import load_study
         from nanodist_tui.describe import params_text, scores_text

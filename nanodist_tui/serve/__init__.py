@@ -7,7 +7,8 @@
     server.py    uvicorn on a socket bound up front (port 0 works, the URL is known before serving), in a
                  thread the caller stops; no thread outlives stop()
 
-Generation is engine.sample's, the same call `nanodist-tui sample` makes, so equal arguments give equal
+Generation is engine.checkpoint.sample's, the same call `nanodist-tui sample` makes, so equal arguments give
+equal
 text. The engine knows nothing of this package: it never imports the web stack.
 """
 from __future__ import annotations

@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.checkpoint_io import CheckpointError
-from engine.export import LoadedModel
-from engine.sample import SEED, TEMPERATURE, TOKENS, TOP_K, sample
+from engine.checkpoint.export import LoadedModel
+from engine.checkpoint.files import CheckpointError
+from engine.checkpoint.sample import SEED, TEMPERATURE, TOKENS, TOP_K, sample
 from nanodist_tui.serve.body import BodyLimit
 
 MAX_TEMPERATURE = 100.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from engine.events import MemorySnapshot
-from engine.memory import CATEGORIES
+from engine.memory.ledger import CATEGORIES
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.glyphs import Glyphs

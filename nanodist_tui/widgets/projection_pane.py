@@ -127,7 +127,7 @@ class ProjectionPane(Vertical):
         self.run_worker(self._calibrate, thread=True, exclusive=True, group="projection")
 
     def _calibrate(self) -> None:
-        from engine.build import vocab_size
+        from engine.config.build import vocab_size
         from engine.projection.calibrate import calibrate, default_path
         cfg = self._cfg()
         try:
@@ -143,7 +143,7 @@ class ProjectionPane(Vertical):
 
     def _cfg(self):
         from engine.config import from_dict
-        from engine.presets import load_preset
+        from engine.config.presets import load_preset
         if self.config is not None:
             return from_dict(self.config, source="<live run>")
         return load_preset(self.preset_name)[0]
@@ -204,7 +204,7 @@ def compute_projection(cfg, cluster_name: str, calibration_path: Path | None) ->
         cluster = load_cluster(cluster_name)
         calibration = None
         if cluster.calibrated:
-            from engine.build import vocab_size
+            from engine.config.build import vocab_size
             calibration = Calibration.load(calibration_path or default_path())
             vocab = vocab_size(cfg) if cfg.model.kind == "gpt" else 0
             if calibration is None or calibration.missing(model_signature(cfg, vocab), [cfg.precision.dtype]):

@@ -21,7 +21,7 @@ from nanodist_tui.traffic import (
     stragglers,
     which_ran_where,
 )
-from nanodist_tui.widgets.ring import draw_ring
+from nanodist_tui.widgets.ring_diagram import draw_ring
 from nanodist_tui.widgets.text_view import TextView
 from nanodist_tui.widgets.units import format_bytes, format_rate, format_seconds
 

@@ -1,0 +1,255 @@
+"""Sharded checkpoints: saved every `checkpoint.every` steps and at the end; resumed at any world size
+and ZeRO stage.
+
+Each rank writes what it owns (engine.checkpoint.files does the durable writing): its range of the flat
+fp32 master weights and Adam moments (`replica.owned_range()` / `optimizer_state()`) and its loss-scaler
+state (dropout needs nothing: its masks are keyed by the step, engine.dropout_rng). With replicated state
+(ZeRO stage 0) only the lowest rank owning a range writes it. Then rank 0 gathers every shard's size and
+sha256 and writes the manifest last, with the world size, ZeRO stage, precision, parameter layout, model
+spec, vocabulary and config. Reading checks every field of both (engine.checkpoint.schema).
+
+Loading consolidates the shards into full, unpadded fp32 master/m/v — the same arrays whatever world
+size or stage saved them — and `replica.load_optimizer_state(full)` takes its own slice. The data
+position is the step number (engine.data batches are a pure function of the step), so resuming needs
+nothing else to continue bitwise-identically at the same world size.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine import events as ev
+from engine.checkpoint.files import (
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    CheckpointError,
+    make_dir,
+    prune,
+    read_manifest,
+    read_shard,
+    scan_checkpoints,
+    shard_headers,
+    shard_name,
+    step_dir_name,
+    step_of,
+    verify_shard,
+    write_manifest,
+    write_shard,
+)
+from engine.checkpoint.schema import STATE_KEYS, check_shard, pieces
+from engine.comm.collectives import all_gather
+from engine.config.build import vocab_chars
+
+CHECKPOINTS = "checkpoints"
+
+__all__ = ["CHECKPOINTS", "Checkpoint", "CheckpointError", "Checkpointer", "NoCheckpoints", "check_layout",
+           "find_checkpoint", "layout_of_model", "restore"]
+
+
+# ----------------------------------------------------------------------------- what describes a model
+
+def layout_of_model(model) -> list[dict]:
+    """[{"name", "shape"}] of every parameter in flat-buffer order: what a checkpoint must match."""
+    return [{"name": name, "shape": list(p.shape)} for name, p in model.named_parameters()]
+
+
+def _layout_of_slots(slots) -> list[dict]:
+    # the replica's flat-buffer slots keep the shapes even where ZeRO-3 frees parameter storage
+    return [{"name": s.name, "shape": list(s.shape)} for s in slots]
+
+
+def model_spec(cfg, model) -> dict:
+    """What engine.checkpoint.export needs to rebuild the network: its kind and constructor arguments."""
+    return {"kind": cfg.model.kind, **model.config}
+
+
+def check_layout(ckpt: Checkpoint, layout: list[dict]) -> None:
+    """Refuse a checkpoint saved for a different model, naming the first difference."""
+    saved = ckpt.manifest["layout"]
+    where = f"{ckpt.path}: checkpoint is for a different model"
+    fix = "keep the run's [model] settings (and data) when resuming"
+    for old, new in zip(saved, layout):
+        if old["name"] != new["name"] or list(old["shape"]) != list(new["shape"]):
+            raise CheckpointError(f"{where} (parameter {old['name']} {old['shape']} there, {new['name']} "
+                                  f"{new['shape']} here); {fix}")
+    if len(saved) != len(layout):
+        raise CheckpointError(f"{where} ({len(saved)} parameters there, {len(layout)} here); {fix}")
+
+
+# ----------------------------------------------------------------------------- saving (every rank)
+
+class NoCheckpoints:
+    """Checkpointing off (no run folder): the training loop calls it all the same."""
+
+    def after_step(self, trainer, stepped: bool) -> None:
+        pass
+
+    def at_end(self, trainer) -> None:
+        pass
+
+
+class Checkpointer:
+    """One rank's side of checkpointing. Every rank calls after_step/at_end at the same steps (collective)."""
+
+    def __init__(self, root: str | Path, every: int, keep: int, config: dict, run_id: str = ""):
+        self.root, self.every, self.keep = Path(root), every, keep
+        self.config, self.run_id = config, run_id
+        self.last_saved: int | None = None
+
+    def after_step(self, trainer, stepped: bool) -> None:
+        if self.every and stepped and trainer.step % self.every == 0:
+            self.save(trainer)
+
+    def at_end(self, trainer) -> None:
+        if self.last_saved != trainer.step:
+            self.save(trainer)
+
+    def save(self, trainer) -> Path:
+        comm, replica, rank, step = trainer.comm, trainer.replica, trainer.rank, trainer.step
+        folder = self.root / step_dir_name(step)
+        make_dir(folder)
+        owners = _gather_ints(comm, [step, *replica.owned_range()])
+        if len(set(owners[:, 0].tolist())) != 1:
+            raise RuntimeError(f"ranks reached a checkpoint at different steps: {owners[:, 0].tolist()}")
+        ranges = _written_ranges(owners[:, 1:])
+        state = replica.optimizer_state()  # collective in ZeRO 1-3: every rank calls it
+        meta = {"rank": rank, "step": step, "range": ranges[rank], "optimizer_step": int(state["step"]),
+                "scaler": replica.scaler.state_dict()}
+        arrays = {k: state[k] for k in STATE_KEYS} if ranges[rank] else {}
+        digest, size = write_shard(folder / shard_name(rank), arrays, meta)
+        records = _gather_ints(comm, [size, *np.frombuffer(bytes.fromhex(digest), dtype=np.int64).tolist()])
+        if rank == 0:
+            self._finish(trainer, folder, step, ranges, records)
+        self.last_saved = step
+        return folder
+
+    def _finish(self, trainer, folder: Path, step: int, ranges: list, records: np.ndarray) -> None:
+        cfg, world = trainer.cfg, trainer.world
+        layout = _layout_of_slots(trainer.replica.flat.slots)
+        shards = [{"rank": r, "file": shard_name(r), "bytes": int(records[r, 0]),
+                   "sha256": records[r, 1:].astype(np.int64).tobytes().hex(), "range": ranges[r]}
+                  for r in range(world)]
+        manifest = {
+            "format": FORMAT, "version": VERSION, "step": step, "run_id": self.run_id,
+            "world_size": world, "zero_stage": cfg.parallel.zero_stage, "precision": cfg.precision.dtype,
+            "numel": sum(math.prod(p["shape"]) for p in layout), "layout": layout,
+            "model": model_spec(cfg, trainer.model), "vocab": vocab_chars(trainer.dataset),
+            "config": self.config, "shards": shards, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        write_manifest(folder, manifest)  # last: from here on the checkpoint exists
+        prune(self.root, self.keep)
+        trainer.emit(ev.CheckpointSaved(step=step, path=str(folder)))
+
+
+def _written_ranges(owned: np.ndarray) -> list[list[int] | None]:
+    """Per rank, the [start, end) of state it writes: its owned range, unless a lower rank owns the same
+    range (replicated state, ZeRO stage 0), in which case None."""
+    ranges = owned.tolist()
+    return [None if rng in ranges[:r] else rng for r, rng in enumerate(ranges)]
+
+
+def _gather_ints(comm, values: list[int]) -> np.ndarray:
+    """[world, len(values)] int64: every rank's values, on every rank."""
+    k = len(values)
+    buf = np.zeros(comm.world_size * k, dtype=np.int64)
+    buf[comm.rank * k:(comm.rank + 1) * k] = values
+    if comm.world_size > 1:
+        all_gather(comm, buf)
+    return buf.reshape(comm.world_size, k)
+
+
+# ----------------------------------------------------------------------------- finding and loading
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A finished checkpoint folder and its manifest (checked field by field when it was read)."""
+    path: Path
+    manifest: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+    def verify(self) -> None:
+        """Every shard present, of the recorded size and checksum, its metadata and array shapes fitting
+        its manifest entry — what ranks rely on, checked before any starts."""
+        try:
+            for entry in self.manifest["shards"]:
+                verify_shard(self.path, entry)
+                arrays, meta = shard_headers(self.path / entry["file"])
+                check_shard(meta, arrays, entry, self.manifest, self.path / entry["file"])
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}; {fallback_hint(self.path.parent, self.step)}") from None
+
+    def consolidate(self, keys: tuple[str, ...] = STATE_KEYS) -> dict:
+        """Full unpadded arrays (fp32 master, m, v) and the optimizer step, however many ranks saved them."""
+        numel = self.manifest["numel"]
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+        step = None
+        for _, _, rank in pieces(self.manifest):
+            arrays, meta = read_shard(self.path / shard_name(rank), keys)
+            step = meta["optimizer_step"] if step is None else step
+            for k in keys:
+                parts[k].append(arrays[k])
+        if step is None:
+            raise CheckpointError(f"{self.path}/{MANIFEST}: no shard holds optimizer state; "
+                                  "the checkpoint is damaged")
+        full = {k: np.concatenate(v)[:numel] for k, v in parts.items()}
+        return full | {"step": int(step)}
+
+    def rank_meta(self, rank: int) -> dict:
+        """The saved per-rank state (the loss scaler's) for `rank`; rank 0's for ranks that did not exist."""
+        source = rank if rank < self.manifest["world_size"] else 0
+        return read_shard(self.path / shard_name(source), ())[1]
+
+
+def find_checkpoint(path: str | Path, step: int | None = None) -> Checkpoint:
+    """The checkpoint a path names: a step folder, a checkpoints/ folder or a run folder (its newest
+    checkpoint, or the one of `step`). Unfinished folders (no manifest: a write was cut short) are
+    skipped; the chosen one's manifest, if damaged, is an error naming the file, what is wrong and the
+    older checkpoint to fall back to with --step K — never silently replaced by an older one."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        try:
+            return Checkpoint(path, read_manifest(path))
+        except CheckpointError as exc:
+            saved_at = step_of(path)
+            raise CheckpointError(f"{exc}; {fallback_hint(path.parent, saved_at)}" if saved_at is not None
+                                  else str(exc)) from None
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such run folder; `nanodist-tui runs` lists the runs")
+    root = path if path.name == CHECKPOINTS else path / CHECKPOINTS
+    present = scan_checkpoints(root)
+    chosen = [p for p in present if p[0] == step] if step is not None else present[-1:]
+    if not chosen:
+        what = f"no finished checkpoint for step {step}" if step is not None else "no finished checkpoint"
+        steps = [s for s, _, problem in present if problem is None]
+        known = f" (there are: {', '.join(map(str, steps))})" if steps else ""
+        raise CheckpointError(f"{root}: {what}{known}; checkpoints are written every checkpoint.every steps "
+                              "and at the end of a run")
+    found, folder, problem = chosen[0]
+    if problem is not None:
+        raise CheckpointError(f"{problem}; {fallback_hint(root, found)}")
+    return Checkpoint(folder, read_manifest(folder))
+
+
+def fallback_hint(root: Path, step: int) -> str:
+    """How to use the newest good checkpoint older than `step` instead (or that there is none)."""
+    older = [s for s, _, problem in scan_checkpoints(root) if problem is None and s < step]
+    if older:
+        return f"use the checkpoint of step {older[-1]} instead with --step {older[-1]}"
+    return "no older checkpoint of this run is usable"
+
+
+def restore(trainer, ckpt: Checkpoint) -> None:
+    """Put a trainer in the state of the checkpoint: step (= data position and dropout masks), fp32 master
+    weights and Adam state via the replica, loss scaler (same precision only)."""
+    trainer.replica.load_optimizer_state(ckpt.consolidate())
+    meta = ckpt.rank_meta(trainer.rank)
+    if ckpt.manifest["precision"] == trainer.cfg.precision.dtype:
+        trainer.replica.scaler.load_state_dict(meta["scaler"])
+    trainer.step = ckpt.step

@@ -1,0 +1,57 @@
+"""The allowed values config owns, written down once: what a [sweep] section may say (the metrics a trial
+can be scored on, the directions, samplers, pruners, parameter types, and the outcomes a trial can have)
+and the telemetry sinks `log.to` may name.
+
+Pure data (no Optuna, no sink library): engine.config.rules validates against these, the field docs in
+engine.config.schema list them, the sweep runner builds its sampler and pruner from them and engine.sinks
+its sinks.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config import SweepConfig
+
+# The telemetry sinks besides the run folder; each comes with the extra of its name
+# (`pip install 'nanodist[tensorboard]'`) and lives in engine/sinks/<name>_sink.py.
+SINKS = ("tensorboard", "wandb", "mlflow")
+
+# metric -> (what it measures, the direction a study takes when the preset names none)
+METRICS: dict[str, tuple[str, str]] = {
+    "val_loss": ("validation loss at the trial's end", "minimize"),
+    "best_val_loss": ("lowest validation loss of any evaluation", "minimize"),
+    "loss": ("training loss, mean of the trial's last 10 steps", "minimize"),
+    "tokens_per_s": ("training throughput (tokens or samples per second)", "maximize"),
+    "peak_memory_mb": ("highest measured memory of any rank, MB (10^6 bytes)", "minimize"),
+    "bytes_per_step": ("bytes a rank sends per step (the busiest rank, mean over steps)", "minimize"),
+}
+DIRECTIONS = ("minimize", "maximize")
+# sampler -> what it is; "default" leaves the choice to Optuna (TPE)
+SAMPLERS: dict[str, str] = {
+    "default": "Optuna's default (TPE)", "tpe": "tree-structured Parzen estimator",
+    "random": "uniform random",
+    "grid": "every combination of the space's values", "cmaes": "CMA-ES (one metric, numeric parameters)",
+    "nsga2": "NSGA-II genetic search (suits several metrics)",
+}
+PRUNERS: dict[str, str] = {
+    "none": "every trial trains to its end", "median": "stop a trial worse than the median of earlier "
+    "trials at the same step", "successive-halving": "keep the best part of the trials at each rung",
+    "hyperband": "successive halving over several budgets",
+}
+PARAM_TYPES = ("float", "int", "categorical")
+# How a trial ended, as the tables, trials.csv and the events name it. "rejected": the estimated
+# memory did not fit the budget, so it never trained (Optuna records it as failed).
+OUTCOMES = ("complete", "pruned", "failed", "rejected", "running")
+
+
+def metrics_of(sweep: SweepConfig) -> tuple[str, ...]:
+    """The metric names of a sweep, one or several."""
+    return (sweep.metric,) if isinstance(sweep.metric, str) else tuple(sweep.metric)
+
+
+def directions_of(sweep: SweepConfig) -> tuple[str, ...]:
+    """One direction per metric: the preset's, or each metric's own."""
+    if not sweep.direction:
+        return tuple(METRICS[m][1] for m in metrics_of(sweep))
+    return (sweep.direction,) if isinstance(sweep.direction, str) else tuple(sweep.direction)

@@ -1,0 +1,17 @@
+"""Speed only: nothing here changes a result. Each module is a faster way to compute exactly what the
+plain NumPy reference (engine/reference.py) computes, and the tests hold them equal.
+
+    file            what
+    compiled.py     numba's compiled loops, loaded on first use; None where numba is absent
+    kernels.py      fused GELU, layer norm and attention's softmax chain, run block by block
+    kernels_jit.py  GELU's and layer norm's arithmetic as compiled loops (kernels.py's fast path)
+    lowp.py         16-bit arithmetic done in float32: widen exactly, compute, round once
+    halfconv.py     float16 <-> float32 (and bfloat16) conversions, bit for bit what astype gives
+    halfconv_jit.py those conversions as compiled loops (halfconv.py's fast path)
+    optim_jit.py    the gradient norm's sum of squares in vector lanes
+    threads.py      work split into blocks and shared among the rank's threads
+    heap.py         the C allocator's settings for a process that trains
+    blas_idle.py    OpenBLAS's idle threads sleep instead of spinning (set before NumPy loads)
+
+Importing this package imports nothing: engine/__init__.py loads blas_idle before NumPy.
+"""

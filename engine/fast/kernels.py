@@ -1,0 +1,282 @@
+"""Fused elementwise kernels: GELU and layer norm, run block by block and shared among the rank's
+threads (engine.fast.thread_pool), and attention's softmax chain.
+
+A fused op written in NumPy is a chain of whole-array passes (GELU's backward is fifteen). Run on
+blocks, the chain's temporaries stay in cache; run by the rank's threads, its cores share the work;
+where numba is installed, each chain is one compiled loop (engine.fast.kernels_jit). Every element still sees
+the same operations in the same order (layer norm's row sums aside: float64 in the compiled loop), so
+results are unchanged; 16-bit inputs are widened and outputs rounded block by block, inside the kernel.
+Model code: nothing here knows about ranks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.dtypes import LOW_PRECISION
+from engine.fast import lowp, thread_pool
+from engine.fast.compiled import load
+from engine.fast.thread_pool import BLOCK
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_K = 0.044715
+
+# ---- GELU (GPT-2's tanh approximation) -------------------------------------------------------------
+
+def _tanh_arg(x: np.ndarray) -> np.ndarray:
+    """tanh(c (x + k x^3)), in one new buffer."""
+    t = x * x
+    t *= _GELU_C * _GELU_K
+    t += _GELU_C
+    t *= x
+    return np.tanh(t, out=t)
+
+
+def _constants(dtype: np.dtype) -> tuple:
+    """(c, c k, 3 c k, 1, 0.5) in the compute dtype, as NumPy casts the Python floats of the chain."""
+    t = dtype.type
+    return t(_GELU_C), t(_GELU_C * _GELU_K), t(3 * _GELU_C * _GELU_K), t(1), t(0.5)
+
+
+def _jit_tanh_arg(jit, x: np.ndarray, consts: tuple) -> np.ndarray:
+    t = np.empty_like(x)
+    jit.gelu_arg(x, consts[0], consts[1], t)
+    return np.tanh(t, out=t)
+
+
+def _fused16(jit, *arrays: np.ndarray) -> bool | None:
+    """Whether the fused 16-bit loops apply to `arrays` (one 16-bit dtype), and which: True for bfloat16,
+    False for float16 (where the CPU converts halves itself); None to widen and round around the float32
+    loops instead."""
+    dtype = arrays[0].dtype
+    if jit is None or dtype not in LOW_PRECISION or any(a.dtype != dtype for a in arrays):
+        return None
+    conversions = load("halfconv_jit")
+    if dtype == np.float16 and not (conversions is not None and conversions.HAS_F16C):
+        return None
+    return dtype != np.float16
+
+
+_F32 = _constants(np.dtype(np.float32))
+
+
+def _jit_tanh_arg16(jit, bits: np.ndarray, bf16: bool) -> np.ndarray:
+    """_jit_tanh_arg of 16-bit `bits` (float32 out), their widening inside the compiled loop."""
+    t = np.empty(bits.size, np.float32)
+    jit.gelu_arg16(bits, bf16, _F32[0], _F32[1], t)
+    return np.tanh(t, out=t)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """0.5 x (1 + tanh(c (x + k x^3))) in x's dtype, computed in float32 (float64 for float64)."""
+    src = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty(src.shape, x.dtype)
+    jit = load("kernels_jit")
+    bf16 = _fused16(jit, src)
+
+    def block(lo: int, hi: int) -> None:
+        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
+            bits, (_, _, _, one, half) = src[lo:hi].view(np.uint16), _F32
+            t = _jit_tanh_arg16(jit, bits, bf16)
+            jit.gelu_out16(bits, bf16, t, one, half, out[lo:hi].view(np.uint16))
+            return
+        x32 = lowp.widen(src[lo:hi])
+        if jit is not None:
+            consts = _constants(x32.dtype)
+            t = _jit_tanh_arg(jit, x32, consts)
+            if out.dtype == t.dtype:
+                jit.gelu_out(x32, t, consts[3], consts[4], out[lo:hi])
+            else:
+                jit.gelu_out(x32, t, consts[3], consts[4], t)
+                lowp.narrow_into(t, out[lo:hi])
+            return
+        y = _tanh_arg(x32)
+        y += 1
+        y *= x32
+        y *= 0.5
+        lowp.narrow_into(y, out[lo:hi])
+    thread_pool.run(block, src.size)
+    return out.reshape(x.shape)
+
+
+def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """g · d gelu(x)/dx in x's dtype: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2), t = tanh(...)."""
+    src, grad = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(g).reshape(-1)
+    out = np.empty(src.shape, x.dtype)
+    jit = load("kernels_jit")
+    bf16 = _fused16(jit, src, grad)
+
+    def block(lo: int, hi: int) -> None:
+        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
+            bits, (c, _, ck3, one, half) = src[lo:hi].view(np.uint16), _F32
+            t = _jit_tanh_arg16(jit, bits, bf16)
+            jit.gelu_grad16(bits, grad[lo:hi].view(np.uint16), bf16, t, c, ck3, one, half,
+                            out[lo:hi].view(np.uint16))
+            return
+        x32 = lowp.widen(src[lo:hi])
+        if jit is not None:
+            c, _, ck3, one, half = consts = _constants(x32.dtype)
+            t = _jit_tanh_arg(jit, x32, consts)
+            g32 = np.asarray(lowp.widen(grad[lo:hi]), x32.dtype)
+            dst = out[lo:hi] if out.dtype == t.dtype else t
+            jit.gelu_grad(x32, t, g32, c, ck3, one, half, dst)
+            if dst is t:
+                lowp.narrow_into(t, out[lo:hi])
+            return
+        t = _tanh_arg(x32)
+        slope = x32 * x32  # d/dx of the tanh argument: c (1 + 3 k x^2)
+        slope *= 3 * _GELU_C * _GELU_K
+        slope += _GELU_C
+        d = t * t
+        np.subtract(1, d, out=d)
+        d *= slope
+        d *= x32
+        d += t
+        d += 1
+        d *= 0.5
+        d *= lowp.widen(grad[lo:hi])
+        lowp.narrow_into(d, out[lo:hi])
+    thread_pool.run(block, src.size)
+    return out.reshape(x.shape)
+
+
+# ---- layer norm (rows of the last axis) ------------------------------------------------------------
+
+def _row_sum(a: np.ndarray) -> np.ndarray:
+    """Sums over the rows of a 2-D float array, kept as a column: a matrix-vector product (on rows of
+    ~100 elements BLAS is ~5x faster than NumPy's reduction)."""
+    return a @ np.ones((a.shape[1], 1), a.dtype)
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
+    """(y in x's dtype, mean, 1/std) of normalising the rows of 2-D `x`, then scaling by w, shifting by
+    b; the statistics in the compute dtype, one per row."""
+    rows, n = x.shape
+    cdt = lowp.widen(x[:1]).dtype
+    w32, b32 = w.astype(cdt, copy=False), None if b is None else b.astype(cdt, copy=False)
+    out, mu, rstd = np.empty(x.shape, x.dtype), np.empty((rows, 1), cdt), np.empty((rows, 1), cdt)
+    jit = load("kernels_jit")
+    bf16 = _fused16(jit, x) if x.flags.c_contiguous else None
+
+    def block(lo: int, hi: int) -> None:
+        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
+            shift = w32 if b32 is None else b32
+            jit.layer_norm_rows16(x[lo:hi].view(np.uint16), bf16, w32, shift, cdt.type(eps), cdt.type(1),
+                                  b32 is not None, out[lo:hi].view(np.uint16), mu[lo:hi], rstd[lo:hi],
+                                  np.empty((1, n), cdt), np.empty((1, n), cdt))
+            return
+        x2 = lowp.widen(x[lo:hi])
+        if jit is not None:
+            y = out[lo:hi] if out.dtype == cdt else np.empty(x2.shape, cdt)
+            shift = w32 if b32 is None else b32  # not read without a bias
+            jit.layer_norm_rows(x2, w32, shift, cdt.type(eps), cdt.type(1), b32 is not None,
+                                y, mu[lo:hi], rstd[lo:hi])
+            if out.dtype != cdt:
+                lowp.narrow_into(y, out[lo:hi])
+            return
+        m = _row_sum(x2)
+        m /= n
+        xhat = x2 - m
+        r = np.einsum("ij,ij->i", xhat, xhat)[:, None]  # row sums of squares, without a temporary
+        r /= n
+        r += eps
+        np.sqrt(r, out=r)
+        np.reciprocal(r, out=r)
+        xhat *= r
+        xhat *= w32
+        if b32 is not None:
+            xhat += b32
+        lowp.narrow_into(xhat, out[lo:hi])
+        mu[lo:hi], rstd[lo:hi] = m, r
+    thread_pool.run(block, rows, max(1, BLOCK // n))
+    return out, mu, rstd
+
+
+def layer_norm_backward(x: np.ndarray, w: np.ndarray, mu: np.ndarray, rstd: np.ndarray, g: np.ndarray):
+    """(dx in x's dtype, dw, db in the compute dtype) for layer_norm's rows: dx = rstd (dxhat -
+    mean(dxhat) - xhat mean(dxhat xhat)), dxhat = g w."""
+    rows, n = x.shape
+    cdt = mu.dtype
+    w32 = w.astype(cdt, copy=False)
+    dx_out = np.empty(x.shape, x.dtype)
+    n_blocks = math.ceil(rows / max(1, BLOCK // n))
+    dw_parts, db_parts = np.zeros((n_blocks, n), cdt), np.zeros((n_blocks, n), cdt)
+    step = max(1, BLOCK // n)
+    jit = load("kernels_jit")
+    bf16 = _fused16(jit, x, g) if x.flags.c_contiguous and g.flags.c_contiguous else None
+
+    def block(lo: int, hi: int) -> None:
+        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
+            k = lo // step
+            jit.layer_norm_rows_backward16(x[lo:hi].view(np.uint16), g[lo:hi].view(np.uint16), bf16, w32,
+                                           mu[lo:hi], rstd[lo:hi], dx_out[lo:hi].view(np.uint16),
+                                           dw_parts[k], db_parts[k], *(np.empty((1, n), cdt) for _ in "xgd"))
+            return
+        g2 = lowp.widen(g[lo:hi])
+        if jit is not None:
+            k = lo // step
+            dx = dx_out[lo:hi] if dx_out.dtype == cdt else np.empty(g2.shape, cdt)
+            jit.layer_norm_rows_backward(lowp.widen(x[lo:hi]), g2, w32, mu[lo:hi], rstd[lo:hi], dx,
+                                         dw_parts[k], db_parts[k])
+            if dx_out.dtype != cdt:
+                lowp.narrow_into(dx, dx_out[lo:hi])
+            return
+        xh = lowp.widen(x[lo:hi]) - mu[lo:hi]
+        xh *= rstd[lo:hi]
+        k = lo // step
+        np.einsum("ij,ij->j", g2, xh, out=dw_parts[k])
+        np.sum(g2, axis=0, out=db_parts[k])
+        dx = g2 * w32
+        xh *= np.einsum("ij,ij->i", dx, xh)[:, None] / n
+        dx -= _row_sum(dx) / n
+        dx -= xh
+        dx *= rstd[lo:hi]
+        lowp.narrow_into(dx, dx_out[lo:hi])
+    thread_pool.run(block, rows, step)
+    return dx_out, dw_parts.sum(0), db_parts.sum(0)
+
+
+# ---- attention's softmax over causal scores ([..., T, T], C-contiguous, in the compute dtype) -------
+
+def causal_scores(att: np.ndarray, scale: float, causal_bias: np.ndarray) -> None:
+    """In place: att scale + the causal mask (`causal_bias`: 0 on and below the diagonal, -inf above),
+    minus each row's maximum; ready for exp."""
+    jit = load("kernels_jit")
+    if jit is not None and att.flags.c_contiguous:
+        jit.causal_scores(att, att.dtype.type(scale), att.dtype.type(-np.inf))
+        return
+    att *= scale
+    att += causal_bias
+    att -= att.max(-1, keepdims=True)
+
+
+def softmax_grad(dp: np.ndarray, a: np.ndarray, row_dot: np.ndarray, scale: float) -> None:
+    """In place: dp = (dp - row_dot) a scale, the softmax backward given the row sums of dp a."""
+    jit = load("kernels_jit")
+    if jit is not None and dp.flags.c_contiguous and a.flags.c_contiguous and row_dot.flags.c_contiguous:
+        jit.softmax_grad(dp, a, row_dot, dp.dtype.type(scale))
+        return
+    dp -= row_dot
+    dp *= a
+    dp *= scale
+
+
+def warm_up() -> None:
+    """Load the compiled loops (numba and the cached machine code of every loop a float32, float16 or
+    bfloat16 step calls) now rather than inside the first step: a measurement of the step's memory
+    (tracemalloc) or time should not see the loading of code. Does nothing where numba is missing."""
+    if load("kernels_jit") is None:
+        return
+    x = np.linspace(-3, 3, 2 * BLOCK, dtype=np.float32).reshape(-1, 64)
+    w = np.ones(64, np.float32)
+    gelu_backward(gelu(x), x)
+    for bias in (w, None):
+        _, mu, rstd = layer_norm(x, w, bias, 1e-5)
+        layer_norm_backward(x, w, mu, rstd, x)
+    for dtype in LOW_PRECISION:
+        lowp.widen(lowp.narrow(x, dtype))
+    att = np.ones((2, 8, 8), np.float32)
+    causal_scores(att, 0.5, np.zeros((8, 8), np.float32))
+    softmax_grad(att, att, np.ones((2, 8, 1), np.float32), 0.5)

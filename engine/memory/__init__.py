@@ -1,0 +1,9 @@
+"""Memory: what a rank holds, measured and predicted, and whether a run fits.
+
+    file            what
+    ledger.py       the ledger: live bytes a rank actually holds, by category and phase (measured)
+    estimator.py    the analytic estimate of the same bytes, from the config alone (predicted)
+    capacity.py     will the run fit on this machine? checked before any rank starts
+
+The ledger and the estimator are kept apart on purpose: the tests hold the two equal.
+"""

@@ -1,0 +1,362 @@
+"""The analytic memory estimator: per-rank bytes by category, from the config alone.
+
+It is kept apart from the measuring ledger (engine.memory.ledger) on purpose: tests hold the two together.
+
+Model states (Ψ parameters, N ranks, s bytes per element of the training dtype; master weights,
+Adam m and v are fp32, or fp64 in fp64 training). Stages 1-2 pad the flat buffer to Ψp =
+ceil(Ψ/N)·N and a rank owns Ψp/N of it; stage 3 pads every unit (each block, plus the parameters
+outside the blocks) to a multiple of N, so its shard Ψ3 = Σ ceil(Ψ_unit/N):
+
+| category   | stage 0 | stage 1 | stage 2 | stage 3 |
+|------------|---------|---------|---------|---------|
+| parameters | Ψ·s     | Ψp·s    | Ψp·s    | Ψ3·s    |
+| gradients  | Ψ·s     | Ψp·s    | Ψp/N·s  | Ψ3·s    |
+| master     | 4Ψ      | 4Ψp/N   | 4Ψp/N   | 4Ψ3     |  (fp16/bf16 only; fp32/fp64 update in place)
+| adam_m, v  | 4Ψ each | 4Ψp/N   | 4Ψp/N   | 4Ψ3     |
+
+For 2-byte training that is the ZeRO paper's table (16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N) up to
+padding, and it counts every byte: the original nanoDist table left the fp32 master weights out.
+Hybrid sharding (`parallel.hybrid`) shards inside a node only: N above is then the node's G =
+`parallel.ranks_per_node` ranks (padding to multiples of G), while the micro-batch still splits over
+all N ranks.
+
+Temporaries: the AdamWs of a rank's pieces (stage 0: everything; 1-2: its part of each bucket; 3: its
+part of each unit) share one scratch array, held for the whole run: two rows of min(largest piece,
+optim.CHUNK) elements of the master dtype. The optimizer step adds an fp32 copy of the owned gradients
+in mixed precision; before it, the gradient norm passes through one float64 buffer of min(largest
+piece, optim.NORM_CHUNK) elements.
+
+Transients (engine.parallel.data): stages 2 and 3 hold each parameter's p.grad array from the moment its
+gradient is final until the bucket (stage 3: the unit) it belongs to is packed into a buffer for the
+reduce-scatter; the buffer is held until the rank retires it, with two in flight at most (one with
+overlap off). `_gradient_flow` replays that exactly: gradients become final module by module from the
+last (each module's parameters in their own order), the embeddings last of all (their op ran first);
+buckets launch in order once complete, units as they complete; every micro-batch repeats it. Stage 3
+also gathers the outer unit plus one block (two with prefetch) of parameters.
+
+Activations: what nanoDist's ops list in `saved=` (per rank and micro-batch of B sequences of T
+tokens, width C, H heads, vocabulary V, global batch G; f = 4 bytes, 8 in fp64), per GPT block
+    LayerNorm x2: input BTC·s + mean and 1/std 2·BT·f each     c_attn input BTC·s
+    q, k, v (views of one array) 3BTC·s    attention probabilities BHT²·s    c_proj input BTC·s
+    MLP: fc input BTC·s, GELU input 4BTC·s, proj input 4BTC·s
+    with dropout: 1-byte masks BHT² + 2·BTC
+i.e. 16·BTC·s + BHT²·s + 4·BT·f (compare Korthikanti et al.: sbh(34 + 5as/h) bytes at s = 2);
+outside the blocks: the token ids (the global batch array, G·T·8), final LayerNorm, the head's
+input, the logits BTV·s, log-sum-exp BT·f and the targets (G·T·8). With checkpointing a recomputed
+block keeps only its input BTC·s; in backward one block at a time is recomputed in full. The peak
+is found by replaying that order (forward, then backward from the last block).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from engine.config.build import param_shapes, vocab_size
+from engine.dtypes import is_low_precision, itemsize, master_dtype
+from engine.memory.ledger import CATEGORIES, PHASES
+from engine.optim import CHUNK, NORM_CHUNK
+from engine.parallel.data.buckets import aligned_buckets
+from engine.parallel.data.flat import FlatLayout
+from engine.recompute import checkpointed_blocks
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-rank bytes: model states at rest, and per phase the categories at its estimated peak."""
+
+    n_params: int
+    world_size: int
+    zero_stage: int
+    dtype: str
+    checkpointing: str
+    micro_batch: int  # rows per rank per micro-batch
+    states: dict = field(default_factory=dict)
+    by_phase: dict = field(default_factory=dict)  # phase -> categories when its total peaks
+    maxima: dict = field(default_factory=dict)  # phase -> each category's own maximum
+
+    def phase(self, name: str) -> dict[str, int]:
+        return dict(self.by_phase[name])
+
+    def phases(self) -> dict[str, dict[str, int]]:
+        return {name: self.phase(name) for name in PHASES}
+
+    def peak(self) -> tuple[str, dict[str, int]]:
+        """(phase, categories) of the phase with the highest total."""
+        return max(self.phases().items(), key=lambda item: sum(item[1].values()))
+
+    def category_peaks(self) -> dict[str, int]:
+        """Each category's own maximum over the step."""
+        return {c: max(p[c] for p in self.maxima.values()) for c in CATEGORIES}
+
+
+def estimate(cfg, vocab: int | None = None) -> MemoryEstimate:
+    """Per-rank memory of training `cfg`. `vocab` overrides looking it up (0 = from the data)."""
+    world, stage, dtype = cfg.parallel.world_size, cfg.parallel.zero_stage, cfg.precision.dtype
+    s, ms, low = itemsize(dtype), master_dtype(dtype).itemsize, is_low_precision(dtype)
+    micro = cfg.train.global_batch // (world * cfg.train.micro_batches)
+    shards = shard_count(cfg)
+    vocab = (vocab or vocab_size(cfg)) if cfg.model.kind == "gpt" else 0
+    shapes = param_shapes(cfg, vocab)
+    n = sum(math.prod(shape) for _, shape, _ in shapes)
+    pieces, units = _pieces(shapes, cfg, shards, stage)  # elements each AdamW updates; stage-3 units
+    owned = sum(pieces)
+    states = {
+        "parameters": s * ({0: n, 3: owned}.get(stage, owned * shards)),
+        "gradients": s * ({0: n, 1: owned * shards}.get(stage, owned)),
+        "master": 4 * owned if low else 0,
+        "adam_m": ms * owned,
+        "adam_v": ms * owned,
+    }
+    scratch = 2 * ms * min(max(pieces), CHUNK)  # AdamW's, for the whole run
+    timeline = _Timeline(states, scratch)
+    _replay(timeline, cfg, vocab, micro, _transients(shapes, cfg, units))
+    norm_buf = 8 * min(max(pieces), NORM_CHUNK)  # held while the gradient norm is formed; after it,
+    grad32 = 4 * owned if low else 0  # the fp32 gradient copy of a mixed-precision update
+    timeline.peaks["optimizer"] = timeline.maxima["optimizer"] = {
+        **timeline.base, "temporaries": scratch + max(norm_buf, grad32)}
+    return MemoryEstimate(n, world, stage, dtype, cfg.memory.checkpointing, micro, states, timeline.peaks,
+                          timeline.maxima)
+
+
+def shard_count(cfg) -> int:
+    """Ranks ZeRO state is split over: the world, or under hybrid sharding the ranks of one node."""
+    p = cfg.parallel
+    return (p.ranks_per_node or p.world_size) if p.hybrid else p.world_size
+
+
+# ---------------------------------------------------------------------- the optimizer's pieces
+
+def _pieces(shapes, cfg, shards: int, stage: int) -> tuple[list[int], list[int]]:
+    """Elements of each range this rank's optimizer updates, and (stage 3) each unit's padded size,
+    outer unit first. Mirrors engine.parallel.data's ddp (one piece), zero12 (part r of every aligned
+    bucket) and zero3 (part r of every unit)."""
+    if stage == 0:
+        return [sum(math.prod(shape) for _, shape, _ in shapes)], []
+    if stage in (1, 2):
+        layout = FlatLayout([(name, shape) for name, shape, _ in shapes], cfg.precision.dtype, shards)
+        buckets = aligned_buckets(layout, int(cfg.parallel.bucket_cap_mb * 2**20), shards)
+        return [(b.end - b.start) // shards for b in buckets], []
+    groups: dict = {}
+    for _, shape, unit in shapes:
+        groups[unit] = groups.get(unit, 0) + math.prod(shape)
+    outer = [groups.pop(None)] if None in groups else [0]
+    units = [math.ceil(k / shards) * shards for k in outer + [groups[u] for u in sorted(groups)]]
+    return [u // shards for u in units if u], units
+
+
+# ---------------------------------------------------------------------- one micro-batch, replayed
+
+class _Timeline:
+    """Arrays held while one micro-batch runs, and per phase the categories at its highest total."""
+
+    def __init__(self, states: dict[str, int], scratch: int):
+        self.base = {**dict.fromkeys(CATEGORIES, 0), **states, "temporaries": scratch}
+        self.held: dict[str, int] = {}  # activation arrays by name
+        self.extra = dict.fromkeys(("parameters", "gradients", "comm_buffers"), 0)  # ZeRO transients
+        self.peaks: dict[str, dict[str, int]] = {}
+        self.maxima: dict[str, dict[str, int]] = {}
+
+    def keep(self, arrays: dict[str, int], phase: str) -> None:
+        self.held.update(arrays)
+        self.mark(phase)
+
+    def drop(self, arrays) -> None:
+        for key in arrays:
+            self.held.pop(key, None)
+
+    def mark(self, phase: str) -> None:
+        cats = dict(self.base)
+        for c, v in self.extra.items():
+            cats[c] += v
+        cats["activations"] = sum(self.held.values())
+        if phase not in self.peaks or sum(cats.values()) > sum(self.peaks[phase].values()):
+            self.peaks[phase] = cats
+        top = self.maxima.setdefault(phase, dict(cats))
+        for c, v in cats.items():
+            top[c] = max(top[c], v)
+
+
+@dataclass(frozen=True)
+class _Transients:
+    """Bytes of what ZeRO gathers and packs in flight (0 where a stage does not)."""
+
+    outer: int = 0  # stage 3: the gathered outer unit (embeddings, final LayerNorm), padded
+    block: int = 0  # stage 3: one gathered block, padded
+    prefetch: bool = False
+    block_grads: int = 0  # stage 3: one block's p.grad arrays
+    grads: int = 0  # stages 2-3: the most p.grad bytes held at once (_gradient_flow)
+    buffers: int = 0  # stages 2-3: the most packed buffer bytes held at once
+
+
+def _transients(shapes, cfg, units: list[int]) -> _Transients:
+    s, stage = itemsize(cfg.precision.dtype), cfg.parallel.zero_stage
+    if stage not in (2, 3):
+        return _Transients()
+    grads, buffers = _gradient_flow(shapes, cfg)
+    if stage == 2:
+        return _Transients(grads=grads, buffers=buffers)
+    numel: dict = {}
+    for _, shape, unit in shapes:
+        numel[unit] = numel.get(unit, 0) + math.prod(shape)
+    blocks = [numel[u] for u in numel if u is not None] or [0]
+    return _Transients(outer=units[0] * s, block=max(units[1:], default=0) * s,
+                       prefetch=cfg.parallel.prefetch, block_grads=max(blocks) * s, grads=grads,
+                       buffers=buffers)
+
+
+def ready_order(shapes) -> list[int]:
+    """Parameter indices in the order backward makes their gradients final: modules from the last one
+    back, each module's parameters in their own order (a Linear's weight, then its bias), and the
+    embeddings (wte, wpe: their lookup ran first, and the tied wte also serves the head) last."""
+    modules: list[list[int]] = []
+    for i, (name, _, _) in enumerate(shapes):
+        module = name.rpartition(".")[0]
+        if modules and shapes[modules[-1][0]][0].rpartition(".")[0] == module:
+            modules[-1].append(i)
+        else:
+            modules.append([i])
+    embeddings = [m for m in modules if shapes[m[0]][0].rpartition(".")[0] in ("wte", "wpe")]
+    rest = [m for m in modules if m not in embeddings]
+    return [i for m in rest[::-1] + embeddings for i in m]
+
+
+def _gradient_flow(shapes, cfg) -> tuple[int, int]:
+    """(most p.grad bytes, most packed-buffer bytes) a stage-2 or stage-3 rank holds at once in backward,
+    by replaying engine.parallel.data.zero12 / zero3: a parameter's p.grad counts from when it is final until
+    the last bucket (unit) holding it is packed; buckets pack in order once complete, units as they
+    complete; a packed buffer counts until a later pack retires it (two in flight at most, one without
+    overlap) or backward ends."""
+    s, world, stage = itemsize(cfg.precision.dtype), shard_count(cfg), cfg.parallel.zero_stage
+    sizes = [math.prod(shape) * s for _, shape, _ in shapes]
+    if stage == 2:
+        layout = FlatLayout([(name, shape) for name, shape, _ in shapes], cfg.precision.dtype, world)
+        buckets = aligned_buckets(layout, int(cfg.parallel.bucket_cap_mb * 2**20), world)
+        groups = [list(b.members) for b in buckets]
+        group_bytes = [(b.end - b.start) * s for b in buckets]
+    else:
+        keys = [None] + sorted({u for _, _, u in shapes if u is not None})
+        groups = [[i for i, (_, _, u) in enumerate(shapes) if u == key] for key in keys]
+        groups = [g for g in groups if g]
+        group_bytes = [math.ceil(sum(sizes[i] for i in g) / (s * world)) * world * s for g in groups]
+    of_param: list[list[int]] = [[] for _ in shapes]
+    for g, members in enumerate(groups):
+        for i in members:
+            of_param[i].append(g)
+    held = most_held = 0
+    packed: list[int] = []  # buffer bytes in the order packed, over every micro-batch
+    for _ in range(cfg.train.micro_batches):
+        ready, left, done, next_bucket = [0] * len(groups), [len(of) for of in of_param], set(), 0
+        for i in ready_order(shapes):
+            held += sizes[i]
+            most_held = max(most_held, held)
+            for g in of_param[i]:
+                ready[g] += 1
+            complete = [g for g in range(len(groups)) if ready[g] == len(groups[g]) and g not in done]
+            if stage == 2:  # in bucket order only
+                complete = []
+                while next_bucket < len(groups) and ready[next_bucket] == len(groups[next_bucket]):
+                    complete.append(next_bucket)
+                    next_bucket += 1
+            for g in complete:
+                done.add(g)
+                packed.append(group_bytes[g])
+                for j in groups[g]:
+                    left[j] -= 1
+                    held -= sizes[j] if left[j] == 0 else 0
+    if not cfg.parallel.overlap:
+        return most_held, max(packed)
+    return most_held, max([packed[0]] + [a + b for a, b in zip(packed, packed[1:])])
+
+
+def _replay(t: _Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
+    """Forward, then backward from the last block, as the trainer and the replicas run them."""
+    m, dtype = cfg.model, cfg.precision.dtype
+    s, f, g = itemsize(dtype), master_dtype(dtype).itemsize, cfg.train.global_batch
+    if m.kind == "mlp":  # one group; stage 3 gathers the layers, taken as co-occurring (an upper bound)
+        t.extra["parameters"] = z.outer + (1 + z.prefetch) * z.block
+        t.keep(_mlp_saves(m.widths, micro, g, s, f, m.dropout), "forward")
+        t.mark("backward")
+        t.extra.update(parameters=0, gradients=z.grads, comm_buffers=z.buffers)
+        t.drop(list(t.held))
+        t.mark("backward")
+        return
+    embedding, *blocks, head = _gpt_saves(micro, m.block_size, m.n_embd, m.n_head, vocab, m.n_layer, g, s, f,
+                                          m.dropout)
+    ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, m.n_layer))
+    loss = {k: head.pop(k) for k in ("logits", "lse", "targets")}  # kept by the loss, after the model
+    last = len(blocks) - 1
+    t.extra["parameters"] = z.outer + z.prefetch * z.block  # stage 3: outer unit, block 0 prefetched
+    t.keep(embedding, "forward")
+    for k, block in enumerate(blocks):
+        ahead = z.prefetch * z.block * (k < last)
+        t.extra["parameters"] = z.outer + z.block + ahead
+        t.keep({next(iter(block)): next(iter(block.values()))} if k in ckpt else block, "forward")
+        t.extra["parameters"] = z.outer + ahead
+    t.keep(head, "forward")
+    t.extra["parameters"] = 0
+    t.keep(loss, "forward")
+    t.mark("backward")
+    t.drop(loss)
+    t.extra["parameters"] = z.outer + z.prefetch * z.block  # gathered again at the logits
+    t.mark("backward")
+    t.drop(head)
+    for k in reversed(range(len(blocks))):
+        behind = z.prefetch * z.block * (k > 0)
+        t.extra["parameters"] = z.outer + z.block + behind
+        if k in ckpt:
+            t.keep(blocks[k], "backward")  # recomputed in full while everything before it is held
+        t.drop(blocks[k])
+        t.extra.update(gradients=z.block_grads, comm_buffers=z.block)  # the block's gradients packed
+        t.mark("backward")
+        t.extra.update(parameters=z.outer + behind, gradients=0, comm_buffers=0)
+    t.drop(embedding)
+    t.extra.update(gradients=z.grads, comm_buffers=z.buffers)  # the most held at once (the last pack, often)
+    t.mark("backward")
+
+
+def _gpt_saves(b, t, c, h, v, n_layer, g, s, f, p) -> list[dict[str, int]]:
+    """Arrays kept for backward, grouped: embedding, each block (first key: its input), head."""
+    btc = b * t * c * s
+    embedding = {"idx": g * t * 8}
+    if p:
+        embedding["embedding dropout mask"] = b * t * c
+    groups = [embedding]
+    for k in range(n_layer):
+        block = {f"x{k}": btc, f"ln_1 stats {k}": 2 * b * t * f, f"ln_1 out {k}": btc, f"qkv {k}": 3 * btc,
+                 f"probs {k}": b * h * t * t * s, f"attn out {k}": btc, f"h {k}": btc,
+                 f"ln_2 stats {k}": 2 * b * t * f, f"ln_2 out {k}": btc, f"fc out {k}": 4 * btc,
+                 f"gelu out {k}": 4 * btc}
+        if p:
+            block.update({f"probs mask {k}": b * h * t * t, f"resid mask {k}": b * t * c,
+                          f"mlp mask {k}": b * t * c})
+        groups.append(block)
+    groups.append({f"x{n_layer}": btc, "ln_f stats": 2 * b * t * f, "ln_f out": btc, "logits": b * t * v * s,
+                   "lse": b * t * f, "targets": g * t * 8})
+    return groups
+
+
+def _mlp_saves(widths, b, g, s, f, p) -> dict[str, int]:
+    saves = {"input": b * widths[0] * s, "logits": b * widths[-1] * s, "lse": b * f, "targets": g * 8}
+    for i, w in enumerate(widths[1:-1]):
+        saves.update({f"pre-gelu {i}": b * w * s, f"next input {i}": b * w * s})
+        if p:
+            saves[f"mask {i}"] = b * w
+    return saves
+
+
+# ---------------------------------------------------------------------- choosing a bucket size
+
+BUCKET_CAPS_MB = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0, 8.0, 16.0, 25.0)  # candidates, MiB
+
+
+def bucket_cap_for_memory(cfg, tolerance: float = 0.01) -> float:
+    """The bucket cap a user after the lowest peak picks: the largest of BUCKET_CAPS_MB whose estimated
+    peak total is within `tolerance` of the lowest any of them reaches. Smaller buckets shrink the
+    gradients and buffers in flight, until another phase (the optimizer step, usually) sets the peak;
+    below that point they only add collectives."""
+    from engine.config import replace
+    peaks = {cap: sum(estimate(replace(cfg, "parallel.bucket_cap_mb", cap)).peak()[1].values())
+             for cap in BUCKET_CAPS_MB}
+    lowest = min(peaks.values())
+    return max(cap for cap, peak in peaks.items() if peak <= lowest * (1 + tolerance))

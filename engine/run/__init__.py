@@ -1,0 +1,12 @@
+"""Running a job: launching its ranks, recording its folder, controlling it from outside.
+
+    file            what
+    job.py          a training job: launch the ranks, relay their events, record the run
+    recorder.py     run folders: what a run leaves on disk, written as it happens, readable for replay
+    control.py      stop, pause and resume a running job from outside it
+    lock.py         whether a process is still writing into a run folder (an advisory lock)
+    error_log.py    where full tracebacks go (a file the one-line message names)
+    atomic_file.py  files written whole or not at all (temporary name, fsync, rename)
+
+Importing this package imports nothing, so a leaf such as atomic_file is cheap to reach.
+"""

@@ -1,0 +1,144 @@
+"""A training job: launch the ranks, relay their events to subscribers, record the run.
+
+This is what the headless runner and the workbench both call (on whatever thread they like).
+The ranks send events as JSON dicts; here they become typed events again and go to every
+subscriber of the job's bus: the run recorder, the progress printer, the TUI bridge.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from engine import events as ev
+from engine.checkpoint.resume import prepare_resume
+from engine.checkpoint.sharded import CHECKPOINTS
+from engine.comm.base import RankFailure
+from engine.comm.launch import process_rank, run_ranks
+from engine.config import Config, network_emulation, to_dict
+from engine.run import error_log
+from engine.run.recorder import RecordingError, RunRecorder
+from engine.sinks.runner import SinkSet
+from engine.trainer import train_rank
+
+
+def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None = None,
+                 record: bool = True, preset_doc=None, resume_from: str | Path | None = None,
+                 pause_event: threading.Event | None = None) -> dict:
+    """Train `cfg` on its backend and world size; returns the run summary. Raises on failure
+    (after emitting RunFailed), so callers can map the error to an exit code or a message.
+    A recorded run checkpoints into its folder, also when it is stopped (at the step reached);
+    `resume_from` (a checkpoint folder) starts from one. While `pause_event` is set the ranks hold
+    after their step (engine.run.control.RunControl carries both events)."""
+    bus = ev.EventBus()
+    recorder = None
+    stop_event = stop_event or threading.Event()
+    # With tcp/mpi each process runs one rank; only rank 0's process records the run.
+    lead = process_rank(cfg.parallel.backend) in (None, 0)
+    if record and lead:
+        resolved = preset_doc if preset_doc is not None else to_dict(cfg)
+        # a folder that stops taking writes stops the run (checkpointing if the disk still allows)
+        recorder = RunRecorder(cfg.run.out_dir, cfg.name, resolved, on_failure=lambda _: stop_event.set())
+        bus.subscribe(recorder)
+    if on_event is not None:
+        bus.subscribe(on_event)
+    # Telemetry sinks (TensorBoard, W&B, MLflow) write beside the run folder, so only a recorded run has them.
+    sinks = SinkSet(cfg.log.to, recorder.run_dir, cfg.log, bus.emit) if recorder and cfg.log.to else None
+    if sinks:
+        bus.subscribe(sinks)
+    run_id = recorder.run_id if recorder else uuid.uuid4().hex[:8]
+    checkpoint_dir = str(recorder.run_dir / CHECKPOINTS) if recorder else ""
+    t0 = time.perf_counter()
+    try:
+        results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, train_rank,
+                            args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),
+                            on_event=lambda d: bus.emit(ev.from_json(d)),
+                            timeout_s=cfg.parallel.timeout_s, stop_event=stop_event,
+                            pause_event=pause_event, network=network_emulation(cfg),
+                            threads_per_rank=cfg.parallel.threads_per_rank)
+    except BaseException as e:
+        message = _failure_message(e, recorder)
+        cause_first = recorder is not None and recorder.failure is not None  # the folder, not a rank
+        bus.emit(ev.RunFailed(message=message, rank=None if cause_first else getattr(e, "rank", None)))
+        if sinks:
+            sinks.close()
+        if recorder:
+            recorder.close()
+        if recorder and recorder.failure:
+            raise RecordingError(message) from e
+        raise
+    if recorder and recorder.failure:
+        message = _recording_stopped(recorder)
+        bus.emit(ev.RunFailed(message=message))
+        if sinks:
+            sinks.close()
+        recorder.close()
+        raise RecordingError(message)
+    mine = [r for r in results if r is not None]  # tcp/mpi: only this process's rank (or all, on rank 0)
+    if not mine:
+        message = "every rank stopped before finishing its first evaluation"
+        bus.emit(ev.RunFailed(message=message))
+        if sinks:
+            sinks.close()
+        if recorder:
+            recorder.close()  # the run folder is closed and recorded as failed, like any failed run
+        raise RuntimeError(message)
+    summary = dict(mine[0])
+    summary["wall_s"] = time.perf_counter() - t0
+    summary["stopped"] = summary["steps"] < cfg.train.steps
+    summary["total_steps"] = cfg.train.steps
+    summary["lead"] = lead
+    finished = ev.RunFinished(steps=summary["steps"], initial_val_loss=summary["initial_val_loss"],
+                              final_val_loss=summary["final_val_loss"],
+                              tokens_per_s=summary["tokens_per_s"], wall_s=summary["wall_s"],
+                              run_dir=str(recorder.run_dir) if recorder else "", stopped=summary["stopped"])
+    bus.emit(finished)
+    if sinks:
+        sinks.close()  # before the recorder: a sink's last failure still reaches the run's log
+    if recorder:
+        recorder.close()
+        summary["run_dir"] = str(recorder.run_dir)
+    return summary
+
+
+def resume_training(run_dir: str | Path, overrides=(), step: int | None = None, on_event=None,
+                    stop_event: threading.Event | None = None) -> dict:
+    """Continue a recorded run from its newest finished checkpoint (or the one of `step`) in a new run
+    folder beside it; `overrides` ("a.b=v") may change e.g. the world size or ZeRO stage. The checkpoint
+    is verified (checksums, model layout) before any rank starts."""
+    cfg, doc, ckpt = prepare_resume(run_dir, overrides, step)
+    return run_training(cfg, on_event=on_event, stop_event=stop_event, preset_doc=doc, resume_from=ckpt.path)
+
+
+def _failure_message(e: BaseException, recorder: RunRecorder | None) -> str:
+    """The one line a failed run ends with: what failed, where its traceback is, and — when the run folder
+    stopped taking writes first — that, which is the cause."""
+    message = one_line(e)
+    if recorder is None:
+        return message
+    if recorder.failure:
+        return f"{_recording_stopped(recorder)}; then stopping failed too: {message}"
+    log = recorder.run_dir / error_log.ERROR_LOG
+    if not isinstance(e, RankFailure) and not isinstance(e, KeyboardInterrupt):
+        log = error_log.write(recorder.run_dir, "the launcher failed", e) or log
+    return f"{message} (traceback in {log})" if log.exists() else message
+
+
+def _recording_stopped(recorder: RunRecorder) -> str:
+    saved = recorder.last_checkpoint
+    kept = (f"checkpoint of step {saved} saved; `nanodist-tui resume {recorder.run_dir}` continues it"
+            if saved is not None else "no checkpoint saved")
+    return (f"recording stopped at step {recorder.summary['steps']}: {recorder.failure}, so the run was "
+            f"stopped; {kept}")
+
+
+def one_line(e: BaseException) -> str:
+    """An error as the one line a RunFailed event (and a failed trial) carries."""
+    if isinstance(e, RankFailure):  # the event names the rank; the message says what happened to it
+        return e.cause
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[-1] if text else ''}".rstrip(": ")

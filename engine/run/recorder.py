@@ -1,0 +1,331 @@
+"""Run folders: what a run leaves on disk, written as it happens, readable for replay.
+
+    runs/<YYYYmmdd-HHMMSS>-<preset>/
+        config.toml    the preset as run: its own lines and comments, overrides applied, defaults filled in
+        events.jsonl   every event, one JSON object per line, flushed as it arrives
+        metrics.csv    one row per step (val_loss filled in when that step's Eval arrives)
+        summary.json   key figures, written atomically when the run finishes, fails or the recorder closes
+
+`RunRecorder` is an EventBus subscriber: `bus.subscribe(recorder)`. A process that is killed outright
+(SIGKILL, power loss) writes no summary.json; `list_runs` then rebuilds the figures from events.jsonl and
+calls the run "interrupted" once that file has been silent for INTERRUPTED_AFTER_S.
+
+When the folder stops taking writes (a full disk, the folder removed), the recorder stops writing, says
+so once through `on_failure(message)` (engine.run.job then stops the run, checkpointing if the disk allows)
+and keeps the figures in memory; summary.json, if it can still be written, records the failure.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from engine import config
+from engine import events as ev_types
+from engine.config import presets
+from engine.events import EventError, as_event, from_json, to_json
+from engine.run import atomic_file, lock
+
+METRIC_COLUMNS = ["step", "loss", "lr", "tokens", "step_time_s", "tokens_per_s", "grad_norm", "val_loss",
+                  "loss_scale"]
+
+# A live run writes an event every step; a summary-less folder silent for this long lost its process.
+INTERRUPTED_AFTER_S = 60.0
+
+# RunFailed messages that mean someone stopped the run rather than a fault: Ctrl-C (engine.run.job writes
+# "interrupted (Ctrl-C)"; a bare KeyboardInterrupt from other callers), or a rank process ended by
+# SIGINT/SIGTERM/SIGHUP. SIGKILL stays a failure: it is also the OOM killer's signal.
+_INTERRUPTION = re.compile(r"^(?:interrupted|KeyboardInterrupt)\b|\bby signal SIG(?:INT|TERM|HUP)\b")
+
+
+def _config_text(cfg: Any) -> str:
+    if isinstance(cfg, config.Config):
+        return tomlkit.dumps(config.to_dict(cfg))
+    if isinstance(cfg, tomlkit.TOMLDocument):
+        return presets.resolved_document(cfg).as_string()
+    return tomlkit.dumps(config.to_dict(config.from_dict(cfg, source="<run config>")))
+
+
+class RunFolderError(ValueError):
+    """run.out_dir cannot receive a run folder (full disk, no permission, a name too long). One line."""
+
+
+class RecordingError(RuntimeError):
+    """The run folder stopped taking writes mid-run, so the run was stopped. One line."""
+
+
+def _new_run_dir(out_dir: Path, preset_name: str) -> Path:
+    """out_dir/<timestamp>-<preset>, with -2, -3, ... if that exists (mkdir is the atomic claim)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(str(preset_name)).stem).strip("-")[:64] or "run"
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = out_dir / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{out_dir}: no free run folder name for {base}")
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf become null so summary.json is strict JSON that any tool reads."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def is_interruption(message: str) -> bool:
+    """Whether a RunFailed message means the run was interrupted (Ctrl-C or a stop signal), not broken."""
+    return bool(_INTERRUPTION.search(message))
+
+
+def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
+    """summary.json before any event: status "running", no figures yet."""
+    return {
+        "run_id": run_id, "preset": preset, "status": "running", "started_at": None, "ended_at": None,
+        "steps": 0, "total_steps": None, "n_params": None, "world_size": None, "threads_per_rank": None,
+        "last_loss": None,
+        "initial_val_loss": None, "final_val_loss": None, "best_val_loss": None,
+        "tokens": 0,  # tokens (or samples) processed in this run: the sum over its StepEnd events
+        "tokens_per_s": None, "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0, "error": None,
+        "failed_rank": None, "network": None}  # network: "emulated network: ..." when it was emulated
+
+
+def summarize(s: dict[str, Any], ev: Any) -> None:
+    """Fold one event into a summary, in place: the recorder's live figures, and a killed run's later."""
+    if isinstance(ev, ev_types.RunStarted):
+        s.update(n_params=ev.n_params, world_size=ev.world_size, total_steps=ev.total_steps,
+                 threads_per_rank=ev.threads_per_rank or None, network=ev.network or None)
+        s["preset"] = s["preset"] or ev.preset
+    elif isinstance(ev, ev_types.StepEnd):
+        s.update(steps=ev.step, last_loss=ev.loss, tokens_per_s=ev.tokens_per_s)
+        s["tokens"] += ev.tokens  # a skipped (overflowed) step still read and processed its tokens
+        s["skipped_steps"] += bool(ev.skipped)
+    elif isinstance(ev, ev_types.Eval):
+        if s["initial_val_loss"] is None:
+            s["initial_val_loss"] = ev.val_loss
+        s["final_val_loss"] = ev.val_loss
+        best = s["best_val_loss"]
+        s["best_val_loss"] = ev.val_loss if best is None else min(best, ev.val_loss)
+    elif isinstance(ev, ev_types.LossScaleChange):
+        s["loss_scale_changes"] += 1
+    elif isinstance(ev, ev_types.RunFinished):
+        s.update(status="stopped" if ev.stopped else "finished", steps=ev.steps, tokens_per_s=ev.tokens_per_s,
+                 wall_s=ev.wall_s)
+        for key in ("initial_val_loss", "final_val_loss"):
+            if getattr(ev, key) is not None:
+                s[key] = getattr(ev, key)
+    elif isinstance(ev, ev_types.RunFailed):
+        status = "interrupted" if is_interruption(ev.message) else "failed"
+        s.update(status=status, error=ev.message, failed_rank=ev.rank)
+
+
+class RunRecorder:
+    """Writes one run folder. Thread-safe; call it with events (or their dicts), then `close()`.
+    RunFolderError (one line) when the folder cannot be made or written to at all."""
+
+    def __init__(self, out_dir: str | Path, preset_name: str, config_doc_or_dict: Any,
+                 on_failure: Callable[[str], None] | None = None):
+        config_text = _config_text(config_doc_or_dict)
+        self.run_dir = Path()
+        try:
+            self.run_dir = _new_run_dir(Path(out_dir), preset_name)
+            atomic_file.atomic_write_text(self.run_dir / "config.toml", config_text)
+            # kept open for the run's lifetime (closed in close()), so no context manager
+            self._events = open(self.run_dir / "events.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+            self._metrics = open(self.run_dir / "metrics.csv", "w", encoding="utf-8", newline="")  # noqa: SIM115
+            self._csv = csv.writer(self._metrics)
+            self._csv.writerow(METRIC_COLUMNS)
+            self._metrics.flush()
+        except OSError as exc:
+            if self.run_dir.name:  # the folder this call made, and what it wrote before the failure
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise RunFolderError(f"run.out_dir: cannot create a run folder in {out_dir} "
+                                 f"({exc.strerror or exc}); free some space, or choose another folder with "
+                                 "--set run.out_dir=PATH") from None
+        self._run_lock = lock.hold(self.run_dir)  # "a process writes here", for engine.checkpoint.resume
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._pending: dict | None = None  # the last step's row, waiting for a possible Eval of that step
+        self._closed = False
+        self.on_failure = on_failure
+        self.failure: str | None = None  # why the folder stopped taking writes, once it has
+        self.last_checkpoint: int | None = None  # the step of the newest CheckpointSaved seen
+        self.summary = new_summary(self.run_dir.name, preset_name)
+        self.summary["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+    @property
+    def run_id(self) -> str:
+        """The run folder's name, e.g. 20250101-120000-quickstart."""
+        return self.run_dir.name
+
+    def __call__(self, ev: Any) -> None:
+        ev = as_event(ev)
+        with self._lock:
+            if self._closed:
+                return
+            if isinstance(ev, ev_types.CheckpointSaved):
+                self.last_checkpoint = ev.step
+            if self.failure is not None:
+                summarize(self.summary, ev)  # the figures go on in memory, for the final message
+                return
+            try:
+                self._events.write(json.dumps(to_json(ev)) + "\n")
+                self._events.flush()
+                self._update(ev)
+            except OSError as exc:
+                self._broke(exc)
+
+    def _broke(self, exc: OSError) -> None:
+        """The folder stopped taking writes: stop writing, and say so once."""
+        self.failure = f"cannot write to {self.run_dir} ({exc.strerror or exc})"
+        if self.on_failure is not None:
+            self.on_failure(self.failure)
+
+    def _update(self, ev: Any) -> None:
+        if isinstance(ev, ev_types.StepEnd):
+            self._write_pending()
+            self._pending = {c: getattr(ev, c, None) for c in METRIC_COLUMNS}
+        elif isinstance(ev, ev_types.Eval):
+            if self._pending is not None and self._pending["step"] == ev.step:
+                self._pending["val_loss"] = ev.val_loss
+            else:
+                self._write_pending()
+                self._pending = {"step": ev.step, "val_loss": ev.val_loss}
+            self._write_pending()
+        summarize(self.summary, ev)
+        if isinstance(ev, (ev_types.RunFinished, ev_types.RunFailed)):
+            self._finish()
+
+    def _write_pending(self) -> None:
+        if self._pending is not None:
+            row = [self._pending.get(c) for c in METRIC_COLUMNS]
+            self._csv.writerow(["" if v is None else v for v in row])
+            self._metrics.flush()
+            self._pending = None
+
+    def _finish(self) -> None:
+        self._write_pending()
+        self.summary["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        if self.summary["wall_s"] is None:
+            self.summary["wall_s"] = round(time.monotonic() - self._started, 3)
+        text = json.dumps({k: _finite(v) for k, v in self.summary.items()}, indent=2) + "\n"
+        atomic_file.atomic_write_text(self.run_dir / "summary.json", text)
+
+    def close(self) -> None:
+        """Flush everything and write summary.json; a run that never finished is marked "stopped". After
+        a write failure, summary.json is still attempted (a freed disk takes it) and says what happened."""
+        with self._lock:
+            if self._closed:
+                return
+            if self.failure is not None and self.summary["status"] not in ("failed", "interrupted"):
+                self.summary.update(status="failed", error=f"recording stopped: {self.failure}")
+            if self.summary["status"] == "running":
+                self.summary["status"] = "stopped"
+            self._closed = True
+            for finish in (self._finish, self._events.close, self._metrics.close):
+                with contextlib.suppress(OSError):
+                    finish()
+            lock.release(self._run_lock, self.run_dir)
+
+    def __enter__(self) -> RunRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_events(run_dir: str | Path) -> list:
+    """The events of a run, in order, for replay. A cut-off last line (a crash mid-write) is ignored;
+    anything else that is not an event is an EventError naming the file, the line and the problem."""
+    path = Path(run_dir) / "events.jsonl"
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise EventError(f"{path}: no such file; a run folder holds the events.jsonl it recorded") from None
+    except UnicodeDecodeError as exc:
+        bad_line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise EventError(f"{path}:{bad_line}: not UTF-8 text (byte {exc.start}); the file is "
+                         "damaged") from None
+    except OSError as exc:
+        raise EventError(f"{path}: cannot read it ({exc.strerror or exc}); it must be the run's event "
+                         "log file") from None
+    lines = text.split("\n")
+    events = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            events.append(from_json(json.loads(line)))
+        except (ValueError, TypeError, RecursionError) as exc:  # JSON and Event errors are ValueErrors
+            if number == len(lines):  # no newline after it: the writer stopped mid-line
+                break
+            what = f"not JSON ({exc})" if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise EventError(f"{path}:{number}: {what}") from None
+    return events
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_dir: Path
+    run_id: str
+    preset: str | None
+    # "finished" | "failed" | "interrupted" | "stopped" (closed before its end) | "running" | "unreadable"
+    status: str
+    steps: int | None
+    final_val_loss: float | None
+    best_val_loss: float | None
+    tokens_per_s: float | None
+    wall_s: float | None
+    summary: dict = field(default_factory=dict, repr=False)
+
+
+def list_runs(out_dir: str | Path = "runs") -> list[RunInfo]:
+    """Run folders under out_dir, newest first, with key figures from their summary.json (or, while a
+    run has none, from its events.jsonl)."""
+    root = Path(out_dir)
+    runs = []
+    for run_dir in sorted(root.iterdir() if root.is_dir() else [], reverse=True):
+        if not (run_dir / "events.jsonl").is_file():
+            continue
+        try:
+            summary = _read_summary(run_dir)
+        except (OSError, ValueError):
+            summary = {}
+        if not isinstance(summary, dict):
+            summary = {}
+        status = summary.get("status", "unreadable")
+        runs.append(RunInfo(run_dir, run_dir.name, summary.get("preset"), status, summary.get("steps"),
+                            summary.get("final_val_loss"), summary.get("best_val_loss"),
+                            summary.get("tokens_per_s"), summary.get("wall_s"), summary))
+    return runs
+
+
+def _read_summary(run_dir: Path) -> Any:
+    path = run_dir / "summary.json"
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    return _summary_from_events(run_dir)
+
+
+def _summary_from_events(run_dir: Path) -> dict[str, Any]:
+    """The figures of a run without summary.json so far. It is "running" while events.jsonl keeps
+    changing; silent for INTERRUPTED_AFTER_S with no end event, its process is gone: "interrupted"."""
+    silent_s = time.time() - (run_dir / "events.jsonl").stat().st_mtime
+    summary = new_summary(run_dir.name, None)
+    for event in read_events(run_dir):
+        summarize(summary, event)
+    if summary["status"] == "running" and silent_s > INTERRUPTED_AFTER_S:
+        summary["status"] = "interrupted"
+    return summary
