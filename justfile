@@ -47,7 +47,7 @@ screenshot:
     nanodist-tui screenshot -o docs/workbench.svg --size 160x50
 
 # Record the demo run again (4 ranks, ZeRO-2, fp16) that screenshots and snapshot tests replay; then
-# `just screenshot` and `python -m pytest tests/test_snapshots.py --snapshot-update`, and look at both.
+# `just screenshot` and `python -m pytest tests/workbench/test_snapshots.py --snapshot-update`, and look at both.
 demo-recording:
     python -m nanodist_tui.demo
 

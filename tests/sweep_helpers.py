@@ -72,3 +72,24 @@ def trials_of(sweep: Sweep) -> list[optuna.trial.FrozenTrial]:
 
 def of_kind(events: list, kind: str) -> list:
     return [e for e in events if e.kind == kind]
+
+
+# A three-trial random search over optim.lr, as a preset's [sweep] section (the CLI and workbench tests).
+SPACE = """\
+[sweep]  # the search
+study = "cli"       # runs/sweep-cli
+n_trials = 3        # trials
+sampler = "random"  # reproducible
+seed = 2            # sampler seed
+
+[sweep.space.optim.lr]  # search over optim.lr
+type = "float"
+low = 1e-3
+high = 3e-2
+log = true
+
+[sweep.space.optim.warmup_steps]  # search over optim.warmup_steps
+type = "int"
+low = 0
+high = 4
+"""

@@ -1,6 +1,6 @@
 """The point-to-point interface every transport implements, and the errors a rank can raise.
 
-Rules every backend keeps (tests/test_comm_conformance.py checks them on each one):
+Rules every backend keeps (tests/comm/test_comm_conformance.py checks them on each one):
 
 * Ordering: messages between one (src, dst) pair arrive in the order they were sent (FIFO).
   Messages from different sources are independent of each other.

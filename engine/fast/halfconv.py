@@ -14,7 +14,7 @@ compiled loops of engine.fast.halfconv_jit do the work; otherwise, and for tests
 
 Both return arrays laid out as astype lays them out (`np.empty_like`, order "K"), since a matrix
 product's rounding can depend on its operands' layout. tests/exhaustive_halfconv.py (run by hand) checks
-both against astype on every input; tests/test_halfconv.py on samples, every rounding tie and specials.
+both against astype on every input; tests/fast/test_halfconv.py on samples, every rounding tie and specials.
 """
 
 from __future__ import annotations

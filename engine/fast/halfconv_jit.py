@@ -21,7 +21,7 @@ of an fp16 training step. One loop per direction, compiled for this CPU, does it
   sign. Up: the 16 bits shifted into the top half (ml_dtypes' cast does the same, but each call through
   NumPy's casting costs ~10 microseconds more, a third of a block's conversion).
 
-tests/test_halfconv.py checks the loops against astype (every half up; samples, every rounding tie
+tests/fast/test_halfconv.py checks the loops against astype (every half up; samples, every rounding tie
 and the special values down); tests/exhaustive_halfconv.py every float32 input, by hand.
 """
 

@@ -51,7 +51,7 @@ def test_every_command_has_help(command):
     assert "Usage" in result.output
 
 
-BAD_PRESETS = sorted((Path(__file__).parent / "bad_presets").glob("*.toml"))
+BAD_PRESETS = sorted((Path(__file__).parents[1] / "bad_presets").glob("*.toml"))
 
 
 @pytest.mark.parametrize("path", BAD_PRESETS, ids=lambda p: p.stem)

@@ -26,7 +26,7 @@ from engine.comm.group import Group, NodeGrid
 # tcp: separately started processes meeting through MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE.
 SPAWNED = [("processes", 2), ("processes", 4), ("processes-socket", 2), ("processes-socket", 3), ("tcp", 2)]
 JOBS = [("threads", n) for n in range(1, 9)] + [pytest.param(*job, marks=pytest.mark.slow) for job in SPAWNED]
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where comm_helpers.py lives
 
 
 @functools.cache

@@ -17,7 +17,7 @@ pytest.importorskip("mpi4py")
 MPIEXEC = shutil.which("mpiexec")
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not on PATH (pip install mpi4py mpich)")]
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where comm_helpers.py lives
 REPO = os.path.dirname(TESTS)
 
 

@@ -19,7 +19,7 @@ import pytest
 from engine.checkpoint.sharded import find_checkpoint
 from engine.run.recorder import read_events
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # a ~5k-parameter GPT (its checkpoint shard is ~60 kB) that would write ~2 kB of events per step for 400 steps
 RUN = [sys.executable, "-m", "nanodist_tui.cli", "run", "-p", "quickstart", "--set",
        "parallel.backend=threads", "--set", "data.max_chars=20000",

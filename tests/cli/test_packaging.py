@@ -11,7 +11,7 @@ from pathlib import Path
 from engine.sinks import SINKS, install_hint
 from nanodist_tui.serve import INSTALL_HINT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 

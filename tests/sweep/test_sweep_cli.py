@@ -18,28 +18,10 @@ from optuna.trial import TrialState
 from engine.config import presets
 from engine.sweep.study import load_study, load_sweep
 from tests.cli_helpers import assert_user_error, invoke
-from tests.sweep_helpers import write_preset
+from tests.sweep_helpers import SPACE, write_preset
 
-REPO = Path(__file__).resolve().parents[1]
-BAD_SWEEPS = sorted((Path(__file__).parent / "bad_presets").glob("sweep_*.toml"))
-SPACE = """\
-[sweep]  # the search
-study = "cli"       # runs/sweep-cli
-n_trials = 3        # trials
-sampler = "random"  # reproducible
-seed = 2            # sampler seed
-
-[sweep.space.optim.lr]  # search over optim.lr
-type = "float"
-low = 1e-3
-high = 3e-2
-log = true
-
-[sweep.space.optim.warmup_steps]  # search over optim.warmup_steps
-type = "int"
-low = 0
-high = 4
-"""
+REPO = Path(__file__).resolve().parents[2]
+BAD_SWEEPS = sorted((Path(__file__).parents[1] / "bad_presets").glob("sweep_*.toml"))
 TRIAL_LINE = re.compile(r"^trial (\d+) (complete|pruned|failed|rejected): (.+); "
                         r"(best [^;]+|no trial complete yet); (optim\.lr=\S+ optim\.warmup_steps=\d+); "
                         r"(\d+) steps in ([\d.]+) s$")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TMUX = shutil.which("tmux")
 # quickstart's own backend (processes), trained long enough that the test stops it mid-run
 SETS = ["train.steps=3000", "train.eval_every=100", "model.block_size=32", "data.max_chars=200000",

@@ -1,6 +1,7 @@
 """Snapshots (pytest-textual-snapshot) of the workbench replaying the bundled demo recording with no pauses:
 the main screen, each pane's tab and the help, at 80x24 and 160x50. Deterministic: recorded events, no clock
-on screen. After a deliberate change of the picture: pytest tests/test_snapshots.py --snapshot-update."""
+on screen. After a deliberate change of the picture:
+pytest tests/workbench/test_snapshots.py --snapshot-update."""
 
 from __future__ import annotations
 

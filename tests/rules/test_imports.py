@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("engine", "nanodist_tui")
 UI_STACK = ("textual", "typer", "rich", "nanodist_tui", "textual_plotext", "plotext")
 MODEL_CODE = ("engine.tensor", "engine.ops", "engine.nn", "engine.fast.halfconv", "engine.fast.halfconv_jit",

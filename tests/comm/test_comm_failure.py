@@ -15,7 +15,7 @@ import pytest
 
 from engine.comm import RankFailure, run_ranks
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def alive(pid: int) -> bool:

@@ -17,8 +17,7 @@ from nanodist_tui.serve import missing_library
 from tests.app_helpers import FakeJob, run, wait_for
 from tests.cli_helpers import invoke
 from tests.run_helpers import gpt_and_mlp_runs
-from tests.sweep_helpers import write_preset
-from tests.test_sweep_cli import SPACE
+from tests.sweep_helpers import SPACE, write_preset
 
 
 def palette_titles(app: NanoDistApp) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.cli_helpers import assert_user_error, invoke
 
-README_SHOT = Path(__file__).resolve().parents[1] / "docs" / "workbench.svg"
+README_SHOT = Path(__file__).resolve().parents[2] / "docs" / "workbench.svg"
 
 
 def test_screenshot_is_deterministic_and_the_readme_picture_is_current(tmp_path):

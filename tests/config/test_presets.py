@@ -9,9 +9,9 @@ import tomlkit
 from engine import config
 from engine.config import ConfigError, presets
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "presets").glob("*.toml"))
-BAD = sorted((Path(__file__).parent / "bad_presets").glob("*.toml"))
+BAD = sorted((Path(__file__).parents[1] / "bad_presets").glob("*.toml"))
 REQUIRED = {"quickstart", "gpt-mini", "mlp", "ddp-2", "ddp-4", "zero1-4", "zero2-2", "zero2-4", "zero3-2",
             "zero3-4", "processes-2", "fp16-dynamic", "bf16", "checkpointing", "seed-table", "sweep-lr",
             "sweep-zero"}
@@ -94,7 +94,7 @@ def test_enough_malformed_presets():
 
 def test_syntax_errors_carry_the_line(tmp_path):
     for name in ("syntax_unclosed_string", "syntax_duplicate_key", "syntax_bad_header"):
-        path = Path(__file__).parent / "bad_presets" / f"{name}.toml"
+        path = Path(__file__).parents[1] / "bad_presets" / f"{name}.toml"
         with pytest.raises(ConfigError, match=rf"^{path}:\d+: TOML syntax error"):
             presets.load_preset(path)
 

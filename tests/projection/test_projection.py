@@ -55,7 +55,7 @@ def loss_ring(p: int, alpha: float, beta: float, gamma: float) -> float:
     """The all-reduce of the loss and the stop and pause votes: 3 fp64 values. On 2 ranks the published
     ring of 24 bytes. On 4, one shard is empty and sends nothing: each of the 6 steps moves one whole value
     (α + 8β), and each of the reduce-scatter's 3 adds one value's reduction on the rank that finishes last
-    (engine.projection.sparse_ring, worked out step by step in tests/test_sparse_ring.py)."""
+    (engine.projection.sparse_ring, worked out step by step in tests/projection/test_sparse_ring.py)."""
     if p == 2:
         return ring(2, 24, alpha, beta, gamma)
     assert p == 4
