@@ -1,10 +1,13 @@
 """The house rules on imports, read from the source: no import cycles between modules, the engine never
-imports the UI stack, model code never imports communication or parallel code, and torch is imported only
-by the benchmark room. Function-level imports count too (they are still dependencies)."""
+imports the UI stack, the spine (engine's top-level modules: autograd, ops, models, optimizer, ...) and the
+speed layer never import communication, parallel or any other room's code, torch is imported only by the
+benchmark room, and no test module imports another. Function-level imports count too (they are still
+dependencies). Every list is derived from the folders, so a new file is covered the day it is added."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("engine", "nanodist_tui")
 UI_STACK = ("textual", "typer", "rich", "nanodist_tui", "textual_plotext", "plotext")
-MODEL_CODE = ("engine.tensor", "engine.ops", "engine.nn", "engine.fast.halfconv", "engine.fast.halfconv_jit",
-              "engine.fast.lowp", "engine.fast.kernels", "engine.fast.kernels_jit", "engine.fast.compiled",
-              "engine.fast.heap", "engine.fast.thread_pool", "engine.dtypes")
+# The one top-level module that joins the spine to the rooms: the per-rank loop drives communication,
+# parallelism, checkpoints and memory. Every other module at engine's top level is the spine.
+JOINS_THE_ROOMS = ("engine.trainer",)
 
 
 def module_name(path: Path) -> str:
@@ -107,9 +110,32 @@ def test_the_engine_never_imports_the_ui_stack():
     assert bad == []
 
 
+def spine_and_speed_layer() -> set[str]:
+    """engine's top-level modules (less the one that joins the rooms) and everything under engine/fast/."""
+    top_level = {module_name(f) for f in (ROOT / "engine").glob("*.py") if f.name != "__init__.py"}
+    fast = {m for m in source_modules() if m.startswith("engine.fast.")}
+    return (top_level - set(JOINS_THE_ROOMS)) | fast
+
+
+def rooms_reached(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, target) for every import from the spine or the speed layer into another engine room."""
+    allowed = spine_and_speed_layer() | {"engine", "engine.fast"}
+    return [(m, t) for m in sorted(spine_and_speed_layer()) for t in sorted(graph[m])
+            if top(t) == "engine" and t not in allowed]
+
+
+def test_the_spine_and_the_speed_layer_import_no_other_room():
+    """Model code never knows it is distributed: tensor, ops, nn, optim, ... and engine/fast/ import
+    nothing from comm/, parallel/ or any other folder of the engine."""
+    assert len(spine_and_speed_layer()) >= 12  # the derivation found the spine (tensor, ops, nn, ...)
+    assert {"engine.tensor", "engine.ops", "engine.nn", "engine.optim", "engine.fast.kernels"} <= \
+        spine_and_speed_layer()
+    assert rooms_reached(import_graph()) == []
+
+
 def test_model_code_never_imports_communication_or_parallel_code():
-    bad = [(m, t) for m, targets in import_graph().items() if m in MODEL_CODE
-           for t in targets if t.startswith(("engine.comm", "engine.parallel.data"))]
+    bad = [(m, t) for m, targets in import_graph().items() if m in spine_and_speed_layer()
+           for t in targets if t.startswith(("engine.comm", "engine.parallel"))]
     assert bad == []
 
 
@@ -145,9 +171,37 @@ def test_the_rules_see_what_they_forbid(tmp_path, source, rule):
     if rule == "ui":
         assert any(top(t) in UI_STACK for t in graph[module])
     elif rule == "model":
-        assert any(t.startswith("engine.comm") for t in graph[module])
+        assert ("engine.nn", "engine.comm.collectives") in rooms_reached(graph)
     else:
         assert any(top(t) == "torch" for t in graph[module])
+
+
+def test_a_new_top_level_module_is_spine_from_the_day_it_is_added(tmp_path, monkeypatch):
+    """The spine is read from the folder, not from a list: a file added at engine's top level is held to
+    the spine's rule without anyone editing this test."""
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "engine" / "fast").mkdir(parents=True)
+    for name in ("__init__.py", "newcomer.py", "trainer.py", "fast/__init__.py", "fast/k.py"):
+        (tmp_path / "engine" / name).write_text("")
+    assert spine_and_speed_layer() == {"engine.newcomer", "engine.fast.k"}
+
+
+def all_test_files() -> list[Path]:
+    """Every test module and helper under tests/, by path."""
+    return sorted(p for p in (ROOT / "tests").rglob("*.py"))
+
+
+def test_no_test_module_imports_another():
+    """Shared code lives in the helpers (tests/*_helpers.py), never in a test module another one imports:
+    moving or deleting a test must not break a second."""
+    bad = []
+    for path in all_test_files():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad += [(path.name, n) for n in names if n.split(".")[-1].startswith("test_")]
+    assert len(all_test_files()) > 80 and bad == []
 
 
 def test_a_cycle_is_found():
