@@ -47,10 +47,10 @@ def _check_allreduce(backend: str, world_size: int, sizes: str | None, default) 
         raise UsageError(f'--backend: unknown backend "{backend}"; use threads, processes or mpi')
     if problem := RULES["parallel.world_size"](world_size):
         raise UsageError(f"--world-size: {problem[0]}; {problem[1]}")
-    if backend == "mpi":
+    if backend == "mpi":  # first where the ranks come from (mpiexec), as `run` says it, then the library
+        check_environment("mpi", world_size)
         if importlib.util.find_spec("mpi4py") is None:
             raise UsageError("--backend mpi needs mpi4py: pip install -e '.[mpi]' (mpi4py and MPICH wheels)")
-        check_environment("mpi", world_size)
     try:
         size_list = ([_parse_size(s) for s in sizes.split(",") if s.strip()] if sizes is not None
                      else list(default))

@@ -85,7 +85,9 @@ def _secret(content: bytes | None):
 
 
 def _no_mpi4py(tmp: Path, monkeypatch) -> None:
+    """Started by mpiexec (its rank variable set), but the mpi extra is not installed."""
     import importlib.util
+    monkeypatch.setenv("PMI_RANK", "0")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "mpi4py" else real(name, *a))
