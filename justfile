@@ -16,6 +16,10 @@ headless preset="quickstart":
 test:
     python -m pytest -q
 
+# The quick subset: every test not marked slow (no rank processes, no long training), a few minutes.
+test-quick:
+    python -m pytest -q -m "not slow"
+
 # Lint and type-check.
 lint:
     ruff check engine nanodist_tui tests

@@ -24,6 +24,7 @@ from tomlkit.items import Float, Item
 
 from engine import config
 from engine.config import Config, ConfigError
+from engine.config.rules import did_you_mean
 from engine.run import atomic_file
 
 
@@ -146,7 +147,7 @@ def apply_overrides(doc: tomlkit.TOMLDocument | dict, overrides: list[str] | tup
                               source="--set")
         known = config.setting_keys()
         if key not in known and not key.startswith("sweep.space."):
-            raise ConfigError(key, "unknown key", config.did_you_mean(key, known), source=where)
+            raise ConfigError(key, "unknown key", did_you_mean(key, known), source=where)
         value = _parse_literal(text, key)
         if before is not None:
             set_value(doc, key, value)
