@@ -140,6 +140,7 @@ def test_profile_splits_the_step_into_ops_and_phases():
     assert min(other.values()) >= 0  # exclusive times never exceed their phase
 
 
+@pytest.mark.slow  # times real steps for several seconds
 def test_step_compares_precisions_taking_turns():
     tiny = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.global_batch=8",
             "model.block_size=16", "data.max_chars=50000", "precision.init_scale=256"]
@@ -152,6 +153,7 @@ def test_step_compares_precisions_taking_turns():
         assert p[dtype]["vs_fp32"] == pytest.approx(p[dtype]["step_s"] / p["fp32"]["step_s"], rel=1e-12)
 
 
+@pytest.mark.slow  # times real steps for several seconds
 def test_step_cpu_time_of_one_thread_taking_turns():
     tiny = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.global_batch=8",
             "model.block_size=16", "data.max_chars=50000", "precision.init_scale=256"]
@@ -174,6 +176,7 @@ def test_step_bad_preset_is_one_line():
 
 # ----------------------------------------------------------------------------- techniques
 
+@pytest.mark.slow  # times real steps for several seconds
 def test_techniques_one_row_per_technique():
     # nine variants, each started and timed: a one-layer model keeps the test fast
     tiny = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "train.global_batch=8"]

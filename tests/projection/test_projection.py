@@ -312,6 +312,7 @@ def fake_measurements(monkeypatch):
     return calls
 
 
+@pytest.mark.slow  # times real steps for several seconds
 def test_calibration_is_saved_merged_and_reused(tmp_path, fake_measurements):
     path = tmp_path / "cache" / "calibration.json"
     cfg = small_config()
