@@ -30,6 +30,10 @@ class RunStarted:
     threads_per_rank: int = 0  # BLAS/OpenMP threads of each rank (rank 0's host), as resolved; 0 = unknown
     first_step: int = 0  # the step a resumed run starts from
     run_dir: str = ""  # the run folder, when the run is recorded
+    # phase -> category -> bytes one rank holds at that phase's peak, as the analytic estimator
+    # (engine.memory.estimator) predicts from the config: the same for every rank and step, so the launcher
+    # makes it once per run and adds it here; None where no launcher did (a Trainer driven directly)
+    memory_estimate: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class MemorySnapshot:
     phase: str
     current: dict  # category -> bytes held now
     peak: dict  # category -> highest bytes so far
-    estimate: dict | None = None  # category -> bytes the analytic estimator predicts
+    # The estimator's prediction is the run's, not the step's: RunStarted.memory_estimate[phase].
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,10 @@ from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
 from engine.comm.objects import all_gather_json, broadcast_json
 from engine.config import Config, from_dict, to_dict
-from engine.config.build import build_dataset, build_model, count_params
+from engine.config.build import build_model, count_params, load_dataset
 from engine.data import rank_slice, slice_bounds
 from engine.dtypes import resolve_dtype
 from engine.memory import ledger
-from engine.memory.estimator import estimate
 from engine.optim import global_norm_clip_scale, lr_at
 from engine.parallel.data import make_replica
 from engine.recompute import apply_checkpointing
@@ -50,7 +49,9 @@ class Trainer:
         if comm.meter is None:
             comm.meter = TrafficMeter(comm.rank)
         self._emit, self.should_stop, self.should_pause = emit, should_stop, should_pause
-        self.dataset = build_dataset(cfg)
+        # Unchecked: the launcher checks the config against this data before any rank starts
+        # (engine.run.job), so a data mistake is one line at launch, not the same failure on every rank.
+        self.dataset = load_dataset(cfg)
         self.model = build_model(cfg, self.dataset)
         self.dtype = resolve_dtype(cfg.precision.dtype)
         self.n_params = count_params(self.model)
@@ -60,7 +61,6 @@ class Trainer:
         ledger.set_current(self.ledger)
         set_tape_observer(self.ledger)
         self.replica = replica_factory(cfg, self.model, comm)
-        self.memory_estimate = estimate(cfg, getattr(self.model, "vocab_size", None)).phases()
         self.step = 0
         self.tokens_seen = 0
         self.train_time = 0.0  # seconds spent in train_step, for throughput
@@ -232,7 +232,7 @@ class Trainer:
         JSON) and reported by rank 0."""
         mine = [ev.RankStats(step=self.step, rank=self.rank, step_time_s=s["step_time_s"],
                              comm_wait_s=self.replica.comm_wait_s, bytes_sent=self.replica.bytes_sent),
-                *self.ledger.snapshots(self.step, self.rank, self.memory_estimate)]
+                *self.ledger.snapshots(self.step, self.rank)]
         if self.world > 1:
             mine.append(ev.Traffic(step=self.step, rank=self.rank, links=self.comm.meter.snapshot()))
         if not self.gather_figures:

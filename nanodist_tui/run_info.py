@@ -1,9 +1,10 @@
 """What the workbench knows about a run once it starts: its shape (backend, ranks, ZeRO stage, precision,
-checkpointing, length), read from the RunStarted event, so the layout can fit the run."""
+checkpointing, length), read from the RunStarted event, so the layout can fit the run; and the run's memory
+estimate, which the memory pane holds its measurements against."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.config import Config
 from engine.dtypes import itemsize
@@ -32,6 +33,9 @@ class RunInfo:
     algorithm: str = _DEFAULTS.parallel.algorithm  # parallel.algorithm (auto's choices are in Traffic)
     ranks_per_node: int = 0
     hybrid: bool = False
+    # phase -> category -> bytes per rank, as the estimator predicts (RunStarted.memory_estimate); None when
+    # the run did not report one. A dict: left out of the hash, so a RunInfo stays hashable.
+    memory_estimate: dict[str, dict[str, int]] | None = field(default=None, hash=False)
 
     @classmethod
     def from_started(cls, event: RunStarted, replay: bool = False, sweep: bool = False) -> RunInfo:
@@ -47,7 +51,7 @@ class RunInfo:
                    run_dir=event.run_dir, replay=replay, sweep=sweep, threads_per_rank=event.threads_per_rank,
                    network=event.network, algorithm=setting("parallel", "algorithm"),
                    ranks_per_node=int(setting("parallel", "ranks_per_node")),
-                   hybrid=bool(setting("parallel", "hybrid")))
+                   hybrid=bool(setting("parallel", "hybrid")), memory_estimate=event.memory_estimate)
 
     @property
     def scales_loss(self) -> bool:

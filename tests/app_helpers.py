@@ -39,6 +39,8 @@ def memory(activations: int) -> dict[str, int]:
 
 # Per phase: (activations at the phase's end, activations at its peak); backward peaks highest.
 PHASES = {"forward": (20_000, 20_000), "backward": (0, 24_000), "optimizer": (0, 0)}
+# The run's memory estimate (RunStarted.memory_estimate): per phase, activations an eighth below the peak.
+ESTIMATE = {phase: memory(peak - peak // 8) for phase, (_, peak) in PHASES.items()}
 # Each rank sends LINK_BYTES in each of two phases to the next rank; with 2 ranks and fp16 a gradient of S =
 # 2·LINK_BYTES bytes (N_PARAMS elements) makes that exactly the ring bound 2(N-1)/N·S.
 LINK_BYTES = 4_000_000
@@ -66,7 +68,7 @@ class FakeJob:
         self.thread = threading.current_thread()
         emit(RunStarted(run_id="r1", preset="fake", config=config(self.world_size, self.dtype),
                         n_params=N_PARAMS, world_size=self.world_size, total_steps=self.steps,
-                        run_dir="runs/r1"))
+                        run_dir="runs/r1", memory_estimate=ESTIMATE))
         scale = 2.0**16 if self.dtype == "fp16" else None
         for i in range(1, self.steps + 1):
             if control.is_set():
@@ -87,7 +89,7 @@ class FakeJob:
                                bytes_sent=2 * LINK_BYTES))
                 for phase, (end, peak) in PHASES.items():
                     emit(MemorySnapshot(step=i, rank=rank, phase=phase, current=memory(end),
-                                        peak=memory(peak), estimate=memory(peak - peak // 8)))
+                                        peak=memory(peak)))
                 if self.world_size > 1:
                     dst = (rank + 1) % self.world_size
                     link = {"src": rank, "dst": dst, "bytes": LINK_BYTES, "group": "world",

@@ -17,11 +17,19 @@ from engine.dtypes import resolve_dtype
 
 def build_dataset(cfg):
     """The dataset of `cfg` (deterministic from cfg.seed), checked against the config where only the
-    loaded data can tell (a model vocabulary smaller than the corpus's): ConfigError, one line."""
-    dataset = make_dataset(cfg.data, cfg.model, cfg.seed, cfg.train.global_batch)
+    loaded data can tell (a model vocabulary smaller than the corpus's): ConfigError, one line. What a
+    launcher builds before any rank starts (engine.run.job), so a data mistake is one line, not N failed
+    ranks."""
+    dataset = load_dataset(cfg)
     if dataset.kind == "lm":
         check_against_data(cfg, len(dataset.splits["train"]), len(dataset.splits["val"]), dataset.vocab_size)
     return dataset
+
+
+def load_dataset(cfg):
+    """The dataset of `cfg`, not checked against the config: what a rank trains on, once the launcher has
+    checked the same data (build_dataset) before starting it."""
+    return make_dataset(cfg.data, cfg.model, cfg.seed, cfg.train.global_batch)
 
 
 def vocab_size(cfg, dataset=None) -> int:

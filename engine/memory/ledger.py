@@ -155,13 +155,13 @@ class Ledger:
         with self._lock:
             return {phase: dict(p) for phase, p in self.phase_max.items()}
 
-    def snapshots(self, step: int, rank: int, estimate: dict | None = None) -> list:
-        """One MemorySnapshot event per phase seen this step (estimate: phase -> categories)."""
+    def snapshots(self, step: int, rank: int) -> list:
+        """One MemorySnapshot event per phase seen this step: what was measured only (the estimate they are
+        held against is the run's, made once by the launcher: RunStarted.memory_estimate)."""
         with self._lock:
             return [MemorySnapshot(step=step, rank=rank, phase=phase,
                                    current=dict(self.phase_end.get(phase, {})),
-                                   peak=dict(self.phase_peaks[phase]),
-                                   estimate=None if estimate is None else dict(estimate[phase]))
+                                   peak=dict(self.phase_peaks[phase]))
                     for phase in PHASES if phase in self.phase_peaks]
 
 

@@ -1,15 +1,19 @@
 """A training job: launch the ranks, relay their events to subscribers, record the run.
 
 This is what the headless runner and the workbench both call (on whatever thread they like).
+What is the run's rather than a rank's is done here, once, before any rank starts: the config is checked
+against its data, and the memory estimate is made (it reaches the readers on RunStarted).
 The ranks send events as JSON dicts; here they become typed events again and go to every
 subscriber of the job's bus: the run recorder, the progress printer, the TUI bridge.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from engine import events as ev
@@ -18,6 +22,9 @@ from engine.checkpoint.sharded import CHECKPOINTS
 from engine.comm.base import RankFailure
 from engine.comm.launch import process_rank, run_ranks
 from engine.config import Config, network_emulation, to_dict
+from engine.config.build import build_dataset, vocab_size
+from engine.data import DATA_KINDS
+from engine.memory.estimator import estimate
 from engine.run import error_log
 from engine.run.recorder import RecordingError, RunRecorder
 from engine.sinks.runner import SinkSet
@@ -31,12 +38,14 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     (after emitting RunFailed), so callers can map the error to an exit code or a message.
     A recorded run checkpoints into its folder, also when it is stopped (at the step reached);
     `resume_from` (a checkpoint folder) starts from one. While `pause_event` is set the ranks hold
-    after their step (engine.run.control.RunControl carries both events)."""
+    after their step (engine.run.control.RunControl carries both events). A config its data cannot
+    train is a ConfigError or DataError (one line) before any rank starts or any run folder is made."""
     bus = ev.EventBus()
     recorder = None
     stop_event = stop_event or threading.Event()
     # With tcp/mpi each process runs one rank; only rank 0's process records the run.
     lead = process_rank(cfg.parallel.backend) in (None, 0)
+    memory_estimate = _before_ranks(cfg, lead)
     if record and lead:
         resolved = preset_doc if preset_doc is not None else to_dict(cfg)
         # a folder that stops taking writes stops the run (checkpointing if the disk still allows)
@@ -54,7 +63,7 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     try:
         results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, train_rank,
                             args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),
-                            on_event=lambda d: bus.emit(ev.from_json(d)),
+                            on_event=_relay(bus, memory_estimate),
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event,
                             pause_event=pause_event, network=network_emulation(cfg),
                             threads_per_rank=cfg.parallel.threads_per_rank)
@@ -101,6 +110,31 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         recorder.close()
         summary["run_dir"] = str(recorder.run_dir)
     return summary
+
+
+def _before_ranks(cfg: Config, lead: bool) -> dict | None:
+    """What is done once per run before any rank starts: check the config against its data (build_dataset:
+    ConfigError or DataError, one line) and, in the process that reports the run, make the memory estimate
+    (phase -> category -> bytes per rank) that its RunStarted carries. Every process of a tcp or mpi launch
+    checks, as each builds its own rank's data; only rank 0's reports, so only it estimates."""
+    # Only token streams are checked against the config (the context, the vocabulary); a classifier's
+    # samples are not built here, where nothing would read them. Dropped on return: the ranks build their
+    # own (the corpora and synthetic streams are cached per process, so thread ranks reuse this one).
+    dataset = build_dataset(cfg) if DATA_KINDS.get(cfg.data.kind) == "lm" else None
+    if not lead:
+        return None
+    return estimate(cfg, vocab_size(cfg, dataset) if cfg.model.kind == "gpt" else None).phases()
+
+
+def _relay(bus: ev.EventBus, memory_estimate: dict | None) -> Callable[[dict], None]:
+    """The ranks' events (JSON dicts) onto the bus as typed events. Rank 0's RunStarted gains the run's
+    memory estimate, so every reader (recorder, workbench, sinks) gets it once, not in each memory event."""
+    def relay(d: dict) -> None:
+        event = ev.from_json(d)
+        if isinstance(event, ev.RunStarted) and memory_estimate is not None:
+            event = dataclasses.replace(event, memory_estimate=memory_estimate)
+        bus.emit(event)
+    return relay
 
 
 def resume_training(run_dir: str | Path, overrides=(), step: int | None = None, on_event=None,

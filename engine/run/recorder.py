@@ -36,6 +36,7 @@ from engine import events as ev_types
 from engine.config import presets
 from engine.events import EventError, as_event, from_json, to_json
 from engine.run import atomic_file, lock
+from engine.run.legacy_events import LegacyFields
 
 METRIC_COLUMNS = ["step", "loss", "lr", "tokens", "step_time_s", "tokens_per_s", "grad_norm", "val_loss",
                   "loss_scale"]
@@ -248,7 +249,8 @@ class RunRecorder:
 
 def read_events(run_dir: str | Path) -> list:
     """The events of a run, in order, for replay. A cut-off last line (a crash mid-write) is ignored;
-    anything else that is not an event is an EventError naming the file, the line and the problem."""
+    anything else that is not an event is an EventError naming the file, the line and the problem. Older
+    recordings read as today's events (engine.run.legacy_events)."""
     path = Path(run_dir) / "events.jsonl"
     try:
         text = path.read_bytes().decode("utf-8")
@@ -262,18 +264,18 @@ def read_events(run_dir: str | Path) -> list:
         raise EventError(f"{path}: cannot read it ({exc.strerror or exc}); it must be the run's event "
                          "log file") from None
     lines = text.split("\n")
-    events = []
+    events, legacy = [], LegacyFields()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            events.append(from_json(json.loads(line)))
+            events.append(from_json(legacy.take(json.loads(line))))
         except (ValueError, TypeError, RecursionError) as exc:  # JSON and Event errors are ValueErrors
             if number == len(lines):  # no newline after it: the writer stopped mid-line
                 break
             what = f"not JSON ({exc})" if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise EventError(f"{path}:{number}: {what}") from None
-    return events
+    return legacy.apply(events)
 
 
 @dataclass(frozen=True)

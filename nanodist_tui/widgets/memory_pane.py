@@ -117,10 +117,15 @@ class MemoryPane(TextView):
                 worst[rank] = snap
         return worst
 
+    def estimate_of(self, snap: MemorySnapshot) -> dict[str, int] | None:
+        """The estimator's categories for the snapshot's phase: the run's, made once from the config (every
+        rank and step the same), so they come with RunStarted rather than with each snapshot."""
+        return (self.info.memory_estimate or {}).get(snap.phase)
+
     def render_snapshots(self, width: int) -> Text:
         glyphs: Glyphs = self.app.glyphs
         worst = self.peaks()
-        scale = max(max(self.high_water[r], total(s.estimate)) for r, s in worst.items()) or 1
+        scale = max(max(self.high_water[r], total(self.estimate_of(s))) for r, s in worst.items()) or 1
         bar_width = max(MIN_BAR, width - LABEL_WIDTH - NUMBERS_WIDTH)
         out = Text()
         legend = dict.fromkeys(k for s in worst.values() for k, _ in ordered(s.peak))
@@ -139,8 +144,8 @@ class MemoryPane(TextView):
             out.append(f"rank {rank:<3}", style="bold")
             out.append(bar(s.peak, self.high_water[rank], scale, bar_width, glyphs))
             out.append(f" {format_bytes(peak, 9)} {s.phase:<9}")
-            if s.estimate:
-                estimate = total(s.estimate)
+            if predicted := self.estimate_of(s):
+                estimate = total(predicted)
                 out.append(f" est {format_bytes(estimate, 9)} {(peak - estimate) / max(estimate, 1):+6.1%}")
             out.append("\n")
             parts = [f"{style_of(k)[0]} {format_bytes(v)}" for k, v in ordered(s.peak)] + [f"(step {s.step})"]

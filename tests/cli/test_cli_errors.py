@@ -142,6 +142,12 @@ CASES: dict[str, tuple[list[str], dict]] = {
     "run: no ranks": (["run", "--world-size", "0"], {"named": "world_size"}),
     "run: unknown backend": (["run", "--backend", "nccl"], {"named": "parallel.backend"}),
     "run: batch that does not split": (["run", "--world-size", "3"], {"named": "train.global_batch"}),
+    "run: vocabulary smaller than the corpus": (
+        ["run", "--set", "model.vocab_size=40"],
+        {"named": "model.vocab_size: 40 is smaller than the corpus's"}),
+    "run: context longer than the validation data": (
+        ["run", "--set", "data.max_chars=400", "--set", "data.val_fraction=0.02"],
+        {"named": "the val split has 8 tokens, fewer than block_size + 1"}),
     "run: text corpus missing": (["run", "--set", "data.kind=text", "--set", "data.path=/no/such/file.txt"],
                                  {"named": "/no/such/file.txt"}),
     "run: preset not TOML": (["run", "-p", "{tmp}/bad.toml"],

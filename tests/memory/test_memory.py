@@ -1,5 +1,5 @@
-"""The memory ledger: counting, phases and peaks, the tape observer, the trainer's MemorySnapshot events,
-and the cross-check against tracemalloc on real processes."""
+"""The memory ledger: counting, phases and peaks, the tape observer, the trainer's MemorySnapshot events held
+against the run's estimate, and the cross-check against tracemalloc on real processes."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_counting_phases_and_peaks():
     assert peaks["forward"]["activations"] == 80 and sum(peaks["forward"].values()) == 180
     # backward: 180 at entry (activations still held), the transient comm buffer came after they were freed
     assert sum(peaks["backward"].values()) == 180 and maxima["backward"]["comm_buffers"] == 20
-    snaps = ledger.snapshots(step=1, rank=3, estimate={p: {"parameters": 1} for p in PHASES})
+    snaps = ledger.snapshots(step=1, rank=3)
     assert [s.phase for s in snaps] == ["forward", "backward"]
     assert snaps[1].current == {**dict.fromkeys(CATEGORIES, 0), "parameters": 100, "gradients": 10}
     assert ev.from_json(ev.to_json(snaps[0])) == snaps[0]
@@ -103,21 +103,24 @@ def tiny(**over) -> dict:
 
 
 def test_trainer_emits_a_snapshot_per_phase_rank_and_step():
-    from engine.trainer import train_rank
-    seen = []
-    run_ranks(2, "threads", train_rank, args=(tiny(),), on_event=seen.append, timeout_s=60)
-    snaps = [ev.from_json(d) for d in seen if d["kind"] == "memory_snapshot"]
+    from engine.run.job import run_training
+    seen: list = []
+    run_training(from_dict(tiny()), on_event=seen.append, record=False)
+    snaps = [e for e in seen if isinstance(e, ev.MemorySnapshot)]
     assert len(snaps) == 2 * 2 * len(PHASES)  # steps x ranks x phases
     expected = {(step, rank, phase) for step in (1, 2) for rank in (0, 1) for phase in PHASES}
     assert {(s.step, s.rank, s.phase) for s in snaps} == expected
+    # the estimate is the run's (the launcher's, on RunStarted), held against every rank's every snapshot
+    estimate = next(e for e in seen if isinstance(e, ev.RunStarted)).memory_estimate
+    assert set(estimate) == set(PHASES)
     for s in snaps:
-        assert set(s.peak) == set(CATEGORIES) and set(s.estimate) == set(CATEGORIES)
+        assert set(s.peak) == set(CATEGORIES) and set(estimate[s.phase]) == set(CATEGORIES)
         assert sum(s.peak.values()) >= sum(s.current.values())
-        assert s.peak["parameters"] == s.estimate["parameters"] > 0
+        assert s.peak["parameters"] == estimate[s.phase]["parameters"] > 0
     forward = next(s for s in snaps if s.phase == "forward")
-    assert forward.peak["activations"] == forward.estimate["activations"] > 0
+    assert forward.peak["activations"] == estimate["forward"]["activations"] > 0
     optimizer = next(s for s in snaps if s.phase == "optimizer")
-    assert optimizer.peak["temporaries"] == optimizer.estimate["temporaries"] > 0
+    assert optimizer.peak["temporaries"] == estimate["optimizer"]["temporaries"] > 0
     assert optimizer.current["activations"] == 0
 
 

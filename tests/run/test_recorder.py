@@ -170,3 +170,20 @@ def test_cut_off_last_line_is_ignored_but_a_broken_middle_line_is_not(tmp_path):
     path.write_text('{"kind": "nope"}\n' + good)
     with pytest.raises(ev.EventError, match=r"events.jsonl:1: unknown event kind 'nope'"):
         read_events(rec.run_dir)
+
+
+def test_an_older_recording_reads_with_its_memory_estimate_once_on_run_started():
+    """The bundled demo recording predates RunStarted.memory_estimate: each memory event carried the
+    estimate of its phase. Read back, the run's RunStarted carries them, and the memory events what was
+    measured."""
+    from nanodist_tui.demo import DEMO_DIR
+    lines = [json.loads(line) for line in (DEMO_DIR / "events.jsonl").read_text().splitlines()]
+    recorded = {d["phase"]: d["estimate"] for d in lines if d["kind"] == "memory_snapshot"}
+    assert "memory_estimate" not in lines[0] and set(recorded) == {"forward", "backward", "optimizer"}
+    events = read_events(DEMO_DIR)
+    started = [e for e in events if isinstance(e, ev.RunStarted)]
+    assert len(started) == 1 and started[0].memory_estimate == recorded
+    memory = [e for e in events if isinstance(e, ev.MemorySnapshot)]
+    snapshots = [d for d in lines if d["kind"] == "memory_snapshot"]
+    measured = [{k: v for k, v in d.items() if k != "estimate"} for d in snapshots]
+    assert [ev.to_json(e) for e in memory] == measured
