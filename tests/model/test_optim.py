@@ -1,10 +1,12 @@
-"""AdamW against torch.optim.AdamW and a per-parameter NumPy reference; schedules; clipping."""
+"""AdamW against torch.optim.AdamW and engine.reference's AdamW step, one parameter at a time; schedules;
+clipping."""
 
 import math
 
 import numpy as np
 import pytest
 
+from engine import reference
 from engine.optim import AdamW, global_norm_clip_scale, lr_at, sum_of_squares
 
 SHAPES = [(6, 5), (5,), (4, 3, 2), (7,)]
@@ -53,18 +55,14 @@ def run_flat(params, grads, mask):
 
 
 def reference_numpy(params, grads):
-    """The textbook formula, one parameter at a time."""
-    b1, b2 = HYPER["betas"]
+    """engine.reference.adamw_step in float64, one parameter at a time (decay on matrices only)."""
     out = []
     for i, p in enumerate(params):
         p, m, v = p.astype(np.float64), np.zeros(p.shape), np.zeros(p.shape)
         wd = HYPER["weight_decay"] if p.ndim >= 2 else 0.0
         for t in range(STEPS):
-            g, lr = grads[t][i].astype(np.float64), lr_schedule(t)
-            p = p - lr * wd * p
-            m = b1 * m + (1 - b1) * g
-            v = b2 * v + (1 - b2) * g * g
-            p = p - lr * (m / (1 - b1 ** (t + 1))) / (np.sqrt(v / (1 - b2 ** (t + 1))) + HYPER["eps"])
+            p, m, v = reference.adamw_step(p, grads[t][i].astype(np.float64), m, v, t + 1, lr_schedule(t),
+                                           HYPER["betas"], HYPER["eps"], wd)
         out.append(p.ravel())
     return np.concatenate(out)
 
