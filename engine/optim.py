@@ -141,11 +141,18 @@ def sum_of_squares(x: np.ndarray, chunk: int = NORM_CHUNK, buf: np.ndarray | Non
     """Sum of squares accumulated in float64 (any input dtype), `chunk` elements at a time through one
     float64 buffer (`buf`, at least min(chunk, x.size) long; allocated here if not given). Per-shard sums
     add up to the whole buffer's sum, so the global norm can be formed from shards."""
-    x, total = x.reshape(-1), 0.0
+    x = x.reshape(-1)
     jit = load("optim_jit") if x.dtype in (np.float32, np.float64) else None
     if jit is not None and x.flags.c_contiguous:
         return float(jit.sum_of_squares(x))  # in float64 too, in one pass (no buffer)
+    return _sum_of_squares_numpy(x, chunk, buf)
+
+
+def _sum_of_squares_numpy(x: np.ndarray, chunk: int, buf: np.ndarray | None) -> float:
+    """sum_of_squares without numba (or for 16-bit x): each chunk widened into the float64 buffer, then
+    one dot product."""
     buf = np.empty(min(chunk, x.size), np.float64) if buf is None else buf
+    total = 0.0
     for start in range(0, x.size, chunk):
         part = buf[:min(chunk, x.size - start)]
         np.copyto(part, x[start:start + chunk])

@@ -89,8 +89,11 @@ def to_float32(a: np.ndarray, use_compiled: bool = True) -> np.ndarray:
     if a.size < _SMALL:
         return a.astype(np.float32)
     jit = compiled() if use_compiled else None
-    if jit is not None:
-        return _run_compiled(jit, a, np.float32)
+    return _to_float32_numpy(a) if jit is None else _run_compiled(jit, a, np.float32)
+
+
+def _to_float32_numpy(a: np.ndarray) -> np.ndarray:
+    """to_float32 on NumPy (no numba, or use_compiled=False): each half's float32 value looked up in _UP."""
     out = np.empty_like(a, dtype=np.float32)
     src, dst = _in_memory_order(a, out)
     src16, dst = src.reshape(-1).view(np.uint16), dst.reshape(-1)  # reshape: a copy only when strided
@@ -106,8 +109,12 @@ def to_float16(x: np.ndarray, use_compiled: bool = True) -> np.ndarray:
         with np.errstate(over="ignore"):
             return x.astype(np.float16)
     jit = compiled() if use_compiled else None
-    if jit is not None:
-        return _run_compiled(jit, x, np.float16)
+    return _to_float16_numpy(x) if jit is None else _run_compiled(jit, x, np.float16)
+
+
+def _to_float16_numpy(x: np.ndarray) -> np.ndarray:
+    """to_float16 on NumPy (no numba, or use_compiled=False): vectorised integer steps (_round), chunk by
+    chunk."""
     out = np.empty_like(x, dtype=np.float16)
     src, dst = _in_memory_order(x, out)
     src = np.ascontiguousarray(src).reshape(-1).view(np.uint32)

@@ -3,15 +3,19 @@ threads (engine.fast.thread_pool), and attention's softmax chain.
 
 A fused op written in NumPy is a chain of whole-array passes (GELU's backward is fifteen). Run on
 blocks, the chain's temporaries stay in cache; run by the rank's threads, its cores share the work;
-where numba is installed, each chain is one compiled loop (engine.fast.kernels_jit). Every element still sees
-the same operations in the same order (layer norm's row sums aside: float64 in the compiled loop), so
-results are unchanged; 16-bit inputs are widened and outputs rounded block by block, inside the kernel.
+where numba is installed, each chain is one compiled loop (engine.fast.kernels_jit). Each kernel picks
+its block function once (`_path`): the fused 16-bit loop or the compiled loop where numba is installed,
+else the named NumPy chain (`_gelu_numpy`, ...; engine.reference has the formulas). Every element still
+sees the same operations in the same order (layer norm's row sums aside: float64 in the compiled loop),
+so results are unchanged; 16-bit inputs are widened and outputs rounded block by block, inside the kernel.
 Model code: nothing here knows about ranks.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -59,6 +63,16 @@ def _fused16(jit, *arrays: np.ndarray) -> bool | None:
     return dtype != np.float16
 
 
+def _path(arrays: tuple, fused16: Callable, compiled: Callable, numpy: Callable) -> Callable:
+    """A kernel's block function: `fused16(jit, bf16, ...)` on 16-bit `arrays` (C-contiguous, one dtype)
+    where numba is installed, else `compiled(jit, ...)`; without numba, the NumPy chain `numpy(...)`."""
+    jit = load("kernels_jit")
+    if jit is None:
+        return numpy
+    bf16 = _fused16(jit, *arrays) if all(a.flags.c_contiguous for a in arrays) else None
+    return functools.partial(compiled, jit) if bf16 is None else functools.partial(fused16, jit, bf16)
+
+
 _F32 = _constants(np.dtype(np.float32))
 
 
@@ -73,73 +87,83 @@ def gelu(x: np.ndarray) -> np.ndarray:
     """0.5 x (1 + tanh(c (x + k x^3))) in x's dtype, computed in float32 (float64 for float64)."""
     src = np.ascontiguousarray(x).reshape(-1)
     out = np.empty(src.shape, x.dtype)
-    jit = load("kernels_jit")
-    bf16 = _fused16(jit, src)
-
-    def block(lo: int, hi: int) -> None:
-        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
-            bits, (_, _, _, one, half) = src[lo:hi].view(np.uint16), _F32
-            t = _jit_tanh_arg16(jit, bits, bf16)
-            jit.gelu_out16(bits, bf16, t, one, half, out[lo:hi].view(np.uint16))
-            return
-        x32 = lowp.widen(src[lo:hi])
-        if jit is not None:
-            consts = _constants(x32.dtype)
-            t = _jit_tanh_arg(jit, x32, consts)
-            if out.dtype == t.dtype:
-                jit.gelu_out(x32, t, consts[3], consts[4], out[lo:hi])
-            else:
-                jit.gelu_out(x32, t, consts[3], consts[4], t)
-                lowp.narrow_into(t, out[lo:hi])
-            return
-        y = _tanh_arg(x32)
-        y += 1
-        y *= x32
-        y *= 0.5
-        lowp.narrow_into(y, out[lo:hi])
-    thread_pool.run(block, src.size)
+    block = _path((src,), _gelu_fused16, _gelu_compiled, _gelu_numpy)
+    thread_pool.run(lambda lo, hi: block(src[lo:hi], out[lo:hi]), src.size)
     return out.reshape(x.shape)
+
+
+def _gelu_fused16(jit, bf16: bool, x: np.ndarray, out: np.ndarray) -> None:
+    """16 bits in and out, float32 inside: no conversion passes."""
+    bits, (_, _, _, one, half) = x.view(np.uint16), _F32
+    t = _jit_tanh_arg16(jit, bits, bf16)
+    jit.gelu_out16(bits, bf16, t, one, half, out.view(np.uint16))
+
+
+def _gelu_compiled(jit, x: np.ndarray, out: np.ndarray) -> None:
+    x32 = lowp.widen(x)
+    consts = _constants(x32.dtype)
+    t = _jit_tanh_arg(jit, x32, consts)
+    if out.dtype == t.dtype:
+        jit.gelu_out(x32, t, consts[3], consts[4], out)
+    else:
+        jit.gelu_out(x32, t, consts[3], consts[4], t)
+        lowp.narrow_into(t, out)
+
+
+def _gelu_numpy(x: np.ndarray, out: np.ndarray) -> None:
+    """The whole-array chain on one block, its passes written in place (engine.reference.gelu is the
+    formula)."""
+    x32 = lowp.widen(x)
+    y = _tanh_arg(x32)
+    y += 1
+    y *= x32
+    y *= 0.5
+    lowp.narrow_into(y, out)
 
 
 def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     """g · d gelu(x)/dx in x's dtype: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2), t = tanh(...)."""
     src, grad = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(g).reshape(-1)
     out = np.empty(src.shape, x.dtype)
-    jit = load("kernels_jit")
-    bf16 = _fused16(jit, src, grad)
-
-    def block(lo: int, hi: int) -> None:
-        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
-            bits, (c, _, ck3, one, half) = src[lo:hi].view(np.uint16), _F32
-            t = _jit_tanh_arg16(jit, bits, bf16)
-            jit.gelu_grad16(bits, grad[lo:hi].view(np.uint16), bf16, t, c, ck3, one, half,
-                            out[lo:hi].view(np.uint16))
-            return
-        x32 = lowp.widen(src[lo:hi])
-        if jit is not None:
-            c, _, ck3, one, half = consts = _constants(x32.dtype)
-            t = _jit_tanh_arg(jit, x32, consts)
-            g32 = np.asarray(lowp.widen(grad[lo:hi]), x32.dtype)
-            dst = out[lo:hi] if out.dtype == t.dtype else t
-            jit.gelu_grad(x32, t, g32, c, ck3, one, half, dst)
-            if dst is t:
-                lowp.narrow_into(t, out[lo:hi])
-            return
-        t = _tanh_arg(x32)
-        slope = x32 * x32  # d/dx of the tanh argument: c (1 + 3 k x^2)
-        slope *= 3 * _GELU_C * _GELU_K
-        slope += _GELU_C
-        d = t * t
-        np.subtract(1, d, out=d)
-        d *= slope
-        d *= x32
-        d += t
-        d += 1
-        d *= 0.5
-        d *= lowp.widen(grad[lo:hi])
-        lowp.narrow_into(d, out[lo:hi])
-    thread_pool.run(block, src.size)
+    block = _path((src, grad), _gelu_grad_fused16, _gelu_grad_compiled, _gelu_grad_numpy)
+    thread_pool.run(lambda lo, hi: block(src[lo:hi], grad[lo:hi], out[lo:hi]), src.size)
     return out.reshape(x.shape)
+
+
+def _gelu_grad_fused16(jit, bf16: bool, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    """16 bits in and out, float32 inside: no conversion passes."""
+    bits, (c, _, ck3, one, half) = x.view(np.uint16), _F32
+    t = _jit_tanh_arg16(jit, bits, bf16)
+    jit.gelu_grad16(bits, g.view(np.uint16), bf16, t, c, ck3, one, half, out.view(np.uint16))
+
+
+def _gelu_grad_compiled(jit, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    x32 = lowp.widen(x)
+    c, _, ck3, one, half = consts = _constants(x32.dtype)
+    t = _jit_tanh_arg(jit, x32, consts)
+    g32 = np.asarray(lowp.widen(g), x32.dtype)
+    dst = out if out.dtype == t.dtype else t
+    jit.gelu_grad(x32, t, g32, c, ck3, one, half, dst)
+    if dst is t:
+        lowp.narrow_into(t, out)
+
+
+def _gelu_grad_numpy(x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    """The whole-array chain on one block (engine.reference.gelu_backward is the formula)."""
+    x32 = lowp.widen(x)
+    t = _tanh_arg(x32)
+    slope = x32 * x32  # d/dx of the tanh argument: c (1 + 3 k x^2)
+    slope *= 3 * _GELU_C * _GELU_K
+    slope += _GELU_C
+    d = t * t
+    np.subtract(1, d, out=d)
+    d *= slope
+    d *= x32
+    d += t
+    d += 1
+    d *= 0.5
+    d *= lowp.widen(g)
+    lowp.narrow_into(d, out)
 
 
 # ---- layer norm (rows of the last axis) ------------------------------------------------------------
@@ -157,41 +181,46 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
     cdt = lowp.widen(x[:1]).dtype
     w32, b32 = w.astype(cdt, copy=False), None if b is None else b.astype(cdt, copy=False)
     out, mu, rstd = np.empty(x.shape, x.dtype), np.empty((rows, 1), cdt), np.empty((rows, 1), cdt)
-    jit = load("kernels_jit")
-    bf16 = _fused16(jit, x) if x.flags.c_contiguous else None
-
-    def block(lo: int, hi: int) -> None:
-        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
-            shift = w32 if b32 is None else b32
-            jit.layer_norm_rows16(x[lo:hi].view(np.uint16), bf16, w32, shift, cdt.type(eps), cdt.type(1),
-                                  b32 is not None, out[lo:hi].view(np.uint16), mu[lo:hi], rstd[lo:hi],
-                                  np.empty((1, n), cdt), np.empty((1, n), cdt))
-            return
-        x2 = lowp.widen(x[lo:hi])
-        if jit is not None:
-            y = out[lo:hi] if out.dtype == cdt else np.empty(x2.shape, cdt)
-            shift = w32 if b32 is None else b32  # not read without a bias
-            jit.layer_norm_rows(x2, w32, shift, cdt.type(eps), cdt.type(1), b32 is not None,
-                                y, mu[lo:hi], rstd[lo:hi])
-            if out.dtype != cdt:
-                lowp.narrow_into(y, out[lo:hi])
-            return
-        m = _row_sum(x2)
-        m /= n
-        xhat = x2 - m
-        r = np.einsum("ij,ij->i", xhat, xhat)[:, None]  # row sums of squares, without a temporary
-        r /= n
-        r += eps
-        np.sqrt(r, out=r)
-        np.reciprocal(r, out=r)
-        xhat *= r
-        xhat *= w32
-        if b32 is not None:
-            xhat += b32
-        lowp.narrow_into(xhat, out[lo:hi])
-        mu[lo:hi], rstd[lo:hi] = m, r
-    thread_pool.run(block, rows, max(1, BLOCK // n))
+    block = _path((x,), _layer_norm_fused16, _layer_norm_compiled, _layer_norm_numpy)
+    thread_pool.run(lambda lo, hi: block(x[lo:hi], w32, b32, eps, out[lo:hi], mu[lo:hi], rstd[lo:hi]),
+                    rows, max(1, BLOCK // n))
     return out, mu, rstd
+
+
+def _layer_norm_fused16(jit, bf16: bool, x, w32, b32, eps: float, out, mu, rstd) -> None:
+    """16 bits in and out, float32 inside: no conversion passes."""
+    cdt, n = mu.dtype, x.shape[1]
+    shift = w32 if b32 is None else b32  # not read without a bias
+    jit.layer_norm_rows16(x.view(np.uint16), bf16, w32, shift, cdt.type(eps), cdt.type(1), b32 is not None,
+                          out.view(np.uint16), mu, rstd, np.empty((1, n), cdt), np.empty((1, n), cdt))
+
+
+def _layer_norm_compiled(jit, x, w32, b32, eps: float, out, mu, rstd) -> None:
+    cdt, x2 = mu.dtype, lowp.widen(x)
+    y = out if out.dtype == cdt else np.empty(x2.shape, cdt)
+    shift = w32 if b32 is None else b32  # not read without a bias
+    jit.layer_norm_rows(x2, w32, shift, cdt.type(eps), cdt.type(1), b32 is not None, y, mu, rstd)
+    if out.dtype != cdt:
+        lowp.narrow_into(y, out)
+
+
+def _layer_norm_numpy(x, w32, b32, eps: float, out, mu, rstd) -> None:
+    """The whole-array chain on a block of rows (engine.reference.layer_norm is the formula)."""
+    x2, n = lowp.widen(x), x.shape[1]
+    m = _row_sum(x2)
+    m /= n
+    xhat = x2 - m
+    r = np.einsum("ij,ij->i", xhat, xhat)[:, None]  # row sums of squares, without a temporary
+    r /= n
+    r += eps
+    np.sqrt(r, out=r)
+    np.reciprocal(r, out=r)
+    xhat *= r
+    xhat *= w32
+    if b32 is not None:
+        xhat += b32
+    lowp.narrow_into(xhat, out)
+    mu[...], rstd[...] = m, r
 
 
 def layer_norm_backward(x: np.ndarray, w: np.ndarray, mu: np.ndarray, rstd: np.ndarray, g: np.ndarray):
@@ -204,38 +233,43 @@ def layer_norm_backward(x: np.ndarray, w: np.ndarray, mu: np.ndarray, rstd: np.n
     n_blocks = math.ceil(rows / max(1, BLOCK // n))
     dw_parts, db_parts = np.zeros((n_blocks, n), cdt), np.zeros((n_blocks, n), cdt)
     step = max(1, BLOCK // n)
-    jit = load("kernels_jit")
-    bf16 = _fused16(jit, x, g) if x.flags.c_contiguous and g.flags.c_contiguous else None
+    block = _path((x, g), _layer_norm_grad_fused16, _layer_norm_grad_compiled, _layer_norm_grad_numpy)
 
-    def block(lo: int, hi: int) -> None:
-        if bf16 is not None and jit is not None:  # 16 bits in and out, float32 inside: no conversion passes
-            k = lo // step
-            jit.layer_norm_rows_backward16(x[lo:hi].view(np.uint16), g[lo:hi].view(np.uint16), bf16, w32,
-                                           mu[lo:hi], rstd[lo:hi], dx_out[lo:hi].view(np.uint16),
-                                           dw_parts[k], db_parts[k], *(np.empty((1, n), cdt) for _ in "xgd"))
-            return
-        g2 = lowp.widen(g[lo:hi])
-        if jit is not None:
-            k = lo // step
-            dx = dx_out[lo:hi] if dx_out.dtype == cdt else np.empty(g2.shape, cdt)
-            jit.layer_norm_rows_backward(lowp.widen(x[lo:hi]), g2, w32, mu[lo:hi], rstd[lo:hi], dx,
-                                         dw_parts[k], db_parts[k])
-            if dx_out.dtype != cdt:
-                lowp.narrow_into(dx, dx_out[lo:hi])
-            return
-        xh = lowp.widen(x[lo:hi]) - mu[lo:hi]
-        xh *= rstd[lo:hi]
-        k = lo // step
-        np.einsum("ij,ij->j", g2, xh, out=dw_parts[k])
-        np.sum(g2, axis=0, out=db_parts[k])
-        dx = g2 * w32
-        xh *= np.einsum("ij,ij->i", dx, xh)[:, None] / n
-        dx -= _row_sum(dx) / n
-        dx -= xh
-        dx *= rstd[lo:hi]
-        lowp.narrow_into(dx, dx_out[lo:hi])
-    thread_pool.run(block, rows, step)
+    def rows_block(lo: int, hi: int) -> None:  # each block of rows adds its dw, db into its own part
+        block(x[lo:hi], g[lo:hi], w32, mu[lo:hi], rstd[lo:hi], dx_out[lo:hi], dw_parts[lo // step],
+              db_parts[lo // step])
+    thread_pool.run(rows_block, rows, step)
     return dx_out, dw_parts.sum(0), db_parts.sum(0)
+
+
+def _layer_norm_grad_fused16(jit, bf16: bool, x, g, w32, mu, rstd, dx, dw, db) -> None:
+    """16 bits in and out, float32 inside: no conversion passes."""
+    cdt, n = mu.dtype, x.shape[1]
+    jit.layer_norm_rows_backward16(x.view(np.uint16), g.view(np.uint16), bf16, w32, mu, rstd,
+                                   dx.view(np.uint16), dw, db, *(np.empty((1, n), cdt) for _ in "xgd"))
+
+
+def _layer_norm_grad_compiled(jit, x, g, w32, mu, rstd, dx_out, dw, db) -> None:
+    cdt, g2 = mu.dtype, lowp.widen(g)
+    dx = dx_out if dx_out.dtype == cdt else np.empty(g2.shape, cdt)
+    jit.layer_norm_rows_backward(lowp.widen(x), g2, w32, mu, rstd, dx, dw, db)
+    if dx_out.dtype != cdt:
+        lowp.narrow_into(dx, dx_out)
+
+
+def _layer_norm_grad_numpy(x, g, w32, mu, rstd, dx_out, dw, db) -> None:
+    """The whole-array chain on a block of rows (engine.reference.layer_norm_backward is the formula)."""
+    g2, n = lowp.widen(g), x.shape[1]
+    xh = lowp.widen(x) - mu
+    xh *= rstd
+    np.einsum("ij,ij->j", g2, xh, out=dw)
+    np.sum(g2, axis=0, out=db)
+    dx = g2 * w32
+    xh *= np.einsum("ij,ij->i", dx, xh)[:, None] / n
+    dx -= _row_sum(dx) / n
+    dx -= xh
+    dx *= rstd
+    lowp.narrow_into(dx, dx_out)
 
 
 # ---- attention's softmax over causal scores ([..., T, T], C-contiguous, in the compute dtype) -------
@@ -246,7 +280,11 @@ def causal_scores(att: np.ndarray, scale: float, causal_bias: np.ndarray) -> Non
     jit = load("kernels_jit")
     if jit is not None and att.flags.c_contiguous:
         jit.causal_scores(att, att.dtype.type(scale), att.dtype.type(-np.inf))
-        return
+    else:
+        _causal_scores_numpy(att, scale, causal_bias)
+
+
+def _causal_scores_numpy(att: np.ndarray, scale: float, causal_bias: np.ndarray) -> None:
     att *= scale
     att += causal_bias
     att -= att.max(-1, keepdims=True)
@@ -257,7 +295,11 @@ def softmax_grad(dp: np.ndarray, a: np.ndarray, row_dot: np.ndarray, scale: floa
     jit = load("kernels_jit")
     if jit is not None and dp.flags.c_contiguous and a.flags.c_contiguous and row_dot.flags.c_contiguous:
         jit.softmax_grad(dp, a, row_dot, dp.dtype.type(scale))
-        return
+    else:
+        _softmax_grad_numpy(dp, a, row_dot, scale)
+
+
+def _softmax_grad_numpy(dp: np.ndarray, a: np.ndarray, row_dot: np.ndarray, scale: float) -> None:
     dp -= row_dot
     dp *= a
     dp *= scale
