@@ -1,6 +1,7 @@
 """DDP equals one process on the same global batch (threads and processes, fp32 and fp64, with and without
 gradient accumulation); ranks stay bitwise identical; runs are deterministic; bucket all-reduces overlap
-backward; every stage starts from rank 0's parameters."""
+backward; every stage starts from rank 0's parameters. (The by-hand DDP, one ring all-reduce after
+backward, against this one: tests/parallel/test_by_hand.py.)"""
 
 from __future__ import annotations
 
@@ -11,14 +12,13 @@ from engine.comm.launch import run_ranks
 from engine.config import from_dict
 from engine.parallel.data import make_replica
 from engine.parallel.data.ddp import DataParallel
-from engine.parallel.data.ddp_naive import NaiveDataParallel
 from engine.trainer import Trainer
 from tests.parallel_helpers import tiny_gpt
 
 
-def _train(comm, emit, cfg_dict, steps, naive=False):
+def _train(comm, emit, cfg_dict, steps):
     cfg = from_dict(cfg_dict)
-    trainer = Trainer(cfg, comm, replica_factory=NaiveDataParallel if naive else make_replica)
+    trainer = Trainer(cfg, comm)
     losses, params = [], []
     for _ in range(steps):
         losses.append(trainer.train_step()["loss"])
@@ -26,9 +26,9 @@ def _train(comm, emit, cfg_dict, steps, naive=False):
     return {"losses": losses, "params": params}
 
 
-def run(cfg_dict, world, backend="threads", steps=10, naive=False):
+def run(cfg_dict, world, backend="threads", steps=10):
     cfg_dict = dict(cfg_dict, parallel=dict(cfg_dict["parallel"], world_size=world, backend=backend))
-    return run_ranks(world, backend, _train, args=(cfg_dict, steps, naive), timeout_s=60)
+    return run_ranks(world, backend, _train, args=(cfg_dict, steps), timeout_s=60)
 
 
 def assert_replicas_identical(results):
@@ -87,13 +87,6 @@ def test_ddp_with_each_all_reduce_algorithm_equals_single_process(algorithm):
                     world)
         assert_replicas_identical(multi)
         assert_matches_single(multi, single, 1e-12)
-
-
-def test_naive_and_bucketed_agree():
-    cfg = tiny_gpt(precision__dtype="fp64")
-    bucketed = run(cfg, 2, steps=4)
-    naive = run(cfg, 2, steps=4, naive=True)
-    np.testing.assert_allclose(naive[0]["params"][-1], bucketed[0]["params"][-1], rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@ The model never knows it is distributed; a replica finds what it needs through t
 (`parameters()`, `units()` for ZeRO-3's per-layer gathers, forward hooks, grad-ready hooks).
 
     file                 what
-    ddp_naive.py         the readable start: one all-reduce of the whole gradient after backward
+    by_hand_ddp.py       the readable start: a ring all-reduce written over send/recv, one after backward
+    by_hand_zero1.py     then ZeRO-1 the same way: reduce-scatter, update the shard, all-gather parameters
     ddp.py               stage 0 (DDP): bucketed all-reduce overlapped with backward
     zero12.py            stages 1-2: optimizer state (and, stage 2, gradients) sharded over buckets
     zero3.py             stage 3: parameters sharded too, gathered layer by layer

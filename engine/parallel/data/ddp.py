@@ -12,7 +12,8 @@ an fp32 gradient that exists only during the update) is engine.parallel.data.sha
 of the replica skeleton (scaler, step, events, communication thread) engine.parallel.data.replica, shared
 with ZeRO 1-3: here the optimizer owns one piece, the whole buffer.
 
-Read engine/parallel/data/ddp_naive.py first: the same thing with one all-reduce after backward.
+Read engine/parallel/data/by_hand_ddp.py first: the same training with no buckets, no overlap and no
+replica skeleton, its ring all-reduce written out over send/recv after backward.
 """
 
 from __future__ import annotations
