@@ -1,18 +1,39 @@
 """The workbench's keys and what they do: the bindings (each with an id, so the user's [keymap] can move
 it), which of them fit the moment (a training run offers stop and pause, a replay speed and seek, a sweep its
 finish), and the actions themselves — stop, pause, freeze, tabs, replay control, help, new run, compare,
-quit. A mixin of NanoDistApp: the actions drive its sessions (app.py)."""
+quit. A mixin of NanoDistApp: the actions drive its sessions (app.py); `WorkbenchHost` is what they need
+of it."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from textual.binding import Binding
 from textual.widgets import TabbedContent
 
 from nanodist_tui.replay import ReplayPlayer, faster, slower
-from nanodist_tui.session import RunSession
+from nanodist_tui.session import JobFn, RunSession
+
+if TYPE_CHECKING:
+    from textual.await_complete import AwaitComplete
+    from textual.notifications import SeverityLevel
+    from textual.screen import Screen, ScreenResultCallbackType
+    from textual.widget import AwaitMount
+    from textual.worker import Worker
+    from tomlkit import TOMLDocument
+
+    from engine.config import Config
+    from nanodist_tui.app import MakeJob
+    from nanodist_tui.serve.server import ModelServer
+    from nanodist_tui.widgets.run_header import RunHeader
+    from nanodist_tui.workspace import Workspace
+
+_T = TypeVar("_T")
 
 SEEK_SHARE = 0.1  # [ and ] move a replay by this share of the run
 
@@ -48,11 +69,80 @@ RUN_ACTIONS = ("stop_training", "toggle_pause")
 REPLAY_ACTIONS = ("replay_speed", "seek")
 
 
-class WorkbenchActions:
-    """Needs the app's `session`, `header`, `workspace`, `make_job`, `check_run`, `sweep_finish`, `sweeping`,
-    `display_frozen`, `model_server`, `say`, `replace_session`, `_set_state` and `_redraw` (app.py)."""
+class WorkbenchHost(Protocol):
+    """What the actions use of the app they are mixed into (NanoDistApp). A mixin has no base class to say
+    what `self` is, so its methods take `self: WorkbenchHost`: mypy checks their bodies against this, and
+    NanoDistApp against this wherever one of them is called on it (app.py calls several)."""
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+    # NanoDistApp's state (app.py): the actions set these three, and only read the rest
+    display_frozen: bool
+    model_server: ModelServer | None
+    _quit_when_done: bool
+
+    @property
+    def session(self) -> RunSession | None: ...
+    @property
+    def header(self) -> RunHeader: ...
+    @property
+    def workspace(self) -> Workspace | None: ...
+    @property
+    def preset_name(self) -> str: ...
+    @property
+    def make_job(self) -> MakeJob | None: ...
+    @property
+    def check_run(self) -> Callable[[Any], None] | None: ...
+    @property
+    def sweep_finish(self) -> threading.Event | None: ...
+    @property
+    def sweeping(self) -> bool: ...
+
+    # NanoDistApp's methods (app.py)
+    def say(self, text: str, level: str = "info") -> None: ...
+    def replace_session(self, job_fn: JobFn, player: ReplayPlayer | None, name: str) -> None: ...
+    def _set_state(self, s: RunSession, state: str) -> None: ...
+    def _redraw(self) -> None: ...
+
+    # Textual's App: what the actions call of it
+    @property
+    def screen(self) -> Screen[object]: ...
+    @property
+    def screen_stack(self) -> list[Screen[Any]]: ...
+    @property
+    def is_running(self) -> bool: ...
+    @property
+    def is_headless(self) -> bool: ...
+    def push_screen(self, screen: Screen[_T] | str, callback: ScreenResultCallbackType[_T] | None = None
+                    ) -> AwaitMount: ...
+    def pop_screen(self) -> AwaitComplete: ...
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None) -> None: ...
+    def run_worker(self, work: Callable[[], _T], *, name: str | None = "", group: str = "default",
+                   exit_on_error: bool = True, thread: bool = False) -> Worker[_T]: ...
+    def call_from_thread(self, callback: Callable[..., _T], *args: Any, **kwargs: Any) -> _T: ...
+    def exit(self) -> None: ...
+
+    # the mixin's own, which its other methods call on `self`
+    def _stop(self, s: RunSession, quiet: bool = False) -> None: ...
+    def seek_to(self, step: int) -> None: ...
+    def _new_run_chosen(self, chosen: tuple[Config, TOMLDocument] | None) -> None: ...
+    def _replay_chosen(self, chosen: list[Path] | None) -> None: ...
+    def _compare_chosen(self, chosen: list[Path] | None) -> None: ...
+    def _serve_chosen(self, chosen: list[Path] | None) -> None: ...
+    def _start_serving(self, run_dir: Path) -> None: ...
+    def _serving(self, server: ModelServer, run_dir: Path) -> None: ...
+    def action_stop_and_quit(self) -> None: ...
+
+
+class WorkbenchActions:
+    """The workbench's actions; mixed into NanoDistApp, whose members they use (`WorkbenchHost`)."""
+
+    # The host's state the actions set, typed here too: mypy takes an attribute assigned in a class's
+    # methods for one of that class.
+    display_frozen: bool
+    model_server: ModelServer | None
+    _quit_when_done: bool
+
+    def check_action(self: WorkbenchHost, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Footer and keys offer only what fits: run control for a training run, seeking for a replay."""
         if action == "stop_serving":  # the palette's only
             return self.model_server is not None
@@ -75,11 +165,11 @@ class WorkbenchActions:
             return self.make_job is not None
         return True
 
-    def action_projection(self) -> None:
+    def action_projection(self: WorkbenchHost) -> None:
         """The run projected onto a cluster (its own screen, installed by the app; `escape` comes back)."""
         self.push_screen("projection")
 
-    def action_stop_training(self) -> None:
+    def action_stop_training(self: WorkbenchHost) -> None:
         s = self.session
         if s is None or not s.active or s.state == "stopping":
             self.notify("no training is running")
@@ -89,7 +179,7 @@ class WorkbenchActions:
                     "`nanodist-tui resume` continues the run.")
         self.push_screen(ConfirmScreen(question, "Stop"), lambda yes: self._stop(s) if yes else None)
 
-    def _stop(self, s: RunSession, quiet: bool = False) -> None:
+    def _stop(self: WorkbenchHost, s: RunSession, quiet: bool = False) -> None:
         if s.control.is_set() or not s.active:
             return
         s.control.pause.clear()  # a held run must wake up to stop
@@ -99,7 +189,7 @@ class WorkbenchActions:
                      "warning")
         self._set_state(s, "stopping")
 
-    def action_toggle_pause(self) -> None:
+    def action_toggle_pause(self: WorkbenchHost) -> None:
         s = self.session
         if s is None or not s.active or s.state == "stopping":
             self.notify("nothing is running")
@@ -111,28 +201,28 @@ class WorkbenchActions:
             self.say("pause requested: every rank holds after its step" if holding else "resume requested")
             self._set_state(s, "pausing" if holding else "running")
 
-    def action_finish_sweep(self) -> None:
+    def action_finish_sweep(self: WorkbenchHost) -> None:
         """The sweep's own thread sees the event after the running trial and calls Optuna's stop."""
         if self.sweep_finish is None or not self.sweeping or self.sweep_finish.is_set():
             return
         self.sweep_finish.set()
         self.say("the sweep stops after the running trial", "warning")
 
-    def action_toggle_freeze(self) -> None:
+    def action_toggle_freeze(self: WorkbenchHost) -> None:
         self.display_frozen = not self.display_frozen
         self.header.display_frozen = self.display_frozen
         self.header.redraw(force=True)
         if not self.display_frozen:
             self._redraw()
 
-    def action_show_tab(self, number: int) -> None:
+    def action_show_tab(self: WorkbenchHost, number: int) -> None:
         if self.workspace is None:
             return
         ids = self.workspace.tab_ids
         if 1 <= number <= len(ids):
             self.workspace.query_one(TabbedContent).active = ids[number - 1]
 
-    def action_replay_speed(self, direction: int) -> None:
+    def action_replay_speed(self: WorkbenchHost, direction: int) -> None:
         s = self.session
         if s is None or s.player is None:
             return
@@ -140,7 +230,7 @@ class WorkbenchActions:
         self.header.replay_speed = s.player.speed
         self.header.redraw(force=True)
 
-    def action_seek(self, direction: int) -> None:
+    def action_seek(self: WorkbenchHost, direction: int) -> None:
         s = self.session
         if s is None or s.player is None:
             return
@@ -150,7 +240,7 @@ class WorkbenchActions:
         target = max(player.first_step, min(player.last_step, target))
         self.seek_to(target)
 
-    def seek_to(self, step: int) -> None:
+    def seek_to(self: WorkbenchHost, step: int) -> None:
         """Replay from the start up to `step` at once, then at the current speed (the panes are rebuilt)."""
         s = self.session
         if s is None or s.player is None:
@@ -158,21 +248,21 @@ class WorkbenchActions:
         player = ReplayPlayer(s.player.events, s.player.speed, start_step=step)
         self.replace_session(player, player, self.preset_name)
 
-    def action_help(self) -> None:
+    def action_help(self: WorkbenchHost) -> None:
         from nanodist_tui.screens.help import HelpScreen
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
         else:
             self.push_screen(HelpScreen())
 
-    def action_new_run(self) -> None:
+    def action_new_run(self: WorkbenchHost) -> None:
         if self.make_job is None:
             self.notify("starting runs needs the workbench started by nanodist-tui")
             return
         from nanodist_tui.screens.new_run import NewRunScreen
         self.push_screen(NewRunScreen(self.check_run), self._new_run_chosen)
 
-    def _new_run_chosen(self, chosen) -> None:
+    def _new_run_chosen(self: WorkbenchHost, chosen: tuple[Config, TOMLDocument] | None) -> None:
         if chosen is None or self.make_job is None:
             return
         cfg, doc = chosen
@@ -187,11 +277,11 @@ class WorkbenchActions:
         self.push_screen(ConfirmScreen(question, "Stop it and start"),
                          lambda yes: self.replace_session(job, None, cfg.name) if yes else None)
 
-    def action_open_replay(self) -> None:
+    def action_open_replay(self: WorkbenchHost) -> None:
         from nanodist_tui.screens.open_run import OpenRunScreen
         self.push_screen(OpenRunScreen(count=1), self._replay_chosen)
 
-    def _replay_chosen(self, chosen) -> None:
+    def _replay_chosen(self: WorkbenchHost, chosen: list[Path] | None) -> None:
         if not chosen:
             return
         from engine.run.recorder import read_events
@@ -200,32 +290,32 @@ class WorkbenchActions:
         player = ReplayPlayer(events)
         self.replace_session(player, player, run_dir.name)
 
-    def action_compare(self) -> None:
+    def action_compare(self: WorkbenchHost) -> None:
         from nanodist_tui.screens.open_run import OpenRunScreen
         self.push_screen(OpenRunScreen(count=2), self._compare_chosen)
 
-    def _compare_chosen(self, chosen) -> None:
+    def _compare_chosen(self: WorkbenchHost, chosen: list[Path] | None) -> None:
         if chosen and len(chosen) == 2:
             from nanodist_tui.screens.compare import CompareScreen
             self.push_screen(CompareScreen(*chosen))
 
-    def action_sweeps(self) -> None:
+    def action_sweeps(self: WorkbenchHost) -> None:
         from nanodist_tui.screens.sweeps import SweepsScreen
         self.push_screen(SweepsScreen())
 
-    def action_serve(self) -> None:
+    def action_serve(self: WorkbenchHost) -> None:
         if self.model_server is not None:
             self.notify(f"already serving on {self.model_server.url} (the palette's Stop serving ends it)")
             return
         from nanodist_tui.screens.open_run import OpenRunScreen
         self.push_screen(OpenRunScreen(count=1), self._serve_chosen)
 
-    def _serve_chosen(self, chosen) -> None:
+    def _serve_chosen(self: WorkbenchHost, chosen: list[Path] | None) -> None:
         if chosen:
             self.run_worker(lambda: self._start_serving(chosen[0]), name="serve", group="serve", thread=True,
                             exit_on_error=False)
 
-    def _start_serving(self, run_dir) -> None:
+    def _start_serving(self: WorkbenchHost, run_dir: Path) -> None:
         """On a worker thread: loading and checking the model takes a moment."""
         from nanodist_tui.serving import start_server
         try:
@@ -235,7 +325,7 @@ class WorkbenchActions:
             return
         self.call_from_thread(self._serving, server, run_dir)
 
-    def _serving(self, server, run_dir) -> None:
+    def _serving(self: WorkbenchHost, server: ModelServer, run_dir: Path) -> None:
         if not self.is_running:
             server.stop()
             return
@@ -244,13 +334,13 @@ class WorkbenchActions:
                  f"{server.url}/docs (palette: \"Stop serving\")", "success")
         self.notify(f"serving on {server.url}")
 
-    def action_stop_serving(self) -> None:
+    def action_stop_serving(self: WorkbenchHost) -> None:
         server, self.model_server = self.model_server, None
         if server is not None:
             server.stop()
             self.say(f"stopped serving on {server.url}")
 
-    async def action_quit(self) -> None:
+    async def action_quit(self: WorkbenchHost) -> None:
         """Quit; a run still going is stopped first (after a confirmation), keeping its checkpoint."""
         s = self.session
         if s is None or s.replay:
@@ -271,7 +361,7 @@ class WorkbenchActions:
             self.push_screen(ConfirmScreen(question, "Stop and quit"),
                              lambda yes: self.action_stop_and_quit() if yes else None)
 
-    def action_stop_and_quit(self) -> None:
+    def action_stop_and_quit(self: WorkbenchHost) -> None:
         """Stop the run (checkpoint kept) and quit once it has stopped; pressed again, quit at once."""
         s = self.session
         if s is None or not s.active or self._quit_when_done:
@@ -282,7 +372,7 @@ class WorkbenchActions:
         if not s.job_running:
             self.exit()
 
-    def _watch_signals(self) -> None:
+    def _watch_signals(self: WorkbenchHost) -> None:
         """SIGTERM (and a SIGINT from outside: ctrl+c itself arrives as a key) stop the run and quit."""
         if self.is_headless:
             return

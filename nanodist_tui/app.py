@@ -20,9 +20,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import BindingType
 from textual.containers import Container
 from textual.screen import Screen
 from textual.widgets import Footer
@@ -40,10 +41,14 @@ from nanodist_tui.session import JobFn, RunSession
 from nanodist_tui.user_config import UserConfig
 from nanodist_tui.widgets.glyphs import choose
 from nanodist_tui.widgets.log_pane import LogPane
+from nanodist_tui.widgets.pane import Pane, as_panes
 from nanodist_tui.widgets.projection_pane import ProjectionPane
 from nanodist_tui.widgets.projection_screen import ProjectionScreen
 from nanodist_tui.widgets.run_header import RunHeader
 from nanodist_tui.workspace import Workspace
+
+if TYPE_CHECKING:
+    from nanodist_tui.serve.server import ModelServer
 
 HEADER_INTERVAL_S = 0.3  # the header (state, step, loss, tok/s) redraws ~3 times a second: it is cheap
 # The panes redraw once a second: drawing them (plots, tables, bars) is Python holding the GIL, which thread
@@ -57,7 +62,7 @@ MakeJob = Callable[[Any, Any], JobFn]  # (Config, preset document) -> job
 
 class NanoDistApp(WorkbenchActions, App[None]):
     CSS_PATH = "app.tcss"
-    BINDINGS = BINDINGS
+    BINDINGS: ClassVar[list[BindingType]] = [*BINDINGS]  # Textual's type (list[Binding] is not: invariant)
 
     def __init__(self, preset_name: str, job_fn: JobFn | None, *, replay: ReplayPlayer | None = None,
                  make_job: MakeJob | None = None, check_run: Callable[[Any], None] | None = None,
@@ -85,7 +90,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self.tick_times: deque[tuple[float, float]] = deque(maxlen=10_000)
         self._next_job: tuple[JobFn, ReplayPlayer | None, str] | None = None  # started once the current ends
         self._quit_when_done = False
-        self.model_server: Any = None  # a run's model served from the palette (nanodist_tui.serving)
+        self.model_server: ModelServer | None = None  # a run's model served from the palette (serving.py)
 
     # ------------------------------------------------------------------ layout
 
@@ -138,7 +143,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
         return log
 
     @property
-    def panes(self) -> list:
+    def panes(self) -> list[Pane]:
         """Every pane the app feeds: the header, the session's panes, the run's (or the startup log), and the
         projection (on its own screen, `j`: it needs the run's config and step times whenever it opens)."""
         run = self.workspace.panes if self.workspace else [self.startup_log]
@@ -206,7 +211,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
             s.run_dir = started.run_dir
             self._early.append(tick)
             await self._build_workspace(s.info)  # feeds the new panes every tick so far
-            for pane in (self.header, *self.session_panes, self.projection):
+            for pane in (self.header, *as_panes(self.session_panes), self.projection):
                 pane.ingest(tick)
         else:
             if self.workspace is None:

@@ -13,10 +13,12 @@ import asyncio
 import statistics
 import threading
 import time
+from functools import partial
 
 from engine.events import Log, MemorySnapshot, RankStats, RunFinished, RunStarted, StepEnd
 from nanodist_tui.app import create_app
 from nanodist_tui.priority import run_at_normal_priority, start_spawner
+from nanodist_tui.widgets.log_pane import LogPane
 
 MAX_UPDATES_PER_S = 10
 
@@ -64,7 +66,7 @@ def event_storm(steps: int = 3000, rate_hz: float = 1000.0, every: int = 50) -> 
         await pilot.pause(0.5)
         app.redraw_now()
         await pilot.pause(0.1)
-        log = " ".join(line.text for line in app.query_one("LogPane.overview-log").lines) + " "
+        log = " ".join(line.text for line in app.query_one("LogPane.overview-log", LogPane).lines) + " "
         seen.update(shown_step=app.header.latest.step if app.header.latest else None,
                     logged=[m for m in marks if f"info: {m} " in log], times=list(app.tick_times))
         app.exit()
@@ -103,7 +105,7 @@ def ui_overhead(cfg, doc, repeats: int = 3) -> dict:
         printer = HeadlessPrinter(Console(file=io.StringIO()), live=False)
         # at the priority a plain `--no-ui` run has: the workbench lowers the priority of the thread that
         # drew it (this one) for good, and processes started here would inherit it (priority.py)
-        plain = run_at_normal_priority(lambda p=printer: run_training(cfg, on_event=p, preset_doc=doc))
+        plain = run_at_normal_priority(partial(run_training, cfg, on_event=printer, preset_doc=doc))
         rates["no-ui"].append(plain["tokens_per_s"])
         app = create_app(cfg.name, training_job(cfg, doc))
 
@@ -119,7 +121,9 @@ def ui_overhead(cfg, doc, repeats: int = 3) -> dict:
         wall = time.perf_counter() - wall0
         ui_cpu.append((time.thread_time() - cpu0) / wall)
         redraws.append(app.pane_redraws / wall)
-        rates["workbench"].append(app.session.summary["tokens_per_s"])
+        session = app.session
+        assert session is not None and session.summary is not None  # the run was seen to its end (until_done)
+        rates["workbench"].append(session.summary["tokens_per_s"])
     medians = {k: statistics.median(v) for k, v in rates.items()}
     return {"runs": rates, "median": medians, "ratio": medians["workbench"] / medians["no-ui"],
             "ui_cpu_per_s": ui_cpu, "ui_cpu_per_s_median": statistics.median(ui_cpu),

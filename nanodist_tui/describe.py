@@ -6,7 +6,7 @@ No Textual or rich here: a `Line` is plain text and a level, and each display st
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 from engine.events import (
     CheckpointSaved,
@@ -93,6 +93,15 @@ def _loss(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+# The events `describe` always has a line for; every other event is a continuous one.
+Discrete = (RunStarted | RunPaused | Eval | LossScaleChange | CheckpointSaved | Log | RunFinished | RunFailed
+            | SweepStarted | TrialStarted | TrialReport | TrialFinished | SweepFinished)
+
+
+@overload
+def describe(event: Discrete) -> Line: ...
+@overload
+def describe(event: Any) -> Line | None: ...
 def describe(event: Any) -> Line | None:
     """The line for a discrete event; None for the continuous ones (steps, rank stats, traffic, memory)."""
     if isinstance(event, RunStarted):

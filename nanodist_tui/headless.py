@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from engine import events as ev
 from nanodist_tui.describe import describe
@@ -28,7 +28,7 @@ class LinePrinter:
         self.console = console or Console()
         self.live = self.console.is_terminal if live is None else live
         self._progress: Progress | None = None
-        self._task = None
+        self._task = TaskID(0)  # the bar's task, once a subclass has started `_progress` (add_task)
 
     def _print(self, text: str) -> None:
         if self._progress is not None:

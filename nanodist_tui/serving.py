@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nanodist_tui.serve.server import ModelServer
 
 
 class ServeError(ValueError):
     """Why a run's model cannot be served (one line)."""
 
 
-def start_server(run_dir: Path):
+def start_server(run_dir: Path) -> ModelServer:
     """The GPT of `run_dir`'s newest checkpoint (checked before use) behind a started ModelServer on
     127.0.0.1, on any free port. ServeError for what the user can fix; the checkpoint's own errors raise."""
     from engine import nn

@@ -12,6 +12,7 @@ from textual.widgets import TabbedContent, TabPane
 
 from nanodist_tui.panes import PaneSpec, panes_for
 from nanodist_tui.run_info import RunInfo
+from nanodist_tui.widgets.pane import Pane, as_panes
 
 OVERVIEW = "overview"
 
@@ -41,8 +42,8 @@ class Workspace(Vertical):
             tabs.focus()
 
     @property
-    def panes(self) -> list[Widget]:
-        return [*(w for row in self.overview.values() for w in row), *self.tabs.values()]
+    def panes(self) -> list[Pane]:
+        return as_panes([*(w for row in self.overview.values() for w in row), *self.tabs.values()])
 
     @property
     def tab_ids(self) -> list[str]:

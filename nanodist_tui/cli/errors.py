@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import typer
 from typer._click.exceptions import ClickException, NoArgsIsHelpError  # typer vendors click
@@ -77,10 +79,13 @@ def internal_failure(exc: BaseException) -> int:
 class OneLineErrors(TyperGroup):
     """The command group: every outcome of every subcommand becomes an exit code and at most one line."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,
+             **extra: Any) -> int:
         show_engine_warnings()
         try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = super().main(args, prog_name, complete_var, standalone_mode=False,
+                                windows_expand_args=windows_expand_args, **extra)
             code = code if isinstance(code, int) else 0
         except NoArgsIsHelpError as e:  # a command group given no command: its help is the answer
             e.show()

@@ -201,7 +201,7 @@ def _print_compare(r: dict) -> None:
                 src = side[kind]
                 figures.append(src["peak_total"] if keys is None else _sum(src["category_peaks"], keys))
         before, after = (figures[1], figures[3]) if measured else (figures[0], figures[1])
-        cut = f"{1 - after / before:.0%}" if before else "-"
+        cut = f"{1 - after / before:.0%}" if before and after is not None else "-"
         print(f"  {label:24}" + "".join(f"{_mb(x):>16}" for x in figures) + f"{cut:>11}")
     if measured:
         print("  reduction: measured optimized vs measured baseline")

@@ -4,6 +4,7 @@ optional smoothing (m), their memory by category and their traffic per phase in 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -16,6 +17,7 @@ from textual_plotext import PlotextPlot
 from nanodist_tui.compare import RunFigures, read_run, smooth
 from nanodist_tui.traffic import phase_rank
 from nanodist_tui.widgets.axes import GrowingRange, step_ticks, value_ticks
+from nanodist_tui.widgets.glyphs import glyphs_of
 from nanodist_tui.widgets.memory_pane import ordered, style_of
 from nanodist_tui.widgets.units import format_bytes, format_count, format_rate
 
@@ -43,7 +45,7 @@ class ComparePlot(PlotextPlot):
         plt = self.plt
         plt.clear_data()
         plt.xlabel("step")
-        marker = self.app.glyphs.plot_marker
+        marker = glyphs_of(self).plot_marker
         y = GrowingRange()
         last = 1
         for label, run, (train_color, val_color) in zip("AB", self.runs, COLORS):
@@ -56,7 +58,7 @@ class ComparePlot(PlotextPlot):
                     last = max(last, xs[-1])
         ticks = step_ticks(0, last, self.size.width or 80)
         plt.xlim(0, last)
-        plt.xticks(ticks, [str(t) for t in ticks])
+        plt.xticks(cast(list[float], ticks), [str(t) for t in ticks])  # the stub's list[float]: see live_plot
         lo, hi = y.limits()
         plt.ylim(lo, hi)
         plt.yticks(*value_ticks(lo, hi, self.size.height or 20))
@@ -109,13 +111,17 @@ def traffic_table(a: RunFigures, b: RunFigures) -> Text:
     return out
 
 
+def _figures(run: Path | RunFigures) -> RunFigures:
+    return run if isinstance(run, RunFigures) else read_run(run)
+
+
 class CompareScreen(Screen[None]):
     BINDINGS = [Binding("m", "smoothing", "Smoothing", id="compare-smoothing"),
                 Binding("escape", "app.pop_screen", "Back", id="compare-close")]
 
     def __init__(self, run_a: Path | RunFigures, run_b: Path | RunFigures) -> None:
         super().__init__()
-        self.runs = tuple(r if isinstance(r, RunFigures) else read_run(r) for r in (run_a, run_b))
+        self.runs = (_figures(run_a), _figures(run_b))
 
     def compose(self) -> ComposeResult:
         a, b = self.runs

@@ -4,7 +4,9 @@ as a new preset (comments kept), start it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import tomlkit
 from rich.text import Text
@@ -16,7 +18,7 @@ from textual.widgets import Button, Footer, Input, Label, OptionList, Select, St
 from textual.widgets.option_list import Option
 
 from engine.comm.launch import BACKENDS
-from engine.config import ConfigError, describe, presets
+from engine.config import Config, ConfigError, describe, presets
 from engine.dtypes import DTYPES
 from engine.parallel.data import ZERO_STAGES
 from nanodist_tui.screens.fit_table import FitTable
@@ -39,18 +41,17 @@ def _value_of(cfg, key: str):
     return getattr(getattr(cfg, section), name)
 
 
-class NewRunScreen(Screen[tuple | None]):
+class NewRunScreen(Screen[tuple[Config, tomlkit.TOMLDocument] | None]):
     BINDINGS = [Binding("ctrl+s", "start", "Start", id="new-run-start", priority=True),
                 Binding("escape", "cancel", "Cancel", id="new-run-cancel")]
 
-    def __init__(self, check_run=None) -> None:
+    def __init__(self, check_run: Callable[[Config], None] | None = None) -> None:
         super().__init__()
         self.check_run = check_run
         self.infos = [p for p in presets.list_presets() if p.error is None]
         self.path: Path | None = None
         self.doc: tomlkit.TOMLDocument | None = None
-        self.cfg = None
-        self.loaded: dict[str, str] = {}  # the preset's own value of every field, as the form shows it
+        self.cfg: Config | None = None
         self.loaded: dict[str, str] = {}  # the preset's own value of every field, as the form shows it
 
     def compose(self) -> ComposeResult:
@@ -103,7 +104,7 @@ class NewRunScreen(Screen[tuple | None]):
             return
         with self.prevent(Input.Changed, Select.Changed):
             for key, _ in FIELDS:
-                widget = self.query_one(f"#{_field_id(key)}")
+                widget = self._field(key)
                 value = _value_of(cfg, key)
                 widget.value = value if isinstance(widget, Select) else str(value)
                 self.loaded[key] = str(value)
@@ -113,10 +114,14 @@ class NewRunScreen(Screen[tuple | None]):
         """"key=value" for every field the user changed (as --set would take them)."""
         out = []
         for key, _ in FIELDS:
-            value = self.query_one(f"#{_field_id(key)}").value
+            value = self._field(key).value
             if value is not Select.BLANK and str(value) != self.loaded.get(key):
                 out.append(f"{key}={value}")
         return out
+
+    def _field(self, key: str) -> Input | Select[Any]:
+        """A setting's field in the form: a drop-down for one with choices, else a text field (compose)."""
+        return cast("Input | Select[Any]", self.query_one(f"#{_field_id(key)}"))
 
     def check(self) -> bool:
         """Validate the form as the CLI validates --set; show the first problem or the fit."""
@@ -144,7 +149,9 @@ class NewRunScreen(Screen[tuple | None]):
         self.check()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        {"start": self.action_start, "save": self.save, "cancel": self.action_cancel}[event.button.id]()
+        actions: dict[str | None, Callable[[], None]] = {"start": self.action_start, "save": self.save,
+                                                         "cancel": self.action_cancel}
+        actions[event.button.id]()
 
     def save(self) -> None:
         name = self.query_one("#save-name", Input).value.strip()

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -16,6 +17,9 @@ from textual.widgets import Footer, Input, OptionList, Static
 from engine.config import ConfigError
 from engine.sweep.errors import SweepError
 
+if TYPE_CHECKING:
+    from engine.sweep.study import Sweep
+
 
 class SweepsScreen(Screen[None]):
     BINDINGS = [Binding("e", "export", "Export best as preset", id="sweeps-export"),
@@ -26,7 +30,7 @@ class SweepsScreen(Screen[None]):
         from engine.sweep.storage import RECORD
         self.out_dir, self.presets_dir = Path(out_dir), Path(presets_dir)
         self.sweep_dirs = sorted(p for p in self.out_dir.glob("sweep-*") if (p / RECORD).is_file())
-        self.swept = None  # the sweep shown (engine.sweep.study.Sweep)
+        self.swept: Sweep | None = None  # the sweep shown
 
     def compose(self) -> ComposeResult:
         yield Static(f"Sweeps in {self.out_dir}/: enter shows one; e exports its best trial as a preset",
@@ -75,14 +79,14 @@ class SweepsScreen(Screen[None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        if self.swept is not None and (target := self.export(event.value.strip())) is not None:
+        if self.swept is not None and (target := self.export(self.swept, event.value.strip())) is not None:
             event.input.display = False
             event.input.value = ""
             self._say(target, "green")
 
-    def export(self, name: str) -> str | None:
-        """Write the shown sweep's best trial as presets/NAME.toml; the line saying what happened (shown)
-        or None when it could not (the reason is shown, one line)."""
+    def export(self, swept: Sweep, name: str) -> str | None:
+        """Write the shown sweep's (`swept`) best trial as presets/NAME.toml; the line saying what happened
+        (shown) or None when it could not (the reason is shown, one line)."""
         from engine.config.presets import check_preset_name
         from engine.sweep import results
         from engine.sweep.study import load_study
@@ -93,10 +97,10 @@ class SweepsScreen(Screen[None]):
             if target.exists():
                 raise ConfigError("name", f"{target} exists", "choose another name", source="the preset name")
             self.presets_dir.mkdir(parents=True, exist_ok=True)
-            chosen = results.export_best(self.swept, load_study(self.swept), target)
+            chosen = results.export_best(swept, load_study(swept), target)
         except (ConfigError, SweepError, OSError) as e:
             self._say(str(e), "bold red")
             return None
-        scores = scores_text(self.swept.metrics, chosen.values)
-        return (f"wrote {target}: trial {chosen.number} of sweep {self.swept.study_name} "
+        scores = scores_text(swept.metrics, chosen.values)
+        return (f"wrote {target}: trial {chosen.number} of sweep {swept.study_name} "
                 f"({scores}; {params_text(chosen.params)}), comments kept")

@@ -13,6 +13,7 @@ read (the autograd tape is off and per thread), so they share it safely.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -76,7 +77,7 @@ def create_api(loaded: LoadedModel, source: str, limits: Limits = Limits()) -> F
 
     app = FastAPI(title="nanoDist model server", version="1",
                   description=f"Text from the GPT in {source}.")
-    errors = {code: {"model": ErrorBody} for code in (400, 413, 422)}
+    errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 413, 422)}
 
     @app.post("/generate", response_model=GenerateResponse, responses=errors)
     def generate(request: GenerateRequest) -> GenerateResponse:

@@ -8,6 +8,12 @@ so the categories can still be told apart.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from textual.widget import Widget
+
+    from nanodist_tui.app import NanoDistApp
 
 
 @dataclass(frozen=True)
@@ -41,3 +47,9 @@ ASCII = Glyphs(block="#", track=".", mark="|", right=">", left="<", down="v", up
 def choose(ascii_only: bool, no_color: bool) -> Glyphs:
     glyphs = ASCII if ascii_only else UNICODE
     return glyphs.monochrome() if no_color else glyphs
+
+
+def glyphs_of(widget: Widget) -> Glyphs:
+    """The glyphs the workbench chose for the panes (NanoDistApp.glyphs), for one of them: Textual types a
+    widget's `app` as any App."""
+    return cast("NanoDistApp", widget.app).glyphs

@@ -3,6 +3,8 @@ still (widgets/axes.py)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from rich.text import Text
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
@@ -10,6 +12,7 @@ from textual_plotext import PlotextPlot
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.axes import GrowingRange, step_ticks, value_ticks
+from nanodist_tui.widgets.glyphs import glyphs_of
 
 MIN_HEIGHT, MIN_WIDTH = 5, 20  # below this plotext has no room for a curve
 LEGEND_MIN_HEIGHT = 8
@@ -55,7 +58,7 @@ class LivePlot(PlotextPlot):
 
     @property
     def marker(self) -> str:
-        return self.app.glyphs.plot_marker
+        return glyphs_of(self).plot_marker
 
     def redraw(self) -> None:
         if not self.is_on_screen:
@@ -81,7 +84,8 @@ class LivePlot(PlotextPlot):
         last = max(self.info.total_steps, last_seen, first + 1)
         self.plt.xlim(first, last)
         ticks = step_ticks(first, last, self.size.width)
-        self.plt.xticks(ticks, [str(t) for t in ticks])
+        # textual_plotext's stub asks for list[float] (lists are invariant): whole numbers are numbers too
+        self.plt.xticks(cast(list[float], ticks), [str(t) for t in ticks])
 
     def value_axis(self) -> None:
         lo, hi = self.y_range.limits()

@@ -12,6 +12,7 @@ from collections import deque
 from engine.events import LossScaleChange
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
+from nanodist_tui.widgets.glyphs import glyphs_of
 from nanodist_tui.widgets.history import History
 from nanodist_tui.widgets.live_plot import LivePlot
 
@@ -60,7 +61,7 @@ class LossScalePlot(LivePlot):
         if self.overflows:
             steps, scales = zip(*self.overflows, strict=True)
             self.plt.scatter(list(steps), list(scales), label=self.legend("overflow"),
-                             marker=self.app.glyphs.points, color="red")
+                             marker=glyphs_of(self).points, color="red")
             ys = [*ys, *scales]
         self.step_axis(int(max(xs[-1], *(x for x, _ in self.overflows))) if self.overflows else int(xs[-1]))
         # Scales are powers of two: label them as such (2^16 = 65536) instead of with plotext's decimals.

@@ -9,7 +9,7 @@ from engine.events import MemorySnapshot
 from engine.memory.ledger import CATEGORIES
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
-from nanodist_tui.widgets.glyphs import Glyphs
+from nanodist_tui.widgets.glyphs import Glyphs, glyphs_of
 from nanodist_tui.widgets.text_view import TextView
 from nanodist_tui.widgets.units import format_bytes
 
@@ -123,7 +123,7 @@ class MemoryPane(TextView):
         return (self.info.memory_estimate or {}).get(snap.phase)
 
     def render_snapshots(self, width: int) -> Text:
-        glyphs: Glyphs = self.app.glyphs
+        glyphs = glyphs_of(self)
         worst = self.peaks()
         scale = max(max(self.high_water[r], total(self.estimate_of(s))) for r, s in worst.items()) or 1
         bar_width = max(MIN_BAR, width - LABEL_WIDTH - NUMBERS_WIDTH)

@@ -16,6 +16,8 @@ that does not fit, `draw_ring` returns None and the pane lists the links instead
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from rich.text import Text
 
 from nanodist_tui.traffic import Link
@@ -54,7 +56,7 @@ def _labels(link: Link | None, with_bytes: bool) -> list[str]:
 
 
 def draw_ring(world: int, links: dict[tuple[int, int], Link], width: int, glyphs: Glyphs,
-              slow: set[tuple[int, int]] = frozenset()) -> tuple[list[Text], bool] | None:
+              slow: AbstractSet[tuple[int, int]] = frozenset()) -> tuple[list[Text], bool] | None:
     """(lines, bytes shown on the links) of the ring's picture in at most `width` columns, or None."""
     ring = [links.get((r, (r + 1) % world)) for r in range(world)]
     carried = {link.bytes for link in ring if link is not None}

@@ -12,6 +12,7 @@ import math
 
 from engine.events import SweepStarted, TrialFinished, TrialReport, TrialStarted
 from nanodist_tui.messages import Tick
+from nanodist_tui.widgets.glyphs import glyphs_of
 from nanodist_tui.widgets.live_plot import LivePlot
 
 MAX_CURVES = 4  # the latest trials drawn: the running one(s) and those just before, to compare
@@ -57,7 +58,7 @@ class HistoryPlot(LivePlot):
     def draw(self, max_points: int) -> None:
         numbers = sorted(self.trials)
         self.plt.scatter(numbers, [self.trials[n] for n in numbers], label=self.metric,
-                         marker=self.app.glyphs.dots, color="cyan")
+                         marker=glyphs_of(self).dots, color="cyan")
         if self.best:
             steps = sorted(self.best)
             self.plt.plot(steps, [self.best[n] for n in steps], label="best so far", marker=self.marker,
@@ -126,7 +127,7 @@ class ParetoPlot(LivePlot):
             elif isinstance(e, TrialFinished):
                 pair = (e.values or [])[:2]
                 if e.state == "complete" and len(pair) == 2 and all(map(_finite, pair)):
-                    self.points[e.number] = (e.values[0], e.values[1])
+                    self.points[e.number] = (pair[0], pair[1])
                 self.front = list(e.best or [])
                 changed = True
         return changed
@@ -142,7 +143,7 @@ class ParetoPlot(LivePlot):
         front = sorted(p for n, p in self.points.items() if n in self.front)
         if others:
             self.plt.scatter([p[0] for p in others], [p[1] for p in others], label="trials",
-                             marker=self.app.glyphs.dots,
+                             marker=glyphs_of(self).dots,
                              color="gray")
         if front:
             self.plt.plot([p[0] for p in front], [p[1] for p in front], label="front", marker=self.marker,

@@ -21,6 +21,7 @@ from nanodist_tui.traffic import (
     stragglers,
     which_ran_where,
 )
+from nanodist_tui.widgets.glyphs import glyphs_of
 from nanodist_tui.widgets.ring_diagram import draw_ring
 from nanodist_tui.widgets.text_view import TextView
 from nanodist_tui.widgets.units import format_bytes, format_rate, format_seconds
@@ -63,7 +64,7 @@ class TrafficPane(TextView):
         self.show(self.render_traffic(self.content_region.width or 80))
 
     def render_traffic(self, width: int) -> Text:
-        glyphs = self.app.glyphs
+        glyphs = glyphs_of(self)
         world = self.info.world_size
         links = {key: link for t in self.traffic.values() for key, link in t.links.items()}
         slow = slow_links(list(links.values()))
