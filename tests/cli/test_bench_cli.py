@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from extras import needs
 from typer.testing import CliRunner
 
 from engine.bench.techniques import TECHNIQUES
@@ -90,7 +91,7 @@ TINY_MLP = ["--preset", "mlp", "--set", "data.n_samples=1024", "--set", "model.w
 
 @pytest.mark.slow
 def test_step_on_process_ranks_races_pytorch_ddp_in_the_same_ranks():
-    torch = pytest.importorskip("torch", reason="PyTorch DDP is the peer (pip install torch==2.13.0)")
+    torch = needs("torch", "torch", "PyTorch DDP is the peer")
     out = report("step", *TINY_MLP, "-n", "2", "-b", "processes", "--steps", "1", "--warmup", "0")
     ddp = out["ddp"]
     assert (ddp["world_size"], ddp["global_batch"], ddp["torch"]) == (2, 256, torch.__version__)

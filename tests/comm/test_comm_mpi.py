@@ -12,8 +12,9 @@ import sys
 
 import comm_helpers
 import pytest
+from extras import needs
 
-pytest.importorskip("mpi4py")
+needs("mpi4py", "mpi", "the MPI backend")
 MPIEXEC = shutil.which("mpiexec")
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not on PATH (pip install mpi4py mpich)")]

@@ -10,11 +10,12 @@ import subprocess
 import sys
 
 import pytest
+from extras import needs
 
 from engine.config.presets import load_preset
 from engine.run.job import run_training
 
-pytest.importorskip("mpi4py")
+needs("mpi4py", "mpi", "the MPI backend")
 MPIEXEC = shutil.which("mpiexec")
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not on PATH (pip install mpi4py mpich)")]

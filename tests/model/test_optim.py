@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from extras import needs
 
 from engine import reference
 from engine.optim import AdamW, global_norm_clip_scale, lr_at, sum_of_squares
@@ -69,7 +70,7 @@ def reference_numpy(params, grads):
 
 @pytest.mark.parametrize("dtype, rtol", [(np.float32, 1e-6), (np.float64, 1e-12)])
 def test_matches_torch_adamw(dtype, rtol):
-    torch = pytest.importorskip("torch", reason="torch is the reference for AdamW")
+    torch = needs("torch", "torch", "torch.optim.AdamW is the reference")
     params, grads, mask = problem(dtype)
     flat, opt = run_flat(params, grads, mask)
     tparams = [torch.tensor(p, requires_grad=True) for p in params]
@@ -163,7 +164,7 @@ def test_clip_scale_matches_torch_formula():
 
 
 def test_clip_matches_torch_clip_grad_norm():
-    torch = pytest.importorskip("torch", reason="torch is the reference for clipping")
+    torch = needs("torch", "torch", "torch's clip_grad_norm_ is the reference")
     rng = np.random.default_rng(5)
     grads = [rng.normal(size=s) for s in SHAPES]
     tensors = [torch.zeros(s, dtype=torch.float64, requires_grad=True) for s in SHAPES]

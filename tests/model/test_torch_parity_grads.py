@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
+from extras import needs
 
 from engine import nn, ops
 
-torch = pytest.importorskip("torch", reason="PyTorch not installed: parity vs torch skipped")
+torch = needs("torch", "torch", "PyTorch is the reference for the parity tests")
 F = torch.nn.functional
 from engine.bench.torch_peer import to_numpy, torch_model_from, torch_params_by_name  # noqa: E402
 

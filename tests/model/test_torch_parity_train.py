@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from extras import needs
 
 from engine.comm.base import Signals
 from engine.comm.threads import ThreadGroup
@@ -16,7 +17,7 @@ from engine.config.presets import load_preset
 from engine.optim import lr_at
 from engine.trainer import Trainer
 
-torch = pytest.importorskip("torch", reason="PyTorch not installed: training parity vs PyTorch skipped")
+torch = needs("torch", "torch", "PyTorch is the reference for training parity")
 from engine.bench import torch_peer  # noqa: E402 - needs torch, imported once it is known to be there
 
 STEPS = 20

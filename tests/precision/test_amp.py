@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+from extras import needs
 
 from engine import ops
 from engine.comm.launch import run_ranks
@@ -37,7 +38,7 @@ PATTERN = [CLEAN, INF, CLEAN, CLEAN, CLEAN, NAN, NAN, CLEAN, CLEAN, CLEAN, CLEAN
 @pytest.mark.parametrize("init, growth, backoff, interval", [(65536.0, 2.0, 0.5, 3), (1000.0, 3.0, 0.3, 2),
                                                              (2.0**127, 2.0, 0.5, 1)])
 def test_dynamic_scaler_matches_torch_grad_scaler(init, growth, backoff, interval):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed: no GradScaler to compare with")
+    torch = needs("torch", "torch", "torch.amp.GradScaler is the reference")
     ours = drive(DynamicScaler(init, growth, backoff, interval), PATTERN)
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([p], lr=0.0)

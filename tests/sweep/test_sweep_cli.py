@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from extras import needs
 from optuna.trial import TrialState
 
 from engine.config import presets
@@ -173,7 +174,7 @@ def test_a_sigkilled_sweep_loses_no_completed_trial_and_resumes(in_tmp):
 
 
 def test_log_to_makes_every_trial_log_there_with_its_own_losses(in_tmp):
-    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    needs("tensorboard", "tensorboard", "the sweep logs to TensorBoard")
     import json
 
     from tests.sink_readers import tensorboard_scalars
