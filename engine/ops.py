@@ -367,8 +367,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
 
     Forward and backward run batch rows [lo, hi) at a time, shared among the rank's threads
     (engine.fast.thread_pool.split): NumPy runs a stack of small products (a T x D head each) one after
-    another
-    on one thread, and every step of the chain is per head, so each share computes exactly what the
+    another on one thread, and every step of the chain is per head, so each share computes exactly what the
     whole-batch chain computes for its rows.
     """
     dtype, cdt = q.dtype, compute_dtype(q.dtype)

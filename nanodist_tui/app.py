@@ -1,8 +1,7 @@
 """The nanoDist workbench: runs a training job (or a replay) on a background thread and shows its events live.
 
-A job is `job_fn(emit, control)`: it trains on the calling thread, calls `emit(event)` for every engine
-event, stops early once `control` (an engine.run.control.RunControl) is set, holds while `control.pause` is,
-and
+A job is `job_fn(emit, control)`: it trains on the calling thread, calls `emit(event)` for every engine event,
+stops early once `control` (an engine.run.control.RunControl) is set, holds while `control.pause` is, and
 raises on an engine error. The CLI passes a real training run or a replay; tests pass fakes. Events go through
 `bridge.EventBatcher` and arrive here as `Tick` messages; the panes of the run (panes.py lists them,
 workspace.py lays them out as tabs) store what a tick brings at once and draw it on a timer, a few times a

@@ -14,7 +14,6 @@ class ReplayPlayer:
     go out at once; after that each step takes its recorded time / `speed` (0: no pauses). `speed` may be
     changed from another thread while it plays; `control.pause` (an engine.run.control.RunControl's) holds
     it."""
-
     def __init__(self, events: list, speed: float = 1.0, start_step: int = 0) -> None:
         self.events = events
         self.speed = speed

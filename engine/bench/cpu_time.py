@@ -3,8 +3,7 @@ PyTorch eager at fp32, taking turns in this thread.
 
 Why: wall-clock ratios on a shared machine swing with other people's load (a 2-thread step loses most
 when a core is taken away). CPU time of one thread (BLAS, engine.fast.thread_pool and PyTorch all limited to
-one
-thread) counts only the work this process did, so the ratios hold under load; they compare one core
+one thread) counts only the work this process did, so the ratios hold under load; they compare one core
 against one core. `time.process_time` counts every thread of the process, which is the one working
 thread here. Each block of steps starts with one untimed step after a switch.
 """

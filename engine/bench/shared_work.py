@@ -1,7 +1,6 @@
 """`python -m engine.bench.shared_work`: the pieces of a step that engine.fast.thread_pool shares among a
-rank's
-threads, timed at one thread and at two (BLAS and engine.fast.thread_pool both), at gpt-mini's and mlp's
-sizes.
+rank's threads, timed at one thread and at two (BLAS and engine.fast.thread_pool both), at gpt-mini's and
+mlp's sizes.
 
 Why a separate bench: on a shared 2-core machine whole-step 2-thread timings swing with other people's
 load; a piece timed many times in a row, taking the fastest calls, says whether sharing it gains anything.

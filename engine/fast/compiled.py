@@ -1,10 +1,9 @@
 """The compiled loops (numba): loaded on first use, None where numba is not installed.
 
 engine.fast.halfconv_jit (16-bit conversions) and engine.fast.kernels_jit (GELU, layer norm) are the fast
-paths of
-engine.fast.halfconv and engine.fast.kernels, which keep NumPy paths for a machine without numba; `disabled()`
-runs those (tests compare the two). Loading on first use keeps numba's start-up cost out of commands
-that never compute (the command line, the workbench until a run starts).
+paths of engine.fast.halfconv and engine.fast.kernels, which keep NumPy paths for a machine without numba;
+`disabled()` runs those (tests compare the two). Loading on first use keeps numba's start-up cost out of
+commands that never compute (the command line, the workbench until a run starts).
 """
 
 from __future__ import annotations

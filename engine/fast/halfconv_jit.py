@@ -69,8 +69,7 @@ bits_of_float = _bitcast(ir.FloatType(), ir.IntType(32), types.uint32(types.floa
 
 
 # One element each way, inlined into every loop that converts (these below, and engine.fast.kernels_jit's
-# fused
-# 16-bit kernels, which read and write 16-bit arrays directly).
+# fused 16-bit kernels, which read and write 16-bit arrays directly).
 
 @njit(cache=True, nogil=True, inline="always")
 def half_to_float_bits(half):  # pragma: no cover - compiled

@@ -21,7 +21,6 @@ runs measured here.
     validate.py     predicted against measured runs here: error, bias, comm share, memory, ranking
 
 Memory comes from engine.memory.estimator (the prediction the ledger tests hold exact); buckets and shards
-from
-engine.parallel.data.flat and engine.parallel.data.buckets, so the buckets predicted are the ones the engine
-sends.
+from engine.parallel.data.flat and engine.parallel.data.buckets, so the buckets predicted are the ones the
+engine sends.
 """

@@ -3,8 +3,7 @@ like presets and validated into a `Cluster`, with one-line errors (file, line, k
 
 Lookup for a bare name: $NANODIST_CLUSTERS (folders, os.pathsep-separated), then a `clusters/` folder in
 every preset folder (engine.config.presets.search_dirs: $NANODIST_PRESETS, ./presets, the repository's, the
-copy
-shipped in the package). A name with ".toml" or a folder in it is a path.
+copy shipped in the package). A name with ".toml" or a folder in it is a path.
 
 Every setting is spelled once, in FIELDS (type, default, check, doc); messages and `describe` use it.
 Units: TFLOP/s per rank, GB (10^9 bytes) of memory per rank, GB/s for bandwidths (as nccl-tests prints),

@@ -1,8 +1,7 @@
 """How much a collective running beside compute slows that compute, per CPU second the collective takes.
 
 A rank's communication thread (engine.parallel.data.worker) runs its collectives while the training thread
-goes
-on with backward (or, under ZeRO-3, forward). Where the ranks' threads fill the host's cores, the
+goes on with backward (or, under ZeRO-3, forward). Where the ranks' threads fill the host's cores, the
 collective's CPU time (calibrate.py measures it: framing, system calls, copies, reductions, the ring's
 Python) comes out of compute twice over: it occupies a core that a training thread — this rank's or
 another's — would use, and while it runs Python it holds this process's interpreter lock, so this rank's

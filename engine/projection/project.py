@@ -1,7 +1,6 @@
 """A run projected over world sizes on a cluster: per world size the step and where it goes, throughput,
 scaling efficiency, MFU, and per-rank memory by category (engine.memory.estimator, the same prediction the
-memory
-command and the ledger tests use) with whether it fits.
+memory command and the ledger tests use) with whether it fits.
 
 Scaling: "weak" keeps the preset's rows per rank and micro-batch (the global batch grows with the ranks,
 as one scales out in practice); "strong" keeps its global batch (world sizes it does not split over are

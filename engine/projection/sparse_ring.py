@@ -1,8 +1,7 @@
 """The engine's ring on a buffer with fewer elements than ranks, message by message.
 
 The ring cuts a buffer of n elements into one shard per rank (engine.comm.shard.shard_bounds); with n < p
-ranks,
-p − n shards are empty and the engine sends nothing for them (engine.comm.ring). The small all-reduces
+ranks, p − n shards are empty and the engine sends nothing for them (engine.comm.ring). The small all-reduces
 every step makes — the gradient norm (1 fp64 element), the overflow flag (2), the loss (3) — are such
 buffers, so they are not 2(p−1) steps of the slowest link each, as the closed form says: each non-empty
 shard travels the ring as a chain of one-element messages, p − 1 hops per half, every hop on its own link.

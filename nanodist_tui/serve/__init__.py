@@ -8,8 +8,7 @@
                  thread the caller stops; no thread outlives stop()
 
 Generation is engine.checkpoint.sample's, the same call `nanodist-tui sample` makes, so equal arguments give
-equal
-text. The engine knows nothing of this package: it never imports the web stack.
+equal text. The engine knows nothing of this package: it never imports the web stack.
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Per-step Traffic events of a real training job (engine.run.job.run_training on threads): one per rank per
-step,
-links along the ring (rank -> rank+1), and per phase exactly the bytes the ring formulas give for the run's
-buckets (units), plus the trainer's fp64 scalar all-reduces."""
+step, links along the ring (rank -> rank+1), and per phase exactly the bytes the ring formulas give for the
+run's buckets (units), plus the trainer's fp64 scalar all-reduces."""
 
 from __future__ import annotations
 

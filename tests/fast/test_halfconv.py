@@ -1,6 +1,5 @@
 """engine.fast.halfconv against NumPy's own float16 casts, bit for bit (tests/exhaustive_halfconv.py checks
-every
-float32 input; this runs a sample, the rounding ties and the special values), and matmul_kernel on it.
+every float32 input; this runs a sample, the rounding ties and the special values), and matmul_kernel on it.
 Every path: the compiled loops (engine.fast.halfconv_jit, skipped only where numba is not installed), with the
 CPU's conversions and with integer steps, and NumPy's."""
 

@@ -1,6 +1,5 @@
 """Work shared among a rank's threads (engine.fast.thread_pool) gives the bits one thread gives, and really
-runs on
-that many threads."""
+runs on that many threads."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """ZeRO stages 1 and 2: optimizer state (and, in stage 2, gradients) sharded over the ranks.
 
 Layout: one model-dtype parameter buffer (engine.parallel.data.flat, padded to a multiple of N) cut into
-buckets
-whose lengths are multiples of N (engine.parallel.data.buckets). Rank r owns part r of every bucket: its
-optimizer state (fp32 master in mixed precision, Adam m, v) covers exactly those parts, and an
-ordinary AdamW runs on each (engine.parallel.data.shard_optimizer). After the update every bucket is
-all-gathered from its parts, so all ranks hold the full updated parameters again.
+buckets whose lengths are multiples of N (engine.parallel.data.buckets). Rank r owns part r of every bucket:
+its optimizer state (fp32 master in mixed precision, Adam m, v) covers exactly those parts, and an ordinary
+AdamW runs on each (engine.parallel.data.shard_optimizer). After the update every bucket is all-gathered from
+its parts, so all ranks hold the full updated parameters again.
 
 Stage 1 keeps a full gradient buffer, as DDP does: micro-batches accumulate into it, and on the last
 one each bucket is reduce-scattered (not all-reduced: a rank needs only its part) as soon as its
