@@ -7,20 +7,15 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from numeric_helpers import kernel_paths
 
 from engine import reference
-from engine.fast import compiled, kernels, lowp, thread_pool
+from engine.fast import kernels, lowp, thread_pool
 
 
 @pytest.fixture(params=["compiled", "numpy"], autouse=True)
 def path(request):
-    if request.param == "numpy":
-        with compiled.disabled():
-            yield request.param
-        return
-    if compiled.load("kernels_jit") is None:
-        pytest.skip("numba is not installed: the compiled path is not available")
-    yield request.param
+    yield from kernel_paths(request)
 
 
 @pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])

@@ -8,24 +8,19 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numeric_helpers import numeric_grad
 
 from engine import ops, reference
 from engine.dropout_rng import DropoutRNG
 from engine.tensor import Parameter, Tensor, no_grad, set_tape_observer
 
 
-def numeric_grad(fn, arrays, i, weights, eps=1e-6):
-    """d sum(fn(arrays) * weights) / d arrays[i] by central differences."""
-    grad = np.zeros_like(arrays[i])
-    for pos in np.ndindex(arrays[i].shape):
-        values = []
-        for step in (eps, -eps):
-            shifted = [a.copy() for a in arrays]
-            shifted[i][pos] += step
-            with no_grad():
-                values.append(float((fn(*[Tensor(a) for a in shifted]).data * weights).sum()))
-        grad[pos] = (values[0] - values[1]) / (2 * eps)
-    return grad
+def tensor_numeric_grad(fn, arrays, i, weights):
+    """Finite differences of an op on Tensors: each shifted input wrapped, evaluated without the tape."""
+    def on_arrays(*shifted):
+        with no_grad():
+            return fn(*[Tensor(a) for a in shifted]).data
+    return numeric_grad(on_arrays, arrays, i, weights)
 
 
 def check_grads(fn, *arrays, rtol=1e-6, atol=1e-8, seed=0):
@@ -36,7 +31,7 @@ def check_grads(fn, *arrays, rtol=1e-6, atol=1e-8, seed=0):
     weights = np.random.default_rng(seed).standard_normal(out.shape)
     out.backward(weights)
     for i, t in enumerate(tensors):
-        np.testing.assert_allclose(t.grad, numeric_grad(fn, arrays, i, weights), rtol=rtol, atol=atol,
+        np.testing.assert_allclose(t.grad, tensor_numeric_grad(fn, arrays, i, weights), rtol=rtol, atol=atol,
                                    err_msg=f"input {i}")
 
 

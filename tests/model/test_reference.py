@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numeric_helpers import kernel_paths, numeric_grad
 
 from engine import ops, reference
-from engine.fast import compiled
 from engine.optim import AdamW
 from engine.tensor import Tensor
 
@@ -18,17 +18,6 @@ def rand(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape)
 
 
-def numeric_grad(fn, arrays, i, weights, eps=1e-6):
-    """d sum(fn(*arrays) * weights) / d arrays[i] by central differences."""
-    grad = np.zeros_like(arrays[i])
-    for pos in np.ndindex(arrays[i].shape):
-        values = []
-        for step in (eps, -eps):
-            shifted = [a.copy() for a in arrays]
-            shifted[i][pos] += step
-            values.append(float((fn(*shifted) * weights).sum()))
-        grad[pos] = (values[0] - values[1]) / (2 * eps)
-    return grad
 
 
 # ---- the reference's backwards are the derivatives of its forwards ---------------------------------
@@ -85,13 +74,7 @@ def test_reference_adamw_first_step_moves_each_element_by_lr():
 
 @pytest.fixture(params=["compiled", "numpy"])
 def path(request):
-    if request.param == "numpy":
-        with compiled.disabled():
-            yield request.param
-        return
-    if compiled.load("kernels_jit") is None:
-        pytest.skip("numba is not installed: the compiled path is not available")
-    yield request.param
+    yield from kernel_paths(request)
 
 
 def forward_backward(fn, arrays, g):
