@@ -8,6 +8,7 @@ load -> save unchanged is byte-identical, and `set_value` rewrites exactly one l
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import importlib.util
@@ -129,19 +130,40 @@ def load_preset(name_or_path: str | os.PathLike, overrides: list[str] | tuple[st
     return apply_overrides(doc, overrides, source=str(path)), doc, path
 
 
+class Override(str):
+    """A "key=value" override that came from a flag other than --set (--world-size 3 is
+    "parallel.world_size=3"): `flag` is what the user typed, so an error it causes names that flag."""
+
+    flag: str
+
+    def __new__(cls, key_value: str, flag: str) -> Override:
+        made = super().__new__(cls, key_value)
+        made.flag = flag
+        return made
+
+
+def flag_of(raw: str) -> str:
+    """How the user spelled an override: its flag (--world-size 3) or --set key=value."""
+    return raw.flag if isinstance(raw, Override) else f"--set {raw}"
+
+
 def apply_overrides(doc: tomlkit.TOMLDocument | dict, overrides: list[str] | tuple[str, ...] = (),
                     source: str = "<preset>") -> Config:
     """Set each "a.b=value" in doc (in place; comments kept) and return the validated Config.
 
     Values are TOML literals (3e-4, true, [1, 2], "x"); anything that does not parse is taken as a string.
-    Errors name "--set a.b=value" when they concern an override (for a sweep parameter: any of its
-    attributes, which are checked against each other), else `source` and the key's line.
+    Errors name the flag of the override they concern ("--set a.b=value", or "--world-size 3" for an
+    Override): the override of the key itself (for a sweep parameter: any of its attributes, which are
+    checked against each other), else the override without which the error goes away (--world-size 3 makes
+    the file's global_batch unsplittable: the flag is the mistake, not the file's line); else `source` and
+    the key's line.
     """
     before = doc.as_string() if isinstance(doc, tomlkit.TOMLDocument) else None
-    set_keys = {}
+    original = copy.deepcopy(doc.unwrap() if isinstance(doc, tomlkit.TOMLDocument) else doc)
+    set_keys: dict[str, str] = {}
     for raw in overrides:
         key, eq, text = (part.strip() for part in raw.partition("="))
-        where = f"--set {raw}"
+        where = flag_of(raw)
         if not eq or not key or not text:
             raise ConfigError("", f'"{raw}" is not of the form key=value', "write e.g. --set optim.lr=3e-4",
                               source="--set")
@@ -161,12 +183,34 @@ def apply_overrides(doc: tomlkit.TOMLDocument | dict, overrides: list[str] | tup
         hit = [k for k in set_keys if err.key in (k, *_parents(k)) or err.key.startswith(k + ".")]
         hit = hit or [k for k in set_keys if (param := _search_param(k)) and
                       (err.key == param or err.key.startswith(param + "."))]
+        hit = hit or _cause(original, overrides, err)
         if hit:
             err.source = set_keys[hit[0]]
         elif before is not None:  # the key's line, else its table's (a missing key belongs there)
             lines = (locate_key(before, k) for k in [err.key, *reversed(_parents(err.key))])
             err.line = next(filter(None, lines), None)
         raise
+
+
+def _cause(original: dict, overrides: list[str] | tuple[str, ...], err: ConfigError) -> list[str]:
+    """The overridden keys without which `err` goes away: each override left out in turn, the rest applied
+    to the untouched document. A rule that reads several keys (global_batch against world_size) reports
+    one of them; this finds which of them the user changed. Empty when the file alone has the error."""
+    keys = [k for raw in overrides if (k := raw.partition("=")[0].strip())]
+    causes = []
+    for skipped in keys:
+        trial = copy.deepcopy(original)
+        for raw in overrides:
+            key, _, text = (part.strip() for part in raw.partition("="))
+            if key != skipped:
+                _set_plain(trial, key, _parse_literal(text, key))
+        try:
+            config.from_dict(trial, source="<without one override>")
+        except ConfigError as again:
+            if (again.key, again.problem) == (err.key, err.problem):
+                continue
+        causes.append(skipped)
+    return causes
 
 
 def _search_param(key: str) -> str | None:

@@ -41,11 +41,12 @@ def memory(preset: PresetOpt = "seed-table", sets: SetOpt = None, world_size: Wo
            steps: StepsOpt = 2, compare: CompareOpt = False,
            as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False) -> None:
     """Per-rank memory by category: estimated from the config, measured with --measure."""
-    extra = list(sets or [])
-    if zero is not None:
-        extra.append(f"parallel.zero_stage={zero}")
+    from engine.config.presets import Override
+    extra: list[str] = list(sets or [])
+    if zero is not None:  # an error it causes names --zero (engine.config.presets.Override)
+        extra.append(Override(f"parallel.zero_stage={zero}", f"--zero {zero}"))
     if precision is not None:
-        extra.append(f'precision.dtype="{precision}"')
+        extra.append(Override(f'precision.dtype="{precision}"', f"--precision {precision}"))
     with user_errors():
         cfg, _, _ = load_config(preset, extra, world_size)
         report = _compare(cfg, measure, steps) if compare else _breakdown(cfg, measure, steps)

@@ -18,13 +18,17 @@ from nanodist_tui.cli.errors import USER_ERRORS, OutDirError, fail, internal_fai
 
 def shortcut_overrides(sets: list[str] | None, world_size: int | None, backend: str | None,
                        log_to: str | None = None) -> list[str]:
-    extra = list(sets or [])
+    """The --set overrides plus the shortcut flags as overrides that remember their flag, so an error they
+    cause names `--world-size 3`, not the preset's line or a --set the user never typed."""
+    from engine.config.presets import Override
+    extra: list[str] = list(sets or [])
     if world_size is not None:
-        extra.append(f"parallel.world_size={world_size}")
+        extra.append(Override(f"parallel.world_size={world_size}", f"--world-size {world_size}"))
     if backend is not None:
-        extra.append(f'parallel.backend="{backend}"')
+        extra.append(Override(f'parallel.backend="{backend}"', f"--backend {backend}"))
     if log_to is not None:
-        extra.append("log.to=[" + ", ".join(f'"{n}"' for n in sink_names(log_to, "--log-to")) + "]")
+        names = ", ".join(f'"{n}"' for n in sink_names(log_to, "--log-to"))
+        extra.append(Override(f"log.to=[{names}]", f"--log-to {log_to}"))
     return extra
 
 

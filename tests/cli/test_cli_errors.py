@@ -116,6 +116,8 @@ TCP = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29511", "NANODIST_SECRET"
 # thread ranks: a bug patched into this process reaches them (quickstart's rank processes would not see it)
 TINY = ["--set", "train.steps=2", "--set", "model.n_layer=1", "--set", "model.n_embd=16",
         "--set", "data.max_chars=20000", "--set", "train.eval_batches=1", "--set", "parallel.backend=threads"]
+# a preset whose batch does not split over its own world size, whatever the flags say
+_ODD_BATCH = 'name = "odd"\n[train]\nglobal_batch = 3\n[parallel]\nworld_size = 2\n'
 HUGE_GPT = ["--set", "model.n_embd=131072", "--set", "model.n_head=4"]
 
 CASES: dict[str, tuple[list[str], dict]] = {
@@ -139,9 +141,18 @@ CASES: dict[str, tuple[list[str], dict]] = {
                                  {"named": "parallel.timeout_s"}),
     "run: negative seed": (["run", "--set", "seed=-1"], {"named": "seed"}),
     "run: dropout of 1.5": (["run", "--set", "model.dropout=1.5"], {"named": "model.dropout"}),
-    "run: no ranks": (["run", "--world-size", "0"], {"named": "world_size"}),
-    "run: unknown backend": (["run", "--backend", "nccl"], {"named": "parallel.backend"}),
-    "run: batch that does not split": (["run", "--world-size", "3"], {"named": "train.global_batch"}),
+    "run: no ranks": (["run", "--world-size", "0"], {"named": "--world-size 0: parallel.world_size"}),
+    "run: unknown backend": (["run", "--backend", "nccl"], {"named": "--backend nccl: parallel.backend"}),
+    # the preset's batch is fine; the flag made it unsplittable, so the line names the flag, not the file
+    "run: batch that does not split": (["run", "--world-size", "3"],
+                                       {"named": "--world-size 3: train.global_batch"}),
+    "run: batch that does not split, mlp": (["run", "-p", "mlp", "--world-size", "3"],
+                                            {"named": "--world-size 3: train.global_batch"}),
+    "run: batch --set unsplittable": (["run", "--set", "train.global_batch=33"],
+                                      {"named": "--set train.global_batch=33: train.global_batch"}),
+    "run: file's own mistake stays the file's": (
+        ["run", "-p", "{tmp}/odd.toml", "--set", "optim.lr=0.001"],
+        {"named": "odd.toml:3: train.global_batch", "setup": _write("odd.toml", _ODD_BATCH)}),
     "run: vocabulary smaller than the corpus": (
         ["run", "--set", "model.vocab_size=40"],
         {"named": "model.vocab_size: 40 is smaller than the corpus's"}),
@@ -226,7 +237,7 @@ CASES: dict[str, tuple[list[str], dict]] = {
     "resume: fewer steps than saved": (["resume", "{run}", "--no-ui", "--set", "train.steps=3"],
                                        {"named": "train.steps=6"}),
     "resume: batch that does not split": (["resume", "{run}", "--no-ui", "--world-size", "3"],
-                                          {"named": "world_size"}),
+                                          {"named": "--world-size 3: train.global_batch"}),
     "resume: damaged newest manifest": (["resume", "{damaged}", "--no-ui"], {"named": "--step 4"}),
     "resume: corrupted shard": (["resume", "{tmp}/copy", "--no-ui"],
                                 {"named": "corrupted", "setup": _run_copy(_flip_shard)}),
@@ -260,7 +271,9 @@ CASES: dict[str, tuple[list[str], dict]] = {
     "memory: no such ZeRO stage": (["memory", "--zero", "7"], {"named": "zero_stage"}),
     "memory: unknown precision": (["memory", "--precision", "fp8"], {"named": "precision.dtype"}),
     "memory: no steps to measure": (["memory", "--measure", "--steps", "0"], {"named": "--steps"}),
-    "memory: no ranks": (["memory", "--world-size", "0"], {"named": "world_size"}),
+    "memory: no ranks": (["memory", "--world-size", "0"], {"named": "--world-size 0: parallel.world_size"}),
+    "memory: precision flag named": (["memory", "--precision", "fp8"], {"named": "--precision fp8:"}),
+    "memory: zero flag named": (["memory", "--zero", "7"], {"named": "--zero 7:"}),
     "memory: measuring what cannot fit": (["memory", "-p", "gpt-mini", "--measure", *HUGE_GPT],
                                           {"named": "run.check_memory"}),
     # ---- bench

@@ -131,12 +131,23 @@ def test_sweep_space_override_errors_name_the_set_flag(override, key):
     assert str(info.value).startswith(f"--set {override}: {key}: "), str(info.value)
 
 
-def test_error_caused_by_an_override_elsewhere_points_at_the_file_line():
+def test_error_caused_by_an_override_elsewhere_names_the_override():
+    # global_batch 32 splits over the file's world size; the override makes it unsplittable, so the override
+    # is the mistake (issue 27: `--world-size 3` blamed quickstart.toml:34)
     with pytest.raises(ConfigError) as info:
         presets.load_preset("quickstart", ["parallel.world_size=3"])
-    path = REPO / "presets" / "quickstart.toml"
-    line = presets.locate_key(path.read_text(), "train.global_batch")
-    assert str(info.value).startswith(f"{path}:{line}: train.global_batch:")
+    assert str(info.value).startswith("--set parallel.world_size=3: train.global_batch:")
+    with pytest.raises(ConfigError) as info:
+        presets.load_preset("quickstart", [presets.Override("parallel.world_size=3", "--world-size 3")])
+    assert str(info.value).startswith("--world-size 3: train.global_batch:")
+
+
+def test_error_the_file_has_without_overrides_points_at_the_file_line(tmp_path):
+    path = tmp_path / "odd.toml"
+    path.write_text('name = "odd"\n[train]\nglobal_batch = 3\n[parallel]\nworld_size = 2\n')
+    with pytest.raises(ConfigError) as info:  # an unrelated override does not take the blame
+        presets.load_preset(str(path), ["optim.lr=1e-3"])
+    assert str(info.value).startswith(f"{path}:3: train.global_batch:")
 
 
 def test_overrides_parse_toml_literals_and_keep_spelling():
