@@ -37,6 +37,15 @@ class RunStarted:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """What a run is doing before its first step, each stage as it begins: "starting ranks" (the launcher),
+    "building the model", "compiling kernels" (the first evaluation: numba compiles the kernels it uses)
+    and "first step" (rank 0). A display shows the latest until the steps come; seconds pass between them."""
+    kind: ClassVar[str] = "phase"
+    name: str
+
+
+@dataclass(frozen=True)
 class StepEnd:
     kind: ClassVar[str] = "step_end"
     step: int
@@ -207,7 +216,7 @@ class SweepFinished:
 
 
 EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
-    RunStarted, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, LossScaleChange, CheckpointSaved,
+    RunStarted, Phase, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, LossScaleChange, CheckpointSaved,
     RunPaused, Log, RunFinished, RunFailed, SweepStarted, TrialStarted, TrialReport, TrialFinished,
     SweepFinished)}
 

@@ -180,10 +180,13 @@ class Trainer:
                                     total_steps=cfg.train.steps, threads_per_rank=self.comm.threads_per_rank,
                                     first_step=self.step, run_dir=run_dir,
                                     network=self.network_report()["network"]))
+            self.emit(ev.Phase("compiling kernels"))  # the first forward pass compiles them (numba)
         val, evaluated_at = self.evaluate(), self.step
         first_val = val
         self._report_eval(val)
         t_start, tokens_start, train_start = time.perf_counter(), self.tokens_seen, self.train_time
+        if self.rank == 0 and self.step < cfg.train.steps:
+            self.emit(ev.Phase("first step"))  # the backward pass's kernels compile in it
         while self.step < cfg.train.steps and not self.stop_agreed:
             s = self.train_step()
             self._report_step(s)
@@ -257,6 +260,8 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
     if process_rank(cfg.parallel.backend) is not None and comm.world_size > 1:
         # Ranks started by mpiexec or by hand: rank 0's process made the run folder; everyone uses it.
         run_id, checkpoint_dir, resume_from = broadcast_json(comm, [run_id, checkpoint_dir, resume_from])
+    if comm.rank == 0:
+        emit(ev.to_json(ev.Phase("building the model")))
     try:
         trainer = Trainer(cfg, comm, emit, comm.should_stop, should_pause=comm.should_pause)
     except Exception as exc:

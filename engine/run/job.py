@@ -60,6 +60,7 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     run_id = recorder.run_id if recorder else uuid.uuid4().hex[:8]
     checkpoint_dir = str(recorder.run_dir / CHECKPOINTS) if recorder else ""
     t0 = time.perf_counter()
+    bus.emit(ev.Phase("starting ranks"))
     try:
         results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, train_rank,
                             args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),

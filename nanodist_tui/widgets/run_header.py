@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from rich.text import Text
 
-from engine.events import Eval, RunStarted, StepEnd
+from engine.events import Eval, Phase, RunStarted, StepEnd
+from engine.run import throughput
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.text_view import TextView
@@ -49,9 +50,11 @@ class RunHeader(TextView):
         self.info: RunInfo | None = None
         self.state = "starting"
         self.latest: StepEnd | None = None
+        self.phase = ""  # the stage the run is in before its first step (engine.events.Phase)
         self.val_loss: float | None = None
         self.peak_memory: dict[int, int] = {}
-        self._window: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (tokens, seconds) per step
+        self._window: deque[StepEnd] = deque(maxlen=WINDOW)
+        self._run_tokens = self._run_seconds = 0.0  # every step's, for the run's own figure once it ends
         self._dirty = True
 
     def ingest(self, tick: Tick) -> None:
@@ -62,10 +65,15 @@ class RunHeader(TextView):
             elif isinstance(event, Eval):
                 self.val_loss = event.val_loss
                 self._dirty = True
+            elif isinstance(event, Phase):
+                self.phase = event.name
+                self._dirty = True
         for (rank, _), snap in tick.memory.items():
             self.peak_memory[rank] = max(self.peak_memory.get(rank, 0), sum(snap.peak.values()))
         if tick.steps:
-            self._window.extend((step.tokens, step.step_time_s) for step in tick.steps[-WINDOW:])
+            self._window.extend(tick.steps[-WINDOW:])
+            self._run_tokens += sum(step.tokens for step in tick.steps)
+            self._run_seconds += sum(step.step_time_s for step in tick.steps)
             self.latest = tick.steps[-1]
             self._dirty = True
 
@@ -89,15 +97,18 @@ class RunHeader(TextView):
             self.show(self.summary(self.content_region.width or 80))
 
     def tokens_per_s(self) -> float | None:
-        """Tokens per second over the last WINDOW steps (a smoothed figure; one step's is noisy)."""
-        seconds = sum(s for _, s in self._window)
-        return sum(t for t, _ in self._window) / seconds if seconds > 0 else None
+        """engine.run.throughput's tokens/s: over the last WINDOW steps while the run goes (one step's is
+        noisy; the whole run's lags), over all its steps once it has ended, so the header then shows the
+        figure `runs`, compare and the summary show."""
+        if self.state in ("running", "pausing", "paused", "stopping", "starting"):
+            return throughput.of_steps(self._window)
+        return throughput.tokens_per_s(self._run_tokens, self._run_seconds)
 
     def eta_s(self) -> float | None:
         if self.latest is None or self.info is None or not self._window:
             return None
         remaining = max(0, self.info.total_steps - self.latest.step)
-        return remaining * sum(s for _, s in self._window) / len(self._window)
+        return remaining * sum(s.step_time_s for s in self._window) / len(self._window)
 
     def summary(self, width: int = 80) -> Text:
         out = Text()
@@ -164,7 +175,11 @@ def _network(h: RunHeader) -> Text | None:
 def _step(h: RunHeader) -> Text:
     total = h.info.total_steps if h.info else "?"
     if h.latest is None:
-        return Text(f"step -/{total}", style="dim")
+        # the seconds before the first step say what takes them (starting ranks, compiling kernels, ...)
+        text = Text(f"step -/{total}", style="dim")
+        if h.phase and h.state in ("starting", "running"):
+            text.append(f" · {h.phase}...", style="bold")
+        return text
     return Text(f"step {h.latest.step}/{total}", style="bold")
 
 

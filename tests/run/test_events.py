@@ -29,6 +29,7 @@ SAMPLES = [
     ev.CheckpointSaved(step=10, path="runs/x/ckpt-10"),
     ev.RunPaused(step=4, paused=True),
     ev.Log(level="info", message="hello"),
+    ev.Phase(name="building the model"),
     ev.RunFinished(steps=10, initial_val_loss=4.2, final_val_loss=2.1, tokens_per_s=1e4, wall_s=12.5,
                    run_dir="runs/x"),
     ev.RunFinished(steps=4, initial_val_loss=4.2, final_val_loss=3.0, tokens_per_s=1e4, wall_s=2.5,
@@ -54,8 +55,9 @@ SAMPLES = [
 
 def test_samples_cover_every_kind_of_the_contract():
     assert {type(e).kind for e in SAMPLES} == set(ev.EVENT_TYPES) == {
-        "run_started", "step_end", "eval", "rank_stats", "traffic", "memory_snapshot", "loss_scale_change",
-        "checkpoint_saved", "run_paused", "log", "run_finished", "run_failed", "sweep_started",
+        "run_started", "phase", "step_end", "eval", "rank_stats", "traffic", "memory_snapshot",
+        "loss_scale_change", "checkpoint_saved", "run_paused", "log", "run_finished", "run_failed",
+        "sweep_started",
         "trial_started", "trial_report", "trial_finished", "sweep_finished"}
 
 

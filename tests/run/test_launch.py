@@ -79,3 +79,15 @@ def test_a_data_mistake_is_one_line_before_any_rank_starts(tmp_path, monkeypatch
         dataset = load_dataset(cfg)
         check_against_data(cfg, len(dataset.splits["train"]), len(dataset.splits["val"]), dataset.vocab_size)
     assert str(raised.value) == str(reference.value) and "\n" not in str(raised.value)
+
+
+def test_the_stages_before_the_first_step_are_announced_once_each_in_order(tmp_path):
+    """A display has something to say in the seconds before the first step: each stage, as it begins, once
+    (rank 0 speaks for the ranks), and all of them before the first StepEnd."""
+    cfg, doc = four_ranks(tmp_path)
+    seen: list = []
+    run_training(cfg, on_event=seen.append, preset_doc=doc)
+    phases = [e.name for e in seen if isinstance(e, ev.Phase)]
+    assert phases == ["starting ranks", "building the model", "compiling kernels", "first step"]
+    first_step = next(i for i, e in enumerate(seen) if isinstance(e, ev.StepEnd))
+    assert max(i for i, e in enumerate(seen) if isinstance(e, ev.Phase)) < first_step
