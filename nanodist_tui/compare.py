@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.events import Eval, MemorySnapshot, RunFinished, RunStarted, StepEnd, Traffic
+from engine.run import throughput
 from engine.run.recorder import read_events
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.traffic import phase_bandwidths, rank_traffic
@@ -24,7 +25,7 @@ class RunFigures:
     memory_total: int = 0  # highest simultaneous total of any rank
     phase_bytes: dict[str, int] = field(default_factory=dict)  # phase -> bytes rank 0 sent per step (last)
     phase_busbw: dict[str, float] = field(default_factory=dict)  # phase -> median busbw over steps, rank 0
-    tokens_per_s: float | None = None  # median over steps
+    tokens_per_s: float | None = None  # over all its steps (engine.run.throughput, as `runs` shows it)
     final_val: float | None = None
     steps: int = 0
 
@@ -37,14 +38,14 @@ def figures(events: list, name: str) -> RunFigures:
     started = next((e for e in events if isinstance(e, RunStarted)), None)
     info = RunInfo.from_started(started) if started is not None else RunInfo(preset=name)
     out = RunFigures(name, info)
-    rates: list[float] = []
+    steps: list[StepEnd] = []
     busbw: dict[str, list[float]] = {}
     for e in events:
         if isinstance(e, StepEnd):
             out.steps = e.step
             if not e.skipped and math.isfinite(e.loss):
                 out.train.append((e.step, e.loss))
-            rates.append(e.tokens_per_s)
+            steps.append(e)
         elif isinstance(e, Eval):
             out.val.append((e.step, e.val_loss))
             out.final_val = e.val_loss
@@ -61,7 +62,7 @@ def figures(events: list, name: str) -> RunFigures:
         elif isinstance(e, RunFinished):
             out.steps = e.steps
     out.phase_busbw = {phase: statistics.median(values) for phase, values in busbw.items()}
-    out.tokens_per_s = statistics.median(rates) if rates else None
+    out.tokens_per_s = throughput.of_steps(steps)
     return out
 
 

@@ -35,7 +35,7 @@ from engine import config
 from engine import events as ev_types
 from engine.config import presets
 from engine.events import EventError, as_event, from_json, to_json
-from engine.run import atomic_file, lock
+from engine.run import atomic_file, lock, throughput
 from engine.run.legacy_events import LegacyFields
 
 METRIC_COLUMNS = ["step", "loss", "lr", "tokens", "step_time_s", "tokens_per_s", "grad_norm", "val_loss",
@@ -99,7 +99,9 @@ def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
         "last_loss": None,
         "initial_val_loss": None, "final_val_loss": None, "best_val_loss": None,
         "tokens": 0,  # tokens (or samples) processed in this run: the sum over its StepEnd events
-        "tokens_per_s": None, "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0, "error": None,
+        "train_s": 0.0,  # seconds spent in those steps: the sum of their step_time_s
+        "tokens_per_s": None,  # engine.run.throughput: tokens / train_s, the one definition of tokens/s
+        "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0, "error": None,
         "failed_rank": None, "network": None}  # network: "emulated network: ..." when it was emulated
 
 
@@ -110,8 +112,10 @@ def summarize(s: dict[str, Any], ev: Any) -> None:
                  threads_per_rank=ev.threads_per_rank or None, network=ev.network or None)
         s["preset"] = s["preset"] or ev.preset
     elif isinstance(ev, ev_types.StepEnd):
-        s.update(steps=ev.step, last_loss=ev.loss, tokens_per_s=ev.tokens_per_s)
+        s.update(steps=ev.step, last_loss=ev.loss)
         s["tokens"] += ev.tokens  # a skipped (overflowed) step still read and processed its tokens
+        s["train_s"] += ev.step_time_s
+        s["tokens_per_s"] = throughput.tokens_per_s(s["tokens"], s["train_s"])
         s["skipped_steps"] += bool(ev.skipped)
     elif isinstance(ev, ev_types.Eval):
         if s["initial_val_loss"] is None:
@@ -122,8 +126,9 @@ def summarize(s: dict[str, Any], ev: Any) -> None:
     elif isinstance(ev, ev_types.LossScaleChange):
         s["loss_scale_changes"] += 1
     elif isinstance(ev, ev_types.RunFinished):
-        s.update(status="stopped" if ev.stopped else "finished", steps=ev.steps, tokens_per_s=ev.tokens_per_s,
-                 wall_s=ev.wall_s)
+        s.update(status="stopped" if ev.stopped else "finished", steps=ev.steps, wall_s=ev.wall_s)
+        if s["tokens_per_s"] is None:  # no steps were recorded: the trainer's figure (the same definition)
+            s["tokens_per_s"] = ev.tokens_per_s
         for key in ("initial_val_loss", "final_val_loss"):
             if getattr(ev, key) is not None:
                 s[key] = getattr(ev, key)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from rich.text import Text
 
-from engine.events import Eval, Phase, RunStarted, StepEnd
+from engine.events import Eval, Phase, RunFinished, RunStarted, StepEnd
 from engine.run import throughput
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
@@ -55,6 +55,7 @@ class RunHeader(TextView):
         self.peak_memory: dict[int, int] = {}
         self._window: deque[StepEnd] = deque(maxlen=WINDOW)
         self._run_tokens = self._run_seconds = 0.0  # every step's, for the run's own figure once it ends
+        self._run_rate: float | None = None  # RunFinished's: the same figure, and no step of it was dropped
         self._dirty = True
 
     def ingest(self, tick: Tick) -> None:
@@ -65,6 +66,8 @@ class RunHeader(TextView):
             elif isinstance(event, Eval):
                 self.val_loss = event.val_loss
                 self._dirty = True
+            elif isinstance(event, RunFinished):
+                self._run_rate = event.tokens_per_s
             elif isinstance(event, Phase):
                 self.phase = event.name
                 self._dirty = True
@@ -102,6 +105,8 @@ class RunHeader(TextView):
         figure `runs`, compare and the summary show."""
         if self.state in ("running", "pausing", "paused", "stopping", "starting"):
             return throughput.of_steps(self._window)
+        if self._run_rate is not None:
+            return self._run_rate
         return throughput.tokens_per_s(self._run_tokens, self._run_seconds)
 
     def eta_s(self) -> float | None:
@@ -197,7 +202,9 @@ def _speed(h: RunHeader) -> Text | None:
 
 def _eta(h: RunHeader) -> Text | None:
     eta = h.eta_s()
-    if eta is None or h.state not in ("running", "pausing", "stopping"):
+    # a replay's step times are the recorded run's, and it plays at its own speed (or seeks): the recorded
+    # run's ETA would be a figure of a run that is long over
+    if eta is None or h.replay_speed is not None or h.state not in ("running", "pausing", "stopping"):
         return None
     return Text(f"ETA {format_duration(eta)}")
 
