@@ -103,6 +103,19 @@ class HeadlessPrinter(LinePrinter):
         self.close()  # no line: run_headless_job prints the summary next, with every figure
 
 
+def peak_memory_text(peaks: dict) -> str:
+    """Each rank's highest measured total, in MiB ("r0 12.3 MiB  r1 12.1 MiB"); past 8 ranks the highest
+    and the lowest, with their ranks."""
+    by_rank = sorted((int(rank), amount) for rank, amount in peaks.items())
+
+    def cell(rank: int, amount: int) -> str:
+        return f"r{rank} {amount / 2**20:.1f} MiB"
+    if len(by_rank) <= 8:
+        return "  ".join(cell(*item) for item in by_rank)
+    high, low = max(by_rank, key=lambda x: x[1]), min(by_rank, key=lambda x: x[1])
+    return f"highest {cell(*high)}, lowest {cell(*low)} ({len(by_rank)} ranks)"
+
+
 def summary_lines(summary: dict) -> list[str]:
     """The final report of a run, one fact per line."""
     first, last = summary["initial_val_loss"], summary["final_val_loss"]
@@ -118,6 +131,12 @@ def summary_lines(summary: dict) -> list[str]:
     ]
     if summary.get("threads_per_rank"):
         lines.insert(3, f"threads/rank   {summary['threads_per_rank']}")
+    if summary.get("peak_memory"):
+        lines.append(f"peak memory    {peak_memory_text(summary['peak_memory'])}")
+    if "overflows" in summary:
+        skipped = summary.get("skipped_steps", 0)
+        lines.append(f"overflows      {summary['overflows']} (loss-scale overflows; {skipped} step"
+                     f"{'' if skipped == 1 else 's'} skipped)")
     if summary.get("network"):
         lines.append(f"network        {summary['network']}")
     if summary.get("run_dir"):

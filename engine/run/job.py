@@ -26,7 +26,7 @@ from engine.config.build import build_dataset, vocab_size
 from engine.data import DATA_KINDS
 from engine.memory.estimator import estimate
 from engine.run import error_log
-from engine.run.recorder import RecordingError, RunRecorder
+from engine.run.recorder import RecordingError, RunRecorder, new_summary, summarize
 from engine.sinks.runner import SinkSet
 from engine.trainer import train_rank
 
@@ -53,6 +53,10 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         bus.subscribe(recorder)
     if on_event is not None:
         bus.subscribe(on_event)
+    # the figures the ranks' results do not hold (peak memory per rank, overflows), folded as the recorder
+    # folds them, so the summary every caller prints has them, recorded or not
+    figures = new_summary("", cfg.name)
+    bus.subscribe(lambda event: summarize(figures, event))
     # Telemetry sinks (TensorBoard, W&B, MLflow) write beside the run folder, so only a recorded run has them.
     sinks = SinkSet(cfg.log.to, recorder.run_dir, cfg.log, bus.emit) if recorder and cfg.log.to else None
     if sinks:
@@ -100,6 +104,8 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     summary["stopped"] = summary["steps"] < cfg.train.steps
     summary["total_steps"] = cfg.train.steps
     summary["lead"] = lead
+    summary.update({key: figures[key] for key in ("peak_memory", "overflows", "skipped_steps",
+                                                  "loss_scale_changes")})
     finished = ev.RunFinished(steps=summary["steps"], initial_val_loss=summary["initial_val_loss"],
                               final_val_loss=summary["final_val_loss"],
                               tokens_per_s=summary["tokens_per_s"], wall_s=summary["wall_s"],

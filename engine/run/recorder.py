@@ -101,7 +101,10 @@ def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
         "tokens": 0,  # tokens (or samples) processed in this run: the sum over its StepEnd events
         "train_s": 0.0,  # seconds spent in those steps: the sum of their step_time_s
         "tokens_per_s": None,  # engine.run.throughput: tokens / train_s, the one definition of tokens/s
-        "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0, "error": None,
+        "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0,
+        "overflows": 0,  # fp16 loss-scale overflows: every LossScaleChange but growth (inf, nan, hysteresis)
+        "peak_memory": {},  # rank (a string, as JSON keys are) -> its highest measured total bytes
+        "error": None,
         "failed_rank": None, "network": None}  # network: "emulated network: ..." when it was emulated
 
 
@@ -125,6 +128,10 @@ def summarize(s: dict[str, Any], ev: Any) -> None:
         s["best_val_loss"] = ev.val_loss if best is None else min(best, ev.val_loss)
     elif isinstance(ev, ev_types.LossScaleChange):
         s["loss_scale_changes"] += 1
+        s["overflows"] += ev.reason != "growth"
+    elif isinstance(ev, ev_types.MemorySnapshot):
+        peaks = s["peak_memory"]
+        peaks[str(ev.rank)] = max(peaks.get(str(ev.rank), 0), sum(ev.peak.values()))
     elif isinstance(ev, ev_types.RunFinished):
         s.update(status="stopped" if ev.stopped else "finished", steps=ev.steps, wall_s=ev.wall_s)
         if s["tokens_per_s"] is None:  # no steps were recorded: the trainer's figure (the same definition)

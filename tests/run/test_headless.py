@@ -136,3 +136,24 @@ def test_the_threads_each_rank_got_are_named_where_the_run_is_described():
     summary = {"steps": 5, "initial_val_loss": 2.0, "final_val_loss": 1.0, "tokens_per_s": 10.0,
                "wall_s": 1.0, "threads_per_rank": 3}
     assert "threads/rank   3" in summary_lines(summary)
+
+
+def test_the_summary_has_each_ranks_peak_memory_and_the_overflows(tmp_path):
+    # fp16 with a first scale of 2^24 overflows at once: the summary counts it, and each rank's peak is the
+    # highest total its MemorySnapshot events measured (issue 27: --no-ui left both out)
+    from tests.run_helpers import train
+    summary, events = train(tmp_path, "parallel.world_size=2", "precision.dtype=fp16",
+                            "precision.loss_scale=dynamic", "precision.init_scale=16777216")
+    measured: dict[str, int] = {}
+    for e in events:
+        if e.kind == "memory_snapshot":
+            measured[str(e.rank)] = max(measured.get(str(e.rank), 0), sum(e.peak.values()))
+    overflows = [e for e in events if e.kind == "loss_scale_change" and e.reason != "growth"]
+    assert set(measured) == {"0", "1"} and summary["peak_memory"] == measured
+    assert overflows and summary["overflows"] == len(overflows)
+    lines = summary_lines(summary)
+    peak = next(line for line in lines if line.startswith("peak memory"))
+    assert peak == "peak memory    " + "  ".join(f"r{r} {measured[r] / 2**20:.1f} MiB" for r in ("0", "1"))
+    skipped = sum(e.skipped for e in events if e.kind == "step_end")
+    assert (f"overflows      {len(overflows)} (loss-scale overflows; {skipped} step"
+            f"{'' if skipped == 1 else 's'} skipped)") in lines
