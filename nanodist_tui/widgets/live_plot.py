@@ -87,6 +87,14 @@ class LivePlot(PlotextPlot):
         # textual_plotext's stub asks for list[float] (lists are invariant): whole numbers are numbers too
         self.plt.xticks(cast(list[float], ticks), [str(t) for t in ticks])
 
+    def count_axis(self, last: int) -> None:
+        """x over whole counts from 0 to `last` (at least 1): trial numbers, never a fractional or negative
+        tick, however few points there are."""
+        last = max(last, 1)
+        self.plt.xlim(0, last)
+        ticks = step_ticks(0, last, self.size.width)
+        self.plt.xticks(cast(list[float], ticks), [str(t) for t in ticks])
+
     def value_axis(self) -> None:
         lo, hi = self.y_range.limits()
         self.plt.ylim(lo, hi)

@@ -57,6 +57,7 @@ class HistoryPlot(LivePlot):
 
     def draw(self, max_points: int) -> None:
         numbers = sorted(self.trials)
+        self.count_axis(max([*numbers, *self.best]))  # trial numbers count from 0: whole ticks only
         self.plt.scatter(numbers, [self.trials[n] for n in numbers], label=self.metric,
                          marker=glyphs_of(self).dots, color="cyan")
         if self.best:

@@ -177,3 +177,23 @@ log = true
             assert len(pane.history.trials) == 2 and pane.intermediate.running  # reports at steps 4, 8, 12
             assert pane.finished is not None and not pane.finished.stopped
     asyncio.run(main())
+
+
+def test_the_history_axis_counts_whole_trials_from_zero():
+    """With two trials plotext alone would label x -0.5, 0.25, ... : the history's ticks are whole trial
+    numbers, none negative."""
+    job = FakeSweep(n=2)
+
+    async def main() -> None:
+        app = create_app("fake", job, sweep_finish=job.finish, pane_interval_s=TEST_PANE_INTERVAL_S)
+        async with app.run_test(size=SIZE) as pilot:
+            pane = app.query_one(SweepPane)
+            await settle(pilot, app, lambda: app.session.state == "finished")
+            app.redraw_now()
+            await pilot.pause(0.3)
+            lines = pane.history.render().plain.splitlines()  # type: ignore[union-attr]
+            axis = next(line for line in reversed(lines) if line.strip() and "trial" not in line)
+            ticks = axis.split()
+            assert ticks and all(t.isdigit() for t in ticks), axis
+            assert ticks[0] == "0" and int(ticks[-1]) >= 1
+    asyncio.run(main())
