@@ -67,8 +67,11 @@ class NanoDistApp(WorkbenchActions, App[None]):
                  make_job: MakeJob | None = None, check_run: Callable[[Any], None] | None = None,
                  user_config: UserConfig | None = None, compare: tuple | None = None,
                  sweep_finish: threading.Event | None = None,
-                 pane_interval_s: float = PANE_INTERVAL_S) -> None:
+                 pane_interval_s: float = PANE_INTERVAL_S, shape: RunInfo | None = None) -> None:
         super().__init__()
+        # the first run's shape from its config: its panes are laid out from the first frame, and laid out
+        # again (the same) when its RunStarted brings the figures they hold
+        self.first_shape = shape
         self.pane_interval_s = pane_interval_s
         self.compare_runs = compare
         self.sweep_finish = sweep_finish  # set: the first job is a sweep, and this ends it after its trial
@@ -105,7 +108,12 @@ class NanoDistApp(WorkbenchActions, App[None]):
         with Container(id="session-panes"):
             yield from self.session_panes
         with Container(id="body"):
-            yield self.startup_log
+            if self.first_shape is not None and self.first_job is not None:
+                # the layout from the first frame
+                self.workspace = Workspace(self.first_shape, id="workspace")
+                yield self.workspace
+            else:
+                yield self.startup_log
         yield Footer()
 
     def on_mount(self) -> None:
@@ -121,6 +129,8 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self.set_interval(self.pane_interval_s, self._redraw)
         if self.first_job is not None:
             self.start_session(self.first_job, self.first_player, self.preset_name)
+        if self.workspace is not None:
+            self.call_after_refresh(self.workspace.focus_tabs)
         if self.compare_runs is not None:
             self._compare_chosen(list(self.compare_runs))
         self.header.redraw()
@@ -155,22 +165,25 @@ class NanoDistApp(WorkbenchActions, App[None]):
 
     async def _build_workspace(self, info: RunInfo) -> None:
         body = self.query_one("#body")
+        # the tab the user chose while the run started stays chosen when its panes are made again
+        tab = self.workspace.active_tab if self.workspace is not None else None
         self.screen.set_focus(None)  # the startup log is going: focus must not stay on a removed widget
         await body.remove_children()
-        workspace = Workspace(info, id="workspace")
+        workspace = Workspace(info, id="workspace", initial_tab=tab)
         await body.mount(workspace)
         self.workspace = workspace  # only now: its tabs exist
         for tick in self._early:
             for pane in workspace.panes:
                 pane.ingest(tick)
-        self._early.clear()
+        if self.session is None or self.session.info is not None:  # the config's shape: RunStarted's come
+            self._early.clear()
         self.call_after_refresh(workspace.focus_tabs)
 
     # ------------------------------------------------------------------ sessions
 
     def start_session(self, job_fn: JobFn, player: ReplayPlayer | None, name: str) -> RunSession:
         session = RunSession(job_fn, self.post_message, player=player)
-        self.session = session
+        first, self.session = self.session is None, session
         self.preset_name = name
         self.header.reset(name, replay_speed=player.speed if player is not None else None)
         self._early.clear()
@@ -178,7 +191,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
             for pane in self.session_panes:
                 pane.remove()
             self.session_panes = []
-        if self.workspace is not None:
+        if self.workspace is not None and not first:  # the first run's panes, of its config's shape, stay
             self.screen.set_focus(None)
             self.workspace.remove()
             self.workspace = None
@@ -213,7 +226,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
             for pane in (self.header, *as_panes(self.session_panes), self.projection):
                 pane.ingest(tick)
         else:
-            if self.workspace is None:
+            if s.info is None:  # kept for the panes RunStarted makes (those of the config's shape go)
                 self._early.append(tick)
             for pane in self.panes:
                 pane.ingest(tick)
@@ -340,10 +353,11 @@ def create_app(preset_name: str, job_fn: JobFn | None, *, replay: ReplayPlayer |
                make_job: MakeJob | None = None, check_run: Callable[[Any], None] | None = None,
                user_config: UserConfig | None = None, compare: tuple | None = None,
                sweep_finish: threading.Event | None = None,
-               pane_interval_s: float = PANE_INTERVAL_S) -> NanoDistApp:
+               pane_interval_s: float = PANE_INTERVAL_S, shape: RunInfo | None = None) -> NanoDistApp:
     """The app for one run, a sweep (`sweep_finish` given) or none (to compare two recorded runs); shared
     by the CLI (real or replayed run, sweep) and the tests (fake jobs). `make_job(cfg, doc)` lets the user
-    start other runs from the app. `pane_interval_s`: how often the panes redraw (tests draw faster)."""
+    start other runs from the app. `pane_interval_s`: how often the panes redraw (tests draw faster). `shape`
+    (RunInfo.from_config): the first run's panes from the first frame, not once the run has started."""
     return NanoDistApp(preset_name, job_fn, replay=replay, make_job=make_job, check_run=check_run,
                        user_config=user_config, compare=compare, sweep_finish=sweep_finish,
-                       pane_interval_s=pane_interval_s)
+                       pane_interval_s=pane_interval_s, shape=shape)

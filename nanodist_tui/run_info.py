@@ -53,6 +53,16 @@ class RunInfo:
                    ranks_per_node=int(setting("parallel", "ranks_per_node")),
                    hybrid=bool(setting("parallel", "hybrid")), memory_estimate=event.memory_estimate)
 
+    @classmethod
+    def from_config(cls, config: dict, preset: str = "", sweep: bool = False) -> RunInfo:
+        """The shape a run of this config (a plain dict, config.to_dict) will have: enough to lay out its
+        panes before its RunStarted arrives (seconds later), so the layout is there from the first frame."""
+        parallel, train = config.get("parallel", {}), config.get("train", {})
+        started = RunStarted(run_id="", preset=preset or config.get("name", ""), config=config, n_params=0,
+                             world_size=int(parallel.get("world_size", 1)),
+                             total_steps=int(train.get("steps", 0)))
+        return cls.from_started(started, sweep=sweep)
+
     @property
     def scales_loss(self) -> bool:
         """Only fp16 scales its loss (engine.loss_scale); every other precision has nothing to show there."""

@@ -22,9 +22,10 @@ def tab_id(pane_id: str) -> str:
 
 
 class Workspace(Vertical):
-    def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
+    def __init__(self, info: RunInfo, *, id: str | None = None, initial_tab: str | None = None) -> None:
         super().__init__(id=id)
         self.info = info
+        self.initial_tab = initial_tab
         self.specs: list[PaneSpec] = panes_for(info)
         self.tabs: dict[str, Widget] = {spec.id: spec.make(info) for spec in self.specs}
         self.overview: dict[int, list[Widget]] = {}
@@ -42,6 +43,12 @@ class Workspace(Vertical):
             tabs.focus()
 
     @property
+    def active_tab(self) -> str | None:
+        """The id of the tab on show (None before the tabs exist)."""
+        tabs = self.query(TabbedContent)
+        return tabs.first().active or None if tabs else None
+
+    @property
     def panes(self) -> list[Pane]:
         return as_panes([*(w for row in self.overview.values() for w in row), *self.tabs.values()])
 
@@ -51,7 +58,8 @@ class Workspace(Vertical):
         return [tab_id(OVERVIEW), *(tab_id(spec.id) for spec in self.specs)]
 
     def compose(self) -> ComposeResult:
-        with TabbedContent(initial=tab_id(OVERVIEW)):
+        initial = self.initial_tab if self.initial_tab in self.tab_ids else tab_id(OVERVIEW)
+        with TabbedContent(initial=initial):
             with TabPane(f"1 {OVERVIEW}", id=tab_id(OVERVIEW)), Vertical(classes="overview"):
                 for row in sorted(self.overview):
                     with Horizontal(classes=f"overview-row row-{row}"):

@@ -162,8 +162,12 @@ def run_in_workbench(cfg, job, ascii_only: bool = False, sweep_finish: threading
     resource_tracker.ensure_running()
     from nanodist_tui.app import create_app
     user_config = workbench_config(ascii_only)
+    from engine.config import to_dict
+    from nanodist_tui.run_info import RunInfo
+    # the run's panes from the first frame, not seconds later when its ranks have started
+    shape = RunInfo.from_config(to_dict(cfg), cfg.name, sweep=sweep_finish is not None)
     run_app(create_app(cfg.name, job, make_job=training_job, check_run=check_can_run,
-                       user_config=user_config, sweep_finish=sweep_finish))
+                       user_config=user_config, sweep_finish=sweep_finish, shape=shape))
 
 
 def run_app(app) -> None:
