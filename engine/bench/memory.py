@@ -10,7 +10,7 @@ from engine import optim
 from engine.comm.launch import EMULATING_BACKENDS, run_ranks
 from engine.config import EmulateConfig, from_dict, replace, to_dict
 from engine.fast import kernels
-from engine.memory.ledger import CATEGORIES, PHASES
+from engine.memory.ledger import CATEGORIES, PHASES, peak_phase
 from engine.trainer import Trainer
 
 EXTRA_ATTEMPTS = 40  # skipped steps a measurement tolerates (fp16 overflows while the loss scale settles)
@@ -87,7 +87,13 @@ def measure(cfg, steps: int = 2, backend: str = "threads") -> dict:
                         timeout_s=cfg.parallel.timeout_s, threads_per_rank=cfg.parallel.threads_per_rank)
     at_rest = {c: max(r["at_rest"][c] for r in results) for c in CATEGORIES}
     peaks = {c: max(m[c] for r in results for m in r["maxima"].values()) for c in CATEGORIES}
-    phase, total = max(((p, sum(cats.values())) for r in results for p, cats in r["peaks"].items()),
-                       key=lambda item: item[1])
+    # the highest total of any rank, and the phase it was first reached in (ledger.peak_phase)
+    by_phase: dict[str, dict[str, int]] = {}
+    for r in results:
+        for p, cats in r["peaks"].items():
+            if p not in by_phase or sum(cats.values()) > sum(by_phase[p].values()):
+                by_phase[p] = cats
+    phase = peak_phase(by_phase)
+    total = sum(by_phase[phase].values()) if phase is not None else 0
     return {"at_rest": at_rest, "category_peaks": peaks, "peak_total": total, "peak_phase": phase,
             "steps": results[0]["steps"], "skipped": results[0]["skipped"], "ranks": results}

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 from engine.config.build import param_shapes, vocab_size
 from engine.dtypes import is_low_precision, itemsize, master_dtype
-from engine.memory.ledger import CATEGORIES, PHASES
+from engine.memory.ledger import CATEGORIES, PHASES, peak_phase
 from engine.optim import CHUNK, NORM_CHUNK
 from engine.parallel.data.buckets import aligned_buckets
 from engine.parallel.data.flat import FlatLayout
@@ -82,8 +82,12 @@ class MemoryEstimate:
         return {name: self.phase(name) for name in PHASES}
 
     def peak(self) -> tuple[str, dict[str, int]]:
-        """(phase, categories) of the phase with the highest total."""
-        return max(self.phases().items(), key=lambda item: sum(item[1].values()))
+        """(phase, categories) of the phase with the highest total (engine.memory.ledger.peak_phase: on a
+        tie the later phase, as the ledger's readers take it)."""
+        phases = self.phases()
+        phase = peak_phase(phases)
+        assert phase is not None  # every estimate has the three phases
+        return phase, phases[phase]
 
     def category_peaks(self) -> dict[str, int]:
         """Each category's own maximum over the step."""

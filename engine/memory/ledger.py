@@ -27,6 +27,24 @@ MODEL_STATES = ("parameters", "gradients", "master", "adam_m", "adam_v")
 PHASES = ("forward", "backward", "optimizer")
 
 
+def peak_phase(by_phase: dict[str, dict[str, int]]) -> str | None:
+    """The phase a step's highest total belongs to: of the phases with the highest total, the last in step
+    order (PHASES). The one definition the estimator, `memory --measure` and the workbench's memory pane use.
+
+    A tie is the usual case, not a corner: a phase starts holding everything the previous one ended with
+    (backward starts with every activation forward kept and the loss's logits), so forward's top total is
+    also backward's first, in both the ledger and the estimator. What the ops hold then is more than that:
+    backward's first op already allocates its gradients (dlogits, the size of the logits), which neither
+    the categories nor the estimate count (tracemalloc puts backward 5-25% above the ledger, docs/memory.md).
+    So the top is really reached in the later phase. Taking a tie by dict order (the estimator: forward) or
+    by sorted key (the pane: backward) had the two name different phases for the same moment."""
+    phases = [p for p in PHASES if p in by_phase] + sorted(p for p in by_phase if p not in PHASES)
+    if not phases:
+        return None
+    top = max(sum(by_phase[p].values()) for p in phases)
+    return [p for p in phases if sum(by_phase[p].values()) == top][-1]
+
+
 class Ledger:
     """Bytes held per category now, and peaks per phase. Thread-safe (the comm thread reports too).
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from engine.events import MemorySnapshot
-from engine.memory.ledger import CATEGORIES
+from engine.memory.ledger import CATEGORIES, peak_phase
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.glyphs import Glyphs, glyphs_of
@@ -110,11 +110,16 @@ class MemoryPane(TextView):
         self.show(self.render_snapshots(self.content_region.width or 80))
 
     def peaks(self) -> dict[int, MemorySnapshot]:
-        """Per rank, the snapshot of the phase whose peak was highest."""
+        """Per rank, the snapshot of the phase whose peak was highest (engine.memory.ledger.peak_phase: on a
+        tie the later phase, as the estimator and `memory --measure` take it)."""
+        by_rank: dict[int, dict[str, MemorySnapshot]] = {}
+        for (rank, phase), snap in self.snapshots.items():
+            by_rank.setdefault(rank, {})[phase] = snap
         worst: dict[int, MemorySnapshot] = {}
-        for (rank, _), snap in sorted(self.snapshots.items()):
-            if rank not in worst or total(snap.peak) > total(worst[rank].peak):
-                worst[rank] = snap
+        for rank in sorted(by_rank):
+            phase = peak_phase({p: snap.peak for p, snap in by_rank[rank].items()})
+            if phase is not None:
+                worst[rank] = by_rank[rank][phase]
         return worst
 
     def estimate_of(self, snap: MemorySnapshot) -> dict[str, int] | None:

@@ -247,3 +247,34 @@ def test_the_bucket_size_picked_for_memory_lowers_the_measured_peak():
     peak = {name: max(sum(p.values()) for r in measured(c) for p in r["peaks"].values())
             for name, c in (("small", small), ("default", default))}
     assert peak["small"] < peak["default"]
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_estimator_ledger_and_memory_pane_name_the_same_peak_phase(stage):
+    """Issue 27: the estimator said forward, the workbench's memory pane backward. The ops hold the same
+    arrays at forward's end and backward's start (every activation and the loss's logits), so the ledger's
+    forward and backward peaks tie, as the estimator's do; backward then allocates gradients on top, which
+    neither counts, so the peak is backward's (peak_phase: the later phase of a tie), for all three."""
+    from engine.events import MemorySnapshot
+    from engine.memory.ledger import peak_phase
+    from nanodist_tui.widgets.memory_pane import MemoryPane
+    cfg = tiny(parallel__zero_stage=stage, parallel__world_size=2)
+    e = estimate(cfg)
+    estimated = {p: sum(c.values()) for p, c in e.phases().items()}
+    for r in measured(cfg):
+        totals = {p: sum(c.values()) for p, c in r["peaks"].items()}
+        assert totals["backward"] >= totals["forward"] and estimated["backward"] >= estimated["forward"]
+        assert peak_phase(r["peaks"]) == e.peak()[0] == "backward"
+        pane = MemoryPane.__new__(MemoryPane)  # its choice alone, no app
+        pane.snapshots = {(r["rank"], p): MemorySnapshot(step=1, rank=r["rank"], phase=p, current={}, peak=c)
+                          for p, c in r["peaks"].items()}
+        assert pane.peaks()[r["rank"]].phase == e.peak()[0]
+
+
+def test_peak_phase_is_the_last_in_step_order_to_hold_the_top():
+    from engine.memory.ledger import peak_phase
+    tie = {"optimizer": {"a": 1}, "backward": {"a": 5}, "forward": {"a": 5}}
+    assert peak_phase(tie) == "backward"  # step order, not dict order
+    assert peak_phase({"backward": {"a": 5}, "optimizer": {"a": 5}}) == "optimizer"  # not alphabetical
+    assert peak_phase({"forward": {"a": 6}, "backward": {"a": 5}}) == "forward"
+    assert peak_phase({}) is None
