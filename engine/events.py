@@ -37,6 +37,19 @@ class RunStarted:
 
 
 @dataclass(frozen=True)
+class History:
+    """What came before a resumed run: the steps and evaluations of the run it continues (its parent, up to
+    the checkpoint it resumed from) and of that run's own ancestors, so curves and the summary's improvement
+    cover the whole lineage. The launcher sends it once, right after RunStarted (engine.run.lineage); it is
+    recorded with the run, so a replay or a compare of the resumed run draws the whole lineage too."""
+    kind: ClassVar[str] = "history"
+    parent: str  # the run folder it was resumed from
+    step: int  # the step of the checkpoint it was resumed from (its RunStarted.first_step)
+    steps: list  # [step, loss, lr, grad_norm] of each step that was not skipped, oldest first
+    evals: list  # [step, val_loss] of each evaluation, oldest first (the lineage's first is the start)
+
+
+@dataclass(frozen=True)
 class Phase:
     """What a run is doing before its first step, each stage as it begins: "starting ranks" (the launcher),
     "building the model", "compiling kernels" (the first evaluation: numba compiles the kernels it uses)
@@ -216,9 +229,9 @@ class SweepFinished:
 
 
 EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
-    RunStarted, Phase, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, LossScaleChange, CheckpointSaved,
-    RunPaused, Log, RunFinished, RunFailed, SweepStarted, TrialStarted, TrialReport, TrialFinished,
-    SweepFinished)}
+    RunStarted, History, Phase, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, LossScaleChange,
+    CheckpointSaved, RunPaused, Log, RunFinished, RunFailed, SweepStarted, TrialStarted, TrialReport,
+    TrialFinished, SweepFinished)}
 
 
 class EventError(ValueError):

@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.events import Eval, MemorySnapshot, RunFinished, RunStarted, StepEnd, Traffic
+from engine.events import Eval, History, MemorySnapshot, RunFinished, RunStarted, StepEnd, Traffic
 from engine.run import throughput
 from engine.run.recorder import read_events
 from nanodist_tui.run_info import RunInfo
@@ -41,12 +41,15 @@ def figures(events: list, name: str) -> RunFigures:
     steps: list[StepEnd] = []
     busbw: dict[str, list[float]] = {}
     for e in events:
-        if isinstance(e, StepEnd):
+        if isinstance(e, History):  # a resumed run: its lineage's curves first (engine.run.lineage)
+            out.train += [(step, loss) for step, loss, *_ in e.steps if math.isfinite(loss)]
+            out.val += [(step, val_loss) for step, val_loss in e.evals]
+        elif isinstance(e, StepEnd):
             out.steps = e.step
             if not e.skipped and math.isfinite(e.loss):
                 out.train.append((e.step, e.loss))
             steps.append(e)
-        elif isinstance(e, Eval):
+        elif isinstance(e, Eval) and not (out.val and out.val[-1][0] == e.step):  # a resume's first repeats
             out.val.append((e.step, e.val_loss))
             out.final_val = e.val_loss
         elif isinstance(e, MemorySnapshot):

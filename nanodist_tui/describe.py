@@ -6,11 +6,13 @@ No Textual or rich here: a `Line` is plain text and a level, and each display st
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, NamedTuple, overload
 
 from engine.events import (
     CheckpointSaved,
     Eval,
+    History,
     Log,
     LossScaleChange,
     RunFailed,
@@ -94,8 +96,8 @@ def _loss(value: float | None) -> str:
 
 
 # The events `describe` always has a line for; every other event is a continuous one.
-Discrete = (RunStarted | RunPaused | Eval | LossScaleChange | CheckpointSaved | Log | RunFinished | RunFailed
-            | SweepStarted | TrialStarted | TrialReport | TrialFinished | SweepFinished)
+Discrete = (RunStarted | History | RunPaused | Eval | LossScaleChange | CheckpointSaved | Log | RunFinished
+            | RunFailed | SweepStarted | TrialStarted | TrialReport | TrialFinished | SweepFinished)
 
 
 @overload
@@ -109,6 +111,10 @@ def describe(event: Any) -> Line | None:
         return Line(f"run {event.run_id} started: preset {event.preset}, {event.n_params:,} parameters, "
                     f"{event.world_size} rank(s){threads_note(event)}, {event.total_steps} steps{start}"
                     + (f"; {event.network}" if event.network else ""))
+    if isinstance(event, History):
+        start = f"; curves from step {event.steps[0][0]}" if event.steps else ""
+        return Line(f"resumed from {Path(event.parent).name} at step {event.step}: its history is drawn "
+                    f"with this run ({len(event.steps)} steps, {len(event.evals)} evaluations{start})")
     if isinstance(event, RunPaused):
         what = "paused: every rank holds" if event.paused else "resumed: training goes on"
         return Line(f"step {event.step}: {what}", "warning" if event.paused else "info")

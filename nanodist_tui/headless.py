@@ -92,7 +92,7 @@ class HeadlessPrinter(LinePrinter):
     def _print_event(self, e) -> None:
         self._print(describe(e).text)
 
-    _on_loss_scale_change = _on_checkpoint_saved = _on_log = _on_run_paused = _print_event
+    _on_loss_scale_change = _on_checkpoint_saved = _on_log = _on_run_paused = _on_history = _print_event
 
     def _on_run_failed(self, e: ev.RunFailed) -> None:
         self.close()
@@ -123,9 +123,12 @@ def summary_lines(summary: dict) -> list[str]:
     steps = f"{summary['steps']}" + (f" of {summary['total_steps']}" if summary.get("total_steps") else "")
     if summary.get("stopped"):
         steps += "  (stopped early" + (", checkpoint kept)" if summary.get("run_dir") else ")")
+    if summary.get("parent"):  # the improvement is the lineage's: first is its first run's first evaluation
+        steps += f"  (resumed at step {summary['resumed_at']})"
     lines = [
         f"steps          {steps}",
-        f"val loss       {first:.4f} -> {last:.4f}  ({drop:.1f}% lower)",
+        f"val loss       {first:.4f} -> {last:.4f}  ({drop:.1f}% lower"
+        + (" since the lineage's start)" if summary.get("parent") else ")"),
         f"throughput     {summary['tokens_per_s']:,.0f} tokens/s",
         f"wall time      {summary['wall_s']:.1f} s",
     ]
@@ -139,6 +142,8 @@ def summary_lines(summary: dict) -> list[str]:
                      f"{'' if skipped == 1 else 's'} skipped)")
     if summary.get("network"):
         lines.append(f"network        {summary['network']}")
+    if summary.get("parent"):
+        lines.append(f"resumed from   {summary['parent']}")
     if summary.get("run_dir"):
         lines.append(f"run folder     {summary['run_dir']}")
         if summary.get("stopped"):

@@ -1,7 +1,8 @@
 """What a resumed run is: the recorded run's own config (plus overrides) and a verified checkpoint.
 
 The resumed run trains in a new run folder beside the original (the original stays as it was), from
-the checkpoint's step to `train.steps`. Overrides may change the world size, backend, ZeRO stage or
+the checkpoint's step to `train.steps`; the two are linked, and the new run's curves and summary cover
+the whole lineage (engine.run.lineage). Overrides may change the world size, backend, ZeRO stage or
 the number of steps; anything that changes the model's parameters is refused before any rank starts.
 """
 from __future__ import annotations

@@ -3,6 +3,7 @@
     file            what
     job.py          a training job: launch the ranks, relay their events, record the run
     recorder.py     run folders: what a run leaves on disk, written as it happens, readable for replay
+    lineage.py      a resumed run's link to the runs it continues (History)
     throughput.py   tokens/s, defined once for every place that shows it
     control.py      stop, pause and resume a running job from outside it
     lock.py         whether a process is still writing into a run folder (an advisory lock)

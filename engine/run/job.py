@@ -25,7 +25,7 @@ from engine.config import Config, network_emulation, to_dict
 from engine.config.build import build_dataset, vocab_size
 from engine.data import DATA_KINDS
 from engine.memory.estimator import estimate
-from engine.run import error_log
+from engine.run import error_log, lineage
 from engine.run.recorder import RecordingError, RunRecorder, new_summary, summarize
 from engine.sinks.runner import SinkSet
 from engine.trainer import train_rank
@@ -68,7 +68,8 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     try:
         results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, train_rank,
                             args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),
-                            on_event=_relay(bus, memory_estimate),
+                            on_event=_relay(bus, memory_estimate, lineage.parent_of(resume_from)
+                                            if resume_from else None),
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event,
                             pause_event=pause_event, network=network_emulation(cfg),
                             threads_per_rank=cfg.parallel.threads_per_rank)
@@ -105,7 +106,9 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     summary["total_steps"] = cfg.train.steps
     summary["lead"] = lead
     summary.update({key: figures[key] for key in ("peak_memory", "overflows", "skipped_steps",
-                                                  "loss_scale_changes")})
+                                                  "loss_scale_changes", "parent", "resumed_at")})
+    if figures["parent"] is not None:  # a resumed run's improvement is the lineage's, from its first eval
+        summary["initial_val_loss"] = figures["initial_val_loss"]
     finished = ev.RunFinished(steps=summary["steps"], initial_val_loss=summary["initial_val_loss"],
                               final_val_loss=summary["final_val_loss"],
                               tokens_per_s=summary["tokens_per_s"], wall_s=summary["wall_s"],
@@ -133,14 +136,18 @@ def _before_ranks(cfg: Config, lead: bool) -> dict | None:
     return estimate(cfg, vocab_size(cfg, dataset) if cfg.model.kind == "gpt" else None).phases()
 
 
-def _relay(bus: ev.EventBus, memory_estimate: dict | None) -> Callable[[dict], None]:
+def _relay(bus: ev.EventBus, memory_estimate: dict | None, parent: Path | None = None
+           ) -> Callable[[dict], None]:
     """The ranks' events (JSON dicts) onto the bus as typed events. Rank 0's RunStarted gains the run's
-    memory estimate, so every reader (recorder, workbench, sinks) gets it once, not in each memory event."""
+    memory estimate, so every reader (recorder, workbench, sinks) gets it once, not in each memory event;
+    a run resumed from `parent` (a run folder) is followed by its History (engine.run.lineage)."""
     def relay(d: dict) -> None:
         event = ev.from_json(d)
         if isinstance(event, ev.RunStarted) and memory_estimate is not None:
             event = dataclasses.replace(event, memory_estimate=memory_estimate)
         bus.emit(event)
+        if isinstance(event, ev.RunStarted) and parent is not None:
+            bus.emit(lineage.history(parent, event.first_step))
     return relay
 
 

@@ -104,6 +104,9 @@ def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
         "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0,
         "overflows": 0,  # fp16 loss-scale overflows: every LossScaleChange but growth (inf, nan, hysteresis)
         "peak_memory": {},  # rank (a string, as JSON keys are) -> its highest measured total bytes
+        # a resumed run (engine.run.lineage): the run folder it continues and the step it resumed from; its
+        # initial_val_loss and best_val_loss are then the lineage's, from the first run's first evaluation
+        "parent": None, "resumed_at": None,
         "error": None,
         "failed_rank": None, "network": None}  # network: "emulated network: ..." when it was emulated
 
@@ -120,6 +123,12 @@ def summarize(s: dict[str, Any], ev: Any) -> None:
         s["train_s"] += ev.step_time_s
         s["tokens_per_s"] = throughput.tokens_per_s(s["tokens"], s["train_s"])
         s["skipped_steps"] += bool(ev.skipped)
+    elif isinstance(ev, ev_types.History):
+        s.update(parent=ev.parent, resumed_at=ev.step)
+        for _, val_loss in ev.evals:
+            if s["initial_val_loss"] is None:
+                s["initial_val_loss"] = val_loss
+            s["best_val_loss"] = val_loss if s["best_val_loss"] is None else min(s["best_val_loss"], val_loss)
     elif isinstance(ev, ev_types.Eval):
         if s["initial_val_loss"] is None:
             s["initial_val_loss"] = ev.val_loss
@@ -137,6 +146,8 @@ def summarize(s: dict[str, Any], ev: Any) -> None:
         if s["tokens_per_s"] is None:  # no steps were recorded: the trainer's figure (the same definition)
             s["tokens_per_s"] = ev.tokens_per_s
         for key in ("initial_val_loss", "final_val_loss"):
+            if key == "initial_val_loss" and s.get("parent") is not None:
+                continue  # the lineage's start (History) stays, whatever this run's first evaluation was
             if getattr(ev, key) is not None:
                 s[key] = getattr(ev, key)
     elif isinstance(ev, ev_types.RunFailed):

@@ -1,5 +1,6 @@
 """`nanodist-tui resume RUN_DIR`: continue a run from its newest finished checkpoint, at the same or
-another world size / ZeRO stage, in a new run folder beside it."""
+another world size / ZeRO stage, in a new run folder beside it, linked to it (engine.run.lineage: its
+curves and summary cover the whole lineage; `runs` shows parent -> child)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ def _fmt(value, spec: str) -> str:
 
 def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder holding the run folders")]
          = Path("runs")) -> None:
-    """List recorded runs, newest first, with their key figures and latest checkpoint."""
+    """List recorded runs, newest first, with their key figures, latest checkpoint and, for a resumed run,
+    the run it continues (parent → child)."""
     from engine.checkpoint.files import scan_checkpoints
     from engine.checkpoint.sharded import CHECKPOINTS
     from engine.run.recorder import list_runs
@@ -32,17 +33,24 @@ def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder h
     if not infos:
         print(f"no runs in {out_dir}")
         return
-    rows = [("RUN", "STATUS", "STEPS", "VAL LOSS", "BEST", "TOK/S", "WALL", "CHECKPOINT")]
+    rows = [("RUN", "STATUS", "STEPS", "VAL LOSS", "BEST", "TOK/S", "WALL", "RESUMED FROM", "CHECKPOINT")]
     for r in infos:
         total = r.summary.get("total_steps")
         steps = _fmt(r.steps, "d") + (f"/{total}" if total else "")
         wall = "-" if r.wall_s is None else f"{r.wall_s:.1f}s"
         checkpoint = _checkpoint_cell(scan_checkpoints(r.run_dir / CHECKPOINTS))
         rows.append((r.run_id, r.status, steps, _fmt(r.final_val_loss, ".4f"), _fmt(r.best_val_loss, ".4f"),
-                     _fmt(r.tokens_per_s, ",.0f"), wall, checkpoint))
+                     _fmt(r.tokens_per_s, ",.0f"), wall, _parent_cell(r.summary), checkpoint))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _parent_cell(summary: dict) -> str:
+    """A resumed run's parent → this run: the run folder it continues and the step it took over at
+    (engine.run.lineage); its BEST and the improvement its summary gives are the whole lineage's."""
+    parent = summary.get("parent")
+    return "-" if not parent else f"{Path(parent).name} @ step {summary.get('resumed_at')}"
 
 
 def _checkpoint_cell(scanned) -> str:

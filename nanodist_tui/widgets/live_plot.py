@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
+from engine.events import History
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.axes import GrowingRange, step_ticks, value_ticks
@@ -39,6 +40,7 @@ class LivePlot(PlotextPlot):
         self._hidden = True  # off screen at the last redraw: draw as soon as it is on screen
         self._built: RenderResult = Text("")  # the last plotext build, and what it was built for
         self._built_for: tuple | None = None
+        self.first_step: int | None = None  # where a resumed run's lineage starts (History), when earlier
 
     def collect(self, tick: Tick) -> bool:
         raise NotImplementedError
@@ -77,10 +79,19 @@ class LivePlot(PlotextPlot):
         self._drawn = True
         self.refresh()
 
+    def lineage_start(self, history: History) -> None:
+        """A resumed run's curves start where its lineage does, not at the step it resumed from."""
+        starts = [history.steps[0][0] - 1] if history.steps else []
+        starts += [history.evals[0][0]] if history.evals else []
+        if starts:
+            self.first_step = min(starts)
+
     def step_axis(self, last_seen: int) -> None:
-        """x from the run's first step to its last (or beyond, if a replay runs longer), whole numbers
-        only."""
+        """x from the run's first step (its lineage's, for a resumed run) to its last (or beyond, if a
+        replay runs longer), whole numbers only."""
         first = self.info.first_step
+        if self.first_step is not None:
+            first = min(first, self.first_step)
         last = max(self.info.total_steps, last_seen, first + 1)
         self.plt.xlim(first, last)
         ticks = step_ticks(first, last, self.size.width)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from engine import events
 from engine.events import Eval
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
@@ -32,7 +33,16 @@ class LossPlot(LivePlot):
                 self.y_range.include([step.loss])
                 changed = True
         for event in tick.events:
-            if isinstance(event, Eval) and math.isfinite(event.val_loss):
+            if isinstance(event, events.History):  # a resumed run: its lineage's curves come first
+                self.lineage_start(event)
+                for step, loss, *_ in event.steps:
+                    self.train.append(step, loss)
+                    self.y_range.include([loss])
+                for step, val_loss in event.evals:
+                    self.val.append(step, val_loss)
+                    self.y_range.include([val_loss])
+                changed = True
+            elif isinstance(event, Eval) and math.isfinite(event.val_loss):
                 self.val.append(event.step, event.val_loss)
                 self.y_range.include([event.val_loss])
                 changed = True

@@ -117,9 +117,9 @@ class MemoryPane(TextView):
             by_rank.setdefault(rank, {})[phase] = snap
         worst: dict[int, MemorySnapshot] = {}
         for rank in sorted(by_rank):
-            phase = peak_phase({p: snap.peak for p, snap in by_rank[rank].items()})
-            if phase is not None:
-                worst[rank] = by_rank[rank][phase]
+            top = peak_phase({p: snap.peak for p, snap in by_rank[rank].items()})
+            if top is not None:
+                worst[rank] = by_rank[rank][top]
         return worst
 
     def estimate_of(self, snap: MemorySnapshot) -> dict[str, int] | None:

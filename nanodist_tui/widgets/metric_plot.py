@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 
+from engine import events
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.history import History
 from nanodist_tui.widgets.live_plot import LivePlot
+
+HISTORY_COLUMNS = {"loss": 1, "lr": 2, "grad_norm": 3}  # where History.steps keeps each StepEnd field
 
 
 class MetricPlot(LivePlot):
@@ -23,6 +26,15 @@ class MetricPlot(LivePlot):
 
     def collect(self, tick: Tick) -> bool:
         changed = False
+        column = HISTORY_COLUMNS.get(self.field)
+        for event in tick.events:
+            # a resumed run's lineage comes first
+            if isinstance(event, events.History) and column is not None:
+                self.lineage_start(event)
+                for point in event.steps:
+                    self.history.append(point[0], point[column])
+                    self.y_range.include([point[column]])
+                changed = True
         for step in tick.steps:
             value = getattr(step, self.field)
             if not step.skipped and value is not None and math.isfinite(value):

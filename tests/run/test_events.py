@@ -15,6 +15,8 @@ SAMPLES = [
                   world_size=2, total_steps=10),
     ev.RunStarted(run_id="r2", preset="quickstart", config={}, n_params=123, world_size=2, total_steps=10,
                   first_step=4, run_dir="runs/r2", memory_estimate={"forward": {"params": 4}}),
+    ev.History(parent="runs/r1", step=4, steps=[[1, 4.5, 1e-3, 0.9], [2, 4.25, 1e-3, 0.8]],
+               evals=[[0, 4.6], [4, 4.1]]),
     ev.StepEnd(step=3, loss=2.5, lr=1e-3, tokens=4096, step_time_s=0.1, tokens_per_s=40960.0, grad_norm=0.7),
     ev.StepEnd(step=4, loss=2.4, lr=1e-3, tokens=4096, step_time_s=0.1, tokens_per_s=40960.0, grad_norm=0.7,
                loss_scale=65536.0, skipped=True),
@@ -55,7 +57,7 @@ SAMPLES = [
 
 def test_samples_cover_every_kind_of_the_contract():
     assert {type(e).kind for e in SAMPLES} == set(ev.EVENT_TYPES) == {
-        "run_started", "phase", "step_end", "eval", "rank_stats", "traffic", "memory_snapshot",
+        "run_started", "history", "phase", "step_end", "eval", "rank_stats", "traffic", "memory_snapshot",
         "loss_scale_change", "checkpoint_saved", "run_paused", "log", "run_finished", "run_failed",
         "sweep_started",
         "trial_started", "trial_report", "trial_finished", "sweep_finished"}
