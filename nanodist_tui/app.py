@@ -82,6 +82,9 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self.user_config = user_config or UserConfig()
         self.glyphs = choose(self.user_config.ascii, self.no_color)
         self.session: RunSession | None = None
+        # the latest training run (not a replay): what the shell is told about on exit, whatever was opened
+        # after it (a replay replaces the run's session; its summary still belongs in the farewell)
+        self.training: RunSession | None = None
         self.workspace: Workspace | None = None
         self.display_frozen = False
         self.plots_due = True  # whether this pane redraw also redraws the plots (widgets/live_plot.py)
@@ -132,7 +135,11 @@ class NanoDistApp(WorkbenchActions, App[None]):
         if self.workspace is not None:
             self.call_after_refresh(self.workspace.focus_tabs)
         if self.compare_runs is not None:
-            self._compare_chosen(list(self.compare_runs))
+            from nanodist_tui.screens.compare import CompareScreen
+            # `nanodist-tui compare`: no run behind the screen, so leaving the comparison leaves the
+            # workbench (behind it is an app with nothing to show, stuck at "starting")
+            self.push_screen(CompareScreen(*self.compare_runs),
+                             lambda _: self.exit() if self.session is None else None)
         self.header.redraw()
 
     def on_resize(self, event) -> None:
@@ -184,6 +191,8 @@ class NanoDistApp(WorkbenchActions, App[None]):
     def start_session(self, job_fn: JobFn, player: ReplayPlayer | None, name: str) -> RunSession:
         session = RunSession(job_fn, self.post_message, player=player)
         first, self.session = self.session is None, session
+        if player is None:
+            self.training = session
         self.preset_name = name
         self.header.reset(name, replay_speed=player.speed if player is not None else None)
         self._early.clear()
@@ -323,7 +332,8 @@ class NanoDistApp(WorkbenchActions, App[None]):
         """The palette (ctrl+p): every action of the workbench and every pane, then Textual's own."""
         from nanodist_tui.commands import workbench_commands
         yield from workbench_commands(self)
-        yield from super().get_system_commands(screen)
+        # Textual's "Quit" would exit at once, leaving a run unstopped: the workbench's own is above
+        yield from (c for c in super().get_system_commands(screen) if c.title != "Quit")
 
     # ------------------------------------------------------------------ leaving
 
@@ -332,7 +342,9 @@ class NanoDistApp(WorkbenchActions, App[None]):
         failure; sets `shell_exit_code` (1 for a failed run)."""
         from nanodist_tui.headless import summary_lines
         s = self.session
-        if s is None or s.replay:
+        if s is not None and s.replay:
+            s = self.training  # a replay (opened with `o`, or the command's own) has nothing to report
+        if s is None:
             return []
         if s.failure is not None:
             self.shell_exit_code = 1

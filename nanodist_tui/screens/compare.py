@@ -117,7 +117,7 @@ def _figures(run: Path | RunFigures) -> RunFigures:
 
 class CompareScreen(Screen[None]):
     BINDINGS = [Binding("m", "smoothing", "Smoothing", id="compare-smoothing"),
-                Binding("escape", "app.pop_screen", "Back", id="compare-close")]
+                Binding("escape", "close", "Back", id="compare-close")]
 
     def __init__(self, run_a: Path | RunFigures, run_b: Path | RunFigures) -> None:
         super().__init__()
@@ -140,6 +140,11 @@ class CompareScreen(Screen[None]):
     def on_mount(self) -> None:
         self.query_one("#compare-memory").border_title = "memory"
         self.query_one("#compare-traffic").border_title = "traffic and throughput"
+
+    def action_close(self) -> None:
+        """Back to what opened it (dismissed, so the opener's callback runs: `nanodist-tui compare`, with no
+        run behind the screen, leaves the workbench instead of showing an empty one)."""
+        self.dismiss(None)
 
     def action_smoothing(self) -> None:
         plot = self.query_one(ComparePlot)

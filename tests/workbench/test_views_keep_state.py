@@ -1,0 +1,69 @@
+"""Views keep state (issue 27): what was opened after a run does not take its place. The run's summary
+prints on exit after a replay was opened over it; leaving a comparison opened over a run returns to the
+run, and leaving `nanodist-tui compare` (no run behind it) exits instead of showing an empty workbench;
+a replay's header shows no ETA (it would be the recorded run's)."""
+from __future__ import annotations
+
+from engine.events import StepEnd
+from nanodist_tui.app import NanoDistApp
+from nanodist_tui.compare import figures
+from nanodist_tui.replay import ReplayPlayer
+from nanodist_tui.screens.compare import CompareScreen
+from tests.app_helpers import FakeJob, demo_events, header_text, run, wait_for
+
+
+def test_the_training_runs_summary_prints_on_exit_after_a_replay():
+    job = FakeJob(steps=3)
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.session.state == "finished" and not app.session.job_running)
+        player = ReplayPlayer(demo_events(), 0.0)
+        app.replace_session(player, player, "demo")  # what `o` does with the chosen run
+        await wait_for(pilot, lambda: app.session.replay and app.session.state == "finished")
+        assert "ETA" not in header_text(app)
+
+    app = run(scenario, job)
+    lines = app.farewell()
+    assert lines[0] == "steps          3" and lines[-1] == "run folder     runs/r1"
+
+
+def test_a_replay_shows_no_eta_while_it_plays():
+    player = ReplayPlayer(demo_events(), 0.5)  # slow enough to be caught mid-run
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.header.latest is not None and app.session.state == "running")
+        app.header.redraw(force=True)
+        assert app.header.eta_s() is not None and "ETA" not in header_text(app)
+
+    run(scenario, player, replay=player)
+
+
+def _two(events) -> tuple:
+    return figures(events, "a"), figures(events, "b")
+
+
+def test_leaving_a_comparison_returns_to_the_live_run():
+    job = FakeJob(steps=3)
+    pair = _two([e for e in demo_events() if not isinstance(e, StepEnd) or e.step < 20])
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.session.state == "finished")
+        app._compare_chosen(list(pair))  # what `c` does with the two chosen runs
+        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, CompareScreen))
+        assert app.is_running and "finished" in header_text(app)
+
+    run(scenario, job)
+
+
+def test_leaving_compare_from_the_command_line_exits():
+    pair = _two(demo_events())
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.is_running, timeout=3)
+
+    app = run(scenario, None, compare=pair)
+    assert app.farewell() == [] and app.shell_exit_code == 0
