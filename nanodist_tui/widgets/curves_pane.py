@@ -1,10 +1,11 @@
-"""The curves pane: loss (train and validation), gradient norm and learning rate, stacked on one step axis
-(scrolling when the terminal is too short for all three)."""
+"""The curves pane: loss (train and validation) over the full width, gradient norm and learning rate side by
+side below it, all on one step axis; the three share the pane's height, so every plot stays inside the screen
+at 80x24 (stacked, they ran off it)."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import VerticalScroll
+from textual.containers import Horizontal, Vertical
 
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
@@ -12,7 +13,7 @@ from nanodist_tui.widgets.loss_plot import LossPlot
 from nanodist_tui.widgets.metric_plot import MetricPlot
 
 
-class CurvesPane(VerticalScroll):
+class CurvesPane(Vertical):
     def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.plots = (LossPlot(info, id=f"{id}-loss" if id else None),
@@ -20,7 +21,10 @@ class CurvesPane(VerticalScroll):
                       MetricPlot(info, "lr", "learning rate", "green"))
 
     def compose(self) -> ComposeResult:
-        yield from self.plots
+        loss, *metrics = self.plots
+        yield loss
+        with Horizontal(classes="curves-metrics"):
+            yield from metrics
 
     def ingest(self, tick: Tick) -> None:
         for plot in self.plots:

@@ -29,6 +29,44 @@ from nanodist_tui.messages import Tick
 RECENT_STEPS = 30  # the measured step time is the median of this many recent steps
 COLUMNS = ("ranks", "step ms", "compute", "overlap", "exposed", "comm", "tokens/s", "scaling", "MFU",
            "MB/rank", "fits")
+# The same columns headed shorter, for a table narrower than the long headers need (80 columns, or half of
+# 160): the times' unit (ms) goes into the table's title. Every column stays; no figure is cut.
+SHORT_COLUMNS = ("ranks", "step", "comp", "ovl", "exp", "comm", "tok/s", "scal", "MFU", "MB/r", "fits")
+CELL_PADDING = 2  # a DataTable cell's padding, both sides together
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds to 3 significant digits, never in e-notation: 1.23, 12.3, 123, 1234."""
+    v = seconds * 1e3
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+
+
+def _count(n: float) -> str:
+    """A rate to 3 significant digits with k/M/G (980, 1.23k, 45.6k, 789M), never e-notation."""
+    for suffix, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            v = n / size
+            return f"{v:.2f}{suffix}" if v < 10 else f"{v:.1f}{suffix}" if v < 100 else f"{v:.0f}{suffix}"
+    return f"{n:.0f}"
+
+
+def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
+    """The projection's rows as the table's cells, one tuple per world size, in COLUMNS' order."""
+    cells = []
+    for r in rows:
+        fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "NO")
+        ms = [_ms(r[k]) for k in ("step_s", "compute_s", "overlapped_s", "exposed_s")]
+        cells.append((str(r["world_size"]), *ms, f"{r['comm_share']:.0%}", _count(r["tokens_per_s"]),
+                      f"{r['scaling_efficiency']:.0%}", f"{r['mfu']:.1%}", f"{r['peak_bytes'] / 1e6:.1f}",
+                      fits))
+    return cells
+
+
+def headers_for(cells: list[tuple[str, ...]], width: int) -> tuple[str, ...]:
+    """The long headers where they fit in `width` cells, else the short ones."""
+    def need(headers: tuple[str, ...]) -> int:
+        return sum(max([len(h), *(len(c[i]) for c in cells)]) + CELL_PADDING for i, h in enumerate(headers))
+    return COLUMNS if need(COLUMNS) <= width else SHORT_COLUMNS
 
 
 def draw_scaling(plt, rows: list[dict]) -> None:
@@ -82,6 +120,10 @@ class ProjectionPane(Vertical):
 
     def on_mount(self) -> None:
         self.query_one("#projection-table", DataTable).add_columns(*COLUMNS)
+
+    def on_resize(self) -> None:
+        if self.result is not None:  # the headers' form depends on the table's width
+            self.call_after_refresh(self._show, self.result)
 
     # ------------------------------------------------------------------ the Pane protocol
 
@@ -157,17 +199,17 @@ class ProjectionPane(Vertical):
         self.result = result
         self._dirty = True
         table = self.query_one("#projection-table", DataTable)
-        table.clear()
+        cells = table_rows(result.get("rows") or [])
+        headers = headers_for(cells, table.scrollable_content_region.width or table.size.width)
+        table.clear(columns=True)
+        table.add_columns(*headers)
+        table.border_title = "times in ms" if headers is SHORT_COLUMNS else None
         plot = self.query_one("#projection-plot", PlotextPlot)
         plot.plt.clear_data()
         plot.plt.clear_figure()
         rows = result.get("rows") or []
-        for r in rows:
-            fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "NO")
-            ms = [f"{r[k] * 1e3:.2f}" for k in ("step_s", "compute_s", "overlapped_s", "exposed_s")]
-            table.add_row(str(r["world_size"]), *ms, f"{r['comm_share']:.0%}", f"{r['tokens_per_s']:.3g}",
-                          f"{r['scaling_efficiency']:.0%}", f"{r['mfu']:.1%}", f"{r['peak_bytes'] / 1e6:.1f}",
-                          fits)
+        for row in cells:
+            table.add_row(*(Text(c, justify="right") for c in row))
         if len(rows) > 1:
             draw_scaling(plot.plt, rows)
         plot.refresh()

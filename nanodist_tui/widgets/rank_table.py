@@ -1,5 +1,6 @@
 """Per-rank step figures: one row per rank, cells right-aligned and updated in place (the cursor and the
-scroll position stay where the user put them)."""
+scroll position stay where the user put them). Figures in their short forms (696ms, 331kB) and columns as
+wide as their content, so every column, peak memory included, fits in 80 columns."""
 
 from __future__ import annotations
 
@@ -9,19 +10,19 @@ from textual.widgets import DataTable
 from engine.events import RankStats
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
-from nanodist_tui.widgets.units import format_bytes, format_seconds, format_share
+from nanodist_tui.widgets.units import format_share, short_bytes, short_seconds
 
-# (key, label, width): what each column means is in the help screen (screens/help.py).
+# (key, label): what each column means is in the help screen (screens/help.py). Widths follow the content.
 COLUMNS = (
-    ("rank", "rank", 4),
-    ("step", "step", 6),
-    ("step_time", "step", 9),
-    ("compute", "compute", 9),
-    ("comm", "comm", 9),
-    ("wait", "wait", 9),
-    ("wait_share", "wait %", 6),
-    ("sent", "sent/step", 9),
-    ("memory", "peak mem", 9),
+    ("rank", "rank"),
+    ("step", "step"),
+    ("step_time", "step"),
+    ("compute", "compute"),
+    ("comm", "comm"),
+    ("wait", "wait"),
+    ("wait_share", "wait %"),
+    ("sent", "sent/step"),
+    ("memory", "peak mem"),
 )
 
 
@@ -40,10 +41,10 @@ class RankTable(DataTable):
         self._shown: dict[int, tuple] = {}
 
     def on_mount(self) -> None:
-        for key, label, width in COLUMNS:
-            self.add_column(_right(label), key=key, width=width)
+        for key, label in COLUMNS:
+            self.add_column(_right(label), key=key)
         for rank in range(self.info.world_size):
-            self.add_row(*(_right("-") if k != "rank" else _right(str(rank)) for k, _, _ in COLUMNS),
+            self.add_row(*(_right("-") if k != "rank" else _right(str(rank)) for k, _ in COLUMNS),
                          key=str(rank))
 
     def ingest(self, tick: Tick) -> None:
@@ -67,15 +68,16 @@ class RankTable(DataTable):
             values = {
                 "rank": str(rank),
                 "step": str(stats.step),
-                "step_time": format_seconds(stats.step_time_s),
-                "compute": format_seconds(max(0.0, stats.step_time_s - stats.comm_wait_s)),
-                "comm": "-" if comm is None else format_seconds(comm),
-                "wait": format_seconds(stats.comm_wait_s),
+                "step_time": short_seconds(stats.step_time_s),
+                "compute": short_seconds(max(0.0, stats.step_time_s - stats.comm_wait_s)),
+                "comm": "-" if comm is None else short_seconds(comm),
+                "wait": short_seconds(stats.comm_wait_s),
                 "wait_share": format_share(stats.comm_wait_s, stats.step_time_s),
-                "sent": format_bytes(stats.bytes_sent),
-                "memory": "-" if memory is None else format_bytes(memory),
+                "sent": short_bytes(stats.bytes_sent),
+                "memory": "-" if memory is None else short_bytes(memory),
             }
             for column, value in values.items():
                 # In place: clear() would reset the cursor and the scroll position.
-                self.update_cell(str(rank), column, _right(value))
+                # update_width: a column grows with a longer figure rather than cut it.
+                self.update_cell(str(rank), column, _right(value), update_width=True)
             self._shown[rank] = figures

@@ -100,6 +100,8 @@ class IntermediatePlot(LivePlot):
         return any(self.running.values())
 
     def draw(self, max_points: int) -> None:
+        last = max((step for points in self.running.values() for step, _ in points), default=1)
+        self.count_axis(last)  # training steps: whole ticks from 0, as the history's trials
         for color, (number, points) in zip(COLORS, self.running.items()):
             if points:
                 steps, values = zip(*points, strict=True)

@@ -102,7 +102,7 @@ class TrafficPane(TextView):
         self._bound(out)
         self._phases(out)
         self._algorithms(out)
-        self._splits(out, glyphs)
+        self._splits(out, glyphs, width)
         missing = sorted(set(range(world)) - set(self.traffic))
         if missing:
             out.append(f"\nno traffic reported by rank(s) {', '.join(map(str, missing))}", style="yellow")
@@ -148,7 +148,7 @@ class TrafficPane(TextView):
             used = ", ".join(f"{a} {format_bytes(b).strip()}" for a, b in algorithms.items())
             out.append(f"  {group:<10}{used}\n")
 
-    def _splits(self, out: Text, glyphs) -> None:
+    def _splits(self, out: Text, glyphs, width: int) -> None:
         splits = step_splits(self.stats, self.traffic)
         if not splits:
             return
@@ -159,14 +159,20 @@ class TrafficPane(TextView):
         out.append(" compute ")
         out.append(glyphs.fill("w") * 2, style=WAIT_STYLE)
         out.append(" wait\n")
+        # the bars shrink before anything is cut: 46 cells of figures, then the bar, then the straggler's mark
+        bar_width = max(4, min(SPLIT_WIDTH, width - 46 - (len(f" {glyphs.left} straggler") if late else 0)))
         for s in splits:
             comm = "-" if s.comm_s is None else format_seconds(s.comm_s)
             out.append(f"{s.rank:>4}{format_seconds(s.step_s, 10)}{format_seconds(s.compute_s, 10)}{comm:>10}"
                        f"{format_seconds(s.wait_s, 10)}  ")
-            cells = round(s.step_s / longest * SPLIT_WIDTH)
-            wait_cells = min(cells, round(s.wait_s / longest * SPLIT_WIDTH))
+            cells = round(s.step_s / longest * bar_width)
+            wait_cells = min(cells, round(s.wait_s / longest * bar_width))
             out.append(glyphs.fill("c") * (cells - wait_cells), style=COMPUTE_STYLE)
             out.append(glyphs.fill("w") * wait_cells, style=WAIT_STYLE)
             if s.rank in late:
-                out.append(f" {glyphs.left} straggler: the others wait for it", style="bold yellow")
+                # the long note where the line has room for it, else the word alone: never cut
+                used = 4 + 4 * 10 + 2 + cells
+                note = f" {glyphs.left} straggler: the others wait for it"
+                short = f" {glyphs.left} straggler"
+                out.append(note if used + len(note) <= width else short, style="bold yellow")
             out.append("\n")

@@ -31,6 +31,25 @@ def format_seconds(s: float, width: int = 0) -> str:
     return (f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s").rjust(width)
 
 
+def short_seconds(s: float) -> str:
+    """A duration in at most 6 characters, 3 significant digits and the unit (5.6ms, 696ms, 1.11s, 12.3s):
+    for a table that must fit 80 columns."""
+    if s < 0.01:
+        return f"{s * 1e3:.1f}ms"
+    if s < 1:
+        return f"{s * 1e3:.0f}ms"
+    return f"{s:.2f}s" if s < 10 else f"{s:.1f}s" if s < 100 else f"{s:.0f}s"
+
+
+def short_bytes(n: float) -> str:
+    """Bytes in at most 6 characters, 3 significant digits and the unit (331kB, 3.61MB, 12.5GB)."""
+    unit, size = next(((u, z) for u, z in BYTE_UNITS if abs(n) >= z), ("B", 1.0))
+    v = n / size
+    if unit == "B" or abs(v) >= 100:
+        return f"{v:.0f}{unit}"
+    return f"{v:.{2 if abs(v) < 10 else 1}f}{unit}"
+
+
 def format_count(n: float, width: int = 0) -> str:
     """A large count (tokens/s) with a thousands separator."""
     return f"{n:,.0f}".rjust(width)

@@ -60,8 +60,9 @@ def test_a_finished_run_shows_what_its_events_say_in_every_pane():
         assert table.row_count == 2
         columns = ("step", "wait", "wait_share", "sent", "comm", "memory")
         cells = {c: str(table.get_cell("1", c)) for c in columns}
-        assert cells == {"step": "30", "wait": "2.0 ms", "wait_share": "50%", "sent": "8.0 MB",
-                         "comm": "3.0 ms", "memory": "221.5 kB"}
+        # the short forms that fit every column in 80 columns (units.short_seconds, short_bytes)
+        assert cells == {"step": "30", "wait": "2.0ms", "wait_share": "50%", "sent": "8.00MB",
+                         "comm": "3.0ms", "memory": "222kB"}
         traffic = str(tab_pane(app, TrafficPane).content)
         # one link per rank: 8 MB in 3 ms; S = 8 MB (4e6 fp16 parameters), bound 2(N-1)/N·S = 8 MB
         assert "[0] ─ 8.0 MB 2.67 GB/s ──▶ [1]" in traffic

@@ -1,14 +1,26 @@
 """Snapshots (pytest-textual-snapshot) of the workbench replaying the bundled demo recording with no pauses:
-the main screen, each pane's tab and the help, at 80x24 and 160x50. Deterministic: recorded events, no clock
+the main screen, each pane's tab, the help, every other screen and dialog and the sweep pane, at 80x24 and
+160x50. Deterministic: recorded events, no clock
 on screen. After a deliberate change of the picture:
 pytest tests/workbench/test_snapshots.py --snapshot-update."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
+from engine.events import RunFinished
+from nanodist_tui.app import create_app
+from nanodist_tui.compare import figures
+from nanodist_tui.demo import DEMO_DIR
 from nanodist_tui.shots import replay_app, settle
-from tests.app_helpers import SIZE, SMALL, demo_events
+from tests.app_helpers import SIZE, SMALL, TEST_PANE_INTERVAL_S, FakeJob, demo_events, wait_for
+from tests.sweep.test_sweep_pane import FakeSweep
+
+REPO = Path(__file__).resolve().parents[2]
 
 TABS = {1: "overview", 2: "curves", 3: "memory", 4: "traffic", 5: "ranks", 6: "loss-scale", 7: "log"}
 
@@ -30,3 +42,125 @@ def test_help(snap_compare, size):
         await pilot.pause(0.2)
 
     assert snap_compare(replay_app(demo_events()), terminal_size=size, run_before=show)
+
+
+# ---------------------------------------------------------------- screens and dialogs
+# Each screen at both sizes, from fixed inputs: the demo recording (replayed, or as two runs to compare, or as
+# a run folder to open), the bundled presets, and fake jobs that hold still where the picture is taken.
+
+SIZES = pytest.mark.parametrize("size", [SMALL, SIZE], ids=["80x24", "160x50"])
+DEMO_RUN = "20261201-110111-quickstart"
+
+
+def demo_run_folder(root: Path) -> Path:
+    """runs/<DEMO_RUN>: the demo recording as a finished run folder (its events and a summary)."""
+    run = root / "runs" / DEMO_RUN
+    run.mkdir(parents=True)
+    shutil.copy(DEMO_DIR / "events.jsonl", run / "events.jsonl")
+    finished = next(e for e in demo_events() if isinstance(e, RunFinished))
+    (run / "summary.json").write_text(json.dumps({
+        "status": "finished", "preset": "quickstart", "steps": finished.steps,
+        "final_val_loss": finished.final_val_loss, "tokens_per_s": finished.tokens_per_s,
+        "wall_s": finished.wall_s}))
+    return run
+
+
+@SIZES
+def test_projection_screen(snap_compare, size):
+    async def show(pilot) -> None:
+        await settle(pilot.app, pilot)
+        await pilot.press("j")
+        await pilot.pause(0.2)
+        pilot.app.projection.query_one("#projection-cluster").value = "a100-hdr"  # a cluster's figures, fixed
+        await pilot.pause(1.5)
+
+    assert snap_compare(replay_app(demo_events()), terminal_size=size, run_before=show)
+
+
+@SIZES
+def test_compare_screen(snap_compare, size):
+    events = demo_events()
+    first_half = [e for e in events if getattr(e, "step", 0) <= 30 and not isinstance(e, RunFinished)]
+    runs = (figures(events, "demo"), figures(first_half, "demo-first-half"))
+    app = create_app("compare", None, compare=runs, pane_interval_s=TEST_PANE_INTERVAL_S)
+
+    async def show(pilot) -> None:
+        await pilot.pause(0.8)
+
+    assert snap_compare(app, terminal_size=size, run_before=show)
+
+
+@SIZES
+def test_new_run_screen(snap_compare, size, monkeypatch):
+    """The form over a run that has not stepped yet (a replay offers no new run), on the bundled presets."""
+    monkeypatch.chdir(REPO)
+    app = create_app("fake", FakeJob(steps=0, then="wait_for_stop"), pane_interval_s=TEST_PANE_INTERVAL_S,
+                     make_job=lambda cfg, doc: FakeJob(steps=0, then="wait_for_stop"))
+
+    async def show(pilot) -> None:
+        await wait_for(pilot, lambda: app.workspace is not None)
+        await pilot.press("n")
+        await pilot.pause(0.8)
+
+    assert snap_compare(app, terminal_size=size, run_before=show)
+
+
+@SIZES
+def test_open_run_screen(snap_compare, size, tmp_path, monkeypatch):
+    demo_run_folder(tmp_path)
+    monkeypatch.chdir(tmp_path)
+
+    async def show(pilot) -> None:
+        await settle(pilot.app, pilot)
+        await pilot.press("o")
+        await pilot.pause(0.4)
+
+    assert snap_compare(replay_app(demo_events()), terminal_size=size, run_before=show)
+
+
+@SIZES
+def test_sweeps_screen(snap_compare, size, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no sweep stored: the screen says so
+
+    async def show(pilot) -> None:
+        await settle(pilot.app, pilot)
+        pilot.app.action_sweeps()
+        await pilot.pause(0.4)
+
+    assert snap_compare(replay_app(demo_events()), terminal_size=size, run_before=show)
+
+
+@SIZES
+@pytest.mark.parametrize("key", ["s", "q"], ids=["stop", "quit"])
+def test_dialogs_over_a_live_run(snap_compare, size, key):
+    """The stop and quit questions, asked over a 2-rank run that holds after its last step."""
+    job = FakeJob(steps=3, world_size=2, then="wait_for_stop", pace_s=0.0)
+    app = create_app("fake", job, pane_interval_s=TEST_PANE_INTERVAL_S)
+
+    async def show(pilot) -> None:
+        await wait_for(pilot, lambda: app.session is not None and app.header.latest is not None
+                       and app.header.latest.step == 3)
+        await pilot.pause(0.3)
+        app.redraw_now()
+        await pilot.press(key)
+        await pilot.pause(0.4)
+
+    try:
+        assert snap_compare(app, terminal_size=size, run_before=show)
+    finally:
+        job.go.set()
+
+
+@SIZES
+def test_sweep_pane(snap_compare, size):
+    job = FakeSweep(n=4)
+    app = create_app("fake", job, sweep_finish=job.finish, pane_interval_s=TEST_PANE_INTERVAL_S)
+
+    async def show(pilot) -> None:
+        await wait_for(pilot, lambda: app.session is not None and app.session.state == "finished")
+        for _ in range(3):
+            await pilot.pause(0.15)
+            app.redraw_now()
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=size, run_before=show)

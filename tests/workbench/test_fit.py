@@ -1,0 +1,130 @@
+"""Nothing the workbench shows is cut, at 80x24 and at 160x50: every DataTable's columns are all in view and
+each cell fits its column whole; every text table (a Static or text view of aligned lines) fits its box
+without a wrapped or cut line; nowhere an ellipsis. Walked over every tab and every screen."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from rich.text import Text
+from textual.screen import Screen
+from textual.widgets import DataTable, Static
+
+from nanodist_tui.app import create_app
+from nanodist_tui.compare import figures
+from nanodist_tui.shots import replay_app, settle
+from nanodist_tui.widgets.projection_pane import COLUMNS, SHORT_COLUMNS, headers_for, table_rows
+from tests.app_helpers import SIZE, SMALL, TEST_PANE_INTERVAL_S, demo_events
+from tests.sweep.test_sweep_pane import FakeSweep
+from tests.workbench.test_snapshots import demo_run_folder
+
+SIZES = pytest.mark.parametrize("size", [SMALL, SIZE], ids=["80x24", "160x50"])
+
+
+def cut_cells(screen: Screen) -> list[str]:
+    """What is cut on the screen, one line each: a DataTable wider than its view (columns out of sight), a
+    cell longer than its column, a text line longer than its box (wrapped or cut)."""
+    found = []
+    for table in screen.query(DataTable):
+        if not table.display or not table.region.width:
+            continue
+        view = table.scrollable_content_region.width
+        if table.virtual_size.width > view:
+            name = table.id or type(table).__name__
+            found.append(f"{name}: {table.virtual_size.width} cells wide in {view}")
+        for column in table.columns.values():
+            room = column.content_width if column.auto_width else column.width
+            for row_key in table.rows:
+                cell = table.get_cell(row_key, column.key)
+                text = cell if isinstance(cell, Text) else Text(str(cell))
+                if text.cell_len > room:
+                    found.append(f"{table.id}: {text.plain!r} in a column {room} wide")
+    for widget in screen.query(Static):
+        if not widget.display or not widget.region.width or widget.styles.text_wrap != "nowrap":
+            continue
+        width = widget.content_region.width
+        content = widget.visual
+        plain = getattr(content, "plain", None) or str(getattr(widget, "content", ""))
+        for line in plain.splitlines():
+            if Text(line).cell_len > width:
+                found.append(f"{widget.id or type(widget).__name__}: {line.strip()!r} longer than {width}")
+    return found
+
+
+def run_and_check(app, size, show) -> list[str]:
+    found: list[str] = []
+
+    async def main() -> None:
+        async with app.run_test(size=size) as pilot:
+            await show(pilot)
+            found.extend(cut_cells(app.screen))
+            text = app.export_screenshot()
+            if "…" in text:
+                found.append("an ellipsis on screen")
+
+    asyncio.run(main())
+    return found
+
+
+@SIZES
+@pytest.mark.parametrize("tab", range(1, 8))
+def test_no_tab_cuts_a_figure(size, tab):
+    async def show(pilot) -> None:
+        await settle(pilot.app, pilot, tab)
+
+    assert run_and_check(replay_app(demo_events()), size, show) == []
+
+
+@SIZES
+@pytest.mark.parametrize("key", ["j", "o"])
+def test_no_screen_cuts_a_figure(size, key, tmp_path, monkeypatch):
+    demo_run_folder(tmp_path)
+    monkeypatch.chdir(tmp_path)
+
+    async def show(pilot) -> None:
+        await settle(pilot.app, pilot)
+        await pilot.press(key)
+        await pilot.pause(0.2)
+        if key == "j":
+            pilot.app.projection.query_one("#projection-cluster").value = "a100-hdr"
+            await pilot.pause(1.5)
+
+    assert run_and_check(replay_app(demo_events()), size, show) == []
+
+
+@SIZES
+def test_compare_cuts_no_figure(size):
+    events = demo_events()
+    runs = (figures(events, "demo"), figures(events[: len(events) // 2], "demo-first-half"))
+    app = create_app("compare", None, compare=runs, pane_interval_s=TEST_PANE_INTERVAL_S)
+
+    async def show(pilot) -> None:
+        await pilot.pause(0.8)
+
+    assert run_and_check(app, size, show) == []
+
+
+@SIZES
+def test_the_sweep_pane_cuts_no_figure(size):
+    job = FakeSweep(n=4)
+    app = create_app("fake", job, sweep_finish=job.finish, pane_interval_s=TEST_PANE_INTERVAL_S)
+
+    async def show(pilot) -> None:
+        while app.session is None or app.session.state != "finished":
+            await pilot.pause(0.05)
+        await pilot.pause(0.3)
+        app.redraw_now()
+        await pilot.pause(0.3)
+
+    assert run_and_check(app, size, show) == []
+
+
+def test_the_projection_table_heads_its_columns_shorter_only_where_the_long_headers_do_not_fit():
+    row = {"world_size": 1024, "step_s": 0.5551, "compute_s": 4e-5, "overlapped_s": 1e-5, "exposed_s": 0.555,
+           "comm_share": 1.0, "tokens_per_s": 944_123.0, "scaling_efficiency": 0.001, "mfu": 0.0001,
+           "peak_bytes": 11.5e6, "fits": True}
+    cells = table_rows([row])
+    assert cells == [("1024", "555", "0.04", "0.01", "555", "100%", "944k", "0%", "0.0%", "11.5", "yes")]
+    assert headers_for(cells, 94) == COLUMNS and headers_for(cells, 76) == SHORT_COLUMNS
+    assert headers_for([], 94) == COLUMNS  # no rows yet (an uncalibrated machine): the long headers
