@@ -67,3 +67,35 @@ def test_leaving_compare_from_the_command_line_exits():
 
     app = run(scenario, None, compare=pair)
     assert app.farewell() == [] and app.shell_exit_code == 0
+
+
+def test_a_replay_opened_over_a_training_run_returns_to_it_still_training(tmp_path):
+    from nanodist_tui.screens.replay_over import ReplayOverScreen
+    job = FakeJob(steps=400, pace_s=0.01)
+    recorded = tmp_path / "recorded"
+    recorded.mkdir()
+    import json
+
+    from engine.events import to_json
+    (recorded / "events.jsonl").write_text("".join(json.dumps(to_json(e)) + "\n" for e in demo_events()))
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.session.state == "running" and app.header.latest is not None)
+        live = app.session
+        app._replay_chosen([recorded])  # what `o` does with the chosen run
+        await wait_for(pilot, lambda: isinstance(app.screen, ReplayOverScreen))
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.workspace is not None and screen.header.latest is not None)
+        shown = screen.header.summary(160).plain
+        assert "ETA" not in shown and "replay" in shown and screen.workspace.panes
+        before = app.header.latest.step
+        await pilot.pause(0.3)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ReplayOverScreen))
+        assert app.session is live and live.state == "running" and not live.control.is_set()
+        await wait_for(pilot, lambda: app.header.latest.step > before)  # it trained on behind the replay
+        assert screen.control.is_set()  # the replay's player was told to stop
+        live.control.set()
+        await wait_for(pilot, lambda: not live.active)
+
+    run(scenario, job)
