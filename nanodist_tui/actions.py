@@ -287,6 +287,13 @@ class WorkbenchActions:
         from engine.run.recorder import read_events
         (run_dir,) = chosen
         events = read_events(run_dir)
+        s = self.session
+        if s is not None and s.active and not s.replay:
+            # a run is training: the replay goes on a screen of its own over it, and `esc` comes back to
+            # the run, still training (replacing the session would have stopped it)
+            from nanodist_tui.screens.replay_over import ReplayOverScreen
+            self.push_screen(ReplayOverScreen(events, run_dir.name))
+            return
         player = ReplayPlayer(events)
         self.replace_session(player, player, run_dir.name)
 
