@@ -52,13 +52,22 @@ def _bindings() -> list[Binding]:
         Binding("q", "quit", "Quit", id="quit"),
         Binding("f", "toggle_freeze", "Freeze display", id="freeze"),
         Binding("n", "new_run", "New run", id="new-run"),
-        Binding("o", "open_replay", "Replay a run", id="open-replay", show=False),
+        Binding("o", "open_replay", "Replay a run", id="open-replay"),
         Binding("c", "compare", "Compare runs", id="compare"),
         Binding("j", "projection", "Projection", id="projection"),
-        Binding("ctrl+c", "stop_and_quit", "Stop and quit at once", show=False, id="stop-and-quit"),
+        # priority: it works from every screen and dialog (a modal screen otherwise takes every key)
+        Binding("ctrl+c", "stop_and_quit", "Stop (checkpoint kept) and quit, from any screen", show=False,
+                id="stop-and-quit", priority=True),
     ]
     keys += [Binding(str(n), f"show_tab({n})", f"Show tab {n}", show=False, id=f"tab-{n}")
              for n in range(1, 10)]
+    # The pane on show scrolls with these whatever has the focus (the tab strip has it, and takes only
+    # left/right); a focused table or log takes them itself first.
+    keys += [Binding(key, f"scroll_pane('{how}')", f"Scroll the pane: {how.replace('_', ' ')}", show=False,
+                     id=f"scroll-{how.replace('_', '-')}", key_display=shown)
+             for key, how, shown in (("up", "up", "↑"), ("down", "down", "↓"), ("pageup", "page_up", "PgUp"),
+                                     ("pagedown", "page_down", "PgDn"), ("home", "home", "Home"),
+                                     ("end", "end", "End"))]
     return keys
 
 
@@ -66,6 +75,7 @@ BINDINGS = _bindings()
 BINDING_IDS = tuple(b.id for b in BINDINGS if b.id)
 WORKBENCH_ACTIONS = {b.action.partition("(")[0] for b in BINDINGS}
 RUN_ACTIONS = ("stop_training", "toggle_pause")
+ANY_SCREEN = ("quit", "stop_and_quit", "help")  # the app's keys that work over its other screens too
 REPLAY_ACTIONS = ("replay_speed", "seek")
 
 
@@ -131,6 +141,9 @@ class WorkbenchHost(Protocol):
     def _start_serving(self, run_dir: Path) -> None: ...
     def _serving(self, server: ModelServer, run_dir: Path) -> None: ...
     def action_stop_and_quit(self) -> None: ...
+    def action_fits(self, action: str) -> bool | None: ...
+    def _hold_while_asking(self, s: RunSession) -> Callable[[], None]: ...
+    def _moot(self, s: RunSession) -> bool: ...
 
 
 class WorkbenchActions:
@@ -144,12 +157,17 @@ class WorkbenchActions:
 
     def check_action(self: WorkbenchHost, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Footer and keys offer only what fits: run control for a training run, seeking for a replay."""
+        if action in WORKBENCH_ACTIONS and len(self.screen_stack) > 1 and action not in ANY_SCREEN:
+            return False  # a dialog or another screen is open: it has its own keys
+        return self.action_fits(action)
+
+    def action_fits(self: WorkbenchHost, action: str) -> bool | None:
+        """Whether `action` fits the run as it is, whatever screen is open (the palette asks this: it is a
+        screen itself). True: offered; None: shown, but dimmed; False: not offered."""
         if action == "stop_serving":  # the palette's only
             return self.model_server is not None
         if action not in WORKBENCH_ACTIONS:
             return True  # Textual's own (pop_screen, the palette, ...)
-        if len(self.screen_stack) > 1 and action not in ("quit", "stop_and_quit", "help"):
-            return False  # a dialog or another screen is open: it has its own keys
         s = self.session
         if action == "toggle_pause" and self.sweeping:
             return False  # a sweep's trials cannot be held
@@ -170,20 +188,47 @@ class WorkbenchActions:
         self.push_screen("projection")
 
     def action_stop_training(self: WorkbenchHost) -> None:
+        """Hold the run at once, then ask: yes stops it at the step it holds at (checkpoint kept), no lets it
+        go on. Asking without holding let it train on while the user read the question: the stop landed
+        tens of steps after the decision."""
         s = self.session
         if s is None or not s.active or s.state == "stopping":
             self.notify("no training is running")
             return
         from nanodist_tui.screens.confirm import ConfirmScreen
-        question = ("Stop training? Every rank finishes its step and saves a checkpoint there; "
-                    "`nanodist-tui resume` continues the run.")
-        self.push_screen(ConfirmScreen(question, "Stop"), lambda yes: self._stop(s) if yes else None)
+        resume = self._hold_while_asking(s)
+        question = ("Stop training here? It is held after its step; every rank saves a checkpoint there and "
+                    "`nanodist-tui resume` continues the run. No: training goes on.")
+        self.push_screen(ConfirmScreen(question, "Stop", moot=lambda: self._moot(s),
+                                       moot_note="the run has ended: the question was closed"),
+                         lambda yes: self._stop(s) if yes else resume())
+
+    def _hold_while_asking(self: WorkbenchHost, s: RunSession) -> Callable[[], None]:
+        """Hold a training run while a question about stopping it is open; returns what undoes that (if the
+        run was held already, or cannot be held, it does nothing)."""
+        if s.replay or self.sweeping or s.control.pause.is_set() or s.control.is_set():
+            return lambda: None  # a sweep's trials cannot be held; a held run stays as the user left it
+        s.control.pause.set()
+        self._set_state(s, "pausing")
+
+        def resume() -> None:
+            if s.active and not s.control.is_set() and s.control.pause.is_set():
+                s.control.pause.clear()
+                self._set_state(s, "running")
+        return resume
+
+    def _moot(self: WorkbenchHost, s: RunSession) -> bool:
+        """A question about stopping `s` no longer matters: it ended, is stopping, or another run replaced
+        it."""
+        return self.session is not s or not s.active or s.control.is_set()
 
     def _stop(self: WorkbenchHost, s: RunSession, quiet: bool = False) -> None:
         if s.control.is_set() or not s.active:
             return
-        s.control.pause.clear()  # a held run must wake up to stop
+        # Stop first, then wake a held run: held ranks see both at their next poll and stop where they
+        # hold (the other order could let them take one more step in between).
         s.control.set()
+        s.control.pause.clear()
         if not quiet:
             self.say("stop requested: every rank finishes its step, evaluates and saves a checkpoint",
                      "warning")
@@ -221,6 +266,21 @@ class WorkbenchActions:
         ids = self.workspace.tab_ids
         if 1 <= number <= len(ids):
             self.workspace.query_one(TabbedContent).active = ids[number - 1]
+
+    def action_scroll_pane(self: WorkbenchHost, how: str) -> None:
+        """Scroll the pane on show: the focused widget if it scrolls, else the first that can in the tab."""
+        if self.workspace is None:
+            return
+        from textual.widget import Widget
+        pane = self.workspace.query_one(TabbedContent).active_pane
+        if pane is None:
+            return
+        focused = self.screen.focused
+        candidates = [focused] if focused is not None and pane in focused.ancestors else []
+        candidates += [w for w in pane.query(Widget) if w.display]
+        target = next((w for w in candidates if w.max_scroll_y > 0), None)
+        if target is not None:
+            getattr(target, f"scroll_{how}")(animate=False)
 
     def action_replay_speed(self: WorkbenchHost, direction: int) -> None:
         s = self.session
@@ -363,10 +423,15 @@ class WorkbenchActions:
         elif s.control.is_set():
             self.exit()  # a second quit while stopping: leave now
         else:
-            from nanodist_tui.screens.confirm import ConfirmScreen
-            question = "Stop the run and quit? Every rank saves a checkpoint at the step it reached."
-            self.push_screen(ConfirmScreen(question, "Stop and quit"),
-                             lambda yes: self.action_stop_and_quit() if yes else None)
+            from nanodist_tui.screens.confirm import QuitConfirmScreen
+            if isinstance(self.screen, QuitConfirmScreen):  # ctrl+q over its own question: a second quit
+                self.screen.dismiss(True)
+                return
+            resume = self._hold_while_asking(s)
+            question = ("Stop the run and quit? It is held after its step; every rank saves a checkpoint "
+                        "there. q again (or y) quits.")
+            self.push_screen(QuitConfirmScreen(question, "Stop and quit", moot=lambda: self._moot(s)),
+                             lambda yes: self.action_stop_and_quit() if yes else resume())
 
     def action_stop_and_quit(self: WorkbenchHost) -> None:
         """Stop the run (checkpoint kept) and quit once it has stopped; pressed again, quit at once."""

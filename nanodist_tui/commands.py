@@ -10,7 +10,8 @@ from textual.app import SystemCommand
 if TYPE_CHECKING:
     from nanodist_tui.app import NanoDistApp
 
-# action -> (title, help); an action the app's check_action refuses right now is left out
+# action -> (title, help), each action once; one that does not fit the run right now (the app's action_fits:
+# stop with no training running) is left out
 ACTIONS = {
     "stop_training": ("Stop training", "every rank stops after the same step and keeps a checkpoint"),
     "toggle_pause": ("Pause or resume training", "every rank holds after its step (a replay holds too)"),
@@ -27,14 +28,15 @@ ACTIONS = {
     "serve": ("Serve a run's model", "a trained GPT over HTTP on loopback, as `nanodist-tui serve` does"),
     "stop_serving": ("Stop serving", "end the model server the palette started"),
     "help": ("Help", "every key, and what each pane, bar, column and mark means"),
-    "stop_and_quit": ("Quit", "stop the run (checkpoint kept) and quit"),
+    "quit": ("Quit", "asks first while a run trains; it stops (checkpoint kept), then the workbench quits"),
 }
 
 
 def workbench_commands(app: NanoDistApp) -> Iterator[SystemCommand]:
     for action, (title, help_text) in ACTIONS.items():
         name, _, args = action.partition("(")
-        if app.check_action(name, ()) is False:
+        # Not check_action: the palette is a screen of its own, over which the app's keys are refused.
+        if app.action_fits(name) is False:
             continue
         yield SystemCommand(title, help_text, lambda action=action: app.run_action(action))
     if app.workspace is not None:

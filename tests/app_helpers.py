@@ -71,12 +71,13 @@ class FakeJob:
                         run_dir="runs/r1", memory_estimate=ESTIMATE))
         scale = 2.0**16 if self.dtype == "fp16" else None
         for i in range(1, self.steps + 1):
-            if control.is_set():
+            if not control.is_set():
+                self._hold(i - 1, emit, control)
+            if control.is_set():  # also when stopped while held: the engine stops where it holds
                 self.saw_stop.set()
                 emit(RunFinished(steps=i - 1, initial_val_loss=4.5, final_val_loss=4.5 / i, tokens_per_s=1.0,
                                  wall_s=0.1, run_dir="runs/r1", stopped=True))
                 return
-            self._hold(i - 1, emit, control)
             overflow = i == 5 and scale is not None
             emit(StepEnd(step=i, loss=4.0 / i, lr=1e-3 * i / self.steps, tokens=512, step_time_s=0.004,
                          tokens_per_s=128_000.0, grad_norm=1.0 + 1.0 / i, loss_scale=scale, skipped=overflow))

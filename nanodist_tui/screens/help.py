@@ -59,7 +59,7 @@ def _keys_table(app) -> str:
         shown = binding.key_display if binding.id not in keymap and binding.key_display else keys
         rows.append(f"| `{shown}` | {binding.description} | `{binding.id}` |")
     rows.append("| `ctrl+p` | command palette: every action and pane by name | |")
-    rows.append("| `tab` / `shift+tab` | move the focus (a table then scrolls with the arrow keys) | |")
+    rows.append("| `tab` / `shift+tab` | move the focus from pane to pane (the focused one scrolls) | |")
     return "\n".join(rows)
 
 

@@ -1,0 +1,165 @@
+"""Nothing in the workbench traps its user: ctrl+c stops (checkpoint kept) and quits from every dialog and
+screen, `q` answers the quit dialog, `s` holds training at once while it asks (no: it goes on; yes: it stops
+where it holds), a question the run made moot closes itself, and the palette holds every action once."""
+
+from __future__ import annotations
+
+from textual.command import CommandPalette
+
+from nanodist_tui.app import NanoDistApp
+from nanodist_tui.screens.confirm import ConfirmScreen, QuitConfirmScreen
+from nanodist_tui.screens.help import HelpScreen
+from nanodist_tui.screens.open_run import OpenRunScreen
+from tests.app_helpers import SMALL, FakeJob, run, wait_for
+
+
+def long_job() -> FakeJob:
+    return FakeJob(steps=100_000, pace_s=0.01)  # trains until stopped; holds while paused
+
+
+async def training(app: NanoDistApp, pilot) -> None:
+    await wait_for(pilot, lambda: app.header.latest is not None and app.session.state == "running")
+
+
+def test_ctrl_c_in_the_stop_dialog_stops_keeping_the_checkpoint_and_quits():
+    job = long_job()
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await training(app, pilot)
+        await pilot.press("s")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: not app.is_running, timeout=3)
+
+    app = run(scenario, job)
+    assert job.saw_stop.is_set()  # stopped through the run control: the engine checkpoints there
+    assert app.session.state == "stopped"
+
+
+def test_ctrl_c_quits_from_the_quit_dialog_help_and_the_run_picker():
+    for opened in ("q", "question_mark", "o"):
+        job = long_job()
+
+        async def scenario(app: NanoDistApp, pilot, opened=opened) -> None:
+            await training(app, pilot)
+            await pilot.press(opened)
+            assert isinstance(app.screen, (QuitConfirmScreen, HelpScreen, OpenRunScreen))
+            await pilot.press("ctrl+c")
+            await wait_for(pilot, lambda: not app.is_running, timeout=3)
+
+        run(scenario, job)
+        assert job.saw_stop.is_set(), opened
+
+
+def test_ctrl_c_quits_from_the_command_palette():
+    job = long_job()
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await training(app, pilot)
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: not app.is_running, timeout=3)
+
+    run(scenario, job)
+    assert job.saw_stop.is_set()
+
+
+def test_q_twice_stops_and_quits_and_the_quit_dialog_shows_its_own_keys():
+    job = long_job()
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await training(app, pilot)
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitConfirmScreen)
+        assert app.session.control.pause.is_set()  # held while the question is open
+        keys = {b.binding.key for b in app.screen.active_bindings.values() if b.binding.show}
+        assert {"y", "n,escape", "q"} <= keys or {"y", "n", "q"} <= keys  # the dialog's footer shows these
+        await pilot.press("q")
+        await wait_for(pilot, lambda: not app.is_running, timeout=3)
+
+    app = run(scenario, job, size=SMALL)
+    assert job.saw_stop.is_set()
+    assert "(stopped early, checkpoint kept)" in app.farewell()[0] and "runs/r1" in app.farewell()[-1]
+
+
+def test_s_holds_at_once_and_no_lets_training_go_on():
+    job = long_job()
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await training(app, pilot)
+        await pilot.press("s")
+        assert app.session.control.pause.is_set()  # held the moment s is pressed, not after the answer
+        assert isinstance(app.screen, ConfirmScreen)
+        await wait_for(pilot, lambda: job.held_at is not None)
+        held = job.held_at
+        await pilot.pause(0.3)
+        assert job.held_at == held and app.header.latest.step == held  # no step while the question is open
+        await pilot.press("n")
+        assert not app.session.control.pause.is_set() and not app.session.control.is_set()
+        await wait_for(pilot, lambda: app.header.latest.step > held)  # training goes on
+        assert app.session.state == "running"
+
+    run(scenario, job)
+
+
+def test_s_then_yes_stops_at_the_step_it_holds_at():
+    job = long_job()
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await training(app, pilot)
+        await pilot.press("s")
+        await wait_for(pilot, lambda: job.held_at is not None)
+        held = job.held_at
+        await pilot.pause(0.2)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.session.state == "stopped", timeout=3)
+        assert app.header.latest.step == held  # the stop landed where the user decided
+
+    run(scenario, job)
+
+
+def test_s_on_a_run_the_user_paused_leaves_it_paused_on_no():
+    job = long_job()
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await training(app, pilot)
+        await pilot.press("p")
+        await wait_for(pilot, lambda: app.session.state == "paused")
+        await pilot.press("s", "n")
+        assert app.session.control.pause.is_set() and app.session.state == "paused"
+
+    run(scenario, job)
+
+
+def test_a_stop_question_closes_itself_once_the_run_has_ended():
+    job = FakeJob(steps=3, then="wait_for_stop", honour_pause=False)
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await training(app, pilot)
+        await pilot.press("s")
+        assert isinstance(app.screen, ConfirmScreen)
+        app.session.control.set()  # the run ends behind the dialog (as a failure or its last step would)
+        await wait_for(pilot, lambda: not app.session.active, timeout=3)
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), timeout=1)
+        assert app.is_running  # closed, not answered: nothing else happened
+
+    run(scenario, job)
+
+
+def palette_titles(app: NanoDistApp) -> list[str]:
+    return [c.title for c in app.get_system_commands(app.screen)]
+
+
+def test_the_palette_offers_every_action_once_even_while_it_is_open():
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await training(app, pilot)
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
+        titles = palette_titles(app)  # what the open palette lists
+        for title in ("New run", "Replay a recorded run", "Compare two runs", "Projection", "Stop training",
+                      "Pause or resume training", "Sweep results", "Serve a run's model", "Help", "Quit"):
+            assert titles.count(title) == 1, (title, titles)
+        assert len(titles) == len(set(titles)), titles
+
+    run(scenario, long_job(), make_job=lambda cfg, doc: long_job())
