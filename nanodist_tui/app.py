@@ -18,18 +18,20 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import BindingType
 from textual.containers import Container
+from textual.filter import LineFilter
 from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from engine.events import RunFailed, RunFinished, RunPaused, RunStarted, TrialFinished
 from nanodist_tui.actions import BINDINGS, WorkbenchActions
+from nanodist_tui.ascii_filter import AsciiFilter
 from nanodist_tui.describe import best_text, failure
 from nanodist_tui.messages import Tick
 from nanodist_tui.panes import panes_for
@@ -81,6 +83,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self.make_job, self.check_run = make_job, check_run
         self.user_config = user_config or UserConfig()
         self.glyphs = choose(self.user_config.ascii, self.no_color)
+        self._ascii_filter = AsciiFilter()
         self.session: RunSession | None = None
         # the latest training run (not a replay): what the shell is told about on exit, whatever was opened
         # after it (a replay replaces the run's session; its summary still belongs in the farewell)
@@ -325,6 +328,12 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self.plots_due = True
         for pane in self.panes[1:]:
             pane.redraw()
+
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        """Textual's filters, and in ASCII mode one that makes whatever the panes did not draw themselves
+        (borders, tab underline, scrollbars, footer, plot frames) ASCII too (ascii_filter.py)."""
+        filters = super().get_line_filters()
+        return [*filters, self._ascii_filter] if self.user_config.ascii else filters
 
     # ------------------------------------------------------------------ actions
 
