@@ -100,7 +100,7 @@ class TrafficPane(TextView):
             out.append(f"{named}  (under half the median rate of the others)\n")
         out.append("\n")
         self._bound(out)
-        self._phases(out)
+        self._phases(out, width)
         self._algorithms(out)
         self._splits(out, glyphs, width)
         missing = sorted(set(range(world)) - set(self.traffic))
@@ -121,14 +121,18 @@ class TrafficPane(TextView):
         out.append(f"\n  S = {format_bytes(info.gradient_bytes)} of gradients ({info.n_params:,} × "
                    f"{info.dtype}); rank {mine.rank}, step {mine.step}\n", style="dim")
 
-    def _phases(self, out: Text) -> None:
+    def _phases(self, out: Text, width: int) -> None:
         mine = self.traffic.get(0) or next(iter(self.traffic.values()))
         world = self.info.world_size
         whole = allreduce_bandwidth(mine, world)
         if whole is not None and self.info.zero_stage == 0:
+            figures = f"algbw {format_rate(whole[0])}  busbw {format_rate(whole[1])}"
             out.append("all-reduce ", style="bold")
-            out.append(f"algbw {format_rate(whole[0])}  busbw {format_rate(whole[1])}")
-            out.append("  (algbw = S/t, busbw = algbw·2(N-1)/N)\n", style="dim")
+            out.append(figures)
+            # the definitions beside the figures where they fit, else on a line of their own: never cut
+            legend = "(algbw = S/t, busbw = algbw·2(N-1)/N)"
+            fits = len("all-reduce ") + len(figures) + 2 + len(legend) <= width
+            out.append(f"  {legend}\n" if fits else f"\n  {legend}\n", style="dim")
         rows = phase_bandwidths(mine, world)
         if not rows:
             return

@@ -15,7 +15,7 @@ from nanodist_tui.app import create_app
 from nanodist_tui.compare import figures
 from nanodist_tui.shots import replay_app, settle
 from nanodist_tui.widgets.projection_pane import COLUMNS, SHORT_COLUMNS, headers_for, table_rows
-from tests.app_helpers import SIZE, SMALL, TEST_PANE_INTERVAL_S, demo_events
+from tests.app_helpers import SIZE, SMALL, TEST_PANE_INTERVAL_S, FakeJob, demo_events, wait_for
 from tests.sweep.test_sweep_pane import FakeSweep
 from tests.workbench.test_snapshots import demo_run_folder
 
@@ -128,3 +128,23 @@ def test_the_projection_table_heads_its_columns_shorter_only_where_the_long_head
     assert cells == [("1024", "555", "0.04", "0.01", "555", "100%", "944k", "0%", "0.0%", "11.5", "yes")]
     assert headers_for(cells, 94) == COLUMNS and headers_for(cells, 76) == SHORT_COLUMNS
     assert headers_for([], 94) == COLUMNS  # no rows yet (an uncalibrated machine): the long headers
+
+
+@SIZES
+@pytest.mark.parametrize("tab", [1, 4])
+def test_a_two_rank_all_reduce_run_cuts_no_figure(size, tab):
+    """ZeRO-0 on 2 ranks: the traffic pane's all-reduce line and its definitions (the demo is ZeRO-2)."""
+    job = FakeJob(steps=3, world_size=2, then="wait_for_stop", pace_s=0.0)
+    app = create_app("fake", job, pane_interval_s=TEST_PANE_INTERVAL_S)
+
+    async def show(pilot) -> None:
+        await wait_for(pilot, lambda: app.header.latest is not None and app.header.latest.step == 3)
+        app.action_show_tab(tab)
+        for _ in range(3):
+            await pilot.pause(0.15)
+            app.redraw_now()
+
+    try:
+        assert run_and_check(app, size, show) == []
+    finally:
+        job.go.set()
