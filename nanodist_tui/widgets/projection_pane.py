@@ -38,7 +38,7 @@ CELL_PADDING = 2  # a DataTable cell's padding, both sides together
 def _ms(seconds: float) -> str:
     """Milliseconds to 3 significant digits, never in e-notation: 1.23, 12.3, 123, 1234."""
     v = seconds * 1e3
-    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+    return f"{v:.2f}" if round(v, 2) < 10 else f"{v:.1f}" if round(v, 1) < 100 else f"{v:.0f}"
 
 
 def _count(n: float) -> str:
@@ -46,7 +46,9 @@ def _count(n: float) -> str:
     for suffix, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= size:
             v = n / size
-            return f"{v:.2f}{suffix}" if v < 10 else f"{v:.1f}{suffix}" if v < 100 else f"{v:.0f}{suffix}"
+            if round(v, 1) >= 100:
+                return f"{v:.0f}{suffix}"
+            return f"{v:.2f}{suffix}" if round(v, 2) < 10 else f"{v:.1f}{suffix}"
     return f"{n:.0f}"
 
 

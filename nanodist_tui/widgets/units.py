@@ -38,16 +38,18 @@ def short_seconds(s: float) -> str:
         return f"{s * 1e3:.1f}ms"
     if s < 1:
         return f"{s * 1e3:.0f}ms"
-    return f"{s:.2f}s" if s < 10 else f"{s:.1f}s" if s < 100 else f"{s:.0f}s"
+    return f"{s:.2f}s" if round(s, 2) < 10 else f"{s:.1f}s" if round(s, 1) < 100 else f"{s:.0f}s"
 
 
 def short_bytes(n: float) -> str:
     """Bytes in at most 6 characters, 3 significant digits and the unit (331kB, 3.61MB, 12.5GB)."""
     unit, size = next(((u, z) for u, z in BYTE_UNITS if abs(n) >= z), ("B", 1.0))
     v = n / size
-    if unit == "B" or abs(v) >= 100:
+    if unit == "B":
         return f"{v:.0f}{unit}"
-    return f"{v:.{2 if abs(v) < 10 else 1}f}{unit}"
+    # the decimals from the rounded value: 99.99 is "100", not "100.0"
+    return f"{v:.2f}{unit}" if abs(round(v, 2)) < 10 else f"{v:.1f}{unit}" if abs(round(v, 1)) < 100 \
+        else f"{v:.0f}{unit}"
 
 
 def format_count(n: float, width: int = 0) -> str:

@@ -148,3 +148,13 @@ def test_a_two_rank_all_reduce_run_cuts_no_figure(size, tab):
         assert run_and_check(app, size, show) == []
     finally:
         job.go.set()
+
+
+def test_short_forms_keep_three_digits_and_the_unit_in_six_cells():
+    from nanodist_tui.widgets.units import short_bytes, short_seconds
+    assert [short_seconds(s) for s in (0.0056, 0.039, 0.6957, 1.114, 12.34, 123.4)] == [
+        "5.6ms", "39ms", "696ms", "1.11s", "12.3s", "123s"]
+    assert [short_bytes(n) for n in (5, 331_100, 3.6e6, 12.5e6, 125e6, 1.5e9)] == [
+        "5B", "331kB", "3.60MB", "12.5MB", "125MB", "1.50GB"]
+    assert all(len(short_bytes(n)) <= 6 for n in (999, 9_999, 99_999, 999_499, 99.99e9))
+    assert all(len(short_seconds(s)) <= 6 for s in (0.00999, 0.9999, 9.999, 99.99, 999.9))
