@@ -319,8 +319,15 @@ class NanoDistApp(WorkbenchActions, App[None]):
             return
         self.pane_redraws += 1
         self.plots_due = self.pane_redraws % PLOT_EVERY == 0
-        for pane in self.panes[1:]:
-            pane.redraw()
+        self._redraw_each(self.panes[1:])
+
+    def _redraw_each(self, panes: list[Pane]) -> None:
+        """Redraw the first pane, and the rest later, one per message: a key pressed meanwhile queues behind
+        one pane's redraw (a plot's build can take 0.1 s), not behind all of them (bench_keys.py)."""
+        if panes:
+            panes[0].redraw()
+        if len(panes) > 1:
+            self.call_later(self._redraw_each, panes[1:])
 
     def redraw_now(self) -> None:
         """Draw every pane on screen now, plots too (the timer would within PLOT_EVERY × pane_interval_s)."""

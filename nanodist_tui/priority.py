@@ -7,6 +7,12 @@ rank and the workbench want the same core, the rank runs and the panes redraw a 
 machine with cores to spare nothing changes. `bench ui` measures what the workbench costs (README, "What
 the workbench costs").
 
+UI_NICE is 0 (the process's own) since keys have to answer within 0.1 s while training: at 10, with
+quickstart's four rank processes on two cores, the drawing thread got a few per cent of a core and a tab
+key took 0.1 s in the median and up to 1.2 s to show (docs/workbench.md, "Key latency"; `bench ui-keys`).
+The workbench stays cheap by drawing little (panes once a second, plots every other time), not by
+yielding: the mechanism is kept for a caller that wants a lower value.
+
 A thread starts at the priority of the thread that creates it, and an unprivileged process cannot raise a
 priority again. So the jobs (training, with the rank threads and rank processes they start) must not be
 started by the drawing thread: `run_at_normal_priority` hands each job to a fresh thread made by one
@@ -25,7 +31,7 @@ from typing import Any
 
 # The spawner lives as long as the process: a later workbench must find it at normal priority.
 SPAWNER = "nanodist-spawner"
-UI_NICE = 10  # the drawing thread's nice value (0 is the default, 19 the lowest priority)
+UI_NICE = 0  # the drawing thread's nice value (0 is the default, 19 the lowest priority): see above
 
 _spawns: queue.SimpleQueue[Callable[[], None]] | None = None
 _lock = threading.Lock()

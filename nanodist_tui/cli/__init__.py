@@ -51,6 +51,7 @@ app.add_typer(sweep.app, name="sweep")
 bench.app.command("allreduce")(bench_allreduce.allreduce)
 bench.app.command("ui")(bench_ui.ui)
 bench.app.command("ui-events")(bench_ui.ui_events)
+bench.app.command("ui-keys")(bench_ui.ui_keys)
 app.add_typer(bench.app, name="bench")
 app.add_typer(presets.app, name="presets")
 

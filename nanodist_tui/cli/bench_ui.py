@@ -1,6 +1,7 @@
-"""`nanodist-tui bench ui` (tokens/s with the workbench open against --no-ui, the same run taking turns) and
+"""`nanodist-tui bench ui` (tokens/s with the workbench open against --no-ui, the same run taking turns),
 `nanodist-tui bench ui-events` (a 1 kHz event stream: updates handled, the last value, discrete events
-kept). The measuring is nanodist_tui.bench_ui's; this module parses and prints."""
+kept) and `nanodist-tui bench ui-keys` (how fast keys answer while a run trains). The measuring is
+nanodist_tui.bench_ui's and bench_keys's; this module parses and prints."""
 
 from __future__ import annotations
 
@@ -75,3 +76,31 @@ def ui_events(rate: Annotated[float, typer.Option(help="steps a second (each wit
             print(f"  {'ok    ' if ok else 'FAILED'}  {name}")
     if not all(checks.values()):
         raise typer.Exit(1)
+
+
+KEY_GOAL_S = 0.1  # a key shows its effect within 100 ms
+
+
+def ui_keys(preset: PresetOpt = "quickstart", sets: SetOpt = None, world_size: WorldOpt = None,
+            presses: Annotated[int, typer.Option(help="tab keys pressed while the run trains", min=1)] = 50,
+            as_json: JsonOpt = False) -> None:
+    """Key press to screen, while a preset trains in the workbench: median and worst of `presses` tab
+    switches, and how soon `p` holds the run."""
+    from nanodist_tui.bench_keys import key_latency
+    with tempfile.TemporaryDirectory() as out, user_errors():
+        # long enough that the run still trains when the last key is pressed; the bench stops it then
+        cfg, doc, _ = load_config(preset, [*(sets or []), "train.steps=100000", f"run.out_dir={out}"],
+                                  world_size)
+        report = key_latency(cfg, doc, presses)
+    if as_json:
+        print(json.dumps(report | {"goal_s": KEY_GOAL_S}, indent=2))
+        return
+    print(f"preset {cfg.name}, {cfg.parallel.world_size} rank(s) on {cfg.parallel.backend}: {presses} tab "
+          "keys while it trains, key posted -> screen redrawn")
+    print(f"  median {report['median_s'] * 1e3:.0f} ms, worst {report['worst_s'] * 1e3:.0f} ms "
+          f"(goal {KEY_GOAL_S * 1e3:.0f} ms)")
+    if report["pause_s"] is None:
+        print("  p: the run was not seen held within 60 s")
+    else:
+        print(f"  p: held {report['pause_s'] * 1e3:.0f} ms after the key, {report['pause_steps']} step(s) "
+              "after the one on screen")

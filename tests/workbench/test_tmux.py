@@ -27,14 +27,15 @@ def tmux(*args: str) -> str:
 
 
 class Terminal:
-    def __init__(self, name: str, cwd: Path) -> None:
+    def __init__(self, name: str, cwd: Path, size: tuple[int, int] = (160, 50)) -> None:
         self.name = name
         env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color", "NANODIST_CONFIG": "/nowhere"}
-        subprocess.run([TMUX, "new-session", "-d", "-s", name, "-x", "160", "-y", "50", "-c", str(cwd),
-                        "bash --norc --noprofile"], check=True, env=env)
+        subprocess.run([TMUX, "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]),
+                        "-c", str(cwd), "bash --norc --noprofile"], check=True, env=env)
 
     def screen(self) -> str:
-        return tmux("capture-pane", "-p", "-t", self.name, "-S", "-200")
+        # -J: a line the terminal wrapped (a long run folder at 80 columns) comes back whole
+        return tmux("capture-pane", "-p", "-J", "-t", self.name, "-S", "-200")
 
     def keys(self, *keys: str) -> None:
         tmux("send-keys", "-t", self.name, *keys)
@@ -68,7 +69,7 @@ def test_start_watch_switch_stop_and_quit_in_a_real_terminal(tmp_path):
         term.keys("5")
         term.wait_for("sent/step", timeout=30)
         term.keys("s")
-        term.wait_for(r"Stop training\?", timeout=30)
+        term.wait_for(r"Stop training here\?", timeout=30)
         term.keys("y")
         term.wait_for(" stopped ", timeout=120)
         before_quit = term.screen()
@@ -79,5 +80,64 @@ def test_start_watch_switch_stop_and_quit_in_a_real_terminal(tmp_path):
         assert "run folder     " in after and "(stopped early, checkpoint kept)" in after
         run_dirs = list((tmp_path / "runs").iterdir())
         assert len(run_dirs) == 1 and str(run_dirs[0].name) in after
+    finally:
+        term.close()
+
+
+def start(term: Terminal) -> float:
+    sets = " ".join(f"--set {s}" for s in SETS)
+    term.keys(f"{sys.executable} -m nanodist_tui.cli {sets}; echo EXIT=$?", "Enter")
+    return time.monotonic()
+
+
+def ended_with_the_checkpoint_kept(term: Terminal, tmp_path: Path, since: float, within_s: float) -> None:
+    """The command exits 0 within `within_s` of `since`, the shell shows the stopped run's folder, and the
+    folder holds its checkpoint."""
+    after = term.wait_for(r"EXIT=\d", timeout=60)
+    took = time.monotonic() - since
+    assert "Traceback" not in after and "EXIT=0" in after, after
+    assert took < within_s, f"took {took:.1f} s to exit"
+    assert "(stopped early, checkpoint kept)" in after
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    assert "run folder     " in after and run_dir.name in after
+    assert any("manifest" in p.name for p in run_dir.rglob("*")), sorted(p.name for p in run_dir.rglob("*"))
+
+
+def first_screen_shows_within_a_second(term: Terminal, began: float) -> None:
+    """One second after the command starts, the workbench is on screen (not a blank terminal)."""
+    time.sleep(max(0.0, began + 1.0 - time.monotonic()))
+    shown = term.screen()
+    assert "quickstart" in shown, f"one second after start the screen shows:\n{shown}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (.ci/run installs it with apt-get)")
+def test_ctrl_c_in_the_stop_dialog_at_80x24_stops_keeping_the_checkpoint_and_exits_0(tmp_path):
+    term = Terminal(f"nanodist-{uuid.uuid4().hex[:8]}", tmp_path, size=(80, 24))
+    try:
+        began = start(term)
+        first_screen_shows_within_a_second(term, began)
+        term.wait_for("tok/s", timeout=120)
+        term.keys("s")
+        term.wait_for(r"Stop training here\?", timeout=10)
+        pressed = time.monotonic()
+        term.keys("C-c")
+        ended_with_the_checkpoint_kept(term, tmp_path, pressed, within_s=20)
+    finally:
+        term.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (.ci/run installs it with apt-get)")
+def test_q_twice_at_80x24_stops_keeping_the_checkpoint_and_exits_0(tmp_path):
+    term = Terminal(f"nanodist-{uuid.uuid4().hex[:8]}", tmp_path, size=(80, 24))
+    try:
+        start(term)
+        term.wait_for("tok/s", timeout=120)
+        term.keys("q")
+        term.wait_for(r"Stop the run and quit\?", timeout=10)
+        pressed = time.monotonic()
+        term.keys("q")
+        ended_with_the_checkpoint_kept(term, tmp_path, pressed, within_s=20)
     finally:
         term.close()
