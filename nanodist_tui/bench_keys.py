@@ -66,6 +66,7 @@ def key_latency(cfg, doc, presses: int = 50, seed: int = 0) -> dict:
         tabs = app.workspace.tab_ids
         tabbed = app.workspace.query_one(TabbedContent)
         times: list[float] = []
+        by_tab: dict[str, list[float]] = {}
         for i in range(presses):
             number = 1 + (i + 1) % min(len(tabs), 5)
             await asyncio.sleep(rng.uniform(0.1, 0.4))
@@ -73,6 +74,7 @@ def key_latency(cfg, doc, presses: int = 50, seed: int = 0) -> dict:
             press(app, str(number))
             shown = await _screen_shows(app, lambda n=number: tabbed.active == tabs[n - 1])
             times.append(shown - t0)
+            by_tab.setdefault(tabs[number - 1].removeprefix("tab-"), []).append(shown - t0)
         step_at_press, t0 = app.header.latest.step, time.perf_counter()
         press(app, "p")
         # the app turns "paused" on the ranks' RunPaused event; the header then shows the step they hold at
@@ -80,7 +82,8 @@ def key_latency(cfg, doc, presses: int = 50, seed: int = 0) -> dict:
             await asyncio.sleep(0.005)
         pause_s = time.perf_counter() - t0
         held = [app.header.latest.step] if app.session is not None and app.session.state == "paused" else []
-        report.update(times_s=times, median_s=statistics.median(times), worst_s=max(times),
+        report.update(times_s=times, worst_by_tab_s={tab: max(t) for tab, t in by_tab.items()},
+                      median_s=statistics.median(times), worst_s=max(times),
                       pause_s=pause_s if held else None,
                       pause_steps=held[0] - step_at_press if held else None)
         app.action_stop_and_quit()

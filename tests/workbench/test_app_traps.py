@@ -9,6 +9,7 @@ from textual.command import CommandPalette
 from nanodist_tui.app import NanoDistApp
 from nanodist_tui.screens.confirm import ConfirmScreen, QuitConfirmScreen
 from nanodist_tui.screens.help import HelpScreen
+from nanodist_tui.screens.new_run import NewRunScreen
 from nanodist_tui.screens.open_run import OpenRunScreen
 from tests.app_helpers import SMALL, FakeJob, run, wait_for
 
@@ -49,6 +50,41 @@ def test_ctrl_c_quits_from_the_quit_dialog_help_and_the_run_picker():
 
         run(scenario, job)
         assert job.saw_stop.is_set(), opened
+
+
+def test_ctrl_c_quits_from_the_new_run_form_where_an_input_has_the_focus():
+    job = long_job()
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await training(app, pilot)
+        await pilot.press("n")
+        assert isinstance(app.screen, NewRunScreen) and app.screen.focused is not None
+        await pilot.press("ctrl+c")  # an Input would take it as copy: the workbench's binding has priority
+        await wait_for(pilot, lambda: not app.is_running, timeout=3)
+
+    run(scenario, job, make_job=lambda cfg, doc: long_job())
+    assert job.saw_stop.is_set()
+
+
+def test_the_pane_on_show_scrolls_with_the_keys_the_help_names_without_tab():
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await training(app, pilot)
+        for i in range(200):
+            app.say(f"line {i}")
+        tabs = app.workspace.tab_ids
+        await pilot.press(str(tabs.index("tab-log") + 1))
+        await pilot.pause(0.5)  # the log writes its lines on a redraw
+        log = app.workspace.tabs["log"]
+        await wait_for(pilot, lambda: log.max_scroll_y > 0)
+        assert app.screen.focused is not log  # the tab strip has the focus, as after start
+        await pilot.press("home")
+        assert log.scroll_y == 0
+        await pilot.press("pagedown", "down")
+        assert log.scroll_y > 1
+        await pilot.press("end")
+        assert log.scroll_y == log.max_scroll_y
+
+    run(scenario, long_job())
 
 
 def test_ctrl_c_quits_from_the_command_palette():
