@@ -67,15 +67,17 @@ def test_ctrl_c_quits_from_the_new_run_form_where_an_input_has_the_focus():
 
 
 def test_the_pane_on_show_scrolls_with_the_keys_the_help_names_without_tab():
+    job = FakeJob(steps=3, then="wait_for_stop")  # quiet once its steps are done: no line scrolls the log
+
     async def scenario(app: NanoDistApp, pilot) -> None:
-        await training(app, pilot)
+        await wait_for(pilot, lambda: app.header.latest is not None and app.header.latest.step == 3)
         for i in range(200):
             app.say(f"line {i}")
         tabs = app.workspace.tab_ids
         await pilot.press(str(tabs.index("tab-log") + 1))
-        await pilot.pause(0.5)  # the log writes its lines on a redraw
         log = app.workspace.tabs["log"]
-        await wait_for(pilot, lambda: log.max_scroll_y > 0)
+        await wait_for(pilot, lambda: not log._pending and log.max_scroll_y > 0)  # written on a redraw
+        await pilot.pause(0.4)
         assert app.screen.focused is not log  # the tab strip has the focus, as after start
         await pilot.press("home")
         assert log.scroll_y == 0
@@ -84,7 +86,7 @@ def test_the_pane_on_show_scrolls_with_the_keys_the_help_names_without_tab():
         await pilot.press("end")
         assert log.scroll_y == log.max_scroll_y
 
-    run(scenario, long_job())
+    run(scenario, job)
 
 
 def test_ctrl_c_quits_from_the_command_palette():
