@@ -87,8 +87,11 @@ def test_no_screen_cuts_a_figure(size, key, tmp_path, monkeypatch):
         await pilot.press(key)
         await pilot.pause(0.2)
         if key == "j":
-            pilot.app.projection.query_one("#projection-cluster").value = "a100-hdr"
-            await pilot.pause(1.5)
+            projection = pilot.app.projection
+            projection.result = None
+            projection.query_one("#projection-cluster").value = "a100-hdr"
+            await wait_for(pilot, lambda: bool((projection.result or {}).get("rows")), timeout=30)
+            await pilot.pause(0.5)
 
     assert run_and_check(replay_app(demo_events()), size, show) == []
 

@@ -71,8 +71,11 @@ def test_projection_screen(snap_compare, size):
         await settle(pilot.app, pilot)
         await pilot.press("j")
         await pilot.pause(0.2)
-        pilot.app.projection.query_one("#projection-cluster").value = "a100-hdr"  # a cluster's figures, fixed
-        await pilot.pause(1.5)
+        projection = pilot.app.projection
+        projection.result = None
+        projection.query_one("#projection-cluster").value = "a100-hdr"  # a cluster's figures, fixed
+        await wait_for(pilot, lambda: bool((projection.result or {}).get("rows")), timeout=30)
+        await pilot.pause(0.5)
 
     assert snap_compare(replay_app(demo_events()), terminal_size=size, run_before=show)
 
