@@ -334,7 +334,10 @@ class WorkbenchActions:
         from nanodist_tui.screens.confirm import ConfirmScreen
         question = (f"Start {cfg.name}? The run going now stops first: every rank saves a checkpoint at the "
                     "step it reached.")
-        self.push_screen(ConfirmScreen(question, "Stop it and start"),
+        note = f"the run going has ended: the question was closed; n starts {cfg.name}"
+        running = s
+        self.push_screen(ConfirmScreen(question, "Stop it and start", moot=lambda: self._moot(running),
+                                       moot_note=note),
                          lambda yes: self.replace_session(job, None, cfg.name) if yes else None)
 
     def action_open_replay(self: WorkbenchHost) -> None:

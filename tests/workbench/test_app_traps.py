@@ -201,3 +201,20 @@ def test_the_palette_offers_every_action_once_even_while_it_is_open():
         assert len(titles) == len(set(titles)), titles
 
     run(scenario, long_job(), make_job=lambda cfg, doc: long_job())
+
+
+def test_the_start_question_closes_itself_once_the_run_it_would_stop_has_ended():
+    first = FakeJob(steps=3, then="wait_for_stop")
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.header.latest is not None and app.session.state == "running")
+        await pilot.press("n")
+        assert isinstance(app.screen, NewRunScreen)
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, ConfirmScreen)  # a run is going: stop it first?
+        app.session.control.set()  # it ends behind the question
+        await wait_for(pilot, lambda: not app.session.active, timeout=3)
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), timeout=1)
+        assert app.session.job_fn is first  # closed unanswered: nothing was started
+
+    run(scenario, first, make_job=lambda cfg, doc: long_job())
