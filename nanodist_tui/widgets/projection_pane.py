@@ -214,6 +214,11 @@ class ProjectionPane(Vertical):
             table.add_row(*(Text(c, justify="right") for c in row))
         if len(rows) > 1:
             draw_scaling(plot.plt, rows)
+            # the title on the border, and at small sizes no axis label: the rows go to the curve
+            plot.border_title = "tokens/s by ranks (log-log)"
+            plot.plt.title("")
+            if self.app.has_class("compact"):
+                plot.plt.xlabel("")
         plot.refresh()
         self._say(self.live_text())
 
