@@ -196,6 +196,10 @@ class RunRecorder:
 
     def __call__(self, ev: Any) -> None:
         ev = as_event(ev)
+        # A Phase is the live display's (what a run does before its first step), not the run's: a record
+        # starts with run_started.
+        if isinstance(ev, ev_types.Phase):
+            return
         with self._lock:
             if self._closed:
                 return

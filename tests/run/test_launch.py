@@ -91,3 +91,11 @@ def test_the_stages_before_the_first_step_are_announced_once_each_in_order(tmp_p
     assert phases == ["starting ranks", "building the model", "compiling kernels", "first step"]
     first_step = next(i for i, e in enumerate(seen) if isinstance(e, ev.StepEnd))
     assert max(i for i, e in enumerate(seen) if isinstance(e, ev.Phase)) < first_step
+
+
+def test_the_stages_are_not_recorded_a_record_starts_with_run_started(tmp_path):
+    cfg, doc = four_ranks(tmp_path)
+    run_training(cfg, preset_doc=doc)
+    lines = (only_run(tmp_path) / "events.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert kinds[0] == "run_started" and "phase" not in kinds
