@@ -7,72 +7,14 @@ import asyncio
 import threading
 import time
 
-from engine.events import (
-    Eval,
-    RunFinished,
-    RunStarted,
-    StepEnd,
-    SweepFinished,
-    SweepStarted,
-    TrialFinished,
-    TrialReport,
-    TrialStarted,
-)
 from nanodist_tui.app import create_app
 from nanodist_tui.widgets.pane import Pane
 from nanodist_tui.widgets.sweep_pane import SweepPane
-from tests.app_helpers import TEST_PANE_INTERVAL_S
+from tests.app_helpers import TEST_PANE_INTERVAL_S, FakeSweep
 from tests.sweep_helpers import sweep_of, write_preset
 
 SIZE = (160, 50)
 
-
-class FakeSweep:
-    """Emits what a sweep of `n` one-metric trials emits (each trial a 4-step run); after `hold_at`
-    trials it waits for `go` (so a test can look), and it ends early when `finish` is set."""
-
-    def __init__(self, n: int = 3, metrics=("val_loss",), hold_at: int | None = None) -> None:
-        self.n, self.metrics, self.hold_at = n, list(metrics), hold_at
-        self.finish = threading.Event()
-        self.go = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.ran: list[int] = []
-
-    def values(self, number: int) -> list[float]:
-        return [3.0 - 0.5 * (number % 2) + 0.1 * number, 10.0 + number][:len(self.metrics)]
-
-    def __call__(self, emit, stop: threading.Event) -> None:
-        self.thread = threading.current_thread()
-        emit(SweepStarted(study="fake", sweep_dir="runs/sweep-fake", storage="sqlite:///x.db",
-                          metrics=self.metrics, directions=["minimize"] * len(self.metrics),
-                          n_trials=self.n, timeout_s=0.0, existing=0, jobs=1))
-        best: tuple[float, int] | None = None
-        for number in range(self.n):
-            if self.hold_at == number:
-                self.go.wait(10)
-            if self.finish.is_set() or stop.is_set():
-                break
-            emit(TrialStarted(number=number, params={"optim.lr": 1e-3 * (number + 1)}))
-            emit(RunStarted(run_id=f"t{number}", preset="fake", config={}, n_params=10, world_size=1,
-                            total_steps=4))
-            for step in range(1, 5):
-                emit(StepEnd(step=step, loss=4.0 - step * 0.1, lr=1e-3, tokens=64, step_time_s=0.001,
-                             tokens_per_s=64_000.0, grad_norm=1.0))
-                if step % 2 == 0:
-                    emit(Eval(step=step, val_loss=4.0 - step * 0.2))
-                    emit(TrialReport(number=number, step=step, value=4.0 - step * 0.2))
-            emit(RunFinished(steps=4, initial_val_loss=4.0, final_val_loss=3.2, tokens_per_s=64_000.0,
-                             wall_s=0.1, run_dir=f"runs/sweep-fake/t{number}"))
-            values = self.values(number)
-            if best is None or values[0] < best[0]:
-                best = (values[0], number)
-            front = list(range(number + 1)) if len(self.metrics) > 1 else [best[1]]
-            emit(TrialFinished(number=number, state="complete", metrics=self.metrics, values=values,
-                               params={"optim.lr": 1e-3 * (number + 1)}, duration_s=0.1, steps=4,
-                               best=front, best_values=[best[0]] if len(self.metrics) == 1 else None))
-            self.ran.append(number)
-        emit(SweepFinished(study="fake", counts={"complete": len(self.ran)}, best=[best[1]] if best else [],
-                           stopped=len(self.ran) < self.n))
 
 
 async def settle(pilot, app, until, timeout: float = 10.0) -> None:

@@ -17,8 +17,7 @@ from nanodist_tui.app import create_app
 from nanodist_tui.compare import figures
 from nanodist_tui.demo import DEMO_DIR
 from nanodist_tui.shots import replay_app, settle
-from tests.app_helpers import SIZE, SMALL, TEST_PANE_INTERVAL_S, FakeJob, demo_events, wait_for
-from tests.sweep.test_sweep_pane import FakeSweep
+from tests.app_helpers import SIZE, SMALL, TEST_PANE_INTERVAL_S, FakeJob, FakeSweep, demo_events, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
