@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import json
+import shutil
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from rich.console import Console
 from textual.widgets import RichLog
@@ -235,3 +238,18 @@ class FakeSweep:
             self.ran.append(number)
         emit(SweepFinished(study="fake", counts={"complete": len(self.ran)}, best=[best[1]] if best else [],
                            stopped=len(self.ran) < self.n))
+
+DEMO_RUN = "20261201-110111-quickstart"  # the demo recording, as a finished run folder
+
+
+def demo_run_folder(root: Path) -> Path:
+    """runs/<DEMO_RUN>: the demo recording as a finished run folder (its events and a summary)."""
+    run = root / "runs" / DEMO_RUN
+    run.mkdir(parents=True)
+    shutil.copy(DEMO_DIR / "events.jsonl", run / "events.jsonl")
+    finished = next(e for e in demo_events() if isinstance(e, RunFinished))
+    (run / "summary.json").write_text(json.dumps({
+        "status": "finished", "preset": "quickstart", "steps": finished.steps,
+        "final_val_loss": finished.final_val_loss, "tokens_per_s": finished.tokens_per_s,
+        "wall_s": finished.wall_s}))
+    return run

@@ -15,8 +15,16 @@ from nanodist_tui.app import create_app
 from nanodist_tui.compare import figures
 from nanodist_tui.shots import replay_app, settle
 from nanodist_tui.widgets.projection_pane import COLUMNS, SHORT_COLUMNS, headers_for, table_rows
-from tests.app_helpers import SIZE, SMALL, TEST_PANE_INTERVAL_S, FakeJob, FakeSweep, demo_events, wait_for
-from tests.workbench.test_snapshots import demo_run_folder
+from tests.app_helpers import (
+    SIZE,
+    SMALL,
+    TEST_PANE_INTERVAL_S,
+    FakeJob,
+    FakeSweep,
+    demo_events,
+    demo_run_folder,
+    wait_for,
+)
 
 SIZES = pytest.mark.parametrize("size", [SMALL, SIZE], ids=["80x24", "160x50"])
 

@@ -6,8 +6,6 @@ pytest tests/workbench/test_snapshots.py --snapshot-update."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,9 +13,17 @@ import pytest
 from engine.events import RunFinished
 from nanodist_tui.app import create_app
 from nanodist_tui.compare import figures
-from nanodist_tui.demo import DEMO_DIR
 from nanodist_tui.shots import replay_app, settle
-from tests.app_helpers import SIZE, SMALL, TEST_PANE_INTERVAL_S, FakeJob, FakeSweep, demo_events, wait_for
+from tests.app_helpers import (
+    SIZE,
+    SMALL,
+    TEST_PANE_INTERVAL_S,
+    FakeJob,
+    FakeSweep,
+    demo_events,
+    demo_run_folder,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,20 +54,8 @@ def test_help(snap_compare, size):
 # a run folder to open), the bundled presets, and fake jobs that hold still where the picture is taken.
 
 SIZES = pytest.mark.parametrize("size", [SMALL, SIZE], ids=["80x24", "160x50"])
-DEMO_RUN = "20261201-110111-quickstart"
 
 
-def demo_run_folder(root: Path) -> Path:
-    """runs/<DEMO_RUN>: the demo recording as a finished run folder (its events and a summary)."""
-    run = root / "runs" / DEMO_RUN
-    run.mkdir(parents=True)
-    shutil.copy(DEMO_DIR / "events.jsonl", run / "events.jsonl")
-    finished = next(e for e in demo_events() if isinstance(e, RunFinished))
-    (run / "summary.json").write_text(json.dumps({
-        "status": "finished", "preset": "quickstart", "steps": finished.steps,
-        "final_val_loss": finished.final_val_loss, "tokens_per_s": finished.tokens_per_s,
-        "wall_s": finished.wall_s}))
-    return run
 
 
 @SIZES
