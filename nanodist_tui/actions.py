@@ -50,10 +50,10 @@ def _bindings() -> list[Binding]:
         Binding("left_square_bracket", "seek(-1)", "Seek -10%", id="seek-back", key_display="["),
         Binding("question_mark", "help", "Help", key_display="?", id="help"),
         Binding("q", "quit", "Quit", id="quit"),
-        Binding("f", "toggle_freeze", "Freeze display", id="freeze"),
+        Binding("f", "toggle_freeze", "Freeze", id="freeze"),
         Binding("n", "new_run", "New run", id="new-run"),
-        Binding("o", "open_replay", "Replay a run", id="open-replay"),
-        Binding("c", "compare", "Compare runs", id="compare"),
+        Binding("o", "open_replay", "Replay", id="open-replay"),
+        Binding("c", "compare", "Compare", id="compare"),
         Binding("j", "projection", "Projection", id="projection"),
         # priority: it works from every screen and dialog (a modal screen otherwise takes every key)
         Binding("ctrl+c", "stop_and_quit", "Stop (checkpoint kept) and quit, from any screen", show=False,

@@ -26,7 +26,6 @@ from textual.binding import BindingType
 from textual.containers import Container
 from textual.filter import LineFilter
 from textual.screen import Screen
-from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from engine.events import RunFailed, RunFinished, RunPaused, RunStarted, TrialFinished
@@ -40,6 +39,7 @@ from nanodist_tui.replay import ReplayPlayer
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.session import JobFn, RunSession
 from nanodist_tui.user_config import UserConfig
+from nanodist_tui.widgets.footer import WorkbenchFooter
 from nanodist_tui.widgets.glyphs import choose
 from nanodist_tui.widgets.log_pane import LogPane
 from nanodist_tui.widgets.pane import Pane, as_panes
@@ -120,7 +120,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
                 yield self.workspace
             else:
                 yield self.startup_log
-        yield Footer()
+        yield WorkbenchFooter()
 
     def on_mount(self) -> None:
         # Training before drawing: jobs run on threads of normal priority, this thread draws at a lower one.
@@ -148,6 +148,9 @@ class NanoDistApp(WorkbenchActions, App[None]):
     def on_resize(self, event) -> None:
         width, height = event.size
         self.set_class(width < COMPACT_BELOW[0] or height < COMPACT_BELOW[1], "compact")
+        for screen in self.screen_stack:
+            for footer in screen.query(WorkbenchFooter):
+                footer.fit(width)
 
     def on_unmount(self) -> None:
         if self.session is not None:

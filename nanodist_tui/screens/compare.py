@@ -11,12 +11,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from nanodist_tui.compare import RunFigures, read_run, smooth
 from nanodist_tui.traffic import phase_rank
 from nanodist_tui.widgets.axes import GrowingRange, step_ticks, value_ticks
+from nanodist_tui.widgets.footer import WorkbenchFooter
 from nanodist_tui.widgets.glyphs import glyphs_of
 from nanodist_tui.widgets.memory_pane import ordered, style_of
 from nanodist_tui.widgets.units import format_bytes, format_count, format_rate
@@ -135,7 +136,7 @@ class CompareScreen(Screen[None]):
         with Horizontal(id="compare-tables"):
             yield Static(memory_table(a, b), id="compare-memory")
             yield Static(traffic_table(a, b), id="compare-traffic")
-        yield Footer()
+        yield WorkbenchFooter()
 
     def on_mount(self) -> None:
         self.query_one("#compare-memory").border_title = "memory"

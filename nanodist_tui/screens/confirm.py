@@ -14,7 +14,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Footer, Static
+from textual.widgets import Button, Static
+
+from nanodist_tui.widgets.footer import WorkbenchFooter
 
 MOOT_CHECK_S = 0.2  # how often an open question checks whether it still matters
 
@@ -35,7 +37,7 @@ class ConfirmScreen(ModalScreen[bool]):
             with Horizontal(id="confirm-buttons"):
                 yield Button(f"{self.yes} (y)", variant="warning", id="yes")
                 yield Button("Cancel (n)", id="no")
-        yield Footer()
+        yield WorkbenchFooter()
 
     def on_mount(self) -> None:
         if self.moot is not None:

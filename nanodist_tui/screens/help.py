@@ -7,10 +7,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Markdown
+from textual.widgets import Markdown
 
 from nanodist_tui.panes import PANES
 from nanodist_tui.user_config import config_path
+from nanodist_tui.widgets.footer import WorkbenchFooter
 
 HEADER = """\
 ## The header
@@ -46,7 +47,7 @@ class HelpScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):
             yield Markdown(help_markdown(self.app))
-        yield Footer()
+        yield WorkbenchFooter()
 
 
 def _keys_table(app) -> str:

@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Input, Label, OptionList, Select, Static
+from textual.widgets import Button, Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
 from engine.comm.launch import BACKENDS
@@ -22,6 +22,7 @@ from engine.config import Config, ConfigError, describe, presets
 from engine.dtypes import DTYPES
 from engine.parallel.data import ZERO_STAGES
 from nanodist_tui.screens.fit_table import FitTable
+from nanodist_tui.widgets.footer import WorkbenchFooter
 
 # The settings the form shows; a tuple of choices makes a drop-down, None a text field.
 FIELDS: tuple[tuple[str, tuple | None], ...] = (
@@ -80,7 +81,7 @@ class NewRunScreen(Screen[tuple[Config, tomlkit.TOMLDocument] | None]):
                     yield Input(placeholder="new preset name", id="save-name")
                     yield Button("Save as preset", id="save")
                     yield Button("Cancel (esc)", id="cancel")
-        yield Footer()
+        yield WorkbenchFooter()
 
     def on_mount(self) -> None:
         if self.infos:

@@ -9,9 +9,10 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from engine.run.recorder import list_runs
+from nanodist_tui.widgets.footer import WorkbenchFooter
 
 COLUMNS = ("", "run", "status", "steps", "val loss", "tok/s")
 
@@ -46,7 +47,7 @@ class OpenRunScreen(Screen[list[Path] | None]):
             yield Static(f"no recorded runs in {self.out_dir}/: train one first (n starts a run)",
                          id="no-runs")
         yield table
-        yield Footer()
+        yield WorkbenchFooter()
 
     def _current(self) -> Path | None:
         table = self.query_one(DataTable)

@@ -10,7 +10,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from engine.events import RunStarted
 from engine.run.control import RunControl
@@ -18,6 +17,7 @@ from nanodist_tui.bridge import EventBatcher
 from nanodist_tui.messages import Tick
 from nanodist_tui.replay import ReplayPlayer, faster, slower
 from nanodist_tui.run_info import RunInfo
+from nanodist_tui.widgets.footer import WorkbenchFooter
 from nanodist_tui.widgets.run_header import RunHeader
 from nanodist_tui.workspace import Workspace
 
@@ -44,7 +44,7 @@ class ReplayOverScreen(Screen[None]):
         self.header = RunHeader(self.run_name, id="replay-over-header")
         yield self.header
         yield Container(id="replay-over-body")
-        yield Footer()
+        yield WorkbenchFooter()
 
     def on_mount(self) -> None:
         self.header.reset(self.run_name, replay_speed=self.player.speed)

@@ -12,10 +12,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Input, OptionList, Static
+from textual.widgets import Input, OptionList, Static
 
 from engine.config import ConfigError
 from engine.sweep.errors import SweepError
+from nanodist_tui.widgets.footer import WorkbenchFooter
 
 if TYPE_CHECKING:
     from engine.sweep.study import Sweep
@@ -45,7 +46,7 @@ class SweepsScreen(Screen[None]):
         yield Input(placeholder=f"name of the new preset ({self.presets_dir}/NAME.toml), then enter",
                     id="sweeps-name")
         yield Static("", id="sweeps-message")
-        yield Footer()
+        yield WorkbenchFooter()
 
     def on_mount(self) -> None:
         self.query_one("#sweeps-name", Input).display = False

@@ -17,8 +17,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 
+from nanodist_tui.widgets.footer import WorkbenchFooter
 from nanodist_tui.widgets.projection_pane import ProjectionPane
 
 
@@ -47,7 +48,7 @@ class ProjectionScreen(Screen):
         yield self.pane
         yield Input(placeholder="a file with all_reduce_perf's output, then enter", id="projection-nccl")
         yield Static("", id="projection-tools")
-        yield Footer()
+        yield WorkbenchFooter()
 
     def on_mount(self) -> None:
         self.query_one("#projection-nccl", Input).display = False
