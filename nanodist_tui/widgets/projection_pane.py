@@ -27,6 +27,8 @@ from engine.events import RunStarted
 from nanodist_tui.messages import Tick
 
 RECENT_STEPS = 30  # the measured step time is the median of this many recent steps
+MAX_Y_TICKS = 4  # powers of ten labelled on the scaling plot's axis (fits its 80x24 height)
+X_TICK_COLUMNS = 7  # columns a rank-count label needs on the x axis ("1024" and room on both sides)
 COLUMNS = ("ranks", "step ms", "compute", "overlap", "exposed", "comm", "tokens/s", "scaling", "MFU",
            "MB/rank", "fits")
 # The same columns headed shorter, for a table narrower than the long headers need (80 columns, or half of
@@ -71,7 +73,7 @@ def headers_for(cells: list[tuple[str, ...]], width: int) -> tuple[str, ...]:
     return COLUMNS if need(COLUMNS) <= width else SHORT_COLUMNS
 
 
-def draw_scaling(plt, rows: list[dict]) -> None:
+def draw_scaling(plt, rows: list[dict], max_ticks: int = MAX_Y_TICKS, max_x_ticks: int | None = None) -> None:
     """Tokens/s against ranks on log axes, with ideal linear scaling from the first row, on any plotext-like
     object (the plotext module for the CLI, a PlotextPlot's `plt` here). The logarithms are taken here and
     the axes labelled in the original units: plotext's own log scales re-apply the log to explicit ticks
@@ -81,9 +83,15 @@ def draw_scaling(plt, rows: list[dict]) -> None:
     ideal = [ys[0] + math.log10(r["world_size"] / rows[0]["world_size"]) for r in rows]
     plt.plot(xs, ideal, label="linear scaling", marker="dot")
     plt.plot(xs, ys, label="projected", marker="braille")
-    plt.xticks(xs, [str(r["world_size"]) for r in rows])
+    # Likewise along x: where two rank counts' labels would meet, plotext drops either one.
+    step = max(1, math.ceil(len(xs) / max(2, max_x_ticks))) if max_x_ticks else 1
+    plt.xticks(xs[::step], [str(r["world_size"]) for r in rows][::step])
     low, high = math.floor(min(ys + ideal)), math.ceil(max(ys + ideal))
-    plt.yticks(list(range(low, high + 1)), [f"1e{k}" for k in range(low, high + 1)])
+    # At most `max_ticks` labels: given two for one row, plotext keeps either (set order, which changes with
+    # each process's hash seed), so a small screen showed 1e9 one time and 1e7 the next for the same data.
+    every = max(1, math.ceil((high - low + 1) / max(2, max_ticks)))
+    powers = list(range(low, high + 1, every))
+    plt.yticks(powers, [f"1e{k}" for k in powers])
     plt.title("tokens/s by ranks (log-log)")
     plt.xlabel("ranks")
 
@@ -162,8 +170,11 @@ class ProjectionPane(Vertical):
         self.run_worker(self._compute, thread=True, exclusive=True, group="projection")
 
     def _compute(self) -> None:
-        result = compute_projection(self._cfg(), self.cluster, self.calibration_path)
-        self.post_message(ProjectionReady(result))
+        cluster = self.cluster
+        result = compute_projection(self._cfg(), cluster, self.calibration_path)
+        # A thread worker cannot be stopped: one for a cluster the user has since left still finishes, and
+        # its result must not replace the one for the cluster now chosen.
+        self.post_message(ProjectionReady({**result, "requested": cluster}))
 
     def calibrate(self) -> None:
         """Measure this machine for the run's model on a worker thread, then project again."""
@@ -195,7 +206,8 @@ class ProjectionPane(Vertical):
     # ------------------------------------------------------------------ drawing
 
     def on_projection_ready(self, message: ProjectionReady) -> None:
-        self._show(message.result)
+        if message.result.get("requested", self.cluster) == self.cluster:
+            self._show(message.result)
 
     def _show(self, result: dict) -> None:
         self.result = result
@@ -213,7 +225,9 @@ class ProjectionPane(Vertical):
         for row in cells:
             table.add_row(*(Text(c, justify="right") for c in row))
         if len(rows) > 1:
-            draw_scaling(plot.plt, rows)
+            # a label every third row at most: the plot's frame, title and x axis take about five rows
+            draw_scaling(plot.plt, rows, min(MAX_Y_TICKS, (plot.size.height - 5) // 3),
+                         (plot.size.width - 8) // X_TICK_COLUMNS)
             # the title on the border, and at small sizes no axis label: the rows go to the curve
             plot.border_title = "tokens/s by ranks (log-log)"
             plot.plt.title("")

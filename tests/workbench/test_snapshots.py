@@ -67,7 +67,9 @@ def test_projection_screen(snap_compare, size):
         projection = pilot.app.projection
         projection.result = None
         projection.query_one("#projection-cluster").value = "a100-hdr"  # a cluster's figures, fixed
-        await wait_for(pilot, lambda: bool((projection.result or {}).get("rows")), timeout=30)
+        # the cluster's own result, not one a worker for the screen's first cluster still delivers
+        await wait_for(pilot, lambda: (projection.result or {}).get("requested") == "a100-hdr"
+                       and bool(projection.result["rows"]), timeout=30)
         await pilot.pause(0.5)
 
     assert snap_compare(replay_app(demo_events()), terminal_size=size, run_before=show)
