@@ -110,7 +110,7 @@ def test_wandb_offline_run_holds_the_runs_values(logged):
     needs("wandb")
     run_dir, events = logged
     run = wandb_offline_run(run_dir)
-    started = events[0]
+    started = next(e for e in events if isinstance(e, ev.RunStarted))  # after the launcher's Phase events
     assert run["name"] == started.run_id and run["project"] == "nanodist"
     assert run["config"]["optim"]["lr"] == started.config["optim"]["lr"]
     assert run["exit_code"] == 0
@@ -128,7 +128,7 @@ def test_mlflow_run_holds_the_runs_values(logged):
     needs("mlflow")
     run_dir, events = logged
     client, run = mlflow_run((run_dir / "mlruns").resolve().as_uri(), "nanodist")
-    started = events[0]
+    started = next(e for e in events if isinstance(e, ev.RunStarted))  # after the launcher's Phase events
     assert run.info.run_name == started.run_id and run.info.status == "FINISHED"
     assert float(run.data.params["optim.lr"]) == started.config["optim"]["lr"]
     assert run.data.params["parallel.world_size"] == "2"
