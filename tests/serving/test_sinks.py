@@ -22,6 +22,9 @@ from nanodist_tui.cli import app
 from tests.run_helpers import only_run, tiny_config
 from tests.sink_readers import mlflow_run, tensorboard_scalars, wandb_offline_run
 
+# Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
+
 MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 INSTALLED = [name for name in SINKS if missing_library(name) is None]
 

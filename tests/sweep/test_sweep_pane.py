@@ -7,11 +7,16 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from nanodist_tui.app import create_app
 from nanodist_tui.widgets.pane import Pane
 from nanodist_tui.widgets.sweep_pane import SweepPane
 from tests.app_helpers import TEST_PANE_INTERVAL_S, FakeSweep
 from tests.sweep_helpers import sweep_of, write_preset
+
+# Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
 
 SIZE = (160, 50)
 

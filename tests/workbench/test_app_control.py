@@ -4,6 +4,7 @@ start (asking before it stops the run going), and every action and pane in the p
 
 from __future__ import annotations
 
+import pytest
 import tomlkit
 from textual.widgets import Input, OptionList, Select, Static
 from typer.testing import CliRunner
@@ -18,6 +19,9 @@ from nanodist_tui.screens.new_run import NewRunScreen
 from nanodist_tui.widgets.memory_pane import style_of
 from nanodist_tui.widgets.units import format_bytes
 from tests.app_helpers import FakeJob, run, wait_for
+
+# Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
 
 
 class JobFactory:

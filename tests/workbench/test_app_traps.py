@@ -4,6 +4,7 @@ where it holds), a question the run made moot closes itself, and the palette hol
 
 from __future__ import annotations
 
+import pytest
 from textual.command import CommandPalette
 
 from nanodist_tui.app import NanoDistApp
@@ -12,6 +13,9 @@ from nanodist_tui.screens.help import HelpScreen
 from nanodist_tui.screens.new_run import NewRunScreen
 from nanodist_tui.screens.open_run import OpenRunScreen
 from tests.app_helpers import SMALL, FakeJob, run, wait_for
+
+# Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
 
 
 def long_job() -> FakeJob:

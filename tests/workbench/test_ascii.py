@@ -14,6 +14,9 @@ from nanodist_tui.shots import replay_app, settle
 from nanodist_tui.user_config import UserConfig
 from tests.app_helpers import SIZE, SMALL, demo_events
 
+# Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
+
 CELLS = re.compile(r"<text [^>]*textLength[^>]*>(.*?)</text>")  # the screen's cells, not the window's title
 
 

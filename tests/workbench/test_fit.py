@@ -26,6 +26,9 @@ from tests.app_helpers import (
     wait_for,
 )
 
+# Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
+
 SIZES = pytest.mark.parametrize("size", [SMALL, SIZE], ids=["80x24", "160x50"])
 
 

@@ -25,6 +25,9 @@ from tests.app_helpers import (
     wait_for,
 )
 
+# Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 TABS = {1: "overview", 2: "curves", 3: "memory", 4: "traffic", 5: "ranks", 6: "loss-scale", 7: "log"}
@@ -142,6 +145,8 @@ def test_dialogs_over_a_live_run(snap_compare, size, key):
         app.redraw_now()
         await pilot.press(key)
         await pilot.pause(0.4)
+        app.redraw_now()  # the header's held state drawn now, not at its next timed redraw (a loaded machine)
+        await pilot.pause(0.2)
 
     try:
         assert snap_compare(app, terminal_size=size, run_before=show)

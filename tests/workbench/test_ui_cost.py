@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from rich.text import Text
 
 from engine.events import MemorySnapshot, RankStats, RunStarted, StepEnd, Traffic
@@ -16,6 +17,9 @@ from nanodist_tui.widgets.memory_pane import MemoryPane
 from nanodist_tui.widgets.text_view import ROW_STEP, rows
 from nanodist_tui.widgets.traffic_pane import TrafficPane
 from tests.app_helpers import LINK_BYTES, N_PARAMS, config, memory, run, wait_for
+
+# Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
 
 
 class SteadyJob:
