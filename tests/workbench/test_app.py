@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from textual.widgets import Footer, TabbedContent
 
 from nanodist_tui.app import NanoDistApp
@@ -21,6 +22,9 @@ from nanodist_tui.widgets.pane import Pane
 from nanodist_tui.widgets.rank_table import RankTable
 from nanodist_tui.widgets.traffic_pane import TrafficPane
 from tests.app_helpers import FakeJob, header_text, log_text, run, screen_text, wait_for
+
+# Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
+pytestmark = pytest.mark.slow
 
 
 def tab_pane(app: NanoDistApp, cls):
