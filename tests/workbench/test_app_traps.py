@@ -217,8 +217,9 @@ def test_the_start_question_closes_itself_once_the_run_it_would_stop_has_ended()
         await pilot.press("ctrl+s")
         assert isinstance(app.screen, ConfirmScreen)  # a run is going: stop it first?
         app.session.control.set()  # it ends behind the question
+        # generous waits: a loaded machine (CI) took over a second to close the question
         await wait_for(pilot, lambda: not app.session.active, timeout=10)
-        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), timeout=5)  # a loaded machine (CI) took over 1 s
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), timeout=5)
         assert app.session.job_fn is first  # closed unanswered: nothing was started
 
     run(scenario, first, make_job=lambda cfg, doc: long_job())
