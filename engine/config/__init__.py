@@ -12,58 +12,7 @@ The package re-exports parse.py's names, so `from engine.config import Config, f
 one module.
 """
 
-from engine.config.parse import (
-    CheckpointConfig,
-    Config,
-    ConfigError,
-    DataConfig,
-    EmulateConfig,
-    LogConfig,
-    MemoryConfig,
-    ModelConfig,
-    OptimConfig,
-    ParallelConfig,
-    PrecisionConfig,
-    RunConfig,
-    SearchParam,
-    SweepConfig,
-    TrainConfig,
-    check_against_data,
-    describe,
-    field_type,
-    from_dict,
-    network_emulation,
-    replace,
-    setting_keys,
-    split_key,
-    to_dict,
-    toml_repr,
-)
+from engine.config import parse
+from engine.config.parse import *  # noqa: F403 - the names parse.__all__ lists, written once there
 
-__all__ = [
-    "CheckpointConfig",
-    "Config",
-    "ConfigError",
-    "DataConfig",
-    "EmulateConfig",
-    "LogConfig",
-    "MemoryConfig",
-    "ModelConfig",
-    "OptimConfig",
-    "ParallelConfig",
-    "PrecisionConfig",
-    "RunConfig",
-    "SearchParam",
-    "SweepConfig",
-    "TrainConfig",
-    "check_against_data",
-    "describe",
-    "field_type",
-    "from_dict",
-    "network_emulation",
-    "replace",
-    "setting_keys",
-    "split_key",
-    "to_dict",
-    "toml_repr",
-]
+__all__ = parse.__all__
