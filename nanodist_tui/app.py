@@ -15,6 +15,8 @@ that, then `farewell()` gives the lines the CLI prints on the shell (the run fol
 from __future__ import annotations
 
 import dataclasses
+import gc
+import os
 import threading
 import time
 from collections import deque
@@ -71,6 +73,10 @@ class NanoDistApp(WorkbenchActions, App[None]):
                  sweep_finish: threading.Event | None = None,
                  pane_interval_s: float = PANE_INTERVAL_S, shape: RunInfo | None = None) -> None:
         super().__init__()
+        if "TEXTUAL_ANIMATIONS" not in os.environ:
+            # No sliding tab underline: it redrew the tab bar every frame for a third of a second after each
+            # tab key, work that a key pressed then waited behind. A user may still ask for animations.
+            self.animation_level = "none"
         # the first run's shape from its config: its panes are laid out from the first frame, and laid out
         # again (the same) when its RunStarted brings the figures they hold
         self.first_shape = shape
@@ -144,6 +150,10 @@ class NanoDistApp(WorkbenchActions, App[None]):
             self.push_screen(CompareScreen(*self.compare_runs),
                              lambda _: self.exit() if self.session is None else None)
         self.header.redraw()
+        # Everything imported and built so far lives as long as the app: out of the collector's sight, a
+        # full collection no longer walks it (one took over 0.1 s with the whole engine, Textual and plotext
+        # in the heap, holding up a key in the middle: docs/workbench.md, "Key latency").
+        self.call_after_refresh(gc.freeze)
 
     def on_resize(self, event) -> None:
         width, height = event.size

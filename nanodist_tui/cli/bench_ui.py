@@ -102,5 +102,6 @@ def ui_keys(preset: PresetOpt = "quickstart", sets: SetOpt = None, world_size: W
     if report["pause_s"] is None:
         print("  p: the run was not seen held within 60 s")
     else:
-        print(f"  p: held {report['pause_s'] * 1e3:.0f} ms after the key, {report['pause_steps']} step(s) "
-              "after the one on screen")
+        print(f"  p: held {report['pause_s'] * 1e3:.0f} ms after the key, after step {report['held_step']}; "
+              f"the first step reported after the key: {report['first_step_after_key']}, on screen then: "
+              f"{report['step_on_screen']}")
