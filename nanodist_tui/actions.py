@@ -39,15 +39,21 @@ SEEK_SHARE = 0.1  # [ and ] move a replay by this share of the run
 
 
 def _bindings() -> list[Binding]:
-    # In the footer's order: what the moment needs first (the footer cuts the rest off at 80 columns).
+    # In the footer's order: what the moment needs first (where they do not all fit, the footer shows the
+    # first). A replay's speed and seek keys are one entry each ("+- Speed"), so a replay's keys fit in 80.
+    speed, seek = Binding.Group("Speed", compact=True), Binding.Group("Seek", compact=True)
     keys = [
         Binding("s", "stop_training", "Stop", id="stop"),
         Binding("p", "toggle_pause", "Pause", id="pause"),
         Binding("x", "finish_sweep", "Finish sweep", id="finish-sweep"),  # sweeps only
-        Binding("plus", "replay_speed(1)", "Faster", id="replay-faster", key_display="+"),
-        Binding("minus", "replay_speed(-1)", "Slower", id="replay-slower", key_display="-"),
-        Binding("right_square_bracket", "seek(1)", "Seek +10%", id="seek-forward", key_display="]"),
-        Binding("left_square_bracket", "seek(-1)", "Seek -10%", id="seek-back", key_display="["),
+        Binding("plus", "replay_speed(1)", "Faster", id="replay-faster", key_display="+",
+                group=speed),
+        Binding("minus", "replay_speed(-1)", "Slower", id="replay-slower", key_display="-",
+                group=speed),
+        Binding("left_square_bracket", "seek(-1)", "Seek -10%", id="seek-back", key_display="[",
+                group=seek),
+        Binding("right_square_bracket", "seek(1)", "Seek +10%", id="seek-forward", key_display="]",
+                group=seek),
         Binding("question_mark", "help", "Help", key_display="?", id="help"),
         Binding("q", "quit", "Quit", id="quit"),
         Binding("f", "toggle_freeze", "Freeze", id="freeze"),

@@ -150,7 +150,8 @@ class NanoDistApp(WorkbenchActions, App[None]):
             self.push_screen(CompareScreen(*self.compare_runs),
                              lambda _: self.exit() if self.session is None else None)
         self.header.redraw()
-        # Everything imported and built so far lives as long as the app: out of the collector's sight, a
+        # Everything imported and built so far lives as long as the app (but for a first layout the run's own
+        # replaces, once): out of the collector's sight, a
         # full collection no longer walks it (one took over 0.1 s with the whole engine, Textual and plotext
         # in the heap, holding up a key in the middle: docs/workbench.md, "Key latency").
         self.call_after_refresh(gc.freeze)
@@ -301,6 +302,10 @@ class NanoDistApp(WorkbenchActions, App[None]):
             self._next_job = None
             self.start_session(job, player, name)
         self.refresh_bindings()
+
+    def refresh_bindings(self) -> None:
+        if self.screen_stack:  # a job may end while the app closes, its screens already gone
+            super().refresh_bindings()
 
     def _set_state(self, s: RunSession, state: str) -> None:
         s.state = state
