@@ -56,6 +56,7 @@ class RunHeader(TextView):
         self._window: deque[StepEnd] = deque(maxlen=WINDOW)
         self._run_tokens = self._run_seconds = 0.0  # every step's, for the run's own figure once it ends
         self._run_rate: float | None = None  # RunFinished's: the same figure, and no step of it was dropped
+        self._lines = 0  # the most lines shown for this run at this width: the header never shrinks under it
         self._dirty = True
 
     def ingest(self, tick: Tick) -> None:
@@ -92,12 +93,18 @@ class RunHeader(TextView):
         self._dirty = True
 
     def on_resize(self) -> None:
+        self._lines = 0
         self._dirty = True
 
     def redraw(self, force: bool = False) -> None:
         if self._dirty or force:
             self._dirty = False
-            self.show(self.summary(self.content_region.width or 80))
+            text = self.summary(self.content_region.width or 80)
+            # An item that comes and goes (the ETA while paused) would move every pane below by a line
+            lines = text.plain.count("\n") + 1
+            text.append("\n" * max(0, self._lines - lines))
+            self._lines = max(self._lines, lines)
+            self.show(text)
 
     def tokens_per_s(self) -> float | None:
         """engine.run.throughput's tokens/s: over the last WINDOW steps while the run goes (one step's is

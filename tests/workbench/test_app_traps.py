@@ -12,7 +12,7 @@ from nanodist_tui.screens.confirm import ConfirmScreen, QuitConfirmScreen
 from nanodist_tui.screens.help import HelpScreen
 from nanodist_tui.screens.new_run import NewRunScreen
 from nanodist_tui.screens.open_run import OpenRunScreen
-from tests.app_helpers import SMALL, FakeJob, run, wait_for
+from tests.app_helpers import SMALL, FakeJob, header_text, run, wait_for
 
 # Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
 pytestmark = pytest.mark.slow
@@ -223,3 +223,26 @@ def test_the_start_question_closes_itself_once_the_run_it_would_stop_has_ended()
         assert app.session.job_fn is first  # closed unanswered: nothing was started
 
     run(scenario, first, make_job=lambda cfg, doc: long_job())
+
+
+def test_pausing_does_not_move_the_panes_at_80_columns():
+    """Paused, the header has no ETA and its last item moves up a line; the header keeps its height, so the
+    tabs and panes below stay where they were (a layout that does not jump). fp32, after an evaluation: at
+    80 columns the peak memory then wraps to a fourth line while the ETA shows, and fits on the third
+    without."""
+    job = FakeJob(steps=100_000, pace_s=0.01, dtype="fp32")
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await training(app, pilot)
+        await wait_for(pilot, lambda: "ETA" in header_text(app) and "val" in header_text(app))
+        tabs_row = app.workspace.region.y
+        await pilot.press("p")
+        await wait_for(pilot, lambda: app.session.state == "paused" and "ETA" not in header_text(app))
+        await pilot.pause(0.3)
+        assert app.workspace.region.y == tabs_row
+        await pilot.press("p")
+        await wait_for(pilot, lambda: app.session.state == "running" and "ETA" in header_text(app))
+        await pilot.pause(0.3)
+        assert app.workspace.region.y == tabs_row
+
+    run(scenario, job, size=SMALL)
