@@ -6,6 +6,9 @@ every preset folder (engine.config.presets.search_dirs: $NANODIST_PRESETS, ./pre
 copy shipped in the package). A name with ".toml" or a folder in it is a path.
 
 Every setting is spelled once, in FIELDS (type, default, check, doc); messages and `describe` use it.
+Every figure is finite and none is negative; a peak TFLOP/s that is written is above 0 (leave out a peak
+you do not know). A zero elsewhere keeps its documented meaning (memory 0: unknown or the host's; a
+bandwidth of 0: no figure, refused where a link is used; latency 0: none).
 Units: TFLOP/s per rank, GB (10^9 bytes) of memory per rank, GB/s for bandwidths (as nccl-tests prints),
 microseconds of latency. A link's `bandwidth_gbs` is what the model uses: the achieved figure (nccl-tests
 busbw at large sizes); `nominal_gbs` is the datasheet's, kept beside it for the reader.
@@ -14,6 +17,7 @@ busbw at large sizes); `nominal_gbs` is the datasheet's, kept beside it for the 
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import tomllib
 from collections.abc import Callable
@@ -44,9 +48,14 @@ def _fraction(v) -> str | None:
     return None if 0 < v <= 1 else "must be a fraction in (0, 1]"
 
 
+def _peak(v) -> str | None:
+    return None if v > 0 else "must be > 0 (leave out a peak that is not known)"
+
+
 _ANY: Callable[[Any], str | None] = lambda v: None  # noqa: E731
-_PEAKS = {f"compute.peak_tflops_{d}": (float, 0.0, _number(0), f"peak {d} TFLOP/s per rank (0 = unknown)")
-          for d in DTYPES}
+# A written peak of 0 predicted an MFU of 0.0%: leaving the key out is how a peak is unknown.
+_PEAKS = {f"compute.peak_tflops_{d}": (float, 0.0, _peak,
+                                       f"peak {d} TFLOP/s per rank (left out = unknown)") for d in DTYPES}
 
 # dotted key -> (type, default, check, doc)
 FIELDS: dict[str, tuple[type, Any, Callable[[Any], str | None], str]] = {
@@ -96,6 +105,15 @@ class Cluster:
 
     def peak_flops(self, dtype: str) -> float:
         return self.values[f"compute.peak_tflops_{dtype}"] * 1e12
+
+    def require_peak(self, dtype: str) -> None:
+        """ConfigError unless a run computing in `dtype` has a peak here (its own, or fp32's, which the
+        projection falls back to); a calibrated cluster measures its own."""
+        if self["compute.calibrate"] or self.peak_flops(dtype) or self.peak_flops("fp32"):
+            return
+        given = ", ".join(k.rpartition(".")[2] for k in _PEAKS if self.values[k])
+        raise ConfigError(f"compute.peak_tflops_{dtype}", f"the run computes in {dtype}, but the cluster "
+                          f"gives only {given}", f"add peak_tflops_{dtype} under [compute]", str(self.path))
 
     @property
     def max_ranks(self) -> int:
@@ -158,6 +176,9 @@ def _validate(flat: dict[str, Any], text: str, source: str) -> dict[str, Any]:
         is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if kind is float and is_number:
             value = float(value)
+            if not math.isfinite(value):  # TOML reads inf and nan; no figure of a cluster is either
+                raise ConfigError(key, f"{value!r} is not a finite number", "write the figure itself, e.g. "
+                                  f"{key.rpartition('.')[2]} = {default or 1:g}", source, line)
         elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             example = str(default).lower() if isinstance(default, bool) else repr(default)
             raise ConfigError(key, f"expected {kind.__name__}, got {value!r}",

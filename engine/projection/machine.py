@@ -53,6 +53,7 @@ def make_machine(cluster: Cluster, cfg: Config, ranks: int, calibration: Calibra
                                    "calibration yet; run `nanodist-tui project --calibrate` with its preset")
         compute = CalibratedCompute(calibration, entry, flops_of, cfg.parallel.threads_per_rank)
     else:
+        cluster.require_peak(cfg.precision.dtype)  # a rate of 0 FLOP/s would divide by zero below
         compute = NominalCompute(cluster)
     if cluster["intra.calibrate"]:
         if calibration is None:

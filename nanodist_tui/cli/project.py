@@ -77,6 +77,7 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
         with user_errors():
             cfg, _, _ = load_config(preset, sets, world_size)
             target = load_cluster(cluster)
+            target.require_peak(cfg.precision.dtype)
         if validate:
             return _validate(cfg, quick, repeats, as_json, out)
         if calibrate:

@@ -7,9 +7,11 @@ import re
 import tomllib
 
 import pytest
+from typer.testing import CliRunner
 
 from engine.config import ConfigError
 from engine.projection.clusters import FIELDS, cluster_dirs, find_cluster, list_clusters, load_cluster
+from nanodist_tui.cli import app
 
 SHIPPED = ("this-machine", "cpu-100gbe", "a100-hdr", "h100-ndr")
 SOURCES = ("nominal", "reported", "measured", "assumed", "calibrat")
@@ -72,6 +74,19 @@ def test_a_user_folder_shadows_the_shipped_ones(in_tmp, monkeypatch):
     ("ranks_per_node = 8\n", "compute", None, "no compute figures"),
     ("ranks_per_node = 8\n[compute]\npeak_tflops_fp32 = 1\n", "intra.bandwidth_gbs", None, "no bandwidth"),
     ("nodes = 4\n[compute]\npeak_tflops_fp32 = 1\n", "inter.bandwidth_gbs", None, "no link between them"),
+    ("[compute]\npeak_tflops_bf16 = inf\n", "compute.peak_tflops_bf16", 2, "inf is not a finite number"),
+    ("[compute]\npeak_tflops_bf16 = 1e400\n", "compute.peak_tflops_bf16", 2, "inf is not a finite number"),
+    ("[compute]\npeak_tflops_bf16 = nan\n", "compute.peak_tflops_bf16", 2, "nan is not a finite number"),
+    ("[compute]\npeak_tflops_bf16 = 0\n", "compute.peak_tflops_bf16", 2, "must be > 0 (leave out"),
+    ("[compute]\npeak_tflops_bf16 = -5\n", "compute.peak_tflops_bf16", 2, "must be > 0"),
+    ("[compute]\npeak_tflops_bf16 = 1\nmemory_gb = inf\n", "compute.memory_gb", 3, "not a finite"),
+    ("[compute]\npeak_tflops_bf16 = 1\nmemory_gb = -80\n", "compute.memory_gb", 3, "must be >= 0"),
+    ("nodes = 2\n[compute]\npeak_tflops_bf16 = 1\n[inter]\nbandwidth_gbs = -inf\n", "inter.bandwidth_gbs", 5,
+     "-inf is not a finite number"),
+    ("nodes = 2\n[compute]\npeak_tflops_bf16 = 1\n[inter]\nbandwidth_gbs = 0\n", "inter.bandwidth_gbs", None,
+     "no link between them"),
+    ("[compute]\npeak_tflops_bf16 = 1\n[intra]\nlatency_us = nan\n", "intra.latency_us", 4, "not a finite"),
+    ("[compute]\npeak_tflops_bf16 = 1\n[intra]\nlatency_us = -1\n", "intra.latency_us", 4, "must be >= 0"),
 ])
 def test_mistakes_are_one_line_naming_file_line_and_key(in_tmp, body, key, line, words):
     path = in_tmp / "bad.toml"
@@ -81,6 +96,29 @@ def test_mistakes_are_one_line_naming_file_line_and_key(in_tmp, body, key, line,
     text = str(err.value)
     assert err.value.key == key and err.value.line == line and words in text
     assert text.startswith(str(path)) and "\n" not in text
+
+
+@pytest.mark.parametrize("peak, words", [("inf", "inf is not a finite number"), ("nan", "nan is not a finite "
+                                         "number"), ("0", "0.0 must be > 0"), ("-312", "-312.0 must be > 0")])
+def test_project_refuses_a_peak_that_is_not_a_figure_in_one_line(in_tmp, peak, words):
+    """The tester's file: an infinite peak predicted MFU 0.0% (a NaN or 0 one was no better)."""
+    path = in_tmp / "odd.toml"
+    path.write_text(f"[compute]\npeak_tflops_fp32 = {peak}\n")
+    result = CliRunner().invoke(app, ["project", "--cluster", str(path)])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith(f"error: {path}:2: compute.peak_tflops_fp32: {words}")
+
+
+def test_project_refuses_a_cluster_without_a_peak_for_the_runs_dtype(in_tmp):
+    """Only a bf16 peak and an fp32 run: the projection had no rate (a division by zero, exit 1)."""
+    path = in_tmp / "bf16.toml"
+    path.write_text("[compute]\npeak_tflops_bf16 = 312\n")
+    result = CliRunner().invoke(app, ["project", "--cluster", str(path), "--set", "precision.dtype=fp32"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0] == (f"error: {path}: compute.peak_tflops_fp32: the run computes in fp32, but the cluster "
+                        "gives only peak_tflops_bf16; add peak_tflops_fp32 under [compute]")
 
 
 def test_unknown_names_and_bad_toml(in_tmp):
@@ -95,4 +133,5 @@ def test_unknown_names_and_bad_toml(in_tmp):
 def test_every_field_has_a_doc_and_a_default_of_its_type():
     for key, (kind, default, check, doc) in FIELDS.items():
         assert doc and isinstance(default, kind), key
-        assert check(default) is None or key.startswith("compute.efficiency"), key
+        # a peak's default 0 stands for "not given": a written one must be above 0
+        assert check(default) is None or key.startswith(("compute.efficiency", "compute.peak_tflops")), key
