@@ -115,21 +115,24 @@ class ProjectionPane(Vertical):
         self.steps: deque[float] = deque(maxlen=RECENT_STEPS)
         self.result: dict | None = None  # the latest projection (worker thread)
         self.cluster = "this-machine"
+        self.cluster_names: list[str] = []  # the cluster files found, in the list's order (compose)
         self._stale = True  # the projection must be recomputed
         self._dirty = True  # the live comparison must be redrawn
 
     def compose(self) -> ComposeResult:
         from engine.projection.clusters import list_clusters
-        names = [p.stem for p in list_clusters()]
+        names = self.cluster_names = [p.stem for p in list_clusters()]
         yield Select([(n, n) for n in names], value=self.cluster if self.cluster in names else names[0],
                      allow_blank=False, id="projection-cluster")
         yield Static("", id="projection-live")
         with Horizontal(id="projection-body"):
             yield PlotextPlot(id="projection-plot")
             yield DataTable(id="projection-table", zebra_stripes=True)
+            yield Static("", id="projection-empty")
 
     def on_mount(self) -> None:
         self.query_one("#projection-table", DataTable).add_columns(*COLUMNS)
+        self._show_empty(None)
 
     def on_resize(self) -> None:
         if self.result is not None:  # the headers' form depends on the table's width
@@ -212,6 +215,12 @@ class ProjectionPane(Vertical):
     def _show(self, result: dict) -> None:
         self.result = result
         self._dirty = True
+        plot_was_shown = self.query_one("#projection-plot").display
+        self._show_empty(None if result.get("rows") else result.get("error", "no projection"))
+        if result.get("rows") and not plot_was_shown:
+            # the plot and the table are drawn for their sizes, which they have once laid out again
+            self.call_after_refresh(self._show, result)
+            return
         table = self.query_one("#projection-table", DataTable)
         cells = table_rows(result.get("rows") or [])
         headers = headers_for(cells, table.scrollable_content_region.width or table.size.width)
@@ -235,6 +244,18 @@ class ProjectionPane(Vertical):
                 plot.plt.xlabel("")
         plot.refresh()
         self._say(self.live_text())
+
+    def _show_empty(self, why: str | None) -> None:
+        """Without a projection, one box that says why and what to do takes the place of an empty plot and
+        an empty table; with one, the plot and the table."""
+        empty = self.query_one("#projection-empty", Static)
+        empty.display = why is not None
+        self.query_one("#projection-plot").display = why is None
+        self.query_one("#projection-table").display = why is None
+        if why is not None:
+            others = ", ".join(name for name in self.cluster_names if name != self.cluster)
+            empty.update(Text.assemble(("Nothing to project yet. ", "bold"), why, "\n\n",
+                                       f"Or choose another cluster in the list above ({others})."))
 
     def live_text(self) -> Text:
         r = self.result or {}

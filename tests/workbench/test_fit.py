@@ -176,3 +176,34 @@ def test_short_forms_keep_three_digits_and_the_unit_in_six_cells():
         "5B", "331kB", "3.60MB", "12.5MB", "125MB", "1.50GB"]
     assert all(len(short_bytes(n)) <= 6 for n in (999, 9_999, 99_999, 999_499, 99.99e9))
     assert all(len(short_seconds(s)) <= 6 for s in (0.00999, 0.9999, 9.999, 99.99, 999.9))
+
+
+def test_the_projection_says_what_to_do_where_there_is_nothing_to_project(tmp_path, monkeypatch):
+    """On this machine without a calibration, one box says why there is no projection and what to do (press
+    c, or another cluster) instead of an empty plot and an empty table; another cluster brings them back."""
+    monkeypatch.setenv("NANODIST_CALIBRATION", str(tmp_path / "none.json"))
+    app = replay_app(demo_events())
+
+    async def show(pilot) -> None:
+        await settle(app, pilot)
+        await pilot.press("j")
+        projection = app.projection
+        await wait_for(pilot, lambda: "error" in (projection.result or {}), timeout=30)
+        await pilot.pause(0.2)
+        empty = projection.query_one("#projection-empty", Static)
+        assert empty.display and empty.region.height > 0
+        assert not projection.query_one("#projection-plot").display
+        assert not projection.query_one("#projection-table").display
+        said = str(empty.render())
+        assert "no calibration of this model" in said and "press c" in said and "h100-ndr" in said
+        projection.query_one("#projection-cluster").value = "h100-ndr"
+        await wait_for(pilot, lambda: bool((projection.result or {}).get("rows")), timeout=30)
+        await pilot.pause(0.2)
+        assert not empty.display and projection.query_one("#projection-table", DataTable).row_count > 0
+        app.exit()
+
+    async def main() -> None:
+        async with app.run_test(size=SMALL) as pilot:
+            await show(pilot)
+
+    asyncio.run(main())
