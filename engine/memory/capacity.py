@@ -2,9 +2,11 @@
 one line naming the setting, not a MemoryError (or the OOM killer) inside a rank.
 
 The need is the estimator's peak per rank (engine.memory.estimator: model states, activations, buffers,
-temporaries) times the ranks this machine runs, plus the training data each of them builds; the supply
-is the memory the machine has available now (Linux: MemAvailable). `run.check_memory = false` starts
-anyway — for a machine whose memory the check misjudges (swap, overcommit, a container's own limit).
+temporaries) times the ranks this machine runs, plus the training data each of them builds, plus what a
+rank costs before it holds a byte of the model (fixed_bytes: a rank process's own interpreter and engine,
+a rank thread's stack); the supply is the memory the machine has available now (Linux: MemAvailable).
+`run.check_memory = false` starts anyway — for a machine whose memory the check misjudges (swap,
+overcommit, a container's own limit).
 """
 from __future__ import annotations
 
@@ -18,6 +20,20 @@ from engine.memory.estimator import estimate
 # the LM stream is built through Python lists of ints)
 _CLASSIFICATION_BYTES_PER_FEATURE = 24
 _LM_BYTES_PER_TOKEN = 48
+
+# What a rank process started by the processes backend holds besides the bytes the estimator counts: its
+# interpreter, the engine and NumPy it imports, the kernels numba compiles, the allocator's slack. Measured
+# on a 2-rank `--preset quickstart -b processes` run (Linux, Python 3.11, NumPy 2, numba) by reading each
+# rank's /proc/PID/smaps_rollup every 0.5 s: at the peak each rank held 95 MB Private_Dirty (192 MB Rss),
+# of which the ledger's peak was 13 MB; the rest, ~82 MB, rounded up to 90 MB. Libraries' code pages
+# (Shared_Clean, 95 MB) are shared by every rank through the page cache: counted once, not per rank (counting
+# Rss per rank would refuse a 64-rank run needing ~6 GB as needing ~12 GB).
+RANK_PROCESS_BYTES = 90 * 10**6
+SHARED_CODE_BYTES = 95 * 10**6
+# A rank thread shares its interpreter with the launcher (already running, so already outside what is
+# available); it adds its stack and its communication thread's. Measured as the Rss growth of 512 threads
+# that each ran a matmul and a 200-deep recursion: 45 kB a thread; two threads a rank, rounded up.
+RANK_THREAD_BYTES = 100 * 10**3
 
 
 def available_memory() -> int | None:
@@ -44,6 +60,18 @@ def local_ranks(cfg) -> int:
     return cores.launcher_local_size(p.backend) or max(p.ranks_per_node, 1)
 
 
+def fixed_bytes(cfg) -> tuple[int, int, str]:
+    """(bytes each rank on this machine costs before it holds any model state, bytes its ranks share once,
+    what that is in words). Only ranks nanoDist starts count: tcp and mpi ranks were started by their
+    launcher and already hold their interpreters."""
+    backend = cfg.parallel.backend
+    if backend == "processes":
+        return RANK_PROCESS_BYTES, SHARED_CODE_BYTES, "interpreter"
+    if backend == "threads":
+        return RANK_THREAD_BYTES, 0, "thread stacks"
+    return 0, 0, ""
+
+
 def data_bytes(cfg) -> int:
     """Bytes one rank's synthetic dataset takes to build (0 for corpora read from files: the file bounds
     them)."""
@@ -67,11 +95,20 @@ def check_fits(cfg, vocab: int | None = None, available: int | None = None) -> N
     ranks = local_ranks(cfg)
     _, categories = estimate(cfg, vocab).peak()
     per_rank = sum(categories.values())
-    need = per_rank * ranks + data_bytes(cfg) * ranks
-    each = f", {_size(per_rank)} each" if ranks > 1 else ""
-    what = (f"{ranks} rank{'s' * (ranks > 1)} would need about {_size(need)} at the peak (by the estimate"
-            f"{each}; `nanodist-tui memory` breaks it down)")
-    _check(cfg, need, "run.check_memory", what, "make the model, batch or world size smaller, or use ZeRO, "
+    fixed, shared, fixed_what = fixed_bytes(cfg)
+    data = data_bytes(cfg)
+    need = (fixed + per_rank + data) * ranks + shared
+    noun = {"processes": ("rank process", "rank processes"), "threads": ("rank thread", "rank threads")}.get(
+        cfg.parallel.backend, ("rank", "ranks"))[ranks > 1]
+    each = " each" if ranks > 1 else ""
+    parts = [f"{_size(fixed)} {fixed_what}{each}"] if fixed else []
+    parts.append(f"{_size(per_rank)} by the estimate{each}")
+    parts += [f"{_size(data)} data{each}"] if data else []
+    parts += [f"{_size(shared)} shared code once"] if shared else []
+    what = (f"{ranks} {noun} would need about {_size(need)} at the peak "
+            f"({' + '.join(parts)}; `nanodist-tui memory` breaks the estimate down)")
+    fix = "fewer ranks (-n)" + (", or the threads backend" if cfg.parallel.backend == "processes" else "")
+    _check(cfg, need, "run.check_memory", what, f"{fix}; or make the model or batch smaller, or use ZeRO, "
            "16-bit precision or checkpointing", available)
 
 
