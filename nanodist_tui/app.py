@@ -31,6 +31,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from engine.events import RunFailed, RunFinished, RunPaused, RunStarted, TrialFinished
+from engine.run.printable import printable
 from nanodist_tui.actions import BINDINGS, WorkbenchActions
 from nanodist_tui.ascii_filter import AsciiFilter
 from nanodist_tui.describe import best_text, failure
@@ -133,7 +134,7 @@ class NanoDistApp(WorkbenchActions, App[None]):
         start_spawner()
         lower_this_thread()
         self.install_screen(ProjectionScreen(self.projection), name="projection")
-        self.title = f"nanoDist · {self.preset_name}"
+        self.title = f"nanoDist · {printable(self.preset_name)}"
         self.set_keymap(self.user_config.keymap)
         self.set_class(self.user_config.ascii, "ascii")
         self._watch_signals()
@@ -319,7 +320,8 @@ class NanoDistApp(WorkbenchActions, App[None]):
         one), the header. The same failure arriving again (the job raising after it emitted RunFailed) adds
         nothing."""
         if s.fail(message) and s is self.session:
-            self.notify(message, title="run failed", severity="error", timeout=15)
+            # a replayed run's failure is recorded text: escaped, and not read as markup
+            self.notify(printable(message), title="run failed", severity="error", timeout=15, markup=False)
             if not logged:
                 self.say(message, "error")
         if s.active or s.state != "failed":

@@ -4,7 +4,8 @@ Rich's live display only prints its final frame when stdout is not a terminal (C
 so there we print one plain line every `interval_s` seconds instead, plus every discrete event
 (evaluation, loss-scale change, checkpoint, failure) as it happens, worded as the workbench's log words
 it (describe.py). Plain lines bypass rich: it would wrap them at 80 columns off a terminal (splitting a
-run id from its label) and read brackets as markup.
+run id from its label) and read brackets as markup. Every line is passed through `printable` first: it may
+quote a recorded run's text (a replay), and the terminal must not obey control sequences in it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from engine import events as ev
+from engine.run.printable import printable
 from nanodist_tui.describe import describe
 
 
@@ -31,6 +33,7 @@ class LinePrinter:
         self._task = TaskID(0)  # the bar's task, once a subclass has started `_progress` (add_task)
 
     def _print(self, text: str) -> None:
+        text = printable(text)
         if self._progress is not None:
             self._progress.console.print(text, markup=False, highlight=False)
         elif self.live:
@@ -96,7 +99,7 @@ class HeadlessPrinter(LinePrinter):
 
     def _on_run_failed(self, e: ev.RunFailed) -> None:
         self.close()
-        print(describe(e).text, file=sys.stderr)
+        print(printable(describe(e).text), file=sys.stderr)
         self.failure_shown = True
 
     def _on_run_finished(self, e: ev.RunFinished) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine import events as ev
+from engine.run.printable import printable
 from nanodist_tui.describe import describe, number, params_text, scores_text
 from nanodist_tui.headless import LinePrinter
 
@@ -25,7 +26,8 @@ class SweepPrinter(LinePrinter):
             if self.live:
                 self._start_bar(event)
         elif isinstance(event, ev.TrialStarted) and self._progress is not None:
-            self._progress.update(self._task, status=f"trial {event.number}: {params_text(event.params)}")
+            status = printable(f"trial {event.number}: {params_text(event.params)}")
+            self._progress.update(self._task, status=status)
         elif isinstance(event, ev.TrialFinished) and event.resumed:
             return  # the SweepStarted line counts the trials a resumed sweep already holds
         elif isinstance(event, (ev.TrialFinished, ev.Log)):
@@ -39,7 +41,7 @@ class SweepPrinter(LinePrinter):
     def _start_bar(self, e: ev.SweepStarted) -> None:
         total = max(0, e.n_trials - e.existing) if e.n_trials else None
         self._progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                                  TextColumn("{task.fields[status]}", markup=False), TimeElapsedColumn(),
                                   console=self.console, transient=False)
         self._task = self._progress.add_task("trials", total=total, status="")
         self._progress.start()

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from collections.abc import Sequence
@@ -28,7 +29,8 @@ from engine.comm.launch import LaunchError
 from engine.config import ConfigError
 from engine.data import DataError
 from engine.events import EventError
-from engine.run import error_log
+from engine.run import error_log, paths
+from engine.run.printable import printable
 from engine.run.recorder import RunFolderError
 from engine.sinks import SinkUnavailable
 from engine.sweep.errors import SweepError
@@ -44,7 +46,7 @@ class UsageError(ValueError):
 
 USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError, UsageError,
                CheckpointError, EventError, ExportError, RunFolderError, SweepError, SinkUnavailable,
-               TuningError)
+               TuningError, paths.PathError)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -54,7 +56,8 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def one_line(text: str) -> str:
-    return " ".join(str(text).split())
+    """`text` on one line, safe to print: a message may quote a recorded value (engine.run.printable)."""
+    return printable(" ".join(str(text).split()))
 
 
 @contextmanager
@@ -101,6 +104,12 @@ class OneLineErrors(TyperGroup):
         except USER_ERRORS as e:  # one a command did not catch itself
             print(f"error: {one_line(str(e) or type(e).__name__)}", file=sys.stderr)
             code = 2
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                code = internal_failure(e)
+            else:  # a name the user gave, too long for the file system, wherever it was first used
+                print(f"error: {one_line(str(paths.too_long(e.filename or '')))}", file=sys.stderr)
+                code = 2
         except Exception as e:  # noqa: BLE001 - a bug: one line here, the traceback in a file
             code = internal_failure(e)
         if standalone_mode:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from engine.checkpoint.sample import SEED, TEMPERATURE, TOKENS, TOP_K
+from engine.run.printable import printable
 from nanodist_tui.cli.errors import user_errors
 from nanodist_tui.cli.options import RunDirArg, SourceArg, StepOpt
 from nanodist_tui.cli.running import load_source, require_run_dir
@@ -45,4 +46,4 @@ def sample(source: SourceArg,
     with user_errors():
         loaded = load_source(source, step)
         text = sample_from(loaded, prompt, tokens, temperature, seed, top_k).text
-    print(text)
+    print(printable(text, newlines=True))  # its characters are the checkpoint's vocabulary: anyone's text

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from engine.run.printable import printable
 from nanodist_tui.cli.errors import fail, user_errors
 from nanodist_tui.cli.options import SetOpt
 
@@ -21,7 +22,7 @@ def list_presets() -> None:
     width = max(len(p.name) for p in infos)
     for p in infos:
         about = f"unreadable: {p.error}" if p.error else p.description
-        print(f"{p.name:<{width}}  {p.origin:<7}  {about}")
+        print(printable(f"{p.name:<{width}}  {p.origin:<7}  {about}"))
 
 
 @app.command("show")
@@ -36,7 +37,7 @@ def show(name: Annotated[str, typer.Argument(help="preset name or path to a .tom
         if resolved:
             presets.apply_overrides(doc, (), source=str(path))  # validates first: one line if it is wrong
             doc = presets.resolved_document(doc)
-    print(doc.as_string(), end="")
+    print(printable(doc.as_string(), newlines=True), end="")  # a preset may come from a run folder
 
 
 @app.command("new")
@@ -67,12 +68,12 @@ def diff(a: Annotated[str, typer.Argument(help="first preset (name or path)")],
     with user_errors():
         rows = diff_presets(a, b)
     if not rows:
-        print(f"{a} and {b} have the same settings")
+        print(printable(f"{a} and {b} have the same settings"))
         return
     cells = [(key, "(absent)" if x is None else toml_repr(x), "(absent)" if y is None else toml_repr(y))
              for key, x, y in rows]
     wk = max(len(c[0]) for c in [*cells, ("setting", "", "")])
     wa = max(len(c[1]) for c in [*cells, ("", a, "")])
-    print(f"{'setting':<{wk}}  {a:<{wa}}  {b}")
+    print(printable(f"{'setting':<{wk}}  {a:<{wa}}  {b}"))
     for key, x, y in cells:
-        print(f"{key:<{wk}}  {x:<{wa}}  {y}")
+        print(printable(f"{key:<{wk}}  {x:<{wa}}  {y}"))

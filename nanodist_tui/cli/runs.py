@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from engine.run.printable import printable
 from nanodist_tui.cli.errors import fail, user_errors
 from nanodist_tui.cli.options import AsciiOpt, RunDirArg
 from nanodist_tui.cli.running import require_run_dir, run_app, sink_names, workbench_config
@@ -31,16 +32,18 @@ def runs(out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="folder h
         fail(f"{out_dir}: no such folder; train a run first (`nanodist-tui run`) or pass --out-dir")
     infos = list_runs(out_dir)
     if not infos:
-        print(f"no runs in {out_dir}")
+        print(printable(f"no runs in {out_dir}"))
         return
-    rows = [("RUN", "STATUS", "STEPS", "VAL LOSS", "BEST", "TOK/S", "WALL", "RESUMED FROM", "CHECKPOINT")]
+    rows: list[tuple[str, ...]] = [
+        ("RUN", "STATUS", "STEPS", "VAL LOSS", "BEST", "TOK/S", "WALL", "RESUMED FROM", "CHECKPOINT")]
     for r in infos:
         total = r.summary.get("total_steps")
         steps = _fmt(r.steps, "d") + (f"/{total}" if total else "")
         wall = "-" if r.wall_s is None else f"{r.wall_s:.1f}s"
         checkpoint = _checkpoint_cell(scan_checkpoints(r.run_dir / CHECKPOINTS))
-        rows.append((r.run_id, r.status, steps, _fmt(r.final_val_loss, ".4f"), _fmt(r.best_val_loss, ".4f"),
-                     _fmt(r.tokens_per_s, ",.0f"), wall, _parent_cell(r.summary), checkpoint))
+        cells = (r.run_id, r.status, steps, _fmt(r.final_val_loss, ".4f"), _fmt(r.best_val_loss, ".4f"),
+                 _fmt(r.tokens_per_s, ",.0f"), wall, _parent_cell(r.summary), checkpoint)
+        rows.append(tuple(printable(cell) for cell in cells))  # a summary.json is anyone's text
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -87,7 +90,7 @@ def replay(run_dir: RunDirArg,
                                         threading.Event(), sinks, run_dir, log_cfg)
         printer.close()
         into = f" and wrote them to {', '.join(written)}" if written else ""
-        print(f"replayed {len(events)} events from {run_dir}{into}")
+        print(printable(f"replayed {len(events)} events from {run_dir}{into}"))
         if len(written) < len(sinks):  # the sink's own warning above says why
             raise typer.Exit(1)
         return

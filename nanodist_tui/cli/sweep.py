@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from engine.run.printable import printable
 from nanodist_tui.cli.errors import USER_ERRORS, fail, internal_failure, user_errors
 from nanodist_tui.cli.options import BackendOpt, LogToOpt, PresetOpt, SetOpt, WorldOpt
 from nanodist_tui.cli.running import prepare_run, run_in_workbench, shortcut_overrides
@@ -93,7 +94,7 @@ def _print_results(swept) -> None:
     with user_errors():
         lines = sweep_results(swept)
     for line in lines:
-        print(line)
+        print(printable(line))  # a sweep folder's study (names, reasons, parameters) is recorded text
 
 
 @app.command("show")
@@ -125,5 +126,6 @@ def export_best(
         swept = load_sweep(find_sweep_dir(name, out_dir))
         chosen = results.export_best(swept, load_study(swept), output, trial)
     from nanodist_tui.describe import params_text, scores_text
-    print(f"wrote {output}: trial {chosen.number} of sweep {swept.study_name} "
-          f"({scores_text(swept.metrics, chosen.values)}; {params_text(chosen.params)}), comments kept")
+    scores = scores_text(swept.metrics, chosen.values)
+    print(printable(f"wrote {output}: trial {chosen.number} of sweep {swept.study_name} "
+                    f"({scores}; {params_text(chosen.params)}), comments kept"))

@@ -14,6 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
+from engine.run.printable import printable
 from nanodist_tui.compare import RunFigures, read_run, smooth
 from nanodist_tui.traffic import phase_rank
 from nanodist_tui.widgets.axes import GrowingRange, step_ticks, value_ticks
@@ -28,8 +29,8 @@ COLORS = (("cyan", "blue"), ("orange", "red"))  # (train, val) per run
 
 def _shape(r: RunFigures) -> str:
     i = r.info
-    return (f"{i.world_size} rank(s) on {i.backend} · ZeRO-{i.zero_stage} · {i.dtype} · "
-            f"checkpointing {i.checkpointing}")
+    return printable(f"{i.world_size} rank(s) on {i.backend} · ZeRO-{i.zero_stage} · {i.dtype} · "
+                     f"checkpointing {i.checkpointing}")
 
 
 class ComparePlot(PlotextPlot):
@@ -100,7 +101,7 @@ def traffic_table(a: RunFigures, b: RunFigures) -> Text:
             bw = run.phase_busbw.get(phase)
             cells.append(format_bytes(sent, 10) if sent is not None else f"{'-':>10}")
             cells.append(format_rate(bw, 12) if bw is not None else f"{'-':>12}")
-        out.append(f"{phase:<16}{''.join(cells)}\n")
+        out.append(f"{printable(phase):<16}{''.join(cells)}\n")
     if not phases:
         out.append("no traffic: single-rank runs\n", style="dim")
     out.append("\n")
@@ -129,7 +130,7 @@ class CompareScreen(Screen[None]):
         title = Text()
         for label, run in (("A", a), ("B", b)):
             title.append(f"{label} ", style="bold reverse")
-            title.append(f" {run.name}  ", style="bold")
+            title.append(f" {printable(run.name)}  ", style="bold")
             title.append(_shape(run) + "\n", style="dim")
         yield Static(title, id="compare-title")
         yield ComparePlot(self.runs, id="compare-plot")

@@ -11,6 +11,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Static
 
+from engine.run.printable import printable
 from engine.run.recorder import list_runs
 from nanodist_tui.widgets.footer import WorkbenchFooter
 
@@ -40,7 +41,9 @@ class OpenRunScreen(Screen[list[Path] | None]):
         for label in COLUMNS:
             table.add_column(label, key=label or "mark")
         for info in self.runs:
-            table.add_row("", info.run_id, info.status, _figure(info.steps, "d"),
+            # a str cell is read as markup: the recorded names go in as escaped Text
+            table.add_row("", Text(printable(info.run_id)), Text(printable(info.status)),
+                          _figure(info.steps, "d"),
                           Text(_figure(info.final_val_loss, ".4f"), justify="right"),
                           Text(_figure(info.tokens_per_s, ",.0f"), justify="right"), key=str(info.run_dir))
         if not self.runs:

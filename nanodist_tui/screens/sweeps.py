@@ -15,6 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Input, OptionList, Static
 
 from engine.config import ConfigError
+from engine.run.printable import printable
 from engine.sweep.errors import SweepError
 from nanodist_tui.widgets.footer import WorkbenchFooter
 
@@ -37,7 +38,8 @@ class SweepsScreen(Screen[None]):
         yield Static(f"Sweeps in {self.out_dir}/: enter shows one; e exports its best trial as a preset",
                      id="sweeps-title")
         if self.sweep_dirs:
-            yield OptionList(*(p.name.removeprefix("sweep-") for p in self.sweep_dirs), id="sweeps-list")
+            yield OptionList(*(Text(printable(p.name.removeprefix("sweep-"))) for p in self.sweep_dirs),
+                             id="sweeps-list")
         else:
             yield Static(f"no sweeps in {self.out_dir}/ yet: `nanodist-tui sweep --preset sweep-lr` runs one",
                          id="sweeps-none")
@@ -52,7 +54,7 @@ class SweepsScreen(Screen[None]):
         self.query_one("#sweeps-name", Input).display = False
 
     def _say(self, text: str, style: str = "") -> None:
-        self.query_one("#sweeps-message", Static).update(Text(text, style=style))
+        self.query_one("#sweeps-message", Static).update(Text(printable(text), style=style))
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.show(self.sweep_dirs[event.option_index])
@@ -67,7 +69,7 @@ class SweepsScreen(Screen[None]):
             self._say(f"{sweep_dir}: {e}", "bold red")
             return
         self.swept = swept
-        self.query_one("#sweeps-results", Static).update(Text("\n".join(lines)))
+        self.query_one("#sweeps-results", Static).update(Text("\n".join(map(printable, lines))))
         self._say(f"sweep {swept.study_name}: e writes its best trial as a preset")
 
     def action_export(self) -> None:

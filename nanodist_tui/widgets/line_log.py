@@ -1,5 +1,6 @@
 """A RichLog of `describe.Line`s, styled by level; lines queue as ticks arrive and are written on redraw,
-so pausing the display freezes the log too."""
+so pausing the display freezes the log too. A line may quote a recorded run, so it is written escaped
+(engine.run.printable) and as Text, never parsed as markup."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from rich.text import Text
 from textual.events import Resize
 from textual.widgets import RichLog
 
+from engine.run.printable import printable
 from nanodist_tui.describe import Line
 
 LEVEL_STYLES = {"debug": "dim", "warning": "yellow", "error": "bold red", "success": "green"}
@@ -31,5 +33,5 @@ class LineLog(RichLog):
             self.on_resize(Resize(self.size, self.virtual_size))
         width = self.scrollable_content_region.width or None
         for line in self._pending:
-            self.write(Text(line.text, style=LEVEL_STYLES.get(line.level, "")), width=width)
+            self.write(Text(printable(line.text), style=LEVEL_STYLES.get(line.level, "")), width=width)
         self._pending.clear()

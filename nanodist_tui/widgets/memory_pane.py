@@ -7,6 +7,7 @@ from rich.text import Text
 
 from engine.events import MemorySnapshot
 from engine.memory.ledger import CATEGORIES, peak_phase
+from engine.run.printable import printable
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.glyphs import Glyphs, glyphs_of
@@ -33,7 +34,7 @@ MIN_BAR = 10
 
 def style_of(category: str) -> tuple[str, str, str]:
     """(label, colour, letter); a category the ledger adds later keeps its own name and a grey."""
-    return STYLES.get(category, (category, *OTHER))
+    return STYLES.get(category, (printable(category), *OTHER))  # a recorded run's: shown escaped
 
 
 def ordered(amounts: dict[str, int]) -> list[tuple[str, int]]:

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from engine.events import Eval, Phase, RunFinished, RunStarted, StepEnd
 from engine.run import throughput
+from engine.run.printable import printable
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.text_view import TextView
@@ -127,7 +128,7 @@ class RunHeader(TextView):
         for group in (IDENTITY, PROGRESS):
             items = [text for item in group if (text := item(self)) is not None]
             if group is PROGRESS:
-                items += [Text(f"{label} {value}") for label, value in self.extras.items()]
+                items += [Text(printable(f"{label} {value}")) for label, value in self.extras.items()]
             line = Text()
             for text in items:
                 if line.cell_len and line.cell_len + len(GAP) + text.cell_len > width:
@@ -148,7 +149,7 @@ Item = Callable[[RunHeader], Text | None]
 
 def _title(h: RunHeader) -> Text:
     text = Text("nanoDist ", style="bold")
-    text.append(h.preset_name)
+    text.append(printable(h.preset_name))  # a replay's or a compare's: recorded text
     text.append("  ")
     text.append(f" {h.state} ", style=f"reverse {STATE_STYLES.get(h.state, '')}")
     return text
@@ -175,13 +176,15 @@ def _shape(h: RunHeader) -> Text | None:
     if i.hybrid and i.ranks_per_node and i.zero_stage:
         zero += f" hybrid ({i.world_size // i.ranks_per_node} nodes x {i.ranks_per_node})"
     algorithm = f" · all-reduce {i.algorithm}" if i.distributed and i.algorithm != "ring" else ""
-    return Text(f"{ranks}{threads} · {zero}{algorithm} · {i.dtype} · checkpointing {i.checkpointing}",
-                style="bold")
+    shape = f"{ranks}{threads} · {zero}{algorithm} · {i.dtype} · checkpointing {i.checkpointing}"
+    return Text(printable(shape), style="bold")  # the backend, dtype, ... are a recorded run's text
 
 
 def _network(h: RunHeader) -> Text | None:
     """An emulated network is named, so a run on it can never pass for one on a real network."""
-    return Text(h.info.network, style="bold yellow") if h.info is not None and h.info.network else None
+    if h.info is None or not h.info.network:
+        return None
+    return Text(printable(h.info.network), style="bold yellow")
 
 
 def _step(h: RunHeader) -> Text:

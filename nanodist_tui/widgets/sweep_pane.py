@@ -14,6 +14,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Static
 
 from engine.events import SweepFinished, SweepStarted, TrialFinished, TrialStarted
+from engine.run.printable import printable
 from nanodist_tui.describe import best_text, number, params_text
 from nanodist_tui.messages import Tick
 from nanodist_tui.widgets.sweep_plots import HistoryPlot, IntermediatePlot, ParetoPlot
@@ -24,7 +25,8 @@ BEST_MARK = " *"
 
 
 class TrialTable(DataTable):
-    """One row per trial: number, state, the metrics, steps, duration, parameters (or the reason)."""
+    """One row per trial: number, state, the metrics, steps, duration, parameters (or the reason). DataTable
+    reads a str cell or label as markup: names and reasons (anyone's text) go in as escaped Text."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
@@ -42,7 +44,7 @@ class TrialTable(DataTable):
     def flush(self) -> None:
         if not self._columns_made:
             for key in ("trial", "state", *self.metrics, "steps", "time", "parameters"):
-                self.add_column(key, key=key)
+                self.add_column(Text(printable(key)), key=key)
             self._columns_made = True
         for trial, cells in sorted(self.rows_pending.items()):
             key = str(trial)
@@ -92,7 +94,7 @@ class SweepPane(Vertical):
             elif isinstance(e, TrialStarted):
                 self.running.add(e.number)
                 self.table.note(e.number, state=Text("running", style=STATE_STYLES["running"]),
-                                parameters=params_text(e.params))
+                                parameters=Text(printable(params_text(e.params))))
             elif isinstance(e, TrialFinished):
                 self._finished(e)
             elif isinstance(e, SweepFinished):
@@ -109,7 +111,7 @@ class SweepPane(Vertical):
         detail = params_text(e.params) + (f"  ({e.reason})" if e.reason else "")
         self.table.note(e.number, state=self._state_cell(e.state, e.number in (e.best or [])),
                         **{m: "-" if v is None else number(v) for m, v in zip(e.metrics, values)},
-                        steps=str(e.steps), time=f"{e.duration_s:.1f}s", parameters=detail)
+                        steps=str(e.steps), time=f"{e.duration_s:.1f}s", parameters=Text(printable(detail)))
         for trial in set(self.table.best) ^ set(e.best or []):  # the best marks that change
             if trial != e.number:
                 self.table.note(trial, state=self._state_cell("complete", trial in (e.best or [])))
@@ -117,7 +119,7 @@ class SweepPane(Vertical):
 
     @staticmethod
     def _state_cell(state: str, best: bool) -> Text:
-        return Text(state + (BEST_MARK if best else ""), style=STATE_STYLES.get(state, ""))
+        return Text(printable(state) + (BEST_MARK if best else ""), style=STATE_STYLES.get(state, ""))
 
     def redraw(self) -> None:
         if self.started is not None and len(self.started.metrics) >= 2 and not self.pareto.display:
@@ -139,18 +141,19 @@ class SweepPane(Vertical):
         goal = ", ".join(f"{d} {m}" for m, d in zip(s.metrics, s.directions))
         done = sum(self.counts.values())  # this run's trials and, resumed, the earlier ones
         total = f"/{s.n_trials}" if s.n_trials else ""
-        text.append(f"study {s.study}", style="bold")
-        text.append(f"  {goal}  {done}{total} trials  ")
-        text.append(", ".join(f"{n} {state}" for state, n in sorted(self.counts.items())), style="dim")
+        text.append(printable(f"study {s.study}"), style="bold")
+        text.append(printable(f"  {goal}  {done}{total} trials  "))
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts.items()))
+        text.append(printable(counts), style="dim")
         if self.last is not None:
             last = self.last
-            text.append("  " + best_text(last.best, last.metrics, last.best_values), style="green")
+            text.append(printable("  " + best_text(last.best, last.metrics, last.best_values)), style="green")
         if self.running:
             text.append(f"  running: trial {', '.join(map(str, sorted(self.running)))}", style="cyan")
         if self.finished is not None:
             text.append("  stopped" if self.finished.stopped else "  finished", style="bold")
             if self.finished.best:  # what the command line does next, spelled out here
-                text.append(f"\nbest as a preset: nanodist-tui sweep export-best {s.sweep_dir} -o best.toml"
-                            f"  ·  all trials: {s.sweep_dir}/trials.csv  ·  optuna-dashboard {s.storage}",
-                            style="dim")
+                after = (f"best as a preset: nanodist-tui sweep export-best {s.sweep_dir} -o best.toml  ·  "
+                         f"all trials: {s.sweep_dir}/trials.csv  ·  optuna-dashboard {s.storage}")
+                text.append("\n" + printable(after), style="dim")
         return text

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 
+from rich.text import Text
+
 from engine.events import SweepStarted, TrialFinished, TrialReport, TrialStarted
+from engine.run.printable import printable
 from nanodist_tui.messages import Tick
 from nanodist_tui.widgets.glyphs import glyphs_of
 from nanodist_tui.widgets.live_plot import LivePlot
@@ -42,8 +45,8 @@ class HistoryPlot(LivePlot):
         changed = False
         for e in tick.events:
             if isinstance(e, SweepStarted):
-                self.metric = e.metrics[0]
-                self.border_title = f"history · {self.metric}"
+                self.metric = printable(e.metrics[0])  # a name is anyone's text: escaped, never markup
+                self.border_title = Text(f"history · {self.metric}")
             elif isinstance(e, TrialFinished):
                 if e.state == "complete" and e.values and _finite(e.values[0]):
                     self.trials[e.number] = e.values[0]
@@ -84,8 +87,8 @@ class IntermediatePlot(LivePlot):
         changed = False
         for e in tick.events:
             if isinstance(e, SweepStarted):
-                self.metric = e.metrics[0]
-                self.border_title = f"intermediate values · {self.metric}"
+                self.metric = printable(e.metrics[0])
+                self.border_title = Text(f"intermediate values · {self.metric}")
             elif isinstance(e, TrialStarted):
                 self.running[e.number] = []
                 while len(self.running) > MAX_CURVES:
@@ -125,8 +128,8 @@ class ParetoPlot(LivePlot):
         changed = False
         for e in tick.events:
             if isinstance(e, SweepStarted):
-                self.metrics = list(e.metrics[:2])
-                self.border_title = f"Pareto front · {' vs '.join(self.metrics)}"
+                self.metrics = [printable(m) for m in e.metrics[:2]]
+                self.border_title = Text(f"Pareto front · {' vs '.join(self.metrics)}")
             elif isinstance(e, TrialFinished):
                 pair = (e.values or [])[:2]
                 if e.state == "complete" and len(pair) == 2 and all(map(_finite, pair)):
