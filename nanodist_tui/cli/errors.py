@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import sys
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from engine.comm.launch import LaunchError
 from engine.config import ConfigError
 from engine.data import DataError
 from engine.events import EventError
-from engine.run import error_log, paths
+from engine.run import error_log
 from engine.run.printable import printable
 from engine.run.recorder import RunFolderError
 from engine.sinks import SinkUnavailable
@@ -46,7 +45,7 @@ class UsageError(ValueError):
 
 USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError, UsageError,
                CheckpointError, EventError, ExportError, RunFolderError, SweepError, SinkUnavailable,
-               TuningError, paths.PathError)
+               TuningError)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -104,12 +103,6 @@ class OneLineErrors(TyperGroup):
         except USER_ERRORS as e:  # one a command did not catch itself
             print(f"error: {one_line(str(e) or type(e).__name__)}", file=sys.stderr)
             code = 2
-        except OSError as e:
-            if e.errno != errno.ENAMETOOLONG:
-                code = internal_failure(e)
-            else:  # a name the user gave, too long for the file system, wherever it was first used
-                print(f"error: {one_line(str(paths.too_long(e.filename or '')))}", file=sys.stderr)
-                code = 2
         except Exception as e:  # noqa: BLE001 - a bug: one line here, the traceback in a file
             code = internal_failure(e)
         if standalone_mode:
