@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from engine import events as ev
 from engine.run.printable import printable
 from nanodist_tui.describe import describe
+from nanodist_tui.widgets.units import format_bytes
 
 
 class LinePrinter:
@@ -107,12 +108,13 @@ class HeadlessPrinter(LinePrinter):
 
 
 def peak_memory_text(peaks: dict) -> str:
-    """Each rank's highest measured total, in MiB ("r0 12.3 MiB  r1 12.1 MiB"); past 8 ranks the highest
-    and the lowest, with their ranks."""
+    """Each rank's highest measured total ("r0 12.3 MB  r1 12.1 MB": the workbench's units, powers of 10, so
+    the summary and the memory pane show one figure the same way); past 8 ranks the highest and the lowest,
+    with their ranks."""
     by_rank = sorted((int(rank), amount) for rank, amount in peaks.items())
 
     def cell(rank: int, amount: int) -> str:
-        return f"r{rank} {amount / 2**20:.1f} MiB"
+        return f"r{rank} {format_bytes(amount)}"
     if len(by_rank) <= 8:
         return "  ".join(cell(*item) for item in by_rank)
     high, low = max(by_rank, key=lambda x: x[1]), min(by_rank, key=lambda x: x[1])
