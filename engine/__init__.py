@@ -8,7 +8,7 @@ The top level is the lesson, in reading order; every other concern has a folder 
     data.py dropout_rng.py            datasets and batching; dropout masks keyed by the global row
     trainer.py                        the per-rank training loop (the one top-level module that uses
                                       the folders below)
-    dtypes.py events.py               the dtype policy; the one event stream
+    dtypes.py events.py paths.py      the dtype policy; the one event stream; what a user's path may be
 
     fast/        speed only, never changes a result (compiled kernels, 16-bit conversions, threads)
     comm/        transports and the collectives written once over send/recv

@@ -18,11 +18,14 @@ Corpora:
 from __future__ import annotations
 
 import functools
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from engine import paths
 
 # data.kind -> what it holds: token streams for language models, or labelled samples for classifiers
 DATA_KINDS = {"stdlib": "lm", "text": "lm", "synthetic-lm": "lm",
@@ -49,10 +52,14 @@ def _walk_sorted(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
 
 
 def _concat_capped(files: list[Path], max_chars: int) -> str:
-    """Files joined by newlines, reading only as many as the cap needs; max_chars <= 0 means no cap."""
+    """Files joined by newlines, reading only as many characters as the cap needs (never a whole large
+    file for a small cap); max_chars <= 0 means no cap. Only regular files are read: a FIFO or a device
+    is refused (paths.PathError) rather than read, as it would block, never end, or differ per rank."""
     parts, total = [], 0
     for f in files:
-        parts.append(f.read_text(encoding="utf-8", errors="replace"))
+        want = max_chars - total if max_chars > 0 else -1
+        with io.TextIOWrapper(paths.open_regular(f), encoding="utf-8", errors="replace") as stream:
+            parts.append(stream.read(want))
         total += len(parts[-1]) + 1
         if 0 < max_chars <= total:
             break
@@ -68,15 +75,19 @@ def stdlib_text(max_chars: int = DEFAULT_MAX_CHARS) -> str:
 
 def read_text(path: str | os.PathLike, max_chars: int = DEFAULT_MAX_CHARS) -> str:
     """A text file, or a folder's sorted *.txt/*.md/*.py files concatenated, capped at max_chars."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise DataError(f"data.path: {p} does not exist; point data.path at a text file or folder "
-                        f"of {'/'.join('*' + s for s in TEXT_SUFFIXES)} files, or use data.kind = \"stdlib\"")
-    files = _walk_sorted(p, TEXT_SUFFIXES) if p.is_dir() else [p]
-    if not files:
-        raise DataError(f"data.path: {p} has no {'/'.join('*' + s for s in TEXT_SUFFIXES)} files; "
-                        "add some or point data.path at a text file")
-    return _concat_capped(files, max_chars)
+    try:
+        p = paths.check_name(Path(path).expanduser())
+        if not p.exists():
+            raise DataError(f"data.path: {p} does not exist; point data.path at a text file or folder "
+                            f"of {'/'.join('*' + s for s in TEXT_SUFFIXES)} files, or use data.kind = "
+                            "\"stdlib\"")
+        files = _walk_sorted(p, TEXT_SUFFIXES) if p.is_dir() else [p]
+        if not files:
+            raise DataError(f"data.path: {p} has no {'/'.join('*' + s for s in TEXT_SUFFIXES)} files; "
+                            "add some or point data.path at a text file")
+        return _concat_capped(files, max_chars)
+    except paths.PathError as exc:
+        raise DataError(f"data.path: {exc}") from None
 
 
 class CharVocab:

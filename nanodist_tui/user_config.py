@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine import paths
 from engine.config.rules import did_you_mean
 
 # A Textual key name: a printable character, or names such as "f2", "ctrl+x", "question_mark", "shift+tab".
@@ -48,10 +49,12 @@ def load_user_config(binding_ids: Iterable[str], environ=os.environ) -> UserConf
     """Read and check the user config (an absent file is an empty one); UserConfigError on any mistake."""
     path = config_path(environ)
     ascii_env = environ.get("NANODIST_ASCII", "") not in ("", "0")
-    if not path.is_file():
-        return UserConfig(ascii=ascii_env)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        if not paths.check_name(path).exists():
+            return UserConfig(ascii=ascii_env)
+        data = tomllib.loads(paths.read_small(path).decode("utf-8"))
+    except paths.PathError as exc:
+        raise UserConfigError(str(exc)) from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UserConfigError(f"{path}: cannot read it ({' '.join(str(exc).split())}); fix the TOML or "
                               "remove the file") from None

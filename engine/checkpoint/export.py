@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine import nn
+from engine import nn, paths
 from engine.checkpoint.files import META_KEY, CheckpointError
 from engine.checkpoint.schema import check_model_spec, check_vocab, spec_layout
 from engine.checkpoint.sharded import Checkpoint
@@ -97,12 +97,17 @@ def check_output(out: str | Path) -> Path:
     if not text.strip():
         raise ExportError("--output: empty file name; give a file such as -o model.npz")
     out = Path(text)
-    if out.is_dir() or text.endswith(os.sep):
-        raise ExportError(f"--output {out}: is a folder; name a file inside it, e.g. -o {out / 'model.npz'}")
-    blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise ExportError(f"--output {out}: {blocking} is a file, not a folder; choose another path")
-    return out
+    try:
+        paths.check_name(out)
+        if out.is_dir() or text.endswith(os.sep):
+            raise ExportError(f"--output {out}: is a folder; name a file inside it, "
+                              f"e.g. -o {out / 'model.npz'}")
+        blocking = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise ExportError(f"--output {out}: {blocking} is a file, not a folder; choose another path")
+        return paths.check_output(out)  # a device, FIFO or socket there would be replaced by the rename
+    except paths.PathError as exc:
+        raise ExportError(f"--output {exc}") from None
 
 
 def export_model(ckpt: Checkpoint, out: str | Path) -> Path:

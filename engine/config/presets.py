@@ -23,7 +23,7 @@ import tomlkit
 from tomlkit.exceptions import ParseError, TOMLKitError
 from tomlkit.items import Float, Item
 
-from engine import config
+from engine import config, paths
 from engine.config import Config, ConfigError
 from engine.config.rules import did_you_mean
 from engine.run import atomic_file
@@ -69,8 +69,9 @@ def list_presets() -> list[PresetInfo]:
             if path.stem in found:
                 continue
             try:
-                description, error = str(tomllib.loads(path.read_text("utf-8")).get("description", "")), None
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+                text = paths.read_small(path).decode("utf-8")
+                description, error = str(tomllib.loads(text).get("description", "")), None
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, paths.PathError) as exc:
                 description, error = "", " ".join(str(exc).split())
             found[path.stem] = PresetInfo(path.stem, path, origin, description, error)
     return [found[name] for name in sorted(found)]
@@ -85,8 +86,13 @@ def find_named_file(name_or_path: str | os.PathLike, folders: list[Path], what: 
     """A TOML file given by path, or by name: the first `folders` entry holding <name>.toml. ConfigError
     (naming a close name, or the ones there are) when there is none; `what` is "preset", "cluster", ..."""
     path = Path(name_or_path).expanduser()
-    if path.suffix == ".toml" or len(path.parts) > 1:
-        if path.is_file():
+    by_path = path.suffix == ".toml" or len(path.parts) > 1
+    try:  # by name, <name>.toml is what the file system is asked for
+        paths.check_name(path if by_path else f"{path.name}.toml")
+    except paths.PathError as exc:
+        raise ConfigError("", exc.problem, exc.fix, source=str(path)) from None
+    if by_path:
+        if path.exists():  # a folder, FIFO or device is refused by name when read (read_document)
             return path
         raise ConfigError("", "file not found", f"check the path, or give the name of a {what}",
                           source=str(path))
@@ -103,9 +109,11 @@ def read_document(path: str | os.PathLike) -> tomlkit.TOMLDocument:
     """Parse a TOML file keeping comments and spelling; errors become a one-line ConfigError with the line."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = paths.read_small(path).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError("", "file not found", "check the path", source=str(path)) from None
+    except paths.PathError as exc:
+        raise ConfigError("", exc.problem, exc.fix, source=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("", f"cannot read: {exc}", "save it as UTF-8 text", source=str(path)) from None
     try:

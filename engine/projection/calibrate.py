@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine import paths
 from engine.comm.cores import usable_cores
 from engine.config import Config
 from engine.projection.compute_calibration import LEVELS, measure_compute
@@ -124,10 +125,10 @@ class Calibration:
     def load(cls, path: Path) -> Calibration | None:
         """The file's calibration; None when there is none yet; CalibrationError when it is unusable."""
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = json.loads(paths.read_small(path).decode("utf-8"))
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, paths.PathError) as exc:
             raise CalibrationError(f"{path}: not a readable calibration ({exc}); delete it or run "
                                    "`nanodist-tui project --calibrate` to measure again") from None
         if not isinstance(data, dict) or data.get("version") != VERSION or "transport" not in data:

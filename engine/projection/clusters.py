@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine import paths
 from engine.config import ConfigError
 from engine.config.presets import find_named_file, locate_key, search_dirs
 from engine.dtypes import DTYPES
@@ -148,8 +149,10 @@ def load_cluster(name_or_path: str | os.PathLike) -> Cluster:
     """The validated cluster; ConfigError (one line: file, line, key, problem, fix) on any mistake."""
     path = find_cluster(name_or_path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = paths.read_small(path).decode("utf-8")
         data = tomllib.loads(text)
+    except paths.PathError as exc:
+        raise ConfigError("", exc.problem, exc.fix, source=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("", f"cannot read: {exc}", "save it as UTF-8 text", source=str(path)) from None
     except tomllib.TOMLDecodeError as exc:

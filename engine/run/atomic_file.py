@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from engine import paths
+
 
 def fsync_dir(path: Path) -> None:
     """Make renames and new entries in `path` durable (a no-op where folders cannot be opened)."""
@@ -36,8 +38,10 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], object], mode: int = 0o644) -> tuple[str, int]:
     """Write a file via `write(f)` to a temporary name, fsync, rename over `path`, fsync the folder.
-    Returns (sha256, size) of the bytes as they went to disk, hashed before the rename."""
-    path = Path(path)
+    Returns (sha256, size) of the bytes as they went to disk, hashed before the rename. A folder, device,
+    FIFO or socket at `path` (or a link to one) is refused with paths.PathError: the rename would replace it.
+    """
+    path = paths.check_output(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -57,7 +61,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object], mode: int = 0
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """atomic_write of UTF-8 text, making the folder if needed and keeping an existing file's mode."""
-    path = Path(path)
+    path = paths.check_output(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     atomic_write(path, lambda f: f.write(text.encode("utf-8")), mode)

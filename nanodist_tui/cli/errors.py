@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ import typer
 from typer._click.exceptions import ClickException, NoArgsIsHelpError  # typer vendors click
 from typer.core import TyperGroup
 
+from engine import paths
 from engine.checkpoint.export import ExportError
 from engine.checkpoint.files import CheckpointError
 from engine.comm.auto import TuningError
@@ -45,7 +47,7 @@ class UsageError(ValueError):
 
 USER_ERRORS = (ConfigError, DataError, FileNotFoundError, LaunchError, OutDirError, UsageError,
                CheckpointError, EventError, ExportError, RunFolderError, SweepError, SinkUnavailable,
-               TuningError)
+               TuningError, paths.PathError)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -103,6 +105,12 @@ class OneLineErrors(TyperGroup):
         except USER_ERRORS as e:  # one a command did not catch itself
             print(f"error: {one_line(str(e) or type(e).__name__)}", file=sys.stderr)
             code = 2
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                code = internal_failure(e)
+            else:  # a name the user gave, too long for the file system, wherever it was first used
+                print(f"error: {one_line(str(paths.too_long(e.filename or '')))}", file=sys.stderr)
+                code = 2
         except Exception as e:  # noqa: BLE001 - a bug: one line here, the traceback in a file
             code = internal_failure(e)
         if standalone_mode:

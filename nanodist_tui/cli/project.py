@@ -69,6 +69,8 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
     if scaling not in SCALINGS:
         fail(f'--scaling: "{scaling}" is not one of {", ".join(SCALINGS)}')
     path = calibration or default_path()
+    for option, given in (("--out", out), ("--calibration", calibration)):
+        _check_output(option, given)  # before any work: a wrong --out would only be found after it
     try:
         if clusters:
             return _list_clusters(as_json)
@@ -119,9 +121,19 @@ def _project(cfg, target, world_sizes, scaling: str, path: Path, out: Path | Non
     print(f"JSON written to {out}")
 
 
+def _check_output(option: str, path: Path | None) -> None:
+    from engine import paths
+    try:
+        if path is not None:
+            paths.check_output(path)
+    except paths.PathError as e:
+        fail(f"{option} {e}")
+
+
 def _write_json(data: dict, out: Path) -> Path:
     """Write the report atomically; an unwritable place is one line, exit code 2."""
     from engine.run.atomic_file import atomic_write_text
+    _check_output("--out", out)  # the default path too: a folder or device may sit there
     try:
         atomic_write_text(out, json.dumps(data, indent=1) + "\n")
     except OSError as e:
@@ -269,9 +281,12 @@ def _list_clusters(as_json: bool) -> None:
 
 
 def _fit_nccl(source: Path, ranks: int | None, as_json: bool) -> None:
+    from engine import paths
     from engine.projection.fit import fit_nccl_all_reduce
     try:
-        text = sys.stdin.read() if str(source) == "-" else source.read_text(encoding="utf-8")
+        text = sys.stdin.read() if str(source) == "-" else paths.read_small(source).decode("utf-8")
+    except paths.PathError as e:
+        fail(f"--nccl-tests {e}")
     except (OSError, UnicodeDecodeError) as e:
         fail(f"--nccl-tests: cannot read {source} ({e}); give the file all_reduce_perf's output was saved to")
     fit = fit_nccl_all_reduce(text, ranks)

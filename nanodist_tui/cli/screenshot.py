@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from engine import paths
 from nanodist_tui.cli.errors import fail
 from nanodist_tui.cli.options import AsciiOpt
 
@@ -36,6 +37,10 @@ def screenshot(run_dir: RunOpt = None, output: OutputOpt = Path("workbench.svg")
     from nanodist_tui.demo import DEMO_DIR
     from nanodist_tui.shots import render_screenshot
     from nanodist_tui.user_config import UserConfig
+    try:  # before drawing: a device, FIFO or folder at --output is never replaced
+        paths.check_output(output)
+    except paths.PathError as e:
+        fail(f"--output {e}")
     events = _read(run_dir or DEMO_DIR)
     svg = render_screenshot(events, _size(size), tab=tab, user_config=UserConfig(ascii=ascii_only))
     from engine.run.atomic_file import atomic_write_text
