@@ -21,6 +21,7 @@ from engine.comm.launch import BACKENDS
 from engine.config import Config, ConfigError, describe, presets
 from engine.dtypes import DTYPES
 from engine.parallel.data import ZERO_STAGES
+from engine.paths import PathError
 from nanodist_tui.screens.fit_table import FitTable
 from nanodist_tui.widgets.footer import WorkbenchFooter
 
@@ -97,10 +98,11 @@ class NewRunScreen(Screen[tuple[Config, tomlkit.TOMLDocument] | None]):
 
     def load(self, path: Path) -> None:
         """Fill the form from a preset (every setting as it resolves, defaults included)."""
-        self.path, self.doc = path, presets.read_document(path)
         try:
+            self.path, self.doc = path, presets.read_document(path)
             cfg = presets.apply_overrides(tomlkit.parse(self.doc.as_string()), (), source=str(path))
-        except ConfigError as err:
+        except (ConfigError, PathError, OSError) as err:  # a preset that is not a readable file: said here
+            self.doc = None
             self._show_error(str(err))
             return
         with self.prevent(Input.Changed, Select.Changed):
@@ -160,7 +162,7 @@ class NewRunScreen(Screen[tuple[Config, tomlkit.TOMLDocument] | None]):
             return
         try:
             target = presets.save_as(self.doc, name, self.overrides(), source=str(self.path))
-        except ConfigError as err:
+        except (ConfigError, PathError, OSError) as err:  # a bad name, or a target that is not a plain file
             self._show_error(str(err))
             return
         self.notify(f"saved {target} (comments kept)", title="preset saved")

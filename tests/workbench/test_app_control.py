@@ -174,3 +174,22 @@ def test_a_run_the_machine_cannot_start_is_one_line_in_the_form(in_tmp):
         assert error_line(screen) == "data.path: no such file big.txt; give a readable text file"
 
     run(scenario, FakeJob(steps=0, then="wait_for_stop"), make_job=JobFactory(), check_run=refuse)
+
+
+def test_a_preset_that_is_not_a_regular_file_is_one_line_in_the_form(in_tmp):
+    """A FIFO among the presets (opening it would wait for a writer forever) is listed, and choosing it says
+    what it is in the form's error line; the workbench goes on."""
+    import os
+    (in_tmp / "presets").mkdir(exist_ok=True)
+    os.mkfifo(in_tmp / "presets" / "pipe.toml")
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.workspace is not None)
+        await pilot.press("n")
+        screen = form(app)
+        screen.load(in_tmp / "presets" / "pipe.toml")
+        await pilot.pause(0.1)
+        assert "pipe.toml" in error_line(screen) and "FIFO" in error_line(screen)
+        assert app.is_running and isinstance(app.screen, NewRunScreen)
+
+    run(scenario, FakeJob(steps=0, then="wait_for_stop"), make_job=JobFactory())
