@@ -7,7 +7,6 @@ of it."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from textual.binding import Binding
 from textual.widgets import TabbedContent
 
+from engine.run import stop_signals
 from nanodist_tui.replay import ReplayPlayer, faster, slower
 from nanodist_tui.session import JobFn, RunSession
 
@@ -454,11 +454,14 @@ class WorkbenchActions:
             self.exit()
 
     def _watch_signals(self: WorkbenchHost) -> None:
-        """SIGTERM (and a SIGINT from outside: ctrl+c itself arrives as a key) stop the run and quit."""
+        """SIGTERM (a scheduler's), SIGHUP (the terminal went away) and a SIGINT from outside (ctrl+c
+        itself arrives as a key) stop the run and quit, leaving the terminal as the app found it; a second
+        one quits at once. They usually reach the whole process group: the rank processes stop too, after
+        the agreed step (engine.run.stop_signals)."""
         if self.is_headless:
             return
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in stop_signals.watched():
             try:
                 loop.add_signal_handler(sig, self.action_stop_and_quit)
             except (ValueError, NotImplementedError, RuntimeError):  # not the main thread, or no signals here

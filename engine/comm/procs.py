@@ -8,8 +8,9 @@ relays it to the others, so there is no port race. Control messages down the pip
 False), "abort" (the job failed: blocked calls raise RankFailure). A rank whose pipe closes (the
 launcher died) exits at once: no orphans.
 
-Ctrl-C in the terminal reaches the whole process group: ranks ignore it and the launcher turns
-the first one into a stop request (the second kills); run_ranks then raises KeyboardInterrupt.
+Ctrl-C in the terminal, a scheduler's SIGTERM and a hang-up reach the whole process group: the launcher turns
+the first one into a stop request, and so does a rank process (engine.run.stop_signals: the ranks agree on the
+step); a second one kills; run_ranks then raises KeyboardInterrupt.
 On the first failure the launcher tells every rank to abort, gives them a short grace period to
 exit by themselves, then kills what is left; it always reaps every child before returning. A timeout
 (a rank that waited too long on a peer) is first given COLLECT_S for the other ranks' timeouts to come
@@ -34,6 +35,7 @@ from engine.comm import codec, cores, pipe
 from engine.comm.base import PeerTimeout, RankFailure, Signals, StopRequested, blame
 from engine.comm.child import ChildProcess
 from engine.comm.pipe import MAX_MESSAGE
+from engine.run import stop_signals
 
 ABORT_GRACE_S = 3.0
 COLLECT_S = 0.3  # after a first timeout, how long to gather the others before naming the hung rank
@@ -195,11 +197,13 @@ class _Supervisor:
 
 def child_main(conn) -> None:
     """Entry point of a rank process (runs in the spawned child)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which stops every rank
+    signals, master = Signals(), {}
+    # Ctrl-C, a scheduler's SIGTERM or a hang-up reaches the whole process group: the rank stops after the
+    # step the ranks agree on, as the launcher (which hears it too) asks every rank to; a second one kills
+    stop_signals.rank_process_stop(signals.stop.set)
     spec = codec.loads(conn.recv_bytes(MAX_MESSAGE))
     rank, world_size, timeout_s = spec["rank"], spec["world_size"], spec["timeout_s"]
     cores.apply(spec["threads"])  # before rank_fn's module is imported or anything is built
-    signals, master = Signals(), {}
     master_known = threading.Event()
     send = pipe.sender(conn)
 

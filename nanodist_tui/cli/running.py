@@ -4,7 +4,6 @@ before any rank starts, and the two ways to run the job (the workbench, or headl
 from __future__ import annotations
 
 import os
-import signal
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from engine.run import stop_signals
 from engine.run.printable import printable
 from nanodist_tui.cli.errors import USER_ERRORS, OutDirError, fail, internal_failure, user_errors
 
@@ -112,26 +112,27 @@ def training_job(cfg, doc, resume_from: str | None = None):
 
 @contextmanager
 def stop_on_signals(control: threading.Event) -> Iterator[list[int]]:
-    """While the job runs: Ctrl-C (SIGINT) or SIGTERM asks it to stop as the workbench's stop key does (every
-    rank checkpoints at the step reached); a second signal leaves at once (KeyboardInterrupt). Yields the
-    signals received, in order. Outside the main thread (where Python delivers signals) it does nothing."""
+    """While the job runs: Ctrl-C (SIGINT), SIGTERM or SIGHUP — to this process or to its whole process group,
+    as a scheduler or a closing terminal sends them — asks it to stop as the workbench's stop key does (every
+    rank checkpoints at the step reached; engine.run.stop_signals); a second signal leaves at once
+    (KeyboardInterrupt). Yields the signals received, in order. Outside the main thread (where Python delivers
+    signals) it does nothing."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
 
-    def on_signal(signum, _frame) -> None:
+    def on_signal(signum: int) -> None:
         received.append(signum)
         if len(received) > 1:
             raise KeyboardInterrupt
         control.set()
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = stop_signals.handle(on_signal)
     try:
         yield received
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stop_signals.restore(previous)
 
 
 def workbench_config(ascii_only: bool = False):
@@ -183,10 +184,11 @@ def run_app(app) -> None:
 
 def run_headless_job(job) -> None:
     """Run `job(emit, control)` (returning the run summary) with the headless printer, then print the
-    summary. Ctrl-C or SIGTERM stops every rank after the same step with a checkpoint kept, prints the
-    summary and exits 130 (143); a second one leaves at once. A user mistake ends with its one line and
-    code 2, a failed run with code 1 (the printer has already shown its one line: the rank and the cause),
-    any other failure with code 1 and one line naming where its traceback went."""
+    summary. Ctrl-C, SIGTERM or SIGHUP stops every rank after the same step with a checkpoint kept, prints
+    the summary and exits 128 + the signal's number (130, 143, 129: the shell's code for a signal, so a
+    script or a scheduler sees the run did not finish); a second one leaves at once. A user mistake ends
+    with its one line and code 2, a failed run with code 1 (the printer has already shown its one line: the
+    rank and the cause), any other failure with code 1 and one line naming where its traceback went."""
     from engine.run.control import RunControl
     from nanodist_tui.headless import HeadlessPrinter, summary_lines
     printer, control = HeadlessPrinter(), RunControl()
