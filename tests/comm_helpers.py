@@ -401,3 +401,19 @@ def slow_sendrecv(comm, emit, nbytes: int, timeout_s: float) -> float:
     comm.sendrecv(peer, out, peer, inc)
     assert inc.all()
     return time.perf_counter() - start
+
+
+def slow_rank(comm, emit, slow: int, busy_s: float, steps: int = 3) -> int:
+    """Rank ``slow`` computes for ``busy_s`` (longer than the job's timeout) before each all-reduce while the
+    others wait on it: slow, never silent. Returns the steps done, each checked against the exact sum."""
+    buf = np.empty(4096, np.float64)
+    for step in range(steps):
+        if comm.rank == slow:
+            end = time.monotonic() + busy_s
+            while time.monotonic() < end:
+                sum(range(1000))  # pure computation, no communication: only its CPU time moves
+        buf[:] = comm.rank + step
+        all_reduce(comm, buf)
+        assert np.all(buf == sum(range(comm.world_size)) + comm.world_size * step)
+        emit({"rank": comm.rank, "step": step})
+    return steps

@@ -15,11 +15,15 @@ On the first failure the launcher tells every rank to abort, gives them a short 
 exit by themselves, then kills what is left; it always reaps every child before returning. A timeout
 (a rank that waited too long on a peer) is first given COLLECT_S for the other ranks' timeouts to come
 in: a rank waiting on a hung rank is itself silent to whoever waits on it, so the rank blamed is the end
-of the chain of waits — the one that stopped communicating — which is killed at once.
+of the chain of waits — the one that stopped communicating — which is killed at once. Before any rank
+times out, it asks the job's progress board (progress.py, a small shared file the launcher makes and
+every rank maps) whether the end of its chain of waits is still making progress: a rank starved of a
+core among many others is slow, not hung, and the wait goes on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
 import multiprocessing.connection
@@ -35,6 +39,7 @@ from engine.comm import codec, cores, pipe
 from engine.comm.base import PeerTimeout, RankFailure, Signals, StopRequested, blame
 from engine.comm.child import ChildProcess
 from engine.comm.pipe import MAX_MESSAGE
+from engine.comm.progress import Board
 from engine.run import stop_signals
 
 ABORT_GRACE_S = 3.0
@@ -46,18 +51,24 @@ def run_processes(world_size, rank_fn, args, on_event, timeout_s, signals: Signa
     """Run rank_fn on `world_size` spawned processes, each limiting its thread pools to `threads`;
     ``network``: a NetworkEmulation that shapes every rank's links, or None."""
     target = _qualified_name(rank_fn)
+    board_path = Board.create_file(world_size)
+    board = Board.attach(board_path, world_size)
     spec = {"world_size": world_size, "target": target, "args": list(args), "secret": secrets.token_hex(32),
             "timeout_s": timeout_s, "shm": os.environ.get("NANODIST_SHM", "1") != "0", "threads": threads,
-            "network": network.to_dict() if network is not None else None}
+            "network": network.to_dict() if network is not None else None, "board": board_path}
     children: list[_Child] = []
     try:
         for rank in range(world_size):
             children.append(_Child(rank))
             children[-1].tell({**spec, "rank": rank})
-        return _Supervisor(children, on_event, timeout_s, signals).run()
+        return _Supervisor(children, on_event, timeout_s, signals, board_path, board).run()
     finally:
         for child in children:
             child.reap()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(board_path)
+        if board is not None:
+            board.close()
 
 
 class _Child(ChildProcess):
@@ -70,8 +81,10 @@ class _Child(ChildProcess):
 
 
 class _Supervisor:
-    def __init__(self, children: list[_Child], on_event, timeout_s: float, signals: Signals):
+    def __init__(self, children: list[_Child], on_event, timeout_s: float, signals: Signals,
+                 board_path: str | None = None, board: Board | None = None):
         self.children, self.on_event = children, on_event
+        self.board_path, self.board = board_path, board  # the path until every rank has mapped the board
         self.stop_event, self.pause_event = signals.stop, signals.pause
         self.paused = False  # what the ranks were last told
         self.timeout_s = timeout_s
@@ -103,6 +116,9 @@ class _Supervisor:
                 self._read(child)
             if child.process.sentinel in ready:
                 self._exited(child)
+        if self.board_path is not None and self.board is not None and self.board.all_registered():
+            os.unlink(self.board_path)  # every rank holds its mapping: a killed launcher leaves nothing
+            self.board_path = None
         now = time.monotonic()
         if (self.stop_event.is_set() or self.interrupted) and self.stop_at is None:
             self.stop_at = now
@@ -204,6 +220,9 @@ def child_main(conn) -> None:
     spec = codec.loads(conn.recv_bytes(MAX_MESSAGE))
     rank, world_size, timeout_s = spec["rank"], spec["world_size"], spec["timeout_s"]
     cores.apply(spec["threads"])  # before rank_fn's module is imported or anything is built
+    board = Board.attach(spec["board"], world_size)
+    if board is not None:
+        board.register(rank)  # this thread runs rank_fn: its CPU time is the rank's progress
     master_known = threading.Event()
     send = pipe.sender(conn)
 
@@ -235,6 +254,7 @@ def child_main(conn) -> None:
                        on_listening=lambda port: send({"type": "master", "port": port}),
                        emulation=NetworkEmulation.from_dict(spec.get("network")))
         comm.threads_per_rank = spec["threads"]
+        comm.board = board
         value = rank_fn(comm, lambda event: send({"type": "event", "data": event}), *spec["args"])
         send({"type": "result", "value": value})
     except StopRequested:

@@ -16,6 +16,10 @@ ProtocolError naming the peer. Nothing is allocated from a peer-supplied length.
 Network emulation (emulation.py): a link with a `Pacer` holds each outgoing piece (a slot, or PACE_BYTES
 of a socket payload) until the emulated wire would have delivered it; a held call sleeps in select
 until then, and holding counts as progress, so an emulated slow link never trips the timeout.
+
+Progress (progress.py): with a board (the processes backend maps one), every piece that moves bumps this
+rank's beats, a blocked call says whom it waits on, and its timeout restarts while the end of its chain
+of waits is still making progress; without one (tcp across hosts) only this call's own progress counts.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from engine.comm.base import (
 )
 from engine.comm.emulation import NetworkEmulation, Pacer
 from engine.comm.meter import TrafficMeter
+from engine.comm.progress import Board, Watch
 from engine.comm.shm import Segment
 
 log = logging.getLogger("nanodist.comm")
@@ -334,6 +339,7 @@ class TcpCommunicator(Communicator):
                 link.pacer = Pacer(shape) if shape is not None else None
         self._scratch = np.empty(SCRATCH_BYTES, np.uint8)
         self._closed = False
+        self.board: Board | None = None  # the job's progress board, where its ranks share one
 
     def _send(self, dst: int, arr: np.ndarray) -> None:
         self._run([_SendOp(self.links[dst], arr)])
@@ -349,31 +355,38 @@ class TcpCommunicator(Communicator):
     def _run(self, ops: list) -> None:
         if self._closed:
             raise RuntimeError(f"rank {self.rank}: communicator already closed")
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            progressed = False
-            for op in ops:
-                progressed |= op.step()
-            if all(op.done for op in ops):
-                return
-            held = [op.held_until for op in ops if op.held_until and not op.done]
-            if progressed or held:  # an emulated link holding bytes back is not a silent peer
-                deadline = time.monotonic() + self.timeout_s
-            if progressed:
-                continue
-            self.signals.raise_if_failed()
-            for op in ops:
-                if op.link.eof and not op.done and not op.link.inbox:
-                    raise op.link.closed_error()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                waiting = next(op for op in reversed(ops) if not op.done)
-                raise PeerTimeout(waiting.link.peer,
-                                  f"did not answer rank {self.rank} for {self.timeout_s:g} s")
-            readers = [op.link.sock for op in ops if op.wants_read]
-            writers = [op.link.sock for op in ops if op.link.tx]
-            wait = min(remaining, _POLL_S, *(max(0.0, at - time.monotonic()) for at in held))
-            select.select(readers, writers, [], wait)
+        watch, board = Watch(self.board, self.timeout_s), self.board
+        try:
+            while True:
+                progressed = False
+                for op in ops:
+                    progressed |= op.step()
+                if progressed and board is not None:
+                    board.beat(self.rank)
+                if all(op.done for op in ops):
+                    return
+                held = [op.held_until for op in ops if op.held_until and not op.done]
+                if progressed or held:  # an emulated link holding bytes back is not a silent peer
+                    watch.moved()
+                if progressed:
+                    continue
+                self.signals.raise_if_failed()
+                for op in ops:
+                    if op.link.eof and not op.done and not op.link.inbox:
+                        raise op.link.closed_error()
+                peer = next(op for op in reversed(ops) if not op.done).link.peer
+                if board is not None:
+                    board.wait_on(self.rank, peer)
+                if watch.expired(peer):
+                    raise PeerTimeout(peer, f"did not answer rank {self.rank} for {self.timeout_s:g} s")
+                readers = [op.link.sock for op in ops if op.wants_read]
+                writers = [op.link.sock for op in ops if op.link.tx]
+                wait = min(max(watch.remaining(), 0.0), _POLL_S,
+                           *(max(0.0, at - time.monotonic()) for at in held))
+                select.select(readers, writers, [], wait)
+        finally:
+            if board is not None:
+                board.done_waiting(self.rank)
 
     def network_report(self) -> dict:
         """What the emulation added on this rank's links: {"network": its one-line description (""

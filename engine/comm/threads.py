@@ -2,16 +2,16 @@
 
 A send copies the array into the (src, dst) mailbox and returns; a receive waits for the head of
 that mailbox. The group shares one Signals object, so the first rank that fails wakes every
-blocked rank at once, and each wait also gives up after ``timeout_s`` (PeerTimeout). The group knows
-who waits on whom, so a timeout blames the rank at the end of the chain of waits — the one that
-stopped communicating — not a healthy rank that was itself waiting on it.
+blocked rank at once, and each wait also gives up after ``timeout_s`` without progress (PeerTimeout;
+progress.py's rule: a peer computing slowly, or starved of a core, keeps it waiting). The group knows
+who waits on whom (its progress board), so a timeout blames the rank at the end of the chain of waits —
+the one that stopped making progress — not a healthy rank that was itself waiting on it.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-import time
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from engine.comm.base import (
     StopRequested,
 )
 from engine.comm.meter import TrafficMeter
+from engine.comm.progress import Board, Watch
 
 _POLL_S = 0.1  # how often a blocked receive rechecks the group's failure flag
 
@@ -40,9 +41,11 @@ class ThreadGroup:
             (s, d): collections.deque() for s in range(world_size) for d in range(world_size) if s != d}
         self._arrived = [threading.Condition() for _ in range(world_size)]
         self._closed: dict[int, bool] = {}  # rank -> it closed because of a stop request
-        self._waiting_on: dict[int, int] = {}  # rank blocked in a receive -> the rank it waits for
+        self.board = Board.local(world_size)  # beats, and who waits on whom
 
     def communicator(self, rank: int, meter: TrafficMeter | None = None) -> ThreadCommunicator:
+        """Rank `rank`'s communicator; call it on the rank's own thread (its CPU time is its progress)."""
+        self.board.register(rank)
         return ThreadCommunicator(self, rank, meter)
 
     def fail(self, rank: int, cause: str) -> None:
@@ -56,15 +59,16 @@ class ThreadGroup:
                 cond.notify_all()
 
     def _post(self, src: int, dst: int, arr: np.ndarray) -> None:
+        self.board.beat(src)
         with self._arrived[dst]:
             self._mailboxes[(src, dst)].append(arr.copy())
             self._arrived[dst].notify_all()
 
     def _take(self, src: int, dst: int) -> np.ndarray:
         mailbox, cond = self._mailboxes[(src, dst)], self._arrived[dst]
-        deadline = time.monotonic() + self.timeout_s
+        watch = Watch(self.board, self.timeout_s)
         with cond:
-            self._waiting_on[dst] = src
+            self.board.wait_on(dst, src)
             try:
                 while not mailbox:
                     self.signals.raise_if_failed()
@@ -72,26 +76,26 @@ class ThreadGroup:
                         if self._closed[src] or self.signals.stop.is_set():
                             raise StopRequested(f"rank {src} stopped while rank {dst} waited for it")
                         raise RankFailure(src, f"finished while rank {dst} still expected a message from it")
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                    if watch.expired(src):
                         raise self._timeout(src, dst)
-                    cond.wait(min(remaining, _POLL_S))
+                    cond.wait(min(max(watch.remaining(), 0.0), _POLL_S))
+                self.board.beat(dst)
                 return mailbox.popleft()
             finally:
-                self._waiting_on.pop(dst, None)
+                self.board.done_waiting(dst)
 
     def _timeout(self, src: int, dst: int) -> PeerTimeout:
         """Blame the end of the chain dst -> src -> (whom src waits on) -> ...: the rank that is not
         waiting on anyone stopped communicating (in a cycle of waits, `src`)."""
         chain, culprit = [dst], src
-        while culprit in self._waiting_on and culprit not in chain:
+        while (further := self.board.waiting(culprit)) is not None and culprit not in chain:
             chain.append(culprit)
-            culprit = self._waiting_on[culprit]
+            culprit = further
         if culprit in chain:
             culprit, chain = src, [dst]
         waited = ", ".join(map(str, chain))
-        return PeerTimeout(culprit, f"sent nothing for {self.timeout_s:g} s (rank{'s' * (len(chain) > 1)} "
-                                    f"{waited} waited on it)")
+        ranks = f"rank{'s' * (len(chain) > 1)} {waited}"
+        return PeerTimeout(culprit, f"made no progress for {self.timeout_s:g} s ({ranks} waited on it)")
 
     def _close(self, rank: int) -> None:
         self._closed[rank] = self.signals.stop.is_set()
