@@ -13,6 +13,7 @@ launcher.
   reduction.py    sum / avg / max, segments, the pairwise exchange
   meter.py        per-rank traffic meter (link = src, dst, phase, group, algorithm); algbw / busbw
   launch.py       run_ranks for every backend; procs.py spawns and supervises rank processes
+  progress.py     starved or hung: a waiter's timeout restarts while the rank it waits on makes progress
   codec.py        JSON (with numpy arrays) between the launcher and its rank processes; never pickle
 
 The all-reduce benchmark against torch gloo is engine/bench/allreduce.py.
