@@ -28,6 +28,7 @@ from engine.comm import codec, pipe
 from engine.comm.child import ChildProcess
 from engine.comm.cores import usable_cores
 from engine.comm.pipe import MAX_MESSAGE
+from engine.run import stop_signals
 from engine.run.job import one_line
 from engine.sweep.loop import run_trials
 from engine.sweep.study import load_sweep, open_study
@@ -135,11 +136,14 @@ def _read(job: _Job, emit) -> bool:
 
 def job_main(conn) -> None:
     """Entry point of a job process (runs in the spawned child)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which tells every job
+    stop, finish = threading.Event(), threading.Event()
+    # A terminal's Ctrl-C and a scheduler's SIGTERM reach the whole process group, this job too: the first
+    # stops its trial as the launcher's "stop" would (the trial checkpoints and is recorded as stopped), a
+    # second ends the job (engine.run.stop_signals)
+    stop_signals.rank_process_stop(stop.set)
     spec = codec.loads(conn.recv_bytes(MAX_MESSAGE))
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, spec["cpus"])  # this job's share of the host (see the module docstring)
-    stop, finish = threading.Event(), threading.Event()
     send = pipe.sender(conn)
     signals = {"stop": stop, "finish": finish}
     pipe.listen(conn, lambda message: signals.get(str(message.get("type")), threading.Event()).set(),

@@ -5,6 +5,7 @@ preset. The work is engine.sweep's; this module parses, calls and prints."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -14,7 +15,7 @@ import typer
 from engine.run.printable import printable
 from nanodist_tui.cli.errors import USER_ERRORS, fail, internal_failure, user_errors
 from nanodist_tui.cli.options import BackendOpt, LogToOpt, PresetOpt, SetOpt, WorldOpt
-from nanodist_tui.cli.running import prepare_run, run_in_workbench, shortcut_overrides
+from nanodist_tui.cli.running import prepare_run, run_in_workbench, shortcut_overrides, stop_on_signals
 
 app = typer.Typer(help="Optuna sweeps over a preset's [sweep] space: run or resume, show, export the best.")
 
@@ -72,21 +73,29 @@ def sweep(
 
 
 def _run_headless(swept, job) -> None:
-    """Ctrl-C: exit 130 with every finished trial kept; a user mistake: one line, 2; anything else: 1."""
+    """Ctrl-C, SIGTERM or SIGHUP (to this process or its whole group, as a scheduler sends them) stops the
+    running trials as the workbench's stop does, then exits 128 + the signal with every finished trial kept;
+    a second one leaves at once (130); a user mistake: one line, 2; anything else: 1."""
     from nanodist_tui.sweep_printer import SweepPrinter
-    printer = SweepPrinter()
-    try:
-        job(printer, threading.Event())
-    except KeyboardInterrupt:
+    printer, stop = SweepPrinter(), threading.Event()
+    kept = (f"every finished trial is kept in {swept.storage.describe(swept.sweep_dir)}: run the same "
+            "command again to resume")
+    with stop_on_signals(stop) as received:
+        try:
+            job(printer, stop)
+        except KeyboardInterrupt:
+            printer.close()
+            fail(f"interrupted; {kept}", code=130)
+        except USER_ERRORS as e:
+            printer.close()
+            fail(str(e))
+        except Exception as e:  # noqa: BLE001 - an internal failure: one line, exit 1, the traceback in a file
+            printer.close()
+            raise typer.Exit(internal_failure(e)) from None
+    if received:  # the trials ran to a stop: what the sweep found so far, then the signal's exit code
         printer.close()
-        fail(f"interrupted; every finished trial is kept in {swept.storage.describe(swept.sweep_dir)}: run "
-             "the same command again to resume", code=130)
-    except USER_ERRORS as e:
-        printer.close()
-        fail(str(e))
-    except Exception as e:  # noqa: BLE001 - an internal failure: one line, exit 1, the traceback in a file
-        printer.close()
-        raise typer.Exit(internal_failure(e)) from None
+        _print_results(swept)
+        fail(f"stopped by {signal.Signals(received[0]).name}; {kept}", code=128 + received[0])
 
 
 def _print_results(swept) -> None:

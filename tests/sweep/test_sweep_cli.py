@@ -189,3 +189,32 @@ def test_log_to_makes_every_trial_log_there_with_its_own_losses(in_tmp):
         losses = {e["step"]: e["loss"] for e in map(json.loads, lines) if e["kind"] == "step_end"}
         got = dict(tensorboard_scalars(run_dir / "tensorboard")["train/loss"])
         assert got and got == pytest.approx({s: losses[s] for s in got}, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_signal_to_a_sweeps_process_group_stops_its_jobs_cleanly(in_tmp):
+    """SIGTERM to the whole group (a scheduler's scancel), the launcher and both --jobs processes at once: the
+    running trials stop as the launcher's own stop would stop them, no job process dies by the signal, and
+    the sweep exits 128 + the signal with its completed trials kept."""
+    path = write_preset(in_tmp, SPACE.replace("n_trials = 3", "n_trials = 6"))
+    presets.apply_overrides(doc := presets.read_document(path), ["train.steps=200"])
+    presets.save_preset(doc, path)  # long trials: the signal lands inside them
+    command = [sys.executable, "-m", "nanodist_tui.cli", "sweep", "--no-ui", "--preset", str(path),
+               "--jobs", "2"]
+    child = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    try:
+        while child.poll() is None and time.monotonic() < deadline and not (
+                Path("runs/sweep-cli").is_dir() and any(t.state == TrialState.RUNNING for t in trials()[1])):
+            time.sleep(0.1)
+        time.sleep(1.0)  # inside the trials' training
+        os.killpg(child.pid, signal.SIGTERM)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 128 + signal.SIGTERM, (out, err)
+    assert "killed by signal" not in out + err and "Traceback" not in out + err
+    _, stored = trials()
+    assert stored and all(t.state != TrialState.RUNNING for t in stored)
