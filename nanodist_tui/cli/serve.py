@@ -29,6 +29,9 @@ def serve(source: SourceArg,
                                                   "generate")] = 1024,
           max_prompt: Annotated[int, typer.Option("--max-prompt", min=1, help="longest prompt accepted, in "
                                                   "characters")] = 4096,
+          max_generations: Annotated[int, typer.Option("--max-generations", min=1, help="generations run at "
+                                                       "once; one more is refused with 503 and Retry-After")]
+          = 4,
           step: StepOpt = None) -> None:
     """Serve a trained GPT over HTTP: POST /generate, GET /info, GET /health, the OpenAPI page at /docs."""
     from nanodist_tui.serve import missing_library
@@ -43,7 +46,8 @@ def serve(source: SourceArg,
         loaded = load_source(source, step)
     if not isinstance(loaded.model, nn.GPT):
         fail(f"{source}: this run trained an MLP classifier; serve needs a GPT run")
-    api = create_api(loaded, str(source), Limits(max_prompt_chars=max_prompt, max_tokens=max_tokens))
+    api = create_api(loaded, str(source), Limits(max_prompt_chars=max_prompt, max_tokens=max_tokens,
+                                                 max_generations=max_generations))
     try:
         server = ModelServer(api, host, port)
     except OSError as e:

@@ -4,6 +4,10 @@
     api.py       the FastAPI app: POST /generate, GET /info, GET /health, the OpenAPI page (/docs,
                  /openapi.json); request validation and limits, every error a JSON {"error": one line}
     body.py      the request-body size limit (413 before a large body is read)
+    pool.py      generations on worker threads, a bounded number at once (503 and Retry-After past it)
+    protocol.py  uvicorn's h11 protocol plus a read deadline per request (408), a cap on connections (503),
+                 and its own refusals in the JSON error form
+    wire.py      the JSON error form as raw response bytes, for answers given below FastAPI
     server.py    uvicorn on a socket bound up front (port 0 works, the URL is known before serving), in a
                  thread the caller stops; no thread outlives stop()
 

@@ -4,7 +4,7 @@ body is counted as it arrives and cut off once it passes the limit."""
 
 from __future__ import annotations
 
-import json
+from nanodist_tui.serve.wire import error_body, error_headers
 
 
 class BodyLimit:
@@ -43,9 +43,7 @@ class BodyLimit:
         await self.app(scope, counted_receive, guarded_send)
 
     async def _refuse(self, send) -> None:
-        body = json.dumps({"error": f"the request body is larger than {self.max_bytes} bytes, more than any "
-                                    "valid request (see the limits in GET /info)"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        body = error_body(f"the request body is larger than {self.max_bytes} bytes, more than any valid "
+                          "request (see the limits in GET /info)")
+        await send({"type": "http.response.start", "status": 413, "headers": error_headers(body)})
         await send({"type": "http.response.body", "body": body})

@@ -4,7 +4,8 @@ Binding first makes port 0 work (the OS picks a free port) and gives the URL bef
 uvicorn runs on its own thread, where it installs no signal handlers: the caller decides what stops it
 (`nanodist-tui serve` turns SIGINT and SIGTERM into `stop()`; the tests call it). `stop()` lets requests
 in flight finish (at most GRACE_S), then returns once uvicorn's thread — and with it the event loop and
-its worker threads — has ended.
+its worker threads — has ended. Connections are served by protocol.py's guarded h11 protocol, with the
+read deadline and the connection cap of the app's limits (`app.state.limits`, set by api.create_api).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ class ModelServer:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 8000) -> None:
         """Bind host:port now (OSError if it cannot be bound)."""
         import uvicorn
+
+        from nanodist_tui.serve.protocol import guarded_protocol
+        limits = app.state.limits
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -30,7 +34,8 @@ class ModelServer:
             self._sock.close()
             raise
         self.host, self.port = host, self._sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+        protocol = guarded_protocol(limits.read_timeout_s, limits.max_connections)
+        config = uvicorn.Config(app, http=protocol, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=int(GRACE_S))
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

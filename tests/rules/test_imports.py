@@ -141,7 +141,8 @@ def test_model_code_never_imports_communication_or_parallel_code():
 
 OPTIONAL_ROOMS = {  # an optional extra's libraries, and the one room that may import them
     "tensorboard": "engine.sinks", "wandb": "engine.sinks", "mlflow": "engine.sinks",
-    "fastapi": "nanodist_tui.serve", "uvicorn": "nanodist_tui.serve", "starlette": "nanodist_tui.serve"}
+    "fastapi": "nanodist_tui.serve", "uvicorn": "nanodist_tui.serve", "starlette": "nanodist_tui.serve",
+    "h11": "nanodist_tui.serve", "anyio": "nanodist_tui.serve"}  # uvicorn's and starlette's own, in serve/
 
 
 def test_optional_libraries_are_imported_only_in_their_room():

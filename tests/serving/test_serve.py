@@ -22,7 +22,6 @@ import pytest
 from typer.testing import CliRunner
 
 from nanodist_tui.cli import app
-from tests.run_helpers import train
 
 pytest.importorskip("fastapi", reason="the server needs the serve extra (pip install 'nanodist[serve]')")
 pytest.importorskip("uvicorn", reason="the server needs the serve extra (pip install 'nanodist[serve]')")
@@ -31,17 +30,7 @@ from engine.checkpoint.export import read_model  # noqa: E402
 from nanodist_tui.serve.api import Limits, create_api  # noqa: E402
 from nanodist_tui.serve.server import ModelServer  # noqa: E402
 
-LIMITS = Limits(max_prompt_chars=200, max_tokens=64)
-
-
-@pytest.fixture(scope="module")
-def model_file(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("serve")
-    summary, _ = train(out / "runs")
-    path = out / "model.npz"
-    result = CliRunner().invoke(app, ["export", summary["run_dir"], "-o", str(path)])
-    assert result.exit_code == 0, result.output
-    return path
+LIMITS = Limits(max_prompt_chars=200, max_tokens=64, max_generations=8)  # 8: the concurrency test's requests
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +70,8 @@ def test_health_and_info(server, model_file):
         n_params = sum(npz[k].size for k in npz.files if k != "__meta__")
     assert info["model"] == meta["model"] and info["parameters"] == n_params and info["step"] == meta["step"]
     assert info["vocabulary"] == "characters"
-    assert info["limits"] == {"max_prompt_chars": 200, "max_tokens": 64}
+    assert info["limits"] == {"max_prompt_chars": 200, "max_tokens": 64, "max_generations": 8,
+                              "max_connections": 256, "read_timeout_s": 10.0}
 
 
 @pytest.mark.parametrize("temperature, top_k, seed", [(0.8, 0, 0), (1.0, 5, 7), (0.0, 0, 3), (1.5, 1, 11)])
@@ -129,7 +119,7 @@ def test_a_bad_request_is_a_4xx_with_one_line(server, body, status, message):
 
 @pytest.mark.parametrize("raw, headers, status, message", [
     (b"{not json", {}, 422, "the body is not valid JSON"),
-    (b'{"prompt": "x"}', {"Content-Type": "text/plain"}, 422, "sent with Content-Type: application/json"),
+    (b'{"prompt": "x"}', {"Content-Type": "text/plain"}, 415, "sent with Content-Type: application/json"),
     (b'{"prompt": "' + b"x" * 10_000 + b'"}', {}, 413, "the request body is larger than 5296 bytes"),
 ])
 def test_malformed_and_oversized_bodies(server, raw, headers, status, message):
@@ -194,13 +184,15 @@ def test_stopping_the_server_leaves_no_thread(model_file):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_the_serve_command_stops_cleanly_on_a_signal(model_file, tmp_path, sig):
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "nanodist_tui.cli", "serve", str(model_file), "--port", "0"]
+    command = [sys.executable, "-m", "nanodist_tui.cli", "serve", str(model_file), "--port", "0",
+               "--max-generations", "3"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=tmp_path)
     try:
         first = proc.stdout.readline()
         assert first.startswith(f"serving {model_file} on http://127.0.0.1:"), first + proc.stderr.read()
         base = re.search(r"http://127\.0\.0\.1:\d+", first).group(0)
+        assert request(base + "/info")[1]["limits"]["max_generations"] == 3
         status, answer = request(base + "/generate", {"prompt": "def ", "max_tokens": 20, "seed": 5})
         assert status == 200 and answer["text"] == sample_cli(model_file, "def ", 20, 0.8, 0, 5)
         proc.send_signal(sig)

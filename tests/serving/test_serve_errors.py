@@ -50,7 +50,7 @@ def test_serve_on_a_port_in_use_is_one_line(runs):
 
 @pytest.mark.parametrize("args, named", [
     (["--port", "70000"], "--port"), (["--port", "-1"], "--port"), (["--max-tokens", "0"], "--max-tokens"),
-    (["--max-prompt", "0"], "--max-prompt")])
+    (["--max-prompt", "0"], "--max-prompt"), (["--max-generations", "0"], "--max-generations")])
 def test_serve_options_out_of_range(runs, args, named):
     result = runner.invoke(app, ["serve", str(runs["gpt"]), *args])
     assert result.exit_code == 2 and named in result.output and "Traceback" not in result.output
