@@ -109,14 +109,18 @@ class Checkpointer:
         if self.last_saved != trainer.step:
             self.save(trainer)
 
-    def save(self, trainer) -> Path:
+    def save(self, trainer) -> Path | None:
+        """Save this step's checkpoint (every rank calls it); None, saving nothing, when the run folder
+        that holds `root` is gone: removed or moved mid-run, as the recorder then says and stops the run."""
         comm, replica, rank, step = trainer.comm, trainer.replica, trainer.rank, trainer.step
-        folder = self.root / step_dir_name(step)
-        make_dir(folder)
-        owners = _gather_ints(comm, [step, *replica.owned_range()])
+        owners = _gather_ints(comm, [step, int(self.root.parent.is_dir()), *replica.owned_range()])
         if len(set(owners[:, 0].tolist())) != 1:
             raise RuntimeError(f"ranks reached a checkpoint at different steps: {owners[:, 0].tolist()}")
-        ranges = _written_ranges(owners[:, 1:])
+        if not owners[0, 1]:  # rank 0's view decides, for every rank alike: it writes the manifest
+            return None  # making it again would leave a folder of checkpoints alone, which no resume reads
+        folder = self.root / step_dir_name(step)
+        make_dir(folder)
+        ranges = _written_ranges(owners[:, 2:])
         state = replica.optimizer_state()  # collective in ZeRO 1-3: every rank calls it
         meta = {"rank": rank, "step": step, "range": ranges[rank], "optimizer_step": int(state["step"]),
                 "scaler": replica.scaler.state_dict()}

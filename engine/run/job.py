@@ -84,7 +84,7 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         if recorder and recorder.failure:
             raise RecordingError(message) from e
         raise
-    if recorder and recorder.failure:
+    if recorder and recorder.check_folder():  # also a folder removed after the last event
         message = _recording_stopped(recorder)
         bus.emit(ev.RunFailed(message=message))
         if sinks:
@@ -178,6 +178,8 @@ def _recording_stopped(recorder: RunRecorder) -> str:
     saved = recorder.last_checkpoint
     kept = (f"checkpoint of step {saved} saved; `nanodist-tui resume {recorder.run_dir}` continues it"
             if saved is not None else "no checkpoint saved")
+    if recorder.vanished:  # its checkpoints went with it, and none can be saved where there is no folder
+        kept = "no checkpoint is left to resume from; run it again"
     return (f"recording stopped at step {recorder.summary['steps']}: {recorder.failure}, so the run was "
             f"stopped; {kept}")
 

@@ -12,7 +12,9 @@ calls the run "interrupted" once that file has been silent for INTERRUPTED_AFTER
 
 When the folder stops taking writes (a full disk, the folder removed), the recorder stops writing, says
 so once through `on_failure(message)` (engine.run.job then stops the run, checkpointing if the disk allows)
-and keeps the figures in memory; summary.json, if it can still be written, records the failure.
+and keeps the figures in memory; summary.json, if it can still be written, records the failure. A removed
+(or moved, or read-only) folder still takes writes into the files already open, so after each event the
+recorder also checks that its folder is where it was and writable; it never makes a vanished folder again.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import contextlib
 import csv
 import json
 import math
+import os
 import re
 import shutil
 import threading
@@ -111,6 +114,50 @@ def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
         "failed_rank": None, "network": None}  # network: "emulated network: ..." when it was emulated
 
 
+# What each summary.json field holds (null: not known yet). A summary.json is a file anyone may edit or
+# damage, so `list_runs` checks one against this before any reader formats its figures.
+_WHOLE, _NUMBER, _TEXT, _OBJECT = "a whole number", "a number", "text", "an object"
+SUMMARY_TYPES = {
+    **dict.fromkeys(("run_id", "preset", "status", "started_at", "ended_at", "parent", "error",
+                     "network"), _TEXT),
+    **dict.fromkeys(("steps", "total_steps", "n_params", "world_size", "threads_per_rank", "tokens",
+                     "skipped_steps", "loss_scale_changes", "overflows", "resumed_at", "failed_rank"),
+                    _WHOLE),
+    **dict.fromkeys(("last_loss", "initial_val_loss", "final_val_loss", "best_val_loss", "train_s",
+                     "tokens_per_s", "wall_s"), _NUMBER),
+    "peak_memory": _OBJECT}
+_PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {_WHOLE: int, _NUMBER: (int, float), _TEXT: str,
+                                                     _OBJECT: dict}
+
+
+def summary_problem(summary: Any) -> str | None:
+    """What is wrong with a summary.json's content (its first wrong field), or None when it reads."""
+    if not isinstance(summary, dict):
+        return f"{_json_kind(summary)}, not an object"
+    if summary.get("status") is None:
+        return "status is missing"
+    for key, kind in SUMMARY_TYPES.items():
+        value = summary.get(key)
+        if value is None or _holds(value, kind):
+            continue
+        if kind == _WHOLE and _holds(value, _NUMBER):
+            return f"{key} is not a whole number"
+        return f"{key} is not {'a number' if kind == _WHOLE else kind} ({_json_kind(value)})"
+    return None
+
+
+def _holds(value: Any, kind: str) -> bool:
+    if isinstance(value, bool):  # JSON's true/false are no numbers, though Python's bool is an int
+        return False
+    return isinstance(value, _PYTHON_TYPES[kind])
+
+
+def _json_kind(value: Any) -> str:
+    kinds = ((bool, "true/false"), (str, "text"), (int, "a number"), (float, "a number"), (list, "a list"),
+             (dict, "an object"))
+    return next((name for t, name in kinds if isinstance(value, t)), "null")
+
+
 def summarize(s: dict[str, Any], ev: Any) -> None:
     """Fold one event into a summary, in place: the recorder's live figures, and a killed run's later."""
     if isinstance(ev, ev_types.RunStarted):
@@ -179,12 +226,15 @@ class RunRecorder:
                                  f"({exc.strerror or exc}); free some space, or choose another folder with "
                                  "--set run.out_dir=PATH") from None
         self._run_lock = lock.hold(self.run_dir)  # "a process writes here", for engine.checkpoint.resume
+        # a folder (or event log) of the same name made later is not this one
+        self._identity = _identity(self.run_dir), _identity(self.run_dir / "events.jsonl")
         self._lock = threading.Lock()
         self._started = time.monotonic()
         self._pending: dict | None = None  # the last step's row, waiting for a possible Eval of that step
         self._closed = False
         self.on_failure = on_failure
         self.failure: str | None = None  # why the folder stopped taking writes, once it has
+        self.vanished = False  # the folder was removed or moved: nothing of the run is left in it
         self.last_checkpoint: int | None = None  # the step of the newest CheckpointSaved seen
         self.summary = new_summary(self.run_dir.name, preset_name)
         self.summary["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -211,13 +261,52 @@ class RunRecorder:
             try:
                 self._events.write(json.dumps(to_json(ev)) + "\n")
                 self._events.flush()
+                if problem := self._folder_problem():
+                    self._stop(problem)
+                    summarize(self.summary, ev)
+                    return
                 self._update(ev)
             except OSError as exc:
-                self._broke(exc)
+                said = f"cannot write to {self.run_dir} ({exc.strerror or exc})"
+                self._stop(self._folder_problem() or said)
 
-    def _broke(self, exc: OSError) -> None:
-        """The folder stopped taking writes: stop writing, and say so once."""
-        self.failure = f"cannot write to {self.run_dir} ({exc.strerror or exc})"
+    def _folder_problem(self) -> str | None:
+        """Why the run folder can no longer hold the run, or None. Writes into files already open go on
+        succeeding after the folder is removed, so that is asked of the folder itself."""
+        try:
+            folder = _identity(self.run_dir)
+        except FileNotFoundError:
+            self.vanished = True
+            return f"the run folder {self.run_dir} was removed or moved while the run went on"
+        except OSError as exc:
+            return f"cannot reach {self.run_dir} ({exc.strerror or exc})"
+        if folder != self._identity[0]:
+            self.vanished = True
+            return f"the run folder {self.run_dir} was replaced by another folder while the run went on"
+        try:
+            removed = _identity(self.run_dir / "events.jsonl") != self._identity[1]
+        except OSError:
+            removed = True
+        if removed:
+            return f"{self.run_dir / 'events.jsonl'} was removed or replaced while the run went on"
+        if not os.access(self.run_dir, os.W_OK):  # a chmod, or a read-only mount (which binds root too)
+            return f"cannot write to {self.run_dir} (it became read-only)"
+        return None
+
+    def check_folder(self) -> str | None:
+        """Why recording stopped, or None: asked of the folder once more, for a folder removed after the last
+        event (engine.run.job asks before it reports the run finished)."""
+        with self._lock:
+            if not self._closed and not self.vanished and (problem := self._folder_problem()):
+                if self.failure is None:
+                    self._stop(problem)
+                elif self.vanished:  # its files went first (rm -r), then the folder: the folder is the news
+                    self.failure = problem
+            return self.failure
+
+    def _stop(self, problem: str) -> None:
+        """The folder stopped taking the run: stop writing, and say so once."""
+        self.failure = problem
         if self.on_failure is not None:
             self.on_failure(self.failure)
 
@@ -249,7 +338,8 @@ class RunRecorder:
         if self.summary["wall_s"] is None:
             self.summary["wall_s"] = round(time.monotonic() - self._started, 3)
         text = json.dumps({k: _finite(v) for k, v in self.summary.items()}, indent=2) + "\n"
-        atomic_file.atomic_write_text(self.run_dir / "summary.json", text)
+        # atomic_write, not atomic_write_text: that one would make a removed run folder again
+        atomic_file.atomic_write(self.run_dir / "summary.json", lambda f: f.write(text.encode("utf-8")))
 
     def close(self) -> None:
         """Flush everything and write summary.json; a run that never finished is marked "stopped". After
@@ -262,7 +352,10 @@ class RunRecorder:
             if self.summary["status"] == "running":
                 self.summary["status"] = "stopped"
             self._closed = True
-            for finish in (self._finish, self._events.close, self._metrics.close):
+            # no summary.json into a folder made later under the same name: it holds another run, or none
+            finishers = (self._events.close, self._metrics.close) if self.vanished else (
+                self._finish, self._events.close, self._metrics.close)
+            for finish in finishers:
                 with contextlib.suppress(OSError):
                     finish()
             lock.release(self._run_lock, self.run_dir)
@@ -272,6 +365,12 @@ class RunRecorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    """(device, inode): the same name may later be another file or folder."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
 
 
 def read_events(run_dir: str | Path) -> list:
@@ -310,7 +409,8 @@ class RunInfo:
     run_dir: Path
     run_id: str
     preset: str | None
-    # "finished" | "failed" | "interrupted" | "stopped" (closed before its end) | "running" | "unreadable"
+    # "finished" | "failed" | "interrupted" | "stopped" (closed before its end) | "running" | "unreadable" |
+    # "damaged summary.json: <what>" (its figures then come from events.jsonl, as for a run without one)
     status: str
     steps: int | None
     final_val_loss: float | None
@@ -322,30 +422,44 @@ class RunInfo:
 
 def list_runs(out_dir: str | Path = "runs") -> list[RunInfo]:
     """Run folders under out_dir, newest first, with key figures from their summary.json (or, while a
-    run has none, from its events.jsonl)."""
+    run has none, from its events.jsonl). A damaged summary.json is that one run's status, never an error:
+    "damaged summary.json: steps is not a number", with the figures its events.jsonl gives."""
     root = Path(out_dir)
     runs = []
     for run_dir in sorted(root.iterdir() if root.is_dir() else [], reverse=True):
         if not (run_dir / "events.jsonl").is_file():
             continue
-        try:
-            summary = _read_summary(run_dir)
-        except (OSError, ValueError):
-            summary = {}
-        if not isinstance(summary, dict):
-            summary = {}
-        status = summary.get("status", "unreadable")
+        summary, damage = _read_summary(run_dir)
+        if damage is not None:
+            try:
+                summary = _summary_from_events(run_dir)
+            except (OSError, ValueError, RecursionError):
+                summary = {}
+        status = f"damaged summary.json: {damage}" if damage else summary.get("status", "unreadable")
         runs.append(RunInfo(run_dir, run_dir.name, summary.get("preset"), status, summary.get("steps"),
                             summary.get("final_val_loss"), summary.get("best_val_loss"),
                             summary.get("tokens_per_s"), summary.get("wall_s"), summary))
     return runs
 
 
-def _read_summary(run_dir: Path) -> Any:
+def _read_summary(run_dir: Path) -> tuple[dict, str | None]:
+    """(the run's figures, what is wrong with its summary.json or None); {} when neither they nor its
+    events.jsonl can be read."""
     path = run_dir / "summary.json"
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
-    return _summary_from_events(run_dir)
+    if path.is_dir():
+        return {}, "a folder, not a file"
+    if not path.is_file():
+        try:
+            return _summary_from_events(run_dir), None
+        except (OSError, ValueError, RecursionError):
+            return {}, None
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return {}, f"cannot be read ({exc.strerror or exc})"
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError too
+        return {}, "not JSON"
+    return (summary, None) if (problem := summary_problem(summary)) is None else ({}, problem)
 
 
 def _summary_from_events(run_dir: Path) -> dict[str, Any]:

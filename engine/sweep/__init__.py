@@ -6,6 +6,7 @@
     metrics.py      a trial's metrics, folded from its events (the values pruners see at evaluations)
     objective.py    one trial: memory-budget check, the training run, pruning, failure reasons
     storage.py      where a study lives (SQLite, a journal file, any URL); the sweep folder's sweep.json
+    storage_errors.py  a damaged, locked or read-only study.db as one line in plain words (SweepError)
     algorithms.py   the sampler and the pruner a [sweep] section names
     runner.py       create or resume the study, run trials until the count or the time is spent
     jobs.py         --jobs J: J processes sharing one study, their events relayed to the caller

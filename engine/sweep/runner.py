@@ -22,12 +22,20 @@ from engine.sweep.jobs import run_jobs
 from engine.sweep.loop import finished_event, run_trials
 from engine.sweep.results import best_trials, outcome, write_trials_csv
 from engine.sweep.storage import fail_orphans
+from engine.sweep.storage_errors import storage_errors
 from engine.sweep.study import Sweep, open_study
 
 
 def run_sweep(sweep: Sweep, emit, stop_event: threading.Event | None = None,
               finish_event: threading.Event | None = None, jobs: int = 1) -> dict:
-    """Run the sweep's remaining trials (in `jobs` processes); returns the outcome counts and the best."""
+    """Run the sweep's remaining trials (in `jobs` processes); returns the outcome counts and the best.
+    SweepError (one line) when the study's storage fails it on the way (damaged, locked, read-only)."""
+    with storage_errors(sweep.storage, sweep.sweep_dir):
+        return _run_sweep(sweep, emit, stop_event, finish_event, jobs)
+
+
+def _run_sweep(sweep: Sweep, emit, stop_event: threading.Event | None, finish_event: threading.Event | None,
+               jobs: int) -> dict:
     assert sweep.cfg.sweep is not None
     stop_event, finish_event = stop_event or threading.Event(), finish_event or threading.Event()
     study = open_study(sweep)

@@ -20,6 +20,7 @@ from engine.config.vocabulary import directions_of, metrics_of
 from engine.sweep.algorithms import make_pruner, make_sampler
 from engine.sweep.errors import SweepError
 from engine.sweep.storage import RECORD, StorageSpec, choose_storage, read_record, write_record
+from engine.sweep.storage_errors import storage_errors
 
 PRESET_COPY = "preset.toml"
 
@@ -89,8 +90,13 @@ def quiet_optuna() -> None:
 def open_study(sweep: Sweep, job: int = 0) -> optuna.Study:
     """The sweep's study, created or loaded, with its sampler (seeded for what the study holds and for
     `job`: engine.sweep.algorithms) and pruner; SweepError when the stored study scores other metrics
-    than the preset."""
+    than the preset, or when its storage cannot serve it (damaged, locked, read-only)."""
     quiet_optuna()
+    with storage_errors(sweep.storage, sweep.sweep_dir):  # a damaged, locked or read-only study.db: one line
+        return _open_study(sweep, job)
+
+
+def _open_study(sweep: Sweep, job: int) -> optuna.Study:
     study = optuna.create_study(storage=sweep.storage.open(sweep.sweep_dir), study_name=sweep.study_name,
                                 directions=[StudyDirection[d.upper()] for d in sweep.directions],
                                 pruner=make_pruner(sweep.cfg), load_if_exists=True)
@@ -122,10 +128,16 @@ def find_sweep_dir(name_or_dir: str | Path, out_dir: str | Path = "runs") -> Pat
 
 
 def load_study(sweep: Sweep) -> optuna.Study:
-    """The stored study of a sweep, to read (show, export-best); SweepError when the storage has none."""
+    """The stored study of a sweep, to read (show, export-best); SweepError when the storage has none, or
+    cannot serve it (damaged, locked, read-only). Its trials are read once here, so that a file damaged
+    past its first page fails here, in one line, rather than in whatever reads them next."""
     quiet_optuna()
-    try:
-        return optuna.load_study(study_name=sweep.study_name, storage=sweep.storage.open(sweep.sweep_dir))
-    except KeyError:
-        raise SweepError(f"{sweep.storage.describe(sweep.sweep_dir)}: no study named {sweep.study_name} "
-                         "(the sweep has not started a trial yet?)") from None
+    with storage_errors(sweep.storage, sweep.sweep_dir):
+        try:
+            storage = sweep.storage.open(sweep.sweep_dir)
+            study = optuna.load_study(study_name=sweep.study_name, storage=storage)
+        except KeyError:
+            raise SweepError(f"{sweep.storage.describe(sweep.sweep_dir)}: no study named {sweep.study_name} "
+                             "(the sweep has not started a trial yet?)") from None
+        study.get_trials(deepcopy=False)
+    return study
