@@ -29,7 +29,9 @@ def unsafe(text: str) -> list[str]:
 
 def hostile_run_folder(root: Path) -> Path:
     """runs/<FOLDER>: the demo recording with PAYLOAD as its run id, preset, network, a log message, a sweep
-    parameter's name and its failure; its summary's status, preset, parent and total steps PAYLOAD too."""
+    parameter's name, its links' phase, group and algorithm names and its failure; its summary's status,
+    preset and parent PAYLOAD too (its numbers stay numbers: a wrong-typed one is a damaged summary, shown as
+    such, tests/run/test_damaged_summary.py)."""
     demo = demo_run_folder(root)
     run = demo.rename(demo.parent / FOLDER)
     lines = []
@@ -40,12 +42,16 @@ def hostile_run_folder(root: Path) -> Path:
             lines.append(json.dumps(event))
             lines.append(json.dumps({"kind": "log", "level": "warning", "message": PAYLOAD}))
             lines.append(json.dumps({"kind": "trial_started", "number": 0, "params": {PAYLOAD: 0.5}}))
+        elif event["kind"] == "traffic":  # the phase, group and algorithm names the traffic pane shows
+            for link in event["links"]:
+                link.update(phase=PAYLOAD, group=PAYLOAD, algorithm=PAYLOAD)
+            lines.append(json.dumps(event))
         elif event["kind"] == "run_finished":
             lines.append(json.dumps({"kind": "run_failed", "message": PAYLOAD, "rank": 1}))
         else:
             lines.append(line)
     (run / "events.jsonl").write_text("\n".join(lines) + "\n")
     summary = json.loads((run / "summary.json").read_text())
-    summary.update(status=PAYLOAD, preset=PAYLOAD, parent=PAYLOAD, resumed_at=PAYLOAD, total_steps=PAYLOAD)
+    summary.update(status=PAYLOAD, preset=PAYLOAD, parent=PAYLOAD)
     (run / "summary.json").write_text(json.dumps(summary))
     return run

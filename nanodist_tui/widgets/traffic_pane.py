@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from engine.events import RankStats
+from engine.run.printable import printable
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.traffic import (
@@ -91,6 +92,7 @@ class TrafficPane(TextView):
                 phases = ", ".join(link.phases)
                 if link.algorithms:
                     phases += "  " + ", ".join(f"{a} in {g}" for g, a in link.algorithms)
+                phases = printable(phases)  # a replay's names are a recorded run's text
                 out.append(f"  {key[0]:>3} {glyphs.right} {key[1]:<3} {format_bytes(link.bytes, 9)} "
                            f"{format_rate(link.rate, 11)}  {phases}\n",
                            style="bold red" if key in slow else "")
@@ -138,7 +140,8 @@ class TrafficPane(TextView):
             return
         out.append(f"{'phase':<15}{'sent':>10}{'time':>10}{'algbw':>12}{'busbw':>12}\n", style="bold")
         for row in rows:
-            out.append(f"{row.phase:<15}{format_bytes(row.bytes, 10)}{format_seconds(row.seconds, 10)}"
+            phase = printable(row.phase)
+            out.append(f"{phase:<15}{format_bytes(row.bytes, 10)}{format_seconds(row.seconds, 10)}"
                        f"{format_rate(row.algbw, 12)}{format_rate(row.busbw, 12)}\n")
 
     def _algorithms(self, out: Text) -> None:
@@ -146,11 +149,11 @@ class TrafficPane(TextView):
         if not ran:
             return
         out.append("which ran where ", style="bold")
-        out.append(f"(parallel.algorithm = {self.info.algorithm}; bytes all ranks sent, step "
+        out.append(f"(parallel.algorithm = {printable(self.info.algorithm)}; bytes all ranks sent, step "
                    f"{max(t.step for t in self.traffic.values())})\n", style="dim")
         for group, algorithms in ran.items():
             used = ", ".join(f"{a} {format_bytes(b).strip()}" for a, b in algorithms.items())
-            out.append(f"  {group:<10}{used}\n")
+            out.append(printable(f"  {group:<10}{used}") + "\n")
 
     def _splits(self, out: Text, glyphs, width: int) -> None:
         splits = step_splits(self.stats, self.traffic)

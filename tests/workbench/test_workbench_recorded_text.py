@@ -36,5 +36,11 @@ def test_a_replayed_runs_text_is_shown_escaped_and_never_as_markup(tmp_path):
             assert unsafe(screen) == [] and "[bold]x[/bold][link=https://e.x]y[/link]" in screen
             toasts = [(n.message, n.markup) for n in app._notifications]
             assert (f"rank 1: {SHOWN}", False) in toasts, toasts  # the notification, escaped, not markup
+            app.action_show_tab(app.workspace.tab_ids.index("tab-traffic") + 1)  # phase and group names
+            await pilot.pause(0.3)
+            app.redraw_now()
+            await pilot.pause(0.3)
+            screen = screen_text(app)
+            assert unsafe(screen) == [] and r"\x1b]52;c;aGk=" in screen
 
     asyncio.run(main())
