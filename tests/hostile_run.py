@@ -52,6 +52,6 @@ def hostile_run_folder(root: Path) -> Path:
             lines.append(line)
     (run / "events.jsonl").write_text("\n".join(lines) + "\n")
     summary = json.loads((run / "summary.json").read_text())
-    summary.update(status=PAYLOAD, preset=PAYLOAD, parent=PAYLOAD)
+    summary.update(status=PAYLOAD, preset=PAYLOAD, parent=PAYLOAD, resumed_at=7)
     (run / "summary.json").write_text(json.dumps(summary))
     return run
