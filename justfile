@@ -29,6 +29,7 @@ lint:
 # all-reduce vs gloo, the techniques' costs.
 bench:
     nanodist-tui bench step --preset gpt-mini --compare-precision
+    nanodist-tui bench step --preset gpt-baby --steps 10 --warmup 2
     nanodist-tui bench step --preset mlp
     nanodist-tui bench step --preset gpt-mini -n 2 -b processes
     nanodist-tui bench step --preset gpt-mini -n 4 -b processes

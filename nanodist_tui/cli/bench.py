@@ -38,15 +38,24 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
              "and PyTorch at fp32, taking turns (ratios that hold on a loaded machine)")] = False,
          as_json: JsonOpt = False) -> None:
     """Median training-step time: ours, and PyTorch on the same shapes (when installed): eager on one
-    rank, DDP (gloo) on --world-size N --backend processes."""
-    from engine.bench.step import race_torch, time_ours
+    rank (a GPT twice: hand-written attention and scaled_dot_product_attention), DDP (gloo) on
+    --world-size N --backend processes. Also what it ran on (CPU, BLAS), the step's FLOPs, and GFLOP/s
+    against the measured float32 matmul peak of this machine."""
+    from engine.bench import machine
+    from engine.bench.step import FLOPS_CONVENTION, race_torch, rate, step_flops, time_ours
+    from engine.comm.cores import usable_cores
     from engine.config import replace
     from engine.memory.capacity import check_fits
     with user_errors():
         cfg, _, _ = load_config(preset, sets, world_size, backend)
         check_fits(cfg)
+    host = machine.describe(len(usable_cores()))  # before any step: the peak on an idle BLAS
+    peak = host["peak"]["gflops"]
     ours = time_ours(cfg, warmup, steps)
-    report = {"preset": cfg.name, "world_size": cfg.parallel.world_size, "ours": ours}
+    flops = step_flops(cfg, ours["vocab"])
+    ours.update(rate(flops, ours["step_s"], peak))
+    report = {"preset": cfg.name, "world_size": cfg.parallel.world_size, "machine": host,
+              "flops": {"per_step": flops, "convention": FLOPS_CONVENTION}, "ours": ours}
     if cfg.parallel.world_size > 1:
         other = replace(cfg, "parallel.overlap", not cfg.parallel.overlap)
         report["overlap_" + ("off" if cfg.parallel.overlap else "on")] = time_ours(other, warmup, steps)
@@ -69,18 +78,30 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
         report["torch"] = peer
         if peer:
             report["ratio"] = peer["ratio"]
+            peer.update(rate(flops, peer["step_s"], peak))
+            if peer["sdpa"]:
+                peer["sdpa"].update(rate(flops, peer["sdpa"]["step_s"], peak))
     elif cfg.parallel.backend == "processes":
         from engine.bench.ddp_peer import race_ddp
         ddp = race_ddp(cfg, warmup, steps)  # ours again, taking turns with PyTorch DDP in the same ranks
         report["ddp"] = ddp
         if ddp:
             report["ratio"] = ddp["ratio"]
+            ddp.update(rate(flops, ddp["torch_s"], peak))
     if as_json:
         print(json.dumps(report, indent=2))
         return
     print(f"preset {cfg.name}: {ours['n_params']:,} parameters, {cfg.parallel.world_size} rank(s), "
           f"{ours['tokens']} tokens/step, median of {steps} steps after {warmup} warm-up")
-    print(f"  nanoDist   {ours['step_s'] * 1e3:8.1f} ms/step   comm wait {ours['comm_share']:.0%}")
+    pk = host["peak"]
+    print(f"  CPU        {host['cpu']}, {len(usable_cores())} core(s) usable")
+    for lib in host["blas"] or [None]:
+        print("  BLAS       " + (_blas_words(lib) if lib else "none found by threadpoolctl"))
+    print(f"  peak       {pk['gflops']:.1f} GFLOP/s: best of {pk['repeats']} float32 matmuls of "
+          f"{pk['n']}x{pk['n']} by {pk['n']}x{pk['n']} (np.matmul), {pk['threads']} thread(s)")
+    print(f"  FLOPs      {flops:,.0f} per step ({FLOPS_CONVENTION})")
+    print(f"  nanoDist   {ours['step_s'] * 1e3:8.1f} ms/step   {_rate_words(ours)}   "
+          f"comm wait {ours['comm_share']:.0%}")
     for key in ("overlap_on", "overlap_off"):
         if key in report:
             o = report[key]
@@ -103,17 +124,35 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
                if c["torch"] else "; PyTorch not installed"))
     if report.get("torch"):
         t = report["torch"]
-        print(f"  PyTorch    {t['step_s'] * 1e3:8.1f} ms/step   (torch {t['torch']}, {t['threads']} threads)")
+        attention = ", hand-written attention" if t["sdpa"] else ""
+        print(f"  PyTorch    {t['step_s'] * 1e3:8.1f} ms/step   {_rate_words(t)}   (torch {t['torch']}, "
+              f"{t['threads']} threads{attention})")
         print(f"  ratio ours/PyTorch = {report['ratio']:.2f}  (ours {t['ours_s'] * 1e3:.1f} ms, timed "
               "taking turns with PyTorch in blocks of steps)")
+        if t["sdpa"]:
+            f = t["sdpa"]
+            print(f"  PyTorch    {f['step_s'] * 1e3:8.1f} ms/step   {_rate_words(f)}   (torch {t['torch']}, "
+                  f"{t['threads']} threads, scaled_dot_product_attention)")
+            print(f"  ratio ours/PyTorch SDPA = {f['ratio']:.2f}  (the same turns)")
     if report.get("ddp"):
         d = report["ddp"]
-        print(f"  PyTorch DDP {d['torch_s'] * 1e3:7.1f} ms/step   (torch {d['torch']}, gloo, "
-              f"{d['world_size']} processes x {d['threads_per_rank']} thread(s))")
+        print(f"  PyTorch DDP {d['torch_s'] * 1e3:7.1f} ms/step   {_rate_words(d)}   (torch {d['torch']}, "
+              f"gloo, {d['world_size']} processes x {d['threads_per_rank']} thread(s))")
         print(f"  ratio ours/PyTorch DDP = {report['ratio']:.2f}  (ours {d['ours_s'] * 1e3:.1f} ms, comm "
               f"wait {d['comm_share']:.0%}, timed taking turns with PyTorch DDP in the same ranks)")
     elif "ddp" in report or cfg.parallel.world_size == 1 and not report.get("torch"):
         print("  PyTorch not installed: no peer figure (pip install torch==2.13.0)")
+
+
+def _blas_words(lib: dict) -> str:
+    """One BLAS as words: "openblas 0.3.31, kernel SkylakeX, 2 thread(s) (pthreads)"."""
+    layer = f" ({lib['threading_layer']})" if lib.get("threading_layer") else ""
+    return (f"{lib['internal_api']} {lib['version']}, kernel {lib['architecture'] or 'unknown'}, "
+            f"{lib['num_threads']} thread(s){layer}")
+
+
+def _rate_words(r: dict) -> str:
+    return f"{r['gflops']:8.2f} GFLOP/s = {r['of_peak']:6.1%} of peak"
 
 
 @app.command("traffic")

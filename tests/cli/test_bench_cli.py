@@ -4,6 +4,8 @@ documented fields and formulas, and user mistakes as one line with exit code 2."
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from extras import needs
@@ -87,6 +89,73 @@ def test_step_reports_our_time_and_the_torch_ratio():
 
 
 TINY_MLP = ["--preset", "mlp", "--set", "data.n_samples=1024", "--set", "model.widths=[784, 64, 10]"]
+
+# one block of width 32, 2 heads, context 16, vocabulary 64, batch 4: 64 tokens a step
+TINY_GPT = ["--preset", "gpt-mini", "--set", "data.kind=synthetic-lm", "--set", "data.max_chars=0",
+            "--set", "data.n_samples=256", "--set", "model.vocab_size=64", "--set", "model.n_layer=1",
+            "--set", "model.n_embd=32", "--set", "model.n_head=2", "--set", "model.block_size=16",
+            "--set", "train.global_batch=4"]
+# Training FLOPs of TINY_GPT's step, by hand: 3 x forward over 4 x 16 = 64 tokens, where forward is
+#   the block's weights, 2 per weight per token: 12·C² + 13·C = 12·1024 + 416 = 12,704 -> 2 · 12,704 · 64
+#   attention's QKᵀ and PV: 4·T·C per token = 4 · 16 · 32 · 64
+#   the (tied) head: 2·V·C per token = 2 · 64 · 32 · 64
+TINY_GPT_FLOPS = 3 * (2 * 12_704 * 64 + 4 * 16 * 32 * 64 + 2 * 64 * 32 * 64)
+assert TINY_GPT_FLOPS == 6_057_984
+
+
+def test_step_counts_flops_and_rates_them_against_the_measured_peak():
+    torch = needs("torch", "torch", "PyTorch eager is the peer")
+    out = report("step", *TINY_GPT, "--steps", "2", "--warmup", "1")
+    host = out["machine"]
+    blas = host["blas"][0]  # NumPy always loads one
+    assert host["cpu"] and blas["internal_api"] and blas["version"] and blas["num_threads"] >= 1
+    peak = host["peak"]
+    assert (peak["n"], peak["repeats"]) == (2048, 5)
+    assert peak["gflops"] == pytest.approx(2 * 2048**3 / peak["best_s"] / 1e9, rel=1e-12)
+    assert out["flops"]["per_step"] == TINY_GPT_FLOPS and out["ours"]["tokens"] == 64
+    ours, manual = out["ours"], out["torch"]
+    sdpa = manual["sdpa"]
+    assert manual["torch"] == torch.__version__
+    for row in (ours, manual, sdpa):
+        assert row["gflops"] == pytest.approx(TINY_GPT_FLOPS / row["step_s"] / 1e9, rel=1e-12)
+        assert row["of_peak"] == pytest.approx(row["gflops"] / peak["gflops"], rel=1e-12)
+    # both PyTorch peers took turns with the same timing of ours
+    assert out["ratio"] == pytest.approx(manual["ours_s"] / manual["step_s"], rel=1e-12)
+    assert sdpa["ratio"] == pytest.approx(manual["ours_s"] / sdpa["step_s"], rel=1e-12)
+
+
+def test_step_prints_the_machine_and_the_fraction_of_it_each_step_uses():
+    needs("torch", "torch", "PyTorch eager is the peer")
+    result = runner.invoke(app, ["bench", "step", *TINY_GPT, "--steps", "2", "--warmup", "1"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+
+    def line(prefix: str) -> list[str]:
+        found = [x for x in lines if x.strip().startswith(prefix)]
+        assert found, (prefix, result.stdout)
+        return found
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():  # the model name as the kernel states it
+        model = next(x for x in cpuinfo.read_text().splitlines() if x.startswith("model name"))
+        assert model.split(":", 1)[1].strip() in line("CPU")[0]
+    assert " thread(s)" in line("BLAS")[0] and "kernel " in line("BLAS")[0]
+    peak = float(re.findall(r"peak\s+([\d.]+) GFLOP/s", line("peak")[0])[0])
+    flops = int(re.findall(r"FLOPs\s+([\d,]+) per step", line("FLOPs")[0])[0].replace(",", ""))
+    assert flops == TINY_GPT_FLOPS
+    rows = line("nanoDist") + line("PyTorch")
+    assert len(rows) == 3
+    assert "hand-written attention" in rows[1] and "scaled_dot_product_attention" in rows[2]
+    for row in rows:
+        found = re.search(r"([\d.]+) ms/step\s+([\d.]+) GFLOP/s =\s+([\d.]+)% of peak", row)
+        assert found, row
+        ms, gflops, share = found.groups()
+        # the printed time is rounded to 0.1 ms, the rate to 0.01 GFLOP/s, the share to 0.1%
+        slow = flops / ((float(ms) + 0.05) * 1e-3) / 1e9
+        fast = flops / (max(float(ms) - 0.05, 1e-3) * 1e-3) / 1e9
+        assert slow - 0.005 <= float(gflops) <= fast + 0.005, row
+        assert float(share) / 100 == pytest.approx(float(gflops) / peak, abs=0.0005 + 0.005 / peak), row
+    assert re.search(r"ratio ours/PyTorch = [\d.]+", result.stdout)
+    assert re.search(r"ratio ours/PyTorch SDPA = [\d.]+", result.stdout)
 
 
 @pytest.mark.slow

@@ -12,9 +12,9 @@ from engine.config import ConfigError, presets
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "presets").glob("*.toml"))
 BAD = sorted((Path(__file__).parents[1] / "bad_presets").glob("*.toml"))
-REQUIRED = {"quickstart", "gpt-mini", "mlp", "ddp-2", "ddp-4", "zero1-4", "zero2-2", "zero2-4", "zero3-2",
-            "zero3-4", "processes-2", "fp16-dynamic", "bf16", "checkpointing", "seed-table", "sweep-lr",
-            "sweep-zero"}
+REQUIRED = {"quickstart", "gpt-mini", "gpt-baby", "mlp", "ddp-2", "ddp-4", "zero1-4", "zero2-2", "zero2-4",
+            "zero3-2", "zero3-4", "processes-2", "fp16-dynamic", "bf16", "checkpointing", "seed-table",
+            "sweep-lr", "sweep-zero"}
 
 
 def test_all_required_presets_are_shipped():
@@ -64,6 +64,19 @@ def test_seed_table_has_8_4_million_parameters():
     m = presets.load_preset("seed-table")[0].model
     d, V, T, L = m.n_embd, m.vocab_size, m.block_size, m.n_layer
     assert m.tie_weights and V * d + T * d + L * (12 * d * d + 13 * d) + 2 * d == 8_400_000
+
+
+def test_gpt_baby_is_nanogpts_baby_shape():
+    """nanoGPT's config/train_shakespeare_char.py: 6 layers, 6 heads, width 384, context 256, dropout 0.2,
+    no biases; beta2 0.99, 100 warmup steps, min_lr a tenth of lr; on the shipped corpus, batch 8."""
+    cfg = presets.load_preset("gpt-baby")[0]
+    m = cfg.model
+    assert (m.kind, m.n_layer, m.n_head, m.n_embd, m.block_size) == ("gpt", 6, 6, 384, 256)
+    assert (m.dropout, m.bias, m.tie_weights) == (0.2, False, True)
+    assert (cfg.data.kind, cfg.train.global_batch, cfg.parallel.world_size) == ("stdlib", 8, 1)
+    o = cfg.optim
+    assert (o.beta2, o.warmup_steps, o.schedule) == (0.99, 100, "cosine")
+    assert o.min_lr == pytest.approx(o.lr / 10)
 
 
 def test_quickstart_lists_every_setting():

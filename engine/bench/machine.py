@@ -1,0 +1,73 @@
+"""What a benchmark ran on: the CPU's model, the BLAS NumPy loaded (library, version, the kernel set it
+picked for this CPU, threads), and the machine's measured float32 peak, so that a step time can be read as
+the fraction of the machine it used.
+
+The peak is measured, not taken from a data sheet: a virtual machine's cores, its clock and the BLAS
+kernel it selects all move the figure, and a large single-precision matrix product is the fastest thing
+these steps do. Best of a few, so that a noisy neighbour lowers it as little as possible.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+PEAK_N = 2048  # the peak's matrices: n x n float32, large enough for the BLAS's best blocking
+PEAK_REPEATS = 5
+
+
+def cpu_model() -> str:
+    """The CPU's model name: /proc/cpuinfo, else lscpu, else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if shutil.which("lscpu"):
+        try:
+            out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        found = re.search(r"^Model name:\s*(.+)$", out, re.MULTILINE)
+        if found:
+            return found.group(1).strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def blas_libraries() -> list[dict]:
+    """Each BLAS threadpoolctl finds loaded: internal_api (openblas, mkl, blis), version, architecture (the
+    kernel set chosen for this CPU, e.g. SkylakeX or Haswell), num_threads, threading_layer."""
+    from threadpoolctl import threadpool_info
+    keys = ("internal_api", "version", "architecture", "num_threads", "threading_layer")
+    return [{k: info.get(k) for k in keys} for info in threadpool_info() if info.get("user_api") == "blas"]
+
+
+def sgemm_peak(threads: int, n: int = PEAK_N, repeats: int = PEAK_REPEATS) -> dict:
+    """The best float32 GFLOP/s of `repeats` n x n x n np.matmul calls (2·n³ FLOPs each) on `threads` threads,
+    after one untimed call that lets the BLAS start its threads and touch the memory."""
+    from engine.comm.cores import limited
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((n, n), dtype=np.float32)
+    with limited(threads):
+        np.matmul(a, b, out=out)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            np.matmul(a, b, out=out)
+            best = min(best, time.perf_counter() - t0)
+    return {"n": n, "repeats": repeats, "threads": threads, "best_s": best, "gflops": 2.0 * n**3 / best / 1e9}
+
+
+def describe(threads: int, n: int = PEAK_N, repeats: int = PEAK_REPEATS) -> dict:
+    """The CPU, the BLAS libraries and the measured peak, as one JSON-ready dict."""
+    return {"cpu": cpu_model(), "blas": blas_libraries(), "peak": sgemm_peak(threads, n, repeats)}
+
