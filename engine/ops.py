@@ -16,14 +16,13 @@ return or keep, once, as matrix units and fused GPU kernels do. float64 stays fl
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 
 from engine.dropout_rng import DropoutRNG
 from engine.dtypes import LOW_PRECISION, compute_dtype
-from engine.fast import halfconv, heap, kernels, lowp, thread_pool
+from engine.fast import flash, halfconv, heap, kernels, lowp, thread_pool
 from engine.tensor import Parameter, ScatterGrad, Tensor, make
 
 heap.keep_freed_memory()  # a step's large temporaries are reused, not faulted in again each op
@@ -338,87 +337,39 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float
     return make(y.reshape(shape), inputs, backward, (x.data, mu, rstd))
 
 
-@functools.lru_cache(maxsize=16)
-def _causal_bias(t: int, dtype) -> np.ndarray:
-    """[t, t] additive mask: 0 on and below the diagonal, -inf above (a query never sees the future)."""
-    bias = np.triu(np.full((t, t), -np.inf, dtype=dtype), 1)
-    bias.flags.writeable = False  # shared by every call (and thread) with this t
-    return bias
-
-
-def _matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """out[...] = matmul_kernel(a, b, out_dtype=out.dtype), written into `out` (a slice of a stack)."""
-    if out.dtype in LOW_PRECISION or a.dtype in LOW_PRECISION or b.dtype in LOW_PRECISION:
-        out[...] = matmul_kernel(a, b, out_dtype=out.dtype)
-    else:
-        np.matmul(a, b, out=out)
-
-
 ATTENTION_SHARE_MACS = 1 << 20  # multiply-adds per share at least: less does not repay handing it over
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
                      rng: DropoutRNG | None = None, training: bool = False) -> Tensor:
-    """softmax(q k^T / sqrt(D) + causal mask) [dropout] @ v for q, k, v of shape [B, H, T, D].
+    """softmax(q k^T / sqrt(D) + causal mask) [dropout] @ v for q, k, v of shape [B, H, T, D] (or [B, ..., T,
+    D]: the axes between batch and time count as heads).
 
-    Keeps q, k, v, the attention probabilities [B, H, T, T] (in q's dtype) and, with dropout, its
-    boolean mask. Fused in float32: the scores, the softmax and, in backward, the score gradients are
-    never rounded to a 16-bit dtype; only the kept probabilities and the results are.
+    Flash attention (engine.fast.flash): keeps q, k, v, the output and each row's log-sum-exp ([B, H, T] in
+    the compute dtype), never the [T, T] probabilities; backward recomputes them tile by tile. With
+    dropout the mask is that of `rng.keep_mask((B, H, T, T), p)` for this site, drawn tile by tile in
+    forward and again in backward; kept probabilities are scaled by 1 / (1 - p) rounded to q's dtype. In
+    float32 throughout for 16-bit inputs: only the output and the gradients are rounded.
 
-    Forward and backward run batch rows [lo, hi) at a time, shared among the rank's threads
-    (engine.fast.thread_pool.split): NumPy runs a stack of small products (a T x D head each) one after
-    another on one thread, and every step of the chain is per head, so each share computes exactly what the
-    whole-batch chain computes for its rows.
+    Work is shared among the rank's threads by (batch, head) rows, ATTENTION_SHARE_MACS at least each.
     """
     dtype, cdt = q.dtype, compute_dtype(q.dtype)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    qd, kd, vd = q.data, k.data, v.data
     *lead, t, d = q.shape
-    att = np.empty((*lead, t, t), dtype)
-    out = np.empty((*lead, t, v.shape[-1]), dtype)
-    causal_bias = _causal_bias(t, cdt)
-    grain = max(1, math.ceil(ATTENTION_SHARE_MACS / max(1, att[:1].size * d)))
-    mask = None
+    shape4 = (lead[0] if lead else 1, math.prod(lead[1:]), t, d)
+    qd, kd, vd = (a.data.reshape(shape4[:3] + a.shape[-1:]) for a in (q, k, v))
+    grain = max(1, math.ceil(ATTENTION_SHARE_MACS / max(1, t * t * d)))
+    site, keep_scale = None, cdt.type(1)
     if training and dropout_p > 0.0:
         if rng is None:
             raise ValueError("causal_attention with dropout in training needs an rng")
-        mask = rng.keep_mask(att.shape, dropout_p)
-        keep_scale = np.asarray(1.0 / (1.0 - dropout_p), dtype=dtype).astype(cdt)
-
-    def dropped(a32: np.ndarray, lo: int, hi: int) -> np.ndarray:
-        """Rows [lo, hi) of the probabilities after dropout, as the dtype holds them, widened."""
-        if mask is None:
-            return a32
-        return lowp.widen(lowp.narrow(a32 * mask[lo:hi] * keep_scale, dtype))
-
-    def forward(lo: int, hi: int) -> None:
-        s = att[lo:hi] if dtype == cdt else np.empty(att[lo:hi].shape, cdt)
-        _matmul_into(qd[lo:hi], _swap(kd[lo:hi]), s)
-        kernels.causal_scores(s, scale, causal_bias)
-        np.exp(s, out=s)
-        s /= _row_sum(s)
-        if s.dtype != dtype:
-            lowp.narrow_into(s, att[lo:hi])
-        _matmul_into(dropped(lowp.widen(att[lo:hi]), lo, hi), vd[lo:hi], out[lo:hi])
-    thread_pool.split(forward, len(att), grain)
+        site = rng.mask_site((*shape4[:3], t), dropout_p)
+        keep_scale = np.asarray(1.0 / (1.0 - dropout_p), dtype=dtype).astype(cdt)[()]
+    out, lse = flash.forward(qd, kd, vd, site, keep_scale, grain)
 
     def backward(g):
-        dq, dk, dv = np.empty(qd.shape, dtype), np.empty(kd.shape, dtype), np.empty(vd.shape, dtype)
-
-        def rows(lo: int, hi: int) -> None:
-            g32, a32 = lowp.widen(g[lo:hi]), lowp.widen(att[lo:hi])
-            _matmul_into(_swap(dropped(a32, lo, hi)), g32, dv[lo:hi])
-            dp = matmul_kernel(g32, _swap(vd[lo:hi]), out_dtype=cdt)
-            if mask is not None:
-                dp *= mask[lo:hi]
-                dp *= keep_scale
-            kernels.softmax_grad(dp, a32, _row_sum(dp * a32), scale)  # ds = a (dp - sum(dp a)), scaled
-            _matmul_into(dp, kd[lo:hi], dq[lo:hi])
-            _matmul_into(_swap(dp), qd[lo:hi], dk[lo:hi])
-        thread_pool.split(rows, len(att), grain)
-        return dq, dk, dv
-    saved = (qd, kd, vd, att) if mask is None else (qd, kd, vd, att, mask)
-    return make(out, (q, k, v), backward, saved)
+        grads = flash.backward(qd, kd, vd, out, lse, g.reshape(out.shape), site, keep_scale, grain)
+        return tuple(gr.reshape(a.shape) for gr, a in zip(grads, (q, k, v)))
+    return make(out.reshape(*lead, t, vd.shape[-1]), (q, k, v), backward, (qd, kd, vd, out, lse))
 
 
 def cross_entropy(logits: Tensor, targets) -> Tensor:
