@@ -9,7 +9,7 @@ import tracemalloc
 from engine import optim
 from engine.comm.launch import EMULATING_BACKENDS, run_ranks
 from engine.config import EmulateConfig, from_dict, replace, to_dict
-from engine.fast import kernels
+from engine.fast import flash, kernels
 from engine.memory.ledger import CATEGORIES, PHASES, peak_phase
 from engine.trainer import Trainer
 
@@ -32,6 +32,7 @@ def measure_rank(comm, emit, cfg_dict: dict, steps: int, trace: bool = False) ->
     cfg = from_dict(cfg_dict, source="<memory measure>")
     if trace:
         kernels.warm_up()  # numba's code and its caches are the interpreter's, not the run's memory
+        flash.warm_up()
         optim.warm_up()
         tracemalloc.start()
     trainer = Trainer(cfg, comm)

@@ -3,13 +3,15 @@ plain NumPy reference (engine/reference.py) computes, and the tests hold them eq
 
     file            what
     compiled.py     numba's compiled loops, loaded on first use; None where numba is absent
-    kernels.py      fused GELU, layer norm and attention's softmax chain, run block by block
+    kernels.py      fused GELU and layer norm, run block by block
     kernels_jit.py  GELU's and layer norm's arithmetic as compiled loops (kernels.py's fast path)
+    flash.py        causal attention blocked over query and key tiles with an online softmax (never T x T)
+    flash_jit.py    its per-tile scaling, masking, probabilities and score gradients as compiled loops
     lowp.py         16-bit arithmetic done in float32: widen exactly, compute, round once
     halfconv.py     float16 <-> float32 (and bfloat16) conversions, bit for bit what astype gives
     halfconv_jit.py those conversions as compiled loops (halfconv.py's fast path)
     optim_jit.py    the gradient norm's sum of squares in vector lanes
-    threads.py      work split into blocks and shared among the rank's threads
+    thread_pool.py  work split into blocks and shared among the rank's threads
     heap.py         the C allocator's settings for a process that trains
     blas_idle.py    OpenBLAS's idle threads sleep instead of spinning (set before NumPy loads)
 

@@ -1,5 +1,5 @@
 """Fused elementwise kernels: GELU and layer norm, run block by block and shared among the rank's
-threads (engine.fast.thread_pool), and attention's softmax chain.
+threads (engine.fast.thread_pool). Attention has its own: engine.fast.flash.
 
 A fused op written in NumPy is a chain of whole-array passes (GELU's backward is fifteen). Run on
 blocks, the chain's temporaries stay in cache; run by the rank's threads, its cores share the work;
@@ -272,39 +272,6 @@ def _layer_norm_grad_numpy(x, g, w32, mu, rstd, dx_out, dw, db) -> None:
     lowp.narrow_into(dx, dx_out)
 
 
-# ---- attention's softmax over causal scores ([..., T, T], C-contiguous, in the compute dtype) -------
-
-def causal_scores(att: np.ndarray, scale: float, causal_bias: np.ndarray) -> None:
-    """In place: att scale + the causal mask (`causal_bias`: 0 on and below the diagonal, -inf above),
-    minus each row's maximum; ready for exp."""
-    jit = load("kernels_jit")
-    if jit is not None and att.flags.c_contiguous:
-        jit.causal_scores(att, att.dtype.type(scale), att.dtype.type(-np.inf))
-    else:
-        _causal_scores_numpy(att, scale, causal_bias)
-
-
-def _causal_scores_numpy(att: np.ndarray, scale: float, causal_bias: np.ndarray) -> None:
-    att *= scale
-    att += causal_bias
-    att -= att.max(-1, keepdims=True)
-
-
-def softmax_grad(dp: np.ndarray, a: np.ndarray, row_dot: np.ndarray, scale: float) -> None:
-    """In place: dp = (dp - row_dot) a scale, the softmax backward given the row sums of dp a."""
-    jit = load("kernels_jit")
-    if jit is not None and dp.flags.c_contiguous and a.flags.c_contiguous and row_dot.flags.c_contiguous:
-        jit.softmax_grad(dp, a, row_dot, dp.dtype.type(scale))
-    else:
-        _softmax_grad_numpy(dp, a, row_dot, scale)
-
-
-def _softmax_grad_numpy(dp: np.ndarray, a: np.ndarray, row_dot: np.ndarray, scale: float) -> None:
-    dp -= row_dot
-    dp *= a
-    dp *= scale
-
-
 def warm_up() -> None:
     """Load the compiled loops (numba and the cached machine code of every loop a float32, float16 or
     bfloat16 step calls) now rather than inside the first step: a measurement of the step's memory
@@ -319,6 +286,3 @@ def warm_up() -> None:
         layer_norm_backward(x, w, mu, rstd, x)
     for dtype in LOW_PRECISION:
         lowp.widen(lowp.narrow(x, dtype))
-    att = np.ones((2, 8, 8), np.float32)
-    causal_scores(att, 0.5, np.zeros((8, 8), np.float32))
-    softmax_grad(att, att, np.ones((2, 8, 1), np.float32), 0.5)

@@ -175,31 +175,3 @@ def layer_norm_rows_backward16(x, g, bf16, w, mu, rstd, dx, dw, db, xs, gs, dxs)
             dx[i, j] = narrow16(dxs[0, j], bf16)
 
 
-@njit(cache=True, nogil=True)
-def causal_scores(att, scale, minus_inf):  # pragma: no cover - compiled
-    """In place, on each row of att[..., T, T] (query i): s = att scale for keys j <= i, minus their
-    maximum; -inf for the keys after i. What `att *= scale; att += causal mask; att -= max` gives, in one
-    pass (after exp, bit for bit: only the sign of a zero can differ before it)."""
-    t = att.shape[-1]
-    flat = att.reshape(-1, t)
-    for r in range(flat.shape[0]):
-        i = r % t
-        m = minus_inf
-        for j in range(i + 1):
-            flat[r, j] = flat[r, j] * scale
-            m = max(m, flat[r, j])
-        for j in range(i + 1):
-            flat[r, j] = flat[r, j] - m
-        for j in range(i + 1, t):
-            flat[r, j] = minus_inf
-
-
-@njit(cache=True, nogil=True)
-def softmax_grad(dp, a, row_dot, scale):  # pragma: no cover - compiled
-    """In place: dp = ((dp - row_dot) a) scale over rows of [..., T], the softmax backward once the row
-    sums of dp a are known (as `dp -= row_dot; dp *= a; dp *= scale`)."""
-    t = dp.shape[-1]
-    d, p, s = dp.reshape(-1, t), a.reshape(-1, t), row_dot.reshape(-1)
-    for r in range(d.shape[0]):
-        for j in range(t):
-            d[r, j] = (d[r, j] - s[r]) * p[r, j] * scale

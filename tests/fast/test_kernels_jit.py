@@ -79,8 +79,8 @@ def test_compiled_layer_norm_is_the_numpy_chain_to_float32_rounding(bias):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_compiled_attention_softmax_is_the_numpy_chain_bit_for_bit(dtype):
-    """causal_scores and softmax_grad in one pass each: the attention's output and its three gradients
-    have the NumPy chain's bits."""
+    """The fused attention's compiled tile loops (engine.fast.flash_jit): its output and its three gradients
+    have the NumPy path's bits."""
     from engine import ops
     from engine.tensor import Tensor
 
