@@ -13,10 +13,7 @@ import platform
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
-
-import numpy as np
 
 PEAK_N = 2048  # the peak's matrices: n x n float32, large enough for the BLAS's best blocking
 PEAK_REPEATS = 5
@@ -50,21 +47,14 @@ def blas_libraries() -> list[dict]:
 
 
 def sgemm_peak(threads: int, n: int = PEAK_N, repeats: int = PEAK_REPEATS) -> dict:
-    """The best float32 GFLOP/s of `repeats` n x n x n np.matmul calls (2·n³ FLOPs each) on `threads` threads,
-    after one untimed call that lets the BLAS start its threads and touch the memory."""
+    """The best float32 GFLOP/s of `repeats` n x n x n matrix products (2·n³ FLOPs each) on `threads` threads:
+    the projection's own peak measurement (engine.projection.calibrate), with the threads limited."""
     from engine.comm.cores import limited
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    out = np.empty((n, n), dtype=np.float32)
+    from engine.projection.calibrate import peak_matmul_flops
     with limited(threads):
-        np.matmul(a, b, out=out)
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            np.matmul(a, b, out=out)
-            best = min(best, time.perf_counter() - t0)
-    return {"n": n, "repeats": repeats, "threads": threads, "best_s": best, "gflops": 2.0 * n**3 / best / 1e9}
+        flops = peak_matmul_flops(n, repeats)
+    return {"n": n, "repeats": repeats, "threads": threads, "best_s": 2.0 * n**3 / flops,
+            "gflops": flops / 1e9}
 
 
 def describe(threads: int, n: int = PEAK_N, repeats: int = PEAK_REPEATS) -> dict:

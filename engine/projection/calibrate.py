@@ -187,11 +187,17 @@ def default_rows(cfg: Config) -> list[int]:
 
 
 def peak_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
-    """The best float32 matmul rate of this process (all cores): what 'peak' means on this machine."""
-    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    """The best float32 matmul rate of this process (all the threads its BLAS may use), in FLOP/s: what 'peak'
+    means on this machine (`bench step` reads its steps against it too, engine.bench.machine). One untimed
+    product first lets the BLAS start its threads and touch the memory."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((n, n), dtype=np.float32)
+    np.matmul(a, b, out=out)
     best = math.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
-        a @ a
+        np.matmul(a, b, out=out)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
