@@ -152,9 +152,9 @@ class NanoDistApp(WorkbenchActions, App[None]):
                              lambda _: self.exit() if self.session is None else None)
         self.header.redraw()
         # Everything imported and built so far lives as long as the app (but for a first layout the run's own
-        # replaces, once): out of the collector's sight, a
-        # full collection no longer walks it (one took over 0.1 s with the whole engine, Textual and plotext
-        # in the heap, holding up a key in the middle: docs/workbench.md, "Key latency").
+        # replaces, once). Frozen, it is out of the collector's sight: a full collection no longer walks it
+        # (one took over 0.1 s with the whole engine, Textual and plotext in the heap, holding up a key in the
+        # middle: docs/workbench.md, "Key latency").
         self.call_after_refresh(gc.freeze)
 
     def on_resize(self, event) -> None:
