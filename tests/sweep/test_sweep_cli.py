@@ -33,6 +33,12 @@ def _run_in_tmp(in_tmp):
     """Every test here runs in a fresh folder with only the shipped presets."""
 
 
+def sweep_written(name: str) -> bool:
+    """The launcher has written the sweep's record and its preset copy (it makes the folder first)."""
+    folder = Path("runs") / f"sweep-{name}"
+    return (folder / "sweep.json").is_file() and (folder / "preset.toml").is_file()
+
+
 def trials(name: str = "cli"):
     sweep = load_sweep(Path("runs") / f"sweep-{name}")
     return sweep, load_study(sweep).get_trials(deepcopy=False)
@@ -206,7 +212,7 @@ def test_a_signal_to_a_sweeps_process_group_stops_its_jobs_cleanly(in_tmp):
     deadline = time.monotonic() + 120
     try:
         while child.poll() is None and time.monotonic() < deadline and not (
-                Path("runs/sweep-cli").is_dir() and any(t.state == TrialState.RUNNING for t in trials()[1])):
+                sweep_written("cli") and any(t.state == TrialState.RUNNING for t in trials()[1])):
             time.sleep(0.1)
         time.sleep(1.0)  # inside the trials' training
         os.killpg(child.pid, signal.SIGTERM)
