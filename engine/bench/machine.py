@@ -38,6 +38,23 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+# the x86 flags of bfloat16 arithmetic in hardware (dot products, matrix tiles)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_arithmetic() -> list[str]:
+    """Which of BF16_FLAGS the CPU reports (/proc/cpuinfo): where none, a bfloat16 product is float32
+    arithmetic plus conversions in every library, and PyTorch's bf16 autocast pays for them op by op."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return [f for f in BF16_FLAGS if f in flags]
+    except OSError:
+        pass
+    return []
+
+
 def blas_libraries() -> list[dict]:
     """Each BLAS threadpoolctl finds loaded: internal_api (openblas, mkl, blis), version, architecture (the
     kernel set chosen for this CPU, e.g. SkylakeX or Haswell), num_threads, threading_layer."""
@@ -59,5 +76,6 @@ def sgemm_peak(threads: int, n: int = PEAK_N, repeats: int = PEAK_REPEATS) -> di
 
 def describe(threads: int, n: int = PEAK_N, repeats: int = PEAK_REPEATS) -> dict:
     """The CPU, the BLAS libraries and the measured peak, as one JSON-ready dict."""
-    return {"cpu": cpu_model(), "blas": blas_libraries(), "peak": sgemm_peak(threads, n, repeats)}
+    return {"cpu": cpu_model(), "bf16_arithmetic": bf16_arithmetic(), "blas": blas_libraries(),
+            "peak": sgemm_peak(threads, n, repeats)}
 

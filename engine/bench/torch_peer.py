@@ -147,10 +147,13 @@ def torch_adamw(twin: tnn.Module, optim_cfg) -> torch.optim.AdamW:
 
 
 def torch_train_step(twin: tnn.Module, opt: torch.optim.Optimizer, x: np.ndarray, y: np.ndarray,
-                     grad_clip: float) -> float:
-    """One step as our trainer takes it: mean cross-entropy, backward, global-norm clip, AdamW."""
-    logits = twin(torch.from_numpy(x))
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(y).reshape(-1))
+                     grad_clip: float, autocast: torch.dtype | None = None) -> float:
+    """One step as our trainer takes it: mean cross-entropy, backward, global-norm clip, AdamW. `autocast`
+    (torch.bfloat16 or torch.float16): the forward under torch.autocast on the CPU, PyTorch's own mixed
+    precision (float32 weights and optimizer, the products in 16-bit)."""
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        logits = twin(torch.from_numpy(x))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(y).reshape(-1))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if grad_clip:

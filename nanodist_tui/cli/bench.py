@@ -116,6 +116,12 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
         print(f"  one rank, {p['threads']} thread(s), taking turns: " + ", ".join(
             f"{d} {p[d]['step_s'] * 1e3:.1f} ms ({p[d]['vs_fp32']:.2f}x)" for d in ("fp32", "fp16", "bf16"))
             + (f"; fp16 skipped {p['fp16']['skipped']} step(s) on overflow" if p["fp16"]["skipped"] else ""))
+        if tp := p["torch"]:
+            print(f"  PyTorch eager, {tp['threads']} thread(s), taking turns: "
+                  f"fp32 {tp['fp32']['step_s'] * 1e3:.1f} ms, "
+                  f"bf16 autocast {tp['bf16']['step_s'] * 1e3:.1f} ms ({tp['bf16']['vs_fp32']:.2f}x); "
+                  "the CPU's bf16 arithmetic: "
+                  f"{', '.join(host['bf16_arithmetic']) or 'none'}")
     if "cpu_time" in report:
         c = report["cpu_time"]
         print("  one thread, CPU time per step, taking turns: " + ", ".join(

@@ -3,6 +3,7 @@ documented fields and formulas, and user mistakes as one line with exit code 2."
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -221,6 +222,12 @@ def test_step_compares_precisions_taking_turns():
     for dtype in ("fp16", "bf16"):
         assert p[dtype]["step_s"] > 0 and p[dtype]["skipped"] >= 0
         assert p[dtype]["vs_fp32"] == pytest.approx(p[dtype]["step_s"] / p["fp32"]["step_s"], rel=1e-12)
+    if importlib.util.find_spec("torch") is None:  # PyTorch is a test extra: without it, no peer figures
+        assert p["torch"] is None
+    else:
+        t = p["torch"]
+        assert t["fp32"]["vs_fp32"] == 1.0 and t["bf16"]["step_s"] > 0
+        assert t["bf16"]["vs_fp32"] == pytest.approx(t["bf16"]["step_s"] / t["fp32"]["step_s"], rel=1e-12)
 
 
 @pytest.mark.slow  # times real steps for several seconds

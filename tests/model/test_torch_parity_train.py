@@ -48,3 +48,18 @@ def test_twenty_adamw_steps_match_pytorch(preset, extra):
     trainer.replica.close()
     assert ours[-1] < ours[0]  # it trains
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+
+
+def test_the_bf16_autocast_step_runs_its_products_in_bfloat16():
+    """bench step's PyTorch bf16 peer really is autocast: its first loss is bf16's rounding away from the
+    float32 step's on the same weights and batch (more than float32 round-off, within bf16's 2^-8)."""
+    cfg, _, _ = load_preset("gpt-mini", ["parallel.world_size=1"])
+    trainer = Trainer(cfg, ThreadGroup(1, 30.0, Signals()).communicator(0))
+    x, y = trainer.dataset.global_batch(0, "train")
+    losses = {}
+    for cast in (None, torch.bfloat16):
+        twin = torch_peer.torch_model_from(trainer.model)
+        losses[cast] = torch_peer.torch_train_step(twin, torch_peer.torch_adamw(twin, cfg.optim), x, y,
+                                                   cfg.optim.grad_clip, cast)
+    trainer.replica.close()
+    assert 1e-6 < abs(losses[torch.bfloat16] / losses[None] - 1) < 2**-6
