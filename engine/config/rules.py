@@ -10,18 +10,30 @@ import dataclasses
 import difflib
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from engine.comm.collectives import ALGORITHMS, ON_ANY_GROUP
 from engine.comm.emulation import EMULATION_KEYS
 from engine.comm.launch import BACKENDS, EMULATING_BACKENDS
-from engine.config.vocabulary import DIRECTIONS, METRICS, PRUNERS, SAMPLERS, SINKS, directions_of, metrics_of
+from engine.config.vocabulary import (
+    DIRECTIONS,
+    IMPLEMENTED_AXES,
+    METRICS,
+    PRUNERS,
+    SAMPLERS,
+    SINKS,
+    directions_of,
+    metrics_of,
+)
 from engine.data import DATA_KINDS
 from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS
 from engine.optim import SCHEDULES
 from engine.parallel.data import ZERO_STAGES
+from engine.parallel.mesh import AXES, DEFAULT_ORDER, Mesh, parse_order
 from engine.recompute import CHECKPOINTING, checkpointed_blocks
 
 if TYPE_CHECKING:
@@ -117,6 +129,15 @@ def _non_empty(what: str, example: str):
     return check
 
 
+def _order(v):
+    try:
+        parse_order(v)
+        return None
+    except ValueError as e:
+        fix = f'name {", ".join(AXES)} once each, innermost first, e.g. "{DEFAULT_ORDER}"'
+        return f"{toml_repr(v)} is not an axis order: {e}", fix
+
+
 def _sinks(v):
     """Rule for log.to: known sink names, each once."""
     for name in v:
@@ -144,6 +165,8 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "optim.eps": _positive, "optim.grad_clip": _at_least(0),
     "parallel.backend": one_of(*BACKENDS),
     "parallel.world_size": _between(1, 1024),
+    **{f"parallel.{key}": _between(1, 1024) for axis, key in AXES.items() if axis != "dp"},
+    "parallel.order": _order,
     "parallel.zero_stage": _between(min(ZERO_STAGES), max(ZERO_STAGES)),
     "parallel.bucket_cap_mb": _positive,
     "parallel.timeout_s": _between(0, MAX_TIMEOUT_S, open_lo=True),
@@ -205,10 +228,14 @@ def sweep_problem(sweep: SweepConfig) -> KeyedProblem | None:
 def combination_problem(cfg: Config) -> KeyedProblem | None:
     """The first rule across settings that cfg breaks, as (key, problem, fix), or None."""
     m, t, o, p, pr = cfg.model, cfg.train, cfg.optim, cfg.parallel, cfg.precision
-    split = p.world_size * t.micro_batches
+    if problem := unimplemented_problem(p) or mesh_problem(cfg):
+        return problem
+    dp = Mesh.of(p).dp
+    split = dp * t.micro_batches
+    over = f"world_size {p.world_size}" if dp == p.world_size else f"the data-parallel degree {dp}"
     if t.global_batch % split:
-        return ("train.global_batch", f"{t.global_batch} cannot be split evenly over world_size "
-                f"{p.world_size} x micro_batches {t.micro_batches} = {split}",
+        return ("train.global_batch", f"{t.global_batch} cannot be split evenly over {over} "
+                f"x micro_batches {t.micro_batches} = {split}",
                 f"use a multiple of {split}, e.g. {max(split, t.global_batch // split * split)}")
     if m.kind == "gpt" and m.n_embd % m.n_head:
         divisors = [h for h in range(1, m.n_embd + 1) if m.n_embd % h == 0]
@@ -249,6 +276,70 @@ def combination_problem(cfg: Config) -> KeyedProblem | None:
         return ("precision.min_scale", f"{pr.min_scale:g} is above init_scale {pr.init_scale:g}",
                 "lower min_scale (0 = never abort)")
     return None
+
+
+# True while a layout is only described (`nanodist-tui mesh`): every degree is then accepted
+_DESCRIBING: ContextVar[bool] = ContextVar("describing_layout", default=False)
+
+
+@contextmanager
+def describing_layout() -> Iterator[None]:
+    """Inside it, configs with degrees this release cannot train yet are valid: for commands that only
+    describe a layout. Everything else is checked as for a run."""
+    token = _DESCRIBING.set(True)
+    try:
+        yield
+    finally:
+        _DESCRIBING.reset(token)
+
+
+def unimplemented_problem(p) -> KeyedProblem | None:
+    """A mesh degree above 1 on an axis this release does not train yet (vocabulary.IMPLEMENTED_AXES)."""
+    if _DESCRIBING.get():
+        return None
+    for axis, key in AXES.items():
+        degree = 1 if axis == "dp" else getattr(p, key)  # dp's degree is what remains, always trainable
+        if degree > 1 and axis not in IMPLEMENTED_AXES:
+            return (f"parallel.{key}", f"{key} parallelism ({key} = {degree}) is not implemented yet in this "
+                    "release", f"set parallel.{key} = 1 (`nanodist-tui mesh` shows the layout it would make)")
+    return None
+
+
+def mesh_problem(cfg: Config) -> KeyedProblem | None:
+    """A layout that cannot be: degrees that do not fit the world, the heads or the layers."""
+    m, p = cfg.model, cfg.parallel
+    cell = p.tensor * p.pipeline * p.context
+    if p.world_size % cell:
+        return ("parallel.world_size", f"{p.world_size} ranks cannot be split into tensor {p.tensor} x "
+                f"pipeline {p.pipeline} x context {p.context} = {cell}",
+                f"use a world_size that is a multiple of {cell} (e.g. {_multiples(cell, p.world_size)}), or "
+                "degrees whose product divides it")
+    if m.kind == "gpt" and m.n_head % p.tensor:
+        return ("parallel.tensor", f"{p.tensor} does not divide model.n_head {m.n_head}: each "
+                "tensor-parallel rank holds whole attention heads",
+                f"use a divisor of {m.n_head}: {_divisors(m.n_head)}")
+    layers = m.n_layer if m.kind == "gpt" else len(m.widths) - 1
+    if p.pipeline > layers:
+        return ("parallel.pipeline", f"{p.pipeline} stages for {layers} layers: every stage needs at least "
+                "one", f"use at most {layers}")
+    dpcp = p.world_size // cell * p.context
+    if dpcp % p.expert:
+        return ("parallel.expert", f"{p.expert} does not divide the {dpcp} data x context ranks experts are "
+                f"spread over (world_size {p.world_size} / (tensor {p.tensor} x pipeline {p.pipeline}))",
+                f"use a divisor of {dpcp}: {_divisors(dpcp)}")
+    if p.sequence_parallel and p.tensor == 1:
+        return ("parallel.sequence_parallel", "splits the sequence over the tensor-parallel ranks, but "
+                "parallel.tensor = 1", "set parallel.tensor > 1, or sequence_parallel = false")
+    return None
+
+
+def _multiples(n: int, near: int) -> str:
+    low = n * max(1, near // n)
+    return f"{low} or {low + n}" if low < near else str(low)
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
 def _collective_problem(p) -> KeyedProblem | None:

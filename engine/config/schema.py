@@ -19,6 +19,7 @@ from engine.data import DATA_KINDS
 from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS
 from engine.optim import SCHEDULES
+from engine.parallel.mesh import AXES, DEFAULT_ORDER
 from engine.recompute import CHECKPOINTING
 
 
@@ -103,7 +104,18 @@ class OptimConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     backend: str = _f("threads", choices_doc(BACKENDS))
-    world_size: int = _f(1, "data-parallel ranks")
+    world_size: int = _f(1, "ranks in all; the data-parallel degree is what remains: world_size / (tensor x "
+                         "pipeline x context)")
+    tensor: int = _f(1, "tensor-parallel degree: ranks splitting each layer's weight matrices; must divide "
+                     "model.n_head")
+    pipeline: int = _f(1, "pipeline-parallel degree: stages, each a run of consecutive blocks")
+    context: int = _f(1, "context-parallel degree: ranks splitting each sequence (ring attention)")
+    expert: int = _f(1, "expert-parallel degree: ranks splitting the experts; carved out of the data x "
+                     "context ranks (it must divide them), so it does not multiply world_size")
+    order: str = _f(DEFAULT_ORDER, "the mesh's axes, innermost (adjacent ranks) first, joined by \"-\": "
+                    + ", ".join(f"{a} ({key})" for a, key in AXES.items()) + " each once")
+    sequence_parallel: bool = _f(False, "with tensor > 1: layer norm and dropout hold 1/tensor of the "
+                                 "sequence (all-gather and reduce-scatter instead of all-reduce)")
     zero_stage: int = _f(0, "ZeRO: 0 = DDP, 1 = shard optimizer, 2 = + gradients, 3 = + parameters")
     bucket_cap_mb: float = _f(25.0, "gradient bucket size in MiB for overlapped all-reduce")
     overlap: bool = _f(True, "start each bucket's communication while backward still runs")
@@ -211,7 +223,7 @@ class Config:
     data: DataConfig = _section(DataConfig, "what it trains on")
     train: TrainConfig = _section(TrainConfig, "loop lengths and batch sizes")
     optim: OptimConfig = _section(OptimConfig, "AdamW and the learning-rate schedule")
-    parallel: ParallelConfig = _section(ParallelConfig, "data parallelism and ZeRO")
+    parallel: ParallelConfig = _section(ParallelConfig, "the device mesh, data parallelism and ZeRO")
     emulate: EmulateConfig = _section(EmulateConfig, "a slower network, emulated on one machine "
                                       "(processes, tcp)")
     precision: PrecisionConfig = _section(PrecisionConfig, "number formats and loss scaling")

@@ -1,6 +1,7 @@
 """The allowed values config owns, written down once: what a [sweep] section may say (the metrics a trial
 can be scored on, the directions, samplers, pruners, parameter types, and the outcomes a trial can have)
-and the telemetry sinks `log.to` may name.
+and the telemetry sinks `log.to` may name, and which axes of the device mesh (engine.parallel.mesh.AXES)
+this release can train on.
 
 Pure data (no Optuna, no sink library): engine.config.rules validates against these, the field docs in
 engine.config.schema list them, the sweep runner builds its sampler and pruner from them and engine.sinks
@@ -40,6 +41,10 @@ PRUNERS: dict[str, str] = {
     "hyperband": "successive halving over several budgets",
 }
 PARAM_TYPES = ("float", "int", "categorical")
+# The mesh axes a training run may give a degree above 1 (engine.parallel.mesh.AXES names them all):
+# any other is refused in one line (engine.config.rules) until its parallelism is built; the mesh command,
+# which only describes a layout, takes every degree. Add an axis here when the trainer runs it.
+IMPLEMENTED_AXES = frozenset({"dp"})
 # How a trial ended, as the tables, trials.csv and the events name it. "rejected": the estimated
 # memory did not fit the budget, so it never trained (Optuna records it as failed).
 OUTCOMES = ("complete", "pruned", "failed", "rejected", "running")

@@ -16,6 +16,7 @@ from nanodist_tui.cli import (
     bench_allreduce,
     bench_ui,
     memory,
+    mesh,
     model,
     presets,
     project,
@@ -46,6 +47,7 @@ app.command("sample")(model.sample)
 app.command("serve")(serve.serve)
 app.command("memory")(memory.memory)
 app.command("project")(project.project)
+app.command("mesh")(mesh.mesh)
 app.command("screenshot")(screenshot.screenshot)
 app.add_typer(sweep.app, name="sweep")
 bench.app.command("allreduce")(bench_allreduce.allreduce)
