@@ -310,8 +310,8 @@ def mesh_problem(cfg: Config) -> KeyedProblem | None:
     m, p = cfg.model, cfg.parallel
     cell = p.tensor * p.pipeline * p.context
     if p.world_size % cell:
-        return ("parallel.world_size", f"{p.world_size} ranks cannot be split into tensor {p.tensor} x "
-                f"pipeline {p.pipeline} x context {p.context} = {cell}",
+        return ("parallel.world_size", f"{p.world_size} is not a multiple of tensor {p.tensor} x pipeline "
+                f"{p.pipeline} x context {p.context} = {cell}",
                 f"use a world_size that is a multiple of {cell} (e.g. {_multiples(cell, p.world_size)}), or "
                 "degrees whose product divides it")
     if m.kind == "gpt" and m.n_head % p.tensor:

@@ -1,6 +1,7 @@
 """Parallelism: each dimension in its own folder, wrapping or transforming a finished model.
 
-    folder   what
+    path     what
+    mesh.py  the device mesh: ranks as (dp, pp, cp, tp, ep) coordinates, the process groups of every axis
     data/    data parallelism: DDP and ZeRO 1-3 over the ring, buckets, hybrid sharding;
              by_hand_ddp.py and by_hand_zero1.py are the readable start
 

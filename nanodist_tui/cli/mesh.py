@@ -5,7 +5,6 @@ every group's ranks. It only describes, so it takes every degree, trained by thi
 from __future__ import annotations
 
 import json
-import textwrap
 
 from nanodist_tui.cli.errors import user_errors
 from nanodist_tui.cli.options import JsonOpt, PresetOpt, SetOpt, WorldOpt
@@ -35,7 +34,8 @@ def table(r: dict) -> list[str]:
     d = r["degrees"]
     sp = ", sequence parallel" if r["sequence_parallel"] else ""
     lines = [f"{r['preset']}: {r['world_size']} rank(s) = dp {d['dp']} x pp {d['pp']} x cp {d['cp']} x tp "
-             f"{d['tp']}{sp}; ep {d['ep']} (carved out of dp x cp); order {r['order']} (innermost first)", ""]
+             f"{d['tp']}{sp}; ep {d['ep']}, carved out of dp x cp",
+             f"order {r['order']}: innermost (adjacent ranks) first", ""]
     widths = {k: max(len(k), *(len(row["groups"][k]) for row in r["ranks"])) for k in GROUP_KINDS}
     coords = "  ".join(f"{c:>2}" for c in COORDS)
     lines.append(f"{'':>4}  {'coordinates':<{len(coords)}}    groups")
@@ -50,7 +50,24 @@ def table(r: dict) -> list[str]:
         if all(len(g) == 1 for g in groups.values()):
             lines.append(f"    {kind}0..{kind}{len(groups) - 1}: one rank each")
             continue
-        cells = [f"{name} {g}".replace(" ", "\u00a0") for name, g in groups.items()]
-        wrapped = textwrap.wrap("   ".join(cells), width=96, initial_indent="    ", subsequent_indent="    ")
-        lines += [line.replace("\u00a0", " ") for line in wrapped]
+        lines += packed([f"{name} {ranks_text(g)}" for name, g in groups.items()])
+    return lines
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """A group's ranks; a long evenly spaced run shortened to its first two and its last."""
+    steps = {b - a for a, b in zip(ranks, ranks[1:], strict=False)}
+    if len(ranks) > 4 and len(steps) == 1:
+        return f"[{ranks[0]}, {ranks[1]}, ..., {ranks[-1]}]"
+    return str(ranks)
+
+
+def packed(cells: list[str], width: int = 100, indent: str = "    ") -> list[str]:
+    """Cells side by side, three spaces apart, as many to a line as fit (a cell is never split)."""
+    lines: list[str] = []
+    for cell in cells:
+        if lines and len(lines[-1]) + 3 + len(cell) <= width:
+            lines[-1] += "   " + cell
+        else:
+            lines.append(indent + cell)
     return lines
