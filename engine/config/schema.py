@@ -104,8 +104,7 @@ class OptimConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     backend: str = _f("threads", choices_doc(BACKENDS))
-    world_size: int = _f(1, "ranks in all; the data-parallel degree is what remains: world_size / (tensor x "
-                         "pipeline x context)")
+    world_size: int = _f(1, "ranks in all: data x tensor x pipeline x context (data: what remains)")
     tensor: int = _f(1, "tensor-parallel degree: ranks splitting each layer's weight matrices; must divide "
                      "model.n_head")
     pipeline: int = _f(1, "pipeline-parallel degree: stages, each a run of consecutive blocks")
