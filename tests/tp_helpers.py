@@ -15,15 +15,17 @@ from engine.comm.meter import TrafficMeter
 from engine.nn import GPT, Module
 from engine.optim import AdamW, global_norm_clip_scale, sum_of_squares
 from engine.parallel.tensor import parallelize
+from engine.recompute import apply_checkpointing
 
 VOCAB, BLOCK, WIDTH, HEADS = 11, 12, 24, 12
 ADAMW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 MAX_NORM = 0.05  # below the tiny model's gradient norm: clipping acts in every step
 
 
-def tiny_gpt(vocab: int = VOCAB, n_layer: int = 2, dropout: float = 0.0, tie_weights: bool = True) -> GPT:
+def tiny_gpt(vocab: int = VOCAB, n_layer: int = 2, dropout: float = 0.0, tie_weights: bool = True,
+             dtype=np.float64) -> GPT:
     return GPT(vocab, BLOCK, n_layer=n_layer, n_head=HEADS, n_embd=WIDTH, dropout=dropout,
-               tie_weights=tie_weights, bias=True, dtype=np.float64)
+               tie_weights=tie_weights, bias=True, dtype=dtype)
 
 
 def random_batches(steps: int, rows: int = 2, vocab: int = VOCAB, seed: int = 0):
@@ -93,9 +95,11 @@ def tp_model(comm, t: int, model_fn, sequence_parallel: bool, meter: bool = Fals
     return parallelize(model_fn(), tp_group(comm, t), sequence_parallel)
 
 
-def tp_step_rank(comm, emit, t: int, model_fn, x, y, sequence_parallel: bool) -> dict:
+def tp_step_rank(comm, emit, t: int, model_fn, x, y, sequence_parallel: bool,
+                 checkpointing: str = "none") -> dict:
     """A rank's step: logits and gradients made dense again, and the loss."""
     model = tp_model(comm, t, model_fn, sequence_parallel)
+    apply_checkpointing(model, checkpointing)
     tp = model.tensor_parallel
     model.rng.begin(0, 0)
     logits = model(x)
