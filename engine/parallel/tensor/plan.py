@@ -74,6 +74,14 @@ def _sharded_rng(model: Module, group: Communicator) -> ShardedMaskRNG:
     return ShardedMaskRNG(model.rng, group.world_size, group.rank)
 
 
+def _record(specs: dict[str, ShardSpec], spec: ShardSpec, *params: Parameter) -> None:
+    """How each of `params` is cut, under its dense name."""
+    for p in params:
+        if p.name is None:
+            raise ValueError("tensor parallelism needs a model whose parameters its root module has named")
+        specs[p.name] = spec
+
+
 def _params(*modules) -> list[Parameter]:
     return [p for m in modules for p in (m.weight, m.bias) if p is not None]
 
@@ -89,9 +97,7 @@ def _parallelize_gpt(model: GPT, group: Communicator, sp: bool) -> TensorParalle
     in_sequence_region: list[Parameter] = []  # replicated, but each rank sees s/t of the tokens
 
     def record(layer, spec: ShardSpec, with_bias: bool = True) -> None:
-        specs[layer.weight.name] = spec
-        if with_bias and layer.bias is not None:
-            specs[layer.bias.name] = spec
+        _record(specs, spec, layer.weight, *([layer.bias] if with_bias and layer.bias is not None else []))
 
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
@@ -117,9 +123,8 @@ def _parallelize_gpt(model: GPT, group: Communicator, sp: bool) -> TensorParalle
     first, valid = vocab_slice(vocab, rank)
     tied = model.lm_head.weight is model.wte.weight
     embedding = sharded_parameter(model.wte.weight, vocab, rank)
-    specs[model.wte.weight.name or "wte.weight"] = vocab
     head = embedding if tied else sharded_parameter(model.lm_head.weight, vocab, rank)
-    specs[head.name or "lm_head.weight"] = vocab
+    _record(specs, vocab, embedding, head)
     model.wte = VocabParallelEmbedding(embedding, group, first, valid)  # type: ignore[assignment]
     model.lm_head = ColumnParallelLinear(head, None, group, sp)  # type: ignore[assignment]
     if sp:
@@ -142,9 +147,9 @@ def _parallelize_mlp(model: MLP, group: Communicator, sp: bool) -> TensorParalle
         if layers[i].weight.shape[0] % t:
             raise ValueError(f"hidden width {layers[i].weight.shape[0]} does not split {t} ways")
         column, spec = column_parallel(layers[i], group)
-        specs.update({p.name or "": spec for p in _params(column)})
+        _record(specs, spec, *_params(column))
         row, spec = row_parallel(layers[i + 1], group)
-        specs[row.weight.name or ""] = spec
+        _record(specs, spec, row.weight)
         layers[i], layers[i + 1] = column, row  # type: ignore[call-overload]
     model.drop.rng = _sharded_rng(model, group)  # the hidden layer is split by features
     return TensorParallelLayout(group, False, model.named_parameters(), specs, [])
