@@ -148,9 +148,7 @@ class Mesh:
     def members(self, kind: str, rank: int) -> list[int]:
         """The ranks of `rank`'s group of `kind` (one of GROUP_KINDS), in group order (rank order)."""
         groups, number = self._table(kind)
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} outside a world of {self.world_size}")
-        return list(groups[number[rank]])
+        return list(groups[number[self._checked(rank)]])
 
     def groups(self, kind: str) -> list[list[int]]:
         """Every group of `kind`, numbered (listed) by lowest rank: group i is named f"{kind}{i}"."""
@@ -158,7 +156,12 @@ class Mesh:
 
     def group_name(self, kind: str, rank: int) -> str:
         """The name of `rank`'s group of `kind`, as the traffic meter shows it: "tp0", "dpcp1"."""
-        return f"{kind}{self._table(kind)[1][rank]}"
+        return f"{kind}{self._table(kind)[1][self._checked(rank)]}"
+
+    def _checked(self, rank: int) -> int:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside a world of {self.world_size}")
+        return rank
 
     def _table(self, kind: str) -> tuple[list[list[int]], list[int]]:
         if kind not in GROUP_KINDS:

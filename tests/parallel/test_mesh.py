@@ -208,6 +208,10 @@ def test_lookups_outside_the_mesh_are_refused():
         mesh.rank_of(tp=2)
     with pytest.raises(ValueError, match="outside"):
         mesh.members("tp", 4)
+    with pytest.raises(ValueError, match="outside"):
+        mesh.group_name("dp", -1)
+    with pytest.raises(ValueError, match="outside"):
+        mesh.coords(4)
     with pytest.raises(ValueError, match="not a group kind"):
         mesh.groups("xp")
 
