@@ -1,11 +1,11 @@
 """AdamW on flat arrays, learning-rate schedules and global-norm clipping.
 
 The optimizer sees one flat parameter array and one flat gradient array (the whole buffer or one rank's
-shard: it knows nothing of sharding) and updates them in place with vectorised NumPy, no per-parameter
-loops. Its arithmetic follows torch.optim.AdamW (single-tensor path) operation for operation. (A compiled
-one-pass update was tried: it had the same bits and no gain inside a step, where the update is bound by
-memory bandwidth, reading and writing p, m and v once either way.) The gradient norm's sum of squares is
-a compiled pass where numba is installed (engine.fast.optim_jit).
+shard: it knows nothing of sharding) and updates them in place, no per-parameter loops. Its arithmetic
+follows torch.optim.AdamW (single-tensor path) operation for operation. Where numba is installed the
+update is one compiled pass (engine.fast.optim_jit.adamw: the same operations, the same bits), each of the
+rank's threads taking one contiguous range; elsewhere, vectorised NumPy in cache-sized chunks. The
+gradient norm's sum of squares is a compiled pass too.
 """
 
 from __future__ import annotations
@@ -34,12 +34,14 @@ class AdamW:
     p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
     State: m, v (same dtype and length as params) and the step count t.
 
-    A step goes through the arrays CHUNK elements at a time, its temporaries written into `scratch`
-    (from `adamw_scratch`; allocated here unless given): it allocates nothing, and each chunk's working
-    set stays in cache (about twice as fast as whole-array temporaries). Every operation is
-    elementwise, so the result is the same bit for bit whatever the chunking. That also lets the
-    rank's threads share a large update (engine.fast.thread_pool.split): each takes a contiguous range of the
-    arrays and its own columns of the scratch, so sharing allocates nothing either."""
+    Where numba is installed a step is one compiled pass (engine.fast.optim_jit.adamw). Elsewhere it goes
+    through the arrays CHUNK elements at a time, its temporaries written into `scratch` (from
+    `adamw_scratch`; allocated here unless given, and kept for this path): it allocates nothing, and each
+    chunk's working set stays in cache (about twice as fast as whole-array temporaries). Every operation
+    is elementwise, so the result is the same bit for bit whatever the chunking and on either path. That
+    also lets the rank's threads share a large update (engine.fast.thread_pool.split): each takes a
+    contiguous range of the arrays (and, in NumPy, its own columns of the scratch), so sharing allocates
+    nothing either."""
 
     def __init__(self, params: np.ndarray, grads: np.ndarray, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
@@ -68,6 +70,29 @@ class AdamW:
         decay = 1 - lr * self.weight_decay
         bias2 = math.sqrt(1 - b2 ** self.t)
         step_size = -lr / (1 - b1 ** self.t)
+        if not self._step_compiled(decay, bias2, step_size):
+            self._step_numpy(decay, bias2, step_size)
+
+    def _step_compiled(self, decay: float, bias2: float, step_size: float) -> bool:
+        """The update as one compiled pass over each thread's range (False where it cannot run: numba
+        missing, or arrays that are not contiguous float32 or float64 of one dtype)."""
+        arrays = (self.params, self.grads, self.m, self.v)
+        dtype = self.params.dtype
+        jit = load("optim_jit") if dtype in (np.float32, np.float64) else None
+        if jit is None or any(a.dtype != dtype or not a.flags.c_contiguous for a in arrays):
+            return False
+        b1, b2 = self.betas
+        consts = tuple(dtype.type(c) for c in (decay, 1 - b1, b2, 1 - b2, bias2, self.eps, step_size))
+        mask = self.decay_mask
+
+        def update(lo: int, hi: int) -> None:  # (a one-element mask where there is none: never read)
+            part = np.ones(1, bool) if mask is None else mask[lo:hi]
+            jit.adamw(*(a[lo:hi] for a in arrays), part, mask is not None, *consts)
+        thread_pool.split(update, self.params.size, SHARE_FROM)
+        return True
+
+    def _step_numpy(self, decay: float, bias2: float, step_size: float) -> None:
+        """The update in chunks of NumPy passes through the scratch rows, shared among the rank's threads."""
         width, size = self.scratch.shape[1], self.params.size
         shares = max(1, min(thread_pool.threads(), size // SHARE_FROM, width))
 
@@ -171,11 +196,12 @@ def global_norm_clip_scale(sumsq: float, max_norm: float) -> float:
 
 
 def warm_up() -> None:
-    """Load the compiled sum of squares (its cached machine code, float32 and float64) now
+    """Load the compiled sum of squares and update (their cached machine code, float32 and float64) now
     rather than inside the first step (see engine.fast.kernels.warm_up). Does nothing where numba is
     missing."""
     if load("optim_jit") is None:
         return
     for dtype in (np.float32, np.float64):
         sum_of_squares(np.ones(8, dtype))
-
+        for mask in (None, np.ones(8, bool)):
+            AdamW(np.ones(8, dtype), np.ones(8, dtype), decay_mask=mask).step()

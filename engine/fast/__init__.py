@@ -1,16 +1,17 @@
-"""Speed only: nothing here changes a result. Each module is a faster way to compute exactly what the
-plain NumPy reference (engine/reference.py) computes, and the tests hold them equal.
+"""Speed only: nothing here changes a result beyond rounding. Each module is a faster way to compute what
+the plain NumPy reference (engine/reference.py) computes, bit for bit or, where its docstring says so, to
+float32 rounding (GELU's and layer norm's compiled loops), and the tests hold them to it.
 
     file            what
     compiled.py     numba's compiled loops, loaded on first use; None where numba is absent
-    kernels.py      fused GELU and layer norm, run block by block
+    kernels.py      fused GELU and layer norm: one compiled pass per thread, else NumPy chains by blocks
     kernels_jit.py  GELU's and layer norm's arithmetic as compiled loops (kernels.py's fast path)
     flash.py        causal attention blocked over query and key tiles with an online softmax (never T x T)
     flash_jit.py    its per-tile scaling, masking, probabilities and score gradients as compiled loops
     lowp.py         16-bit arithmetic done in float32: widen exactly, compute, round once
     halfconv.py     float16 <-> float32 (and bfloat16) conversions, bit for bit what astype gives
     halfconv_jit.py those conversions as compiled loops (halfconv.py's fast path)
-    optim_jit.py    the gradient norm's sum of squares in vector lanes
+    optim_jit.py    AdamW's update in one pass; the gradient norm's sum of squares in vector lanes
     thread_pool.py  work split into blocks and shared among the rank's threads
     heap.py         the C allocator's settings for a process that trains
     blas_idle.py    OpenBLAS's idle threads sleep instead of spinning (set before NumPy loads)

@@ -1,13 +1,19 @@
-"""Fused elementwise kernels: GELU and layer norm, run block by block and shared among the rank's
-threads (engine.fast.thread_pool). Attention has its own: engine.fast.flash.
+"""Fused elementwise kernels: GELU and layer norm, shared among the rank's threads
+(engine.fast.thread_pool). Attention has its own: engine.fast.flash.
 
-A fused op written in NumPy is a chain of whole-array passes (GELU's backward is fifteen). Run on
-blocks, the chain's temporaries stay in cache; run by the rank's threads, its cores share the work;
-where numba is installed, each chain is one compiled loop (engine.fast.kernels_jit). Each kernel picks
-its block function once (`_path`): the fused 16-bit loop or the compiled loop where numba is installed,
-else the named NumPy chain (`_gelu_numpy`, ...; engine.reference has the formulas). Every element still
-sees the same operations in the same order (layer norm's row sums aside: float64 in the compiled loop),
-so results are unchanged; 16-bit inputs are widened and outputs rounded block by block, inside the kernel.
+A fused op written in NumPy is a chain of whole-array passes (GELU's backward is fifteen). Where numba is
+installed each chain is one compiled loop (engine.fast.kernels_jit) that reads its inputs once and writes
+its output once; the rank's threads each take one contiguous range of it. Where numba is missing (and for
+float64 GELU, whose exact answer is NumPy's tanh) the named NumPy chain (`_gelu_numpy`, ...;
+engine.reference has the formulas) runs block by block, so its temporaries stay in cache, the blocks
+shared among the threads. Each kernel picks its way once (`_route`): the compiled loop (float32; float64
+too for layer norm), the fused 16-bit loop (16-bit bits in and out, float32 inside), 16-bit blocks widened
+around the float32 loop (where the fused loop cannot read them), or the NumPy chain.
+
+What may differ from the NumPy chain, and by how much, is kernels_jit's to say (float32 rounding); what
+never differs is the bits between one thread and several, or between blocks and ranges: every element (and
+every row's sums, and the blocks of rows each weight gradient is summed over) is computed alike however
+the work is shared. 16-bit inputs are widened and outputs rounded inside the kernel, once.
 Model code: nothing here knows about ranks.
 """
 
@@ -16,6 +22,8 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +34,83 @@ from engine.fast.thread_pool import BLOCK
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_K = 0.044715
+# Elements per thread at least before a compiled one-pass loop is shared among the rank's threads: below,
+# the hand-off to a second thread costs more than half the loop's time saves.
+SHARE_GRAIN = 1 << 16
+_U16 = np.uint16
+
+
+# ---- which loop ------------------------------------------------------------------------------------
+
+def _route(arrays: tuple, compiled: tuple) -> tuple[str, Any, bool]:
+    """(way, kernels_jit, bf16) for a kernel on C-contiguous `arrays`: "compiled" when they are all of one
+    dtype in `compiled`; for one 16-bit dtype "fused16" (bf16: bfloat16 rather than float16) where the fused
+    loops read it, else "widened"; "numpy" where numba is missing, for mixed dtypes and for the rest."""
+    jit, dtype = load("kernels_jit"), arrays[0].dtype
+    if jit is None or any(a.dtype != dtype for a in arrays):
+        return "numpy", None, False
+    if dtype in compiled:
+        return "compiled", jit, False
+    if dtype not in LOW_PRECISION:
+        return "numpy", None, False
+    conversions = load("halfconv_jit")
+    if dtype == np.float16 and not (conversions is not None and conversions.HAS_F16C):
+        return "widened", jit, False  # the fused loops convert halves with the CPU's own instructions
+    return "fused16", jit, dtype != np.float16
+
+
+def _shared(fn: Callable[[int, int], None], n: int, grain: int) -> None:
+    """fn(lo, hi), one compiled call per thread over [0, n), `grain` items a thread at least."""
+    thread_pool.split(fn, n, max(1, grain))
+
 
 # ---- GELU (GPT-2's tanh approximation) -------------------------------------------------------------
+
+_GELU_COMPILED = (np.dtype(np.float32),)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """0.5 x (1 + tanh(c (x + k x^3))) in x's dtype, computed in float32 (float64 for float64)."""
+    src = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty(src.shape, x.dtype)
+    way, jit, bf16 = _route((src,), _GELU_COMPILED)
+    if way == "compiled":
+        _shared(lambda lo, hi: jit.gelu(src[lo:hi], out[lo:hi]), src.size, SHARE_GRAIN)
+    elif way == "fused16":
+        bits, dst = src.view(_U16), out.view(_U16)
+        _shared(lambda lo, hi: jit.gelu16(bits[lo:hi], bf16, dst[lo:hi]), src.size, SHARE_GRAIN)
+    elif way == "widened":
+        def widened(lo: int, hi: int) -> None:
+            t = lowp.widen(src[lo:hi])
+            jit.gelu(t, t)
+            lowp.narrow_into(t, out[lo:hi])
+        thread_pool.run(widened, src.size)
+    else:
+        thread_pool.run(lambda lo, hi: _gelu_numpy(src[lo:hi], out[lo:hi]), src.size)
+    return out.reshape(x.shape)
+
+
+def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """g · d gelu(x)/dx in x's dtype: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2), t = tanh(...)."""
+    src, grad = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(g).reshape(-1)
+    out = np.empty(src.shape, x.dtype)
+    way, jit, bf16 = _route((src, grad), _GELU_COMPILED)
+    if way == "compiled":
+        _shared(lambda lo, hi: jit.gelu_grad(src[lo:hi], grad[lo:hi], out[lo:hi]), src.size, SHARE_GRAIN)
+    elif way == "fused16":
+        bits, gbits, dst = src.view(_U16), grad.view(_U16), out.view(_U16)
+        _shared(lambda lo, hi: jit.gelu_grad16(bits[lo:hi], gbits[lo:hi], bf16, dst[lo:hi]), src.size,
+                SHARE_GRAIN)
+    elif way == "widened":
+        def widened(lo: int, hi: int) -> None:
+            t = lowp.widen(src[lo:hi])
+            jit.gelu_grad(t, lowp.widen(grad[lo:hi]), t)
+            lowp.narrow_into(t, out[lo:hi])
+        thread_pool.run(widened, src.size)
+    else:
+        thread_pool.run(lambda lo, hi: _gelu_grad_numpy(src[lo:hi], grad[lo:hi], out[lo:hi]), src.size)
+    return out.reshape(x.shape)
+
 
 def _tanh_arg(x: np.ndarray) -> np.ndarray:
     """tanh(c (x + k x^3)), in one new buffer."""
@@ -36,78 +119,6 @@ def _tanh_arg(x: np.ndarray) -> np.ndarray:
     t += _GELU_C
     t *= x
     return np.tanh(t, out=t)
-
-
-def _constants(dtype: np.dtype) -> tuple:
-    """(c, c k, 3 c k, 1, 0.5) in the compute dtype, as NumPy casts the Python floats of the chain."""
-    t = dtype.type
-    return t(_GELU_C), t(_GELU_C * _GELU_K), t(3 * _GELU_C * _GELU_K), t(1), t(0.5)
-
-
-def _jit_tanh_arg(jit, x: np.ndarray, consts: tuple) -> np.ndarray:
-    t = np.empty_like(x)
-    jit.gelu_arg(x, consts[0], consts[1], t)
-    return np.tanh(t, out=t)
-
-
-def _fused16(jit, *arrays: np.ndarray) -> bool | None:
-    """Whether the fused 16-bit loops apply to `arrays` (one 16-bit dtype), and which: True for bfloat16,
-    False for float16 (where the CPU converts halves itself); None to widen and round around the float32
-    loops instead."""
-    dtype = arrays[0].dtype
-    if jit is None or dtype not in LOW_PRECISION or any(a.dtype != dtype for a in arrays):
-        return None
-    conversions = load("halfconv_jit")
-    if dtype == np.float16 and not (conversions is not None and conversions.HAS_F16C):
-        return None
-    return dtype != np.float16
-
-
-def _path(arrays: tuple, fused16: Callable, compiled: Callable, numpy: Callable) -> Callable:
-    """A kernel's block function: `fused16(jit, bf16, ...)` on 16-bit `arrays` (C-contiguous, one dtype)
-    where numba is installed, else `compiled(jit, ...)`; without numba, the NumPy chain `numpy(...)`."""
-    jit = load("kernels_jit")
-    if jit is None:
-        return numpy
-    bf16 = _fused16(jit, *arrays) if all(a.flags.c_contiguous for a in arrays) else None
-    return functools.partial(compiled, jit) if bf16 is None else functools.partial(fused16, jit, bf16)
-
-
-_F32 = _constants(np.dtype(np.float32))
-
-
-def _jit_tanh_arg16(jit, bits: np.ndarray, bf16: bool) -> np.ndarray:
-    """_jit_tanh_arg of 16-bit `bits` (float32 out), their widening inside the compiled loop."""
-    t = np.empty(bits.size, np.float32)
-    jit.gelu_arg16(bits, bf16, _F32[0], _F32[1], t)
-    return np.tanh(t, out=t)
-
-
-def gelu(x: np.ndarray) -> np.ndarray:
-    """0.5 x (1 + tanh(c (x + k x^3))) in x's dtype, computed in float32 (float64 for float64)."""
-    src = np.ascontiguousarray(x).reshape(-1)
-    out = np.empty(src.shape, x.dtype)
-    block = _path((src,), _gelu_fused16, _gelu_compiled, _gelu_numpy)
-    thread_pool.run(lambda lo, hi: block(src[lo:hi], out[lo:hi]), src.size)
-    return out.reshape(x.shape)
-
-
-def _gelu_fused16(jit, bf16: bool, x: np.ndarray, out: np.ndarray) -> None:
-    """16 bits in and out, float32 inside: no conversion passes."""
-    bits, (_, _, _, one, half) = x.view(np.uint16), _F32
-    t = _jit_tanh_arg16(jit, bits, bf16)
-    jit.gelu_out16(bits, bf16, t, one, half, out.view(np.uint16))
-
-
-def _gelu_compiled(jit, x: np.ndarray, out: np.ndarray) -> None:
-    x32 = lowp.widen(x)
-    consts = _constants(x32.dtype)
-    t = _jit_tanh_arg(jit, x32, consts)
-    if out.dtype == t.dtype:
-        jit.gelu_out(x32, t, consts[3], consts[4], out)
-    else:
-        jit.gelu_out(x32, t, consts[3], consts[4], t)
-        lowp.narrow_into(t, out)
 
 
 def _gelu_numpy(x: np.ndarray, out: np.ndarray) -> None:
@@ -119,33 +130,6 @@ def _gelu_numpy(x: np.ndarray, out: np.ndarray) -> None:
     y *= x32
     y *= 0.5
     lowp.narrow_into(y, out)
-
-
-def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """g · d gelu(x)/dx in x's dtype: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2), t = tanh(...)."""
-    src, grad = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(g).reshape(-1)
-    out = np.empty(src.shape, x.dtype)
-    block = _path((src, grad), _gelu_grad_fused16, _gelu_grad_compiled, _gelu_grad_numpy)
-    thread_pool.run(lambda lo, hi: block(src[lo:hi], grad[lo:hi], out[lo:hi]), src.size)
-    return out.reshape(x.shape)
-
-
-def _gelu_grad_fused16(jit, bf16: bool, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
-    """16 bits in and out, float32 inside: no conversion passes."""
-    bits, (c, _, ck3, one, half) = x.view(np.uint16), _F32
-    t = _jit_tanh_arg16(jit, bits, bf16)
-    jit.gelu_grad16(bits, g.view(np.uint16), bf16, t, c, ck3, one, half, out.view(np.uint16))
-
-
-def _gelu_grad_compiled(jit, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
-    x32 = lowp.widen(x)
-    c, _, ck3, one, half = consts = _constants(x32.dtype)
-    t = _jit_tanh_arg(jit, x32, consts)
-    g32 = np.asarray(lowp.widen(g), x32.dtype)
-    dst = out if out.dtype == t.dtype else t
-    jit.gelu_grad(x32, t, g32, c, ck3, one, half, dst)
-    if dst is t:
-        lowp.narrow_into(t, out)
 
 
 def _gelu_grad_numpy(x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
@@ -168,40 +152,44 @@ def _gelu_grad_numpy(x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
 
 # ---- layer norm (rows of the last axis) ------------------------------------------------------------
 
-def _row_sum(a: np.ndarray) -> np.ndarray:
-    """Sums over the rows of a 2-D float array, kept as a column: a matrix-vector product (on rows of
-    ~100 elements BLAS is ~5x faster than NumPy's reduction)."""
-    return a @ np.ones((a.shape[1], 1), a.dtype)
+_LN_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
     """(y in x's dtype, mean, 1/std) of normalising the rows of 2-D `x`, then scaling by w, shifting by
     b; the statistics in the compute dtype, one per row."""
+    x = np.ascontiguousarray(x)
     rows, n = x.shape
     cdt = lowp.widen(x[:1]).dtype
     w32, b32 = w.astype(cdt, copy=False), None if b is None else b.astype(cdt, copy=False)
     out, mu, rstd = np.empty(x.shape, x.dtype), np.empty((rows, 1), cdt), np.empty((rows, 1), cdt)
-    block = _path((x,), _layer_norm_fused16, _layer_norm_compiled, _layer_norm_numpy)
-    thread_pool.run(lambda lo, hi: block(x[lo:hi], w32, b32, eps, out[lo:hi], mu[lo:hi], rstd[lo:hi]),
-                    rows, max(1, BLOCK // n))
+    way, jit, bf16 = _route((x,), _LN_COMPILED)
+    shift = w32 if b32 is None else b32  # not read without a bias
+    consts = (cdt.type(eps), cdt.type(1), b32 is not None)
+    if way == "compiled":
+        _shared(lambda lo, hi: jit.layer_norm_rows(x[lo:hi], w32, shift, *consts, out[lo:hi], mu[lo:hi],
+                                                   rstd[lo:hi]), rows, SHARE_GRAIN // n)
+    elif way == "fused16":
+        def fused(lo: int, hi: int) -> None:  # float32 scratch rows of its own for each share
+            jit.layer_norm_rows16(x[lo:hi].view(_U16), bf16, w32, shift, *consts, out[lo:hi].view(_U16),
+                                  mu[lo:hi], rstd[lo:hi], np.empty(n, cdt), np.empty(n, cdt))
+        _shared(fused, rows, SHARE_GRAIN // n)
+    elif way == "widened":
+        def widened(lo: int, hi: int) -> None:
+            y = np.empty((hi - lo, n), cdt)
+            jit.layer_norm_rows(lowp.widen(x[lo:hi]), w32, shift, *consts, y, mu[lo:hi], rstd[lo:hi])
+            lowp.narrow_into(y, out[lo:hi])
+        thread_pool.run(widened, rows, max(1, BLOCK // n))
+    else:
+        thread_pool.run(lambda lo, hi: _layer_norm_numpy(x[lo:hi], w32, b32, eps, out[lo:hi], mu[lo:hi],
+                                                         rstd[lo:hi]), rows, max(1, BLOCK // n))
     return out, mu, rstd
 
 
-def _layer_norm_fused16(jit, bf16: bool, x, w32, b32, eps: float, out, mu, rstd) -> None:
-    """16 bits in and out, float32 inside: no conversion passes."""
-    cdt, n = mu.dtype, x.shape[1]
-    shift = w32 if b32 is None else b32  # not read without a bias
-    jit.layer_norm_rows16(x.view(np.uint16), bf16, w32, shift, cdt.type(eps), cdt.type(1), b32 is not None,
-                          out.view(np.uint16), mu, rstd, np.empty((1, n), cdt), np.empty((1, n), cdt))
-
-
-def _layer_norm_compiled(jit, x, w32, b32, eps: float, out, mu, rstd) -> None:
-    cdt, x2 = mu.dtype, lowp.widen(x)
-    y = out if out.dtype == cdt else np.empty(x2.shape, cdt)
-    shift = w32 if b32 is None else b32  # not read without a bias
-    jit.layer_norm_rows(x2, w32, shift, cdt.type(eps), cdt.type(1), b32 is not None, y, mu, rstd)
-    if out.dtype != cdt:
-        lowp.narrow_into(y, out)
+def _row_sum(a: np.ndarray) -> np.ndarray:
+    """Sums over the rows of a 2-D float array, kept as a column: a matrix-vector product (on rows of
+    ~100 elements BLAS is ~5x faster than NumPy's reduction)."""
+    return a @ np.ones((a.shape[1], 1), a.dtype)
 
 
 def _layer_norm_numpy(x, w32, b32, eps: float, out, mu, rstd) -> None:
@@ -225,36 +213,37 @@ def _layer_norm_numpy(x, w32, b32, eps: float, out, mu, rstd) -> None:
 
 def layer_norm_backward(x: np.ndarray, w: np.ndarray, mu: np.ndarray, rstd: np.ndarray, g: np.ndarray):
     """(dx in x's dtype, dw, db in the compute dtype) for layer_norm's rows: dx = rstd (dxhat -
-    mean(dxhat) - xhat mean(dxhat xhat)), dxhat = g w."""
+    mean(dxhat) - xhat mean(dxhat xhat)), dxhat = g w. dw and db are summed per block of rows (`per`
+    rows), then over the blocks in order: the same sums however the rows are shared among threads."""
+    x, g = np.ascontiguousarray(x), np.ascontiguousarray(g)
     rows, n = x.shape
     cdt = mu.dtype
     w32 = w.astype(cdt, copy=False)
     dx_out = np.empty(x.shape, x.dtype)
-    n_blocks = math.ceil(rows / max(1, BLOCK // n))
-    dw_parts, db_parts = np.zeros((n_blocks, n), cdt), np.zeros((n_blocks, n), cdt)
-    step = max(1, BLOCK // n)
-    block = _path((x, g), _layer_norm_grad_fused16, _layer_norm_grad_compiled, _layer_norm_grad_numpy)
+    per = max(1, BLOCK // n)
+    blocks = math.ceil(rows / per)
+    dw_parts, db_parts = np.zeros((blocks, n), cdt), np.zeros((blocks, n), cdt)
+    way, jit, bf16 = _route((x, g), _LN_COMPILED)
+    if way in ("compiled", "fused16"):
+        def share(first: int, last: int) -> None:  # blocks [first, last) in one compiled call
+            lo, hi = first * per, min(rows, last * per)
+            parts = (mu[lo:hi], rstd[lo:hi])
+            if way == "compiled":
+                jit.layer_norm_rows_backward(x[lo:hi], g[lo:hi], w32, *parts, dx_out[lo:hi],
+                                             dw_parts[first:last], db_parts[first:last], per)
+            else:
+                jit.layer_norm_rows_backward16(x[lo:hi].view(_U16), g[lo:hi].view(_U16), bf16, w32, *parts,
+                                               dx_out[lo:hi].view(_U16), dw_parts[first:last],
+                                               db_parts[first:last], per, *(np.empty(n, cdt) for _ in "xgd"))
+        _shared(share, blocks, SHARE_GRAIN // (per * n))
+        return dx_out, dw_parts.sum(0), db_parts.sum(0)
+    block = _layer_norm_grad_numpy if way == "numpy" else functools.partial(_layer_norm_grad_widened, jit)
 
     def rows_block(lo: int, hi: int) -> None:  # each block of rows adds its dw, db into its own part
-        block(x[lo:hi], g[lo:hi], w32, mu[lo:hi], rstd[lo:hi], dx_out[lo:hi], dw_parts[lo // step],
-              db_parts[lo // step])
-    thread_pool.run(rows_block, rows, step)
+        block(x[lo:hi], g[lo:hi], w32, mu[lo:hi], rstd[lo:hi], dx_out[lo:hi], dw_parts[lo // per],
+              db_parts[lo // per])
+    thread_pool.run(rows_block, rows, per)
     return dx_out, dw_parts.sum(0), db_parts.sum(0)
-
-
-def _layer_norm_grad_fused16(jit, bf16: bool, x, g, w32, mu, rstd, dx, dw, db) -> None:
-    """16 bits in and out, float32 inside: no conversion passes."""
-    cdt, n = mu.dtype, x.shape[1]
-    jit.layer_norm_rows_backward16(x.view(np.uint16), g.view(np.uint16), bf16, w32, mu, rstd,
-                                   dx.view(np.uint16), dw, db, *(np.empty((1, n), cdt) for _ in "xgd"))
-
-
-def _layer_norm_grad_compiled(jit, x, g, w32, mu, rstd, dx_out, dw, db) -> None:
-    cdt, g2 = mu.dtype, lowp.widen(g)
-    dx = dx_out if dx_out.dtype == cdt else np.empty(g2.shape, cdt)
-    jit.layer_norm_rows_backward(lowp.widen(x), g2, w32, mu, rstd, dx, dw, db)
-    if dx_out.dtype != cdt:
-        lowp.narrow_into(dx, dx_out)
 
 
 def _layer_norm_grad_numpy(x, g, w32, mu, rstd, dx_out, dw, db) -> None:
@@ -272,6 +261,13 @@ def _layer_norm_grad_numpy(x, g, w32, mu, rstd, dx_out, dw, db) -> None:
     lowp.narrow_into(dx, dx_out)
 
 
+def _layer_norm_grad_widened(jit: ModuleType, x, g, w32, mu, rstd, dx_out, dw, db) -> None:
+    """A block of 16-bit rows widened around the compiled float32 loop (its rows are one part)."""
+    dx = np.empty(dx_out.shape, mu.dtype)
+    jit.layer_norm_rows_backward(lowp.widen(x), lowp.widen(g), w32, mu, rstd, dx, dw[None], db[None], len(x))
+    lowp.narrow_into(dx, dx_out)
+
+
 def warm_up() -> None:
     """Load the compiled loops (numba and the cached machine code of every loop a float32, float16 or
     bfloat16 step calls) now rather than inside the first step: a measurement of the step's memory
@@ -280,9 +276,10 @@ def warm_up() -> None:
         return
     x = np.linspace(-3, 3, 2 * BLOCK, dtype=np.float32).reshape(-1, 64)
     w = np.ones(64, np.float32)
-    gelu_backward(gelu(x), x)
-    for bias in (w, None):
-        _, mu, rstd = layer_norm(x, w, bias, 1e-5)
-        layer_norm_backward(x, w, mu, rstd, x)
-    for dtype in LOW_PRECISION:
-        lowp.widen(lowp.narrow(x, dtype))
+    for dtype in (np.float32, *LOW_PRECISION):
+        xd = lowp.narrow(x, dtype)
+        lowp.widen(xd)
+        gelu_backward(gelu(xd), xd)
+        for bias in (w, None):
+            _, mu, rstd = layer_norm(xd, w, bias, 1e-5)
+            layer_norm_backward(xd, w, mu, rstd, xd)

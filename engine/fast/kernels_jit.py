@@ -1,177 +1,220 @@
 """GELU's and layer norm's arithmetic as compiled loops (numba): engine.fast.kernels' fast path.
 
 Why compiled: a fused op written in NumPy is a chain of passes (GELU's backward is fifteen, layer norm's
-backward ten with three reductions per row), each a call with its own overhead and a trip through the
-cache; one compiled loop does the chain in registers. The loops compute in the arrays' own dtype
-(float32, or float64 for the exact tests) with the constants in that dtype, so they do what the NumPy
-chain does, operation for operation, in the same order; GELU's tanh stays NumPy's (a compiled tanh
-would be a scalar libm call per element, slower than NumPy's vectorised one), so GELU's results are the
-NumPy chain's bit for bit. Layer norm's row sums accumulate in float64 here (NumPy's went through BLAS
-in float32): its results agree with the NumPy chain to float32 rounding, not bit for bit.
+backward ten with three reductions per row), each a call with its own overhead and a trip through memory;
+one compiled loop reads its inputs once and writes its output once, the chain in vector registers.
+
+GELU (float32, and 16-bit through float32): x sigmoid(2u) with u = c (x + k x^3), the same function as
+0.5 x (1 + tanh(u)) written without the tanh: 1 + tanh(u) = 2 / (1 + exp(-2u)). Its exp is a polynomial
+the loop vectorises (`_exp`; NumPy's tanh and libm's exp are calls the compiler cannot), so GELU's
+results agree with the NumPy chain (engine.reference's formula, NumPy's tanh) to float32 rounding, not bit
+for bit; the sigmoid form is the more accurate of the two where x is very negative (1 + tanh(u) there
+is a difference of nearly equal numbers). Every operation is a plain IEEE one in a fixed order (no
+fused multiply-adds, no reassociation), so every CPU, thread count and vector width gives the same bits.
+
+Layer norm (float32 and float64, 16-bit through float32): each row's sums accumulate in float64, in the
+CPU's vector lanes (reassociation, only there: `_sum`, `_sum_sq`, `_grad_sums`), so they agree with the
+NumPy chain (whose sums go through BLAS in float32) to float32 rounding, not bit for bit. Rows are never
+split, so every thread count gives the same bits; CPUs of different vector widths may differ in the last
+bit of a row's statistics, as PyTorch's vectorised reductions do. Everything else is elementwise, in the
+NumPy chain's order.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
-from engine.fast.halfconv_jit import narrow16, widen16
+from engine.fast.halfconv_jit import float_from_bits, narrow16, widen16
 
-# Every constant comes in as an argument of the arrays' dtype (`one`, `half`, `eps`, ...): a Python literal
-# in a numba expression would promote float32 arithmetic to float64.
+# Constants are typed: a Python float in a numba expression would promote float32 arithmetic to float64.
+_F = np.float32
+_ZERO, _ONE, _HALF = _F(0), _F(1), _F(0.5)
+_C = _F(math.sqrt(2.0 / math.pi))          # GELU's c
+_CK = _F(math.sqrt(2.0 / math.pi) * 0.044715)  # c k
+_CK3 = _F(3 * math.sqrt(2.0 / math.pi) * 0.044715)  # 3 c k: the slope of the tanh argument is c + 3 c k x^2
 
-
-@njit(cache=True, nogil=True)
-def gelu_arg(x, c, ck, out):  # pragma: no cover - compiled; tests call it through engine.fast.kernels
-    """out = c (x + k x^3), as ((x x) ck + c) x with ck = c k: the argument of GELU's tanh."""
-    for i in range(x.size):
-        out[i] = (x[i] * x[i] * ck + c) * x[i]
-
-
-@njit(cache=True, nogil=True)
-def gelu_out(x, t, one, half, out):  # pragma: no cover - compiled
-    """out = 0.5 x (1 + t), as ((t + 1) x) 0.5, t = tanh(GELU's argument)."""
-    for i in range(x.size):
-        out[i] = (t[i] + one) * x[i] * half
-
-
-@njit(cache=True, nogil=True)
-def gelu_grad(x, t, g, c, ck3, one, half, out):  # pragma: no cover - compiled
-    """out = g (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2)), in the NumPy chain's order: the slope
-    (x x) ck3 + c, then ((((1 - t t) slope) x + t) + 1) 0.5 g."""
-    for i in range(x.size):
-        slope = x[i] * x[i] * ck3 + c
-        out[i] = ((((one - t[i] * t[i]) * slope) * x[i] + t[i]) + one) * half * g[i]
-
-
-# GELU on 16-bit arrays read and written as their bits (uint16; `bf16` picks bfloat16 over float16): the
-# same float32 arithmetic as gelu_arg / gelu_out / gelu_grad on exactly widened operands, rounded once, so
-# the same bits as widening, computing and rounding in three passes, without the two conversion passes.
-
-@njit(cache=True, nogil=True)
-def gelu_arg16(x, bf16, c, ck, out):  # pragma: no cover - compiled
-    """out (float32) = GELU's tanh argument of the 16-bit x, as gelu_arg."""
-    for i in range(x.size):
-        v = widen16(x[i], bf16)
-        out[i] = (v * v * ck + c) * v
-
-
-@njit(cache=True, nogil=True)
-def gelu_out16(x, bf16, t, one, half, out):  # pragma: no cover - compiled
-    """out (16-bit) = 0.5 x (1 + t) rounded once, as gelu_out then one rounding."""
-    for i in range(x.size):
-        out[i] = narrow16((t[i] + one) * widen16(x[i], bf16) * half, bf16)
-
-
-@njit(cache=True, nogil=True)
-def gelu_grad16(x, g, bf16, t, c, ck3, one, half, out):  # pragma: no cover - compiled
-    """out (16-bit) = gelu_grad's expression of the 16-bit x and g, rounded once."""
-    for i in range(x.size):
-        v = widen16(x[i], bf16)
-        slope = v * v * ck3 + c
-        d = ((((one - t[i] * t[i]) * slope) * v + t[i]) + one) * half
-        out[i] = narrow16(d * widen16(g[i], bf16), bf16)
+# exp(v) = 2^n exp(r), n = round(v / ln 2), r = v - n ln 2 (ln 2 in two parts, the first exact in n ln 2),
+# exp(r) by Cephes' expf polynomial on |r| <= ln 2 / 2 (within 1.5 units in the last place of float32).
+_LOG2E, _LN2_HI, _LN2_LO = _F(1.4426950408889634), _F(0.693359375), _F(-2.12194440e-4)
+_P = tuple(_F(p) for p in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                           1.6666665459e-1, 5.0000001201e-1))
+_EXP_LIMIT = _F(87.0)  # |v| at most this: 2^n stays a normal float and so does 1 / (1 + exp(v))
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _row_sums(x, i, m, r, g, w):  # pragma: no cover - compiled
-    """(sum of a, sum of a b) over row i, a = g w and b = (x - m) r when g is given, else a = x - m
-    and b = a (so: the centred sum and the sum of squares). Four float64 accumulators each, so that
-    the additions do not wait on one another; the same order on every call."""
-    n = x.shape[1]
-    s0 = s1 = s2 = s3 = 0.0
-    q0 = q1 = q2 = q3 = 0.0
-    j = 0
-    while j + 4 <= n:
-        a0, a1, a2, a3 = x[i, j] - m, x[i, j + 1] - m, x[i, j + 2] - m, x[i, j + 3] - m
-        if g is None:
-            b0, b1, b2, b3 = a0, a1, a2, a3
-        else:
-            b0, b1, b2, b3 = a0 * r, a1 * r, a2 * r, a3 * r
-            a0, a1 = g[i, j] * w[j], g[i, j + 1] * w[j + 1]
-            a2, a3 = g[i, j + 2] * w[j + 2], g[i, j + 3] * w[j + 3]
-        s0 += a0
-        s1 += a1
-        s2 += a2
-        s3 += a3
-        q0 += a0 * b0
-        q1 += a1 * b1
-        q2 += a2 * b2
-        q3 += a3 * b3
-        j += 4
-    while j < n:
-        a0 = x[i, j] - m
-        b0 = a0
-        if g is not None:
-            b0 = a0 * r
-            a0 = g[i, j] * w[j]
-        s0 += a0
-        q0 += a0 * b0
-        j += 1
-    return (s0 + s1) + (s2 + s3), (q0 + q1) + (q2 + q3)
+def _exp(v):  # pragma: no cover - compiled
+    """exp(v) in float32, branch-free so the loop vectorises: exp(87) for v above 87, 0 below -87 (NaN
+    stays NaN). GELU needs no more range: past it 1 / (1 + exp(v)) is 1, or below 1e-37, and a gradient
+    term exp(v) times a large x must vanish, not stay at float32's smallest normal scale."""
+    w = _EXP_LIMIT if v > _EXP_LIMIT else v
+    w = -_EXP_LIMIT if w < -_EXP_LIMIT else w
+    n = np.floor(w * _LOG2E + _HALF)
+    r = w - n * _LN2_HI
+    r = r - n * _LN2_LO
+    p = ((((_P[0] * r + _P[1]) * r + _P[2]) * r + _P[3]) * r + _P[4]) * r + _P[5]
+    y = p * r * r + r + _ONE
+    k = np.int32(n) if n == n else np.int32(0)  # (a NaN's y is NaN already; its n must not reach the cast)
+    y = y * float_from_bits(np.uint32((k + np.int32(127)) << np.int32(23)))
+    return _ZERO if v < -_EXP_LIMIT else y
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gelu(x):  # pragma: no cover - compiled
+    """x sigmoid(2u) = x / (1 + exp(-2u)), u = c (x + k x^3) computed as ((x x) ck + c) x."""
+    u = (x * x * _CK + _C) * x
+    return x * (_ONE / (_ONE + _exp(-(u + u))))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gelu_grad(x, g):  # pragma: no cover - compiled
+    """g d/dx [x s], s = sigmoid(2u): g s (1 + 2 x u' (1 - s)), u' = c + 3 c k x^2, 1 - s = e s with
+    e = exp(-2u) (no difference of nearly equal numbers)."""
+    u = (x * x * _CK + _C) * x
+    e = _exp(-(u + u))
+    s = _ONE / (_ONE + e)
+    slope = x * x * _CK3 + _C
+    return g * (s * (_ONE + (x + x) * (slope * (e * s))))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gelu(x, out):  # pragma: no cover - compiled; tests call it through engine.fast.kernels
+    """out = gelu(x), float32 (out may be x)."""
+    for i in range(x.size):
+        out[i] = _gelu(x[i])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gelu_grad(x, g, out):  # pragma: no cover - compiled
+    """out = g gelu'(x), float32 (out may be x or g)."""
+    for i in range(x.size):
+        out[i] = _gelu_grad(x[i], g[i])
+
+
+# GELU on 16-bit arrays read and written as their bits (uint16; `bf16` picks bfloat16 over float16): the
+# float32 loops above on exactly widened operands, rounded once, so the same bits as widening, computing
+# and rounding in three passes, without the two conversion passes.
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gelu16(x, bf16, out):  # pragma: no cover - compiled
+    for i in range(x.size):
+        out[i] = narrow16(_gelu(widen16(x[i], bf16)), bf16)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gelu_grad16(x, g, bf16, out):  # pragma: no cover - compiled
+    for i in range(x.size):
+        out[i] = narrow16(_gelu_grad(widen16(x[i], bf16), widen16(g[i], bf16)), bf16)
+
+
+# ---- layer norm: one row at a time (a row is never split) -----------------------------------------
+# The sums are separate functions, not inlined into the loops that call them: numba's own inlining would
+# give them the caller's (strict) arithmetic, and the sums would run one element at a time.
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _sum(row, m):  # pragma: no cover - compiled
+    """The sum of row - m (each difference in the row's dtype) in float64."""
+    total = 0.0
+    for j in range(row.size):
+        total += np.float64(row[j] - m)
+    return total
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _sum_sq(row, m):  # pragma: no cover - compiled
+    """The sum of (row - m)^2 (each square in the row's dtype) in float64."""
+    total = 0.0
+    for j in range(row.size):
+        d = row[j] - m
+        total += np.float64(d * d)
+    return total
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _grad_sums(x, g, w, m, r):  # pragma: no cover - compiled
+    """(sum of g w, sum of g w xhat) over one row, xhat = (x - m) r, each term in the row's dtype; float64
+    sums."""
+    s1 = s2 = 0.0
+    for j in range(x.size):
+        a = g[j] * w[j]
+        s1 += np.float64(a)
+        s2 += np.float64(a * ((x[j] - m) * r))
+    return s1, s2
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _norm_row(x, w, b, eps, one, has_bias, out, mu, rstd):  # pragma: no cover - compiled
+    """One row: mu[0] = mean, rstd[0] = 1 / sqrt(var + eps) (each stored, so rounded to its dtype, before
+    use, as the NumPy chain rounds them), out = (x - mean) rstd w (+ b)."""
+    n = x.size
+    mu[0] = _sum(x, one - one) / n
+    m = mu[0]
+    rstd[0] = _sum_sq(x, m) / n
+    rstd[0] = one / np.sqrt(rstd[0] + eps)
+    r = rstd[0]
+    if has_bias:
+        for j in range(n):
+            out[j] = (x[j] - m) * r * w[j] + b[j]
+    else:
+        for j in range(n):
+            out[j] = (x[j] - m) * r * w[j]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _grad_row(x, g, w, mu, rstd, dx, dw, db):  # pragma: no cover - compiled
+    """One row: dx = rstd (g w - mean(g w) - xhat mean(g w xhat)) (each mean rounded to dx's dtype first,
+    as the NumPy chain's); dw += g xhat, db += g."""
+    n = x.size
+    m, r = mu[0], rstd[0]
+    s1, s2 = _grad_sums(x, g, w, m, r)
+    dx[0] = s1 / n
+    c1 = dx[0]
+    dx[0] = s2 / n
+    c2 = dx[0]
+    for j in range(n):
+        xh = (x[j] - m) * r
+        dw[j] += g[j] * xh
+        db[j] += g[j]
+        dx[j] = ((g[j] * w[j] - c1) - xh * c2) * r
 
 
 @njit(cache=True, nogil=True)
 def layer_norm_rows(x, w, b, eps, one, has_bias, out, mu, rstd):  # pragma: no cover - compiled
-    """Each row of x: mean, 1/std (sums in float64, stored in mu's dtype), then (x - mean) rstd w (+ b)."""
-    rows, n = x.shape
-    zero = one - one
-    for i in range(rows):
-        s, _ = _row_sums(x, i, zero, one, None, w)
-        mu[i, 0] = s / n
-        m = mu[i, 0]
-        _, q = _row_sums(x, i, m, one, None, w)
-        rstd[i, 0] = q / n
-        rstd[i, 0] = one / np.sqrt(rstd[i, 0] + eps)
-        r = rstd[i, 0]
-        for j in range(n):
-            y = (x[i, j] - m) * r * w[j]
-            out[i, j] = y + b[j] if has_bias else y
+    """Each row of x normalised into out; mu, rstd: [rows, 1]. b is not read without a bias."""
+    for i in range(x.shape[0]):
+        _norm_row(x[i], w, b, eps, one, has_bias, out[i], mu[i], rstd[i])
 
 
 @njit(cache=True, nogil=True)
-def layer_norm_rows_backward(x, g, w, mu, rstd, dx, dw, db):  # pragma: no cover - compiled
-    """dx = rstd (g w - mean(g w) - xhat mean(g w xhat)) per row (sums in float64); dw += g xhat and
-    db += g over the rows, in dw's and db's dtype."""
-    rows, n = x.shape
-    for i in range(rows):
-        m, r = mu[i, 0], rstd[i, 0]
-        s1, s2 = _row_sums(x, i, m, r, g, w)
-        dx[i, 0] = s1 / n  # mean(g w), stored in dx's dtype first, as the NumPy chain rounds it
-        c1 = dx[i, 0]
-        dx[i, 0] = s2 / n
-        c2 = dx[i, 0]
-        for j in range(n):
-            xh = (x[i, j] - m) * r
-            dw[j] += g[i, j] * xh
-            db[j] += g[i, j]
-            dx[i, j] = ((g[i, j] * w[j] - c1) - xh * c2) * r
+def layer_norm_rows_backward(x, g, w, mu, rstd, dx, dw, db, per):  # pragma: no cover - compiled
+    """dx for each row; row i adds its dw, db terms into row i // per of dw and db ([blocks, n]: one sum
+    per block of `per` rows, the same blocks whatever the rows are shared out by)."""
+    for i in range(x.shape[0]):
+        _grad_row(x[i], g[i], w, mu[i], rstd[i], dx[i], dw[i // per], db[i // per])
 
 
 @njit(cache=True, nogil=True)
 def layer_norm_rows16(x, bf16, w, b, eps, one, has_bias, out, mu, rstd, xs, ys):  # pragma: no cover
     """layer_norm_rows on 16-bit x (bits), out rounded once into 16-bit bits: each row widened into the
-    float32 scratch row xs, normalised into ys, rounded from there (all in one call, the rows in cache)."""
-    rows, n = x.shape
-    for i in range(rows):
-        for j in range(n):
-            xs[0, j] = widen16(x[i, j], bf16)
-        layer_norm_rows(xs, w, b, eps, one, has_bias, ys, mu[i:i + 1], rstd[i:i + 1])
-        for j in range(n):
-            out[i, j] = narrow16(ys[0, j], bf16)
+    float32 scratch row xs, normalised into ys, rounded from there."""
+    for i in range(x.shape[0]):
+        for j in range(xs.size):
+            xs[j] = widen16(x[i, j], bf16)
+        _norm_row(xs, w, b, eps, one, has_bias, ys, mu[i], rstd[i])
+        for j in range(ys.size):
+            out[i, j] = narrow16(ys[j], bf16)
 
 
 @njit(cache=True, nogil=True)
-def layer_norm_rows_backward16(x, g, bf16, w, mu, rstd, dx, dw, db, xs, gs, dxs):  # pragma: no cover
+def layer_norm_rows_backward16(x, g, bf16, w, mu, rstd, dx, dw, db, per, xs, gs, dxs):  # pragma: no cover
     """layer_norm_rows_backward on 16-bit x and g (bits), dx rounded once into 16-bit bits, row by row
     through float32 scratch rows as layer_norm_rows16."""
-    rows, n = x.shape
-    for i in range(rows):
-        for j in range(n):
-            xs[0, j] = widen16(x[i, j], bf16)
-            gs[0, j] = widen16(g[i, j], bf16)
-        layer_norm_rows_backward(xs, gs, w, mu[i:i + 1], rstd[i:i + 1], dxs, dw, db)
-        for j in range(n):
-            dx[i, j] = narrow16(dxs[0, j], bf16)
-
-
+    for i in range(x.shape[0]):
+        for j in range(xs.size):
+            xs[j] = widen16(x[i, j], bf16)
+            gs[j] = widen16(g[i, j], bf16)
+        _grad_row(xs, gs, w, mu[i], rstd[i], dxs, dw[i // per], db[i // per])
+        for j in range(dxs.size):
+            dx[i, j] = narrow16(dxs[j], bf16)

@@ -1,11 +1,17 @@
-"""The gradient norm's sum of squares as a compiled loop (numba): engine.optim's fast path.
+"""The optimizer's compiled loops (numba): engine.optim's fast paths.
 
-Why compiled: NumPy's sum of squares in float64 is a widening copy into a float64 buffer and a dot, three
-trips through memory where one read of the gradients will do. The loop accumulates in float64, block by
-block, each block's sum in the CPU's vector lanes, so it agrees with the NumPy path to float64 rounding,
-not bit for bit. The lanes' order is the compiler's choice for the CPU: every rank on one kind of CPU gets
-the same bits (each DDP rank computes the norm of the same all-reduced gradients on its own), and ranks on
-CPUs with different vector widths may differ in the last bit of the norm, as PyTorch's vectorised norms do.
+AdamW's update (`adamw`): NumPy's version is fourteen passes over the parameters, gradients and moments,
+chunk by chunk; one loop reads each of p, g, m, v once and writes p, m, v once. It does NumPy's operations
+in NumPy's order, each a plain IEEE one (no fused multiply-adds), with the same constants rounded to the
+arrays' dtype, so its results are NumPy's bit for bit.
+
+The gradient norm's sum of squares (`sum_of_squares`). Why compiled: NumPy's sum of squares in float64 is
+a widening copy into a float64 buffer and a dot, three trips through memory where one read of the
+gradients will do. The loop accumulates in float64, block by block, each block's sum in the CPU's vector
+lanes, so it agrees with the NumPy path to float64 rounding, not bit for bit. The lanes' order is the
+compiler's choice for the CPU: every rank on one kind of CPU gets the same bits (each DDP rank computes
+the norm of the same all-reduced gradients on its own), and ranks on CPUs with different vector widths
+may differ in the last bit of the norm, as PyTorch's vectorised norms do.
 """
 
 from __future__ import annotations
@@ -36,3 +42,21 @@ def sum_of_squares(x):  # pragma: no cover - compiled
     for start in range(0, x.size, SUM_BLOCK):
         total += _block_sum(x[start:start + SUM_BLOCK])
     return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def adamw(p, g, m, v, decay_mask, masked, decay, b1_rest, b2, b2_rest, bias2, eps, step):  # pragma: no cover
+    """One AdamW step over flat arrays, in place: p *= decay where decay_mask (everywhere when not
+    `masked`; decay_mask is not read then), m += (g - m) b1_rest, v = v b2 + g b2_rest g (b_rest = 1 - b),
+    p += (m step) / (sqrt(v) / bias2 + eps); the constants in p's dtype. Without weight decay, decay
+    is 1: multiplying by it changes no bit, as skipping it would not."""
+    for i in range(p.size):
+        pi = p[i]
+        if not masked or decay_mask[i]:
+            pi = pi * decay
+        gi = g[i]
+        mi = m[i] + (gi - m[i]) * b1_rest
+        vi = v[i] * b2 + gi * b2_rest * gi
+        m[i] = mi
+        v[i] = vi
+        p[i] = pi + mi * step / (np.sqrt(vi) / bias2 + eps)

@@ -12,6 +12,8 @@ from numeric_helpers import kernel_paths
 from engine import reference
 from engine.fast import kernels, lowp, thread_pool
 
+_route = kernels._route
+
 
 @pytest.fixture(params=["compiled", "numpy"], autouse=True)
 def path(request):
@@ -35,14 +37,48 @@ def test_gelu_and_its_gradient_match_the_formula(threads, n):
                                rtol=1e-12, atol=1e-14)
 
 
-def test_blocks_and_threads_do_not_change_a_bit(threads):
-    x = np.random.default_rng(0).standard_normal(3 * kernels.BLOCK + 5).astype(np.float32)
+def _every_kernel(x: np.ndarray, rows: int) -> list[np.ndarray]:
+    """GELU and its gradient on x, layer norm (with and without a bias) and its gradients on x's first
+    rows x rows elements as rows of n."""
+    flat = x.reshape(-1)
+    out = [kernels.gelu(x), kernels.gelu_backward(x, x[::-1].copy())]
+    xs = flat[:flat.size // rows * rows].reshape(rows, -1)
+    w = np.linspace(0.5, 1.5, xs.shape[1]).astype(np.float32)
+    for b in (w[::-1].copy(), None):
+        y, mu, rstd = kernels.layer_norm(xs, w, b, 1e-5)
+        out += [y, mu, rstd, *kernels.layer_norm_backward(xs, w, mu, rstd, xs[::-1].copy())]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
+def test_blocks_and_threads_do_not_change_a_bit(threads, dtype, monkeypatch):
+    """Sizes that are multiples of no block nor share (3 blocks and a bit of elements; 777 rows of 126),
+    shared from a small size on (the compiled loops' ranges start anywhere)."""
+    monkeypatch.setattr(kernels, "SHARE_GRAIN", 1000)
+    x = (np.random.default_rng(0).standard_normal(3 * kernels.BLOCK + 5) * 2).astype(dtype)
     thread_pool.set_threads(1)
-    one = kernels.gelu(x), kernels.gelu_backward(x, x)
+    one = _every_kernel(x, 777)
     thread_pool.set_threads(threads)
-    many = kernels.gelu(x), kernels.gelu_backward(x, x)
+    many = _every_kernel(x, 777)
     for a, b in zip(one, many):
-        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_16_bit_blocks_widened_around_the_float32_loops_give_the_fused_loops_bits(path, monkeypatch, dtype):
+    """Where the fused 16-bit loops cannot read halves (a CPU without F16C), blocks are widened, run
+    through the float32 loops and rounded: the same bits (NaNs aside)."""
+    if path == "numpy":
+        pytest.skip("the compiled paths only")
+    x = (np.random.default_rng(3).standard_normal(2 * kernels.BLOCK + 7) * 3).astype(dtype)
+    fused = _every_kernel(x, 301)
+    monkeypatch.setattr(kernels, "_route", lambda arrays, compiled: (
+        ("widened", *_route(arrays, compiled)[1:]) if arrays[0].dtype == dtype else _route(arrays, compiled)))
+    widened = _every_kernel(x, 301)
+    for a, b in zip(fused, widened):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])

@@ -202,3 +202,42 @@ def test_the_compiled_sum_of_squares_is_exact_to_float64_rounding(dtype):
     assert sum_of_squares(x) == np.inf
     x[7] = np.nan
     assert np.isnan(sum_of_squares(x))
+
+
+# ---- the compiled update (engine.fast.optim_jit.adamw) against the NumPy chunks ----------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("decay", ["masked", "everywhere", "none"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_compiled_update_is_the_numpy_update_bit_for_bit(dtype, decay, threads):
+    """Every step's parameters, m and v, at a size that is a multiple of no chunk nor share, on one thread
+    and shared among two (the NumPy path in its chunks on one)."""
+    pytest.importorskip("numba", reason="numba is not installed: only the NumPy update runs")
+    from engine.fast import compiled, thread_pool
+    from engine.optim import CHUNK, SHARE_FROM
+    n = 2 * SHARE_FROM + CHUNK // 3 + 11
+    rng = np.random.default_rng(8)
+    start = rng.standard_normal(n).astype(dtype)
+    grads = [(rng.standard_normal(n) * 10.0 ** rng.integers(-6, 2, n)).astype(dtype) for _ in range(3)]
+    mask = rng.random(n) < 0.6 if decay == "masked" else None
+
+    def run() -> list[np.ndarray]:
+        params, g = start.copy(), np.empty_like(start)
+        opt = AdamW(params, g, lr=3e-3, betas=(0.9, 0.99), weight_decay=0.0 if decay == "none" else 0.1,
+                    decay_mask=mask)
+        seen = []
+        for t, grad in enumerate(grads):
+            g[:] = grad
+            opt.step(lr_schedule(t))
+            seen += [params.copy(), opt.m.copy(), opt.v.copy()]
+        return seen
+    with compiled.disabled():
+        chunks = run()
+    before = thread_pool.threads()
+    thread_pool.set_threads(threads)
+    try:
+        fused = run()
+    finally:
+        thread_pool.set_threads(before)
+    for a, b in zip(fused, chunks):
+        np.testing.assert_array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
