@@ -172,7 +172,7 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float):
     elif way == "fused16":
         def fused(lo: int, hi: int) -> None:  # float32 scratch rows of its own for each share
             jit.layer_norm_rows16(x[lo:hi].view(_U16), bf16, w32, shift, *consts, out[lo:hi].view(_U16),
-                                  mu[lo:hi], rstd[lo:hi], np.empty(n, cdt), np.empty(n, cdt))
+                                  mu[lo:hi], rstd[lo:hi], np.empty((1, n), cdt), np.empty((1, n), cdt))
         _shared(fused, rows, SHARE_GRAIN // n)
     elif way == "widened":
         def widened(lo: int, hi: int) -> None:
@@ -227,14 +227,13 @@ def layer_norm_backward(x: np.ndarray, w: np.ndarray, mu: np.ndarray, rstd: np.n
     if way in ("compiled", "fused16"):
         def share(first: int, last: int) -> None:  # blocks [first, last) in one compiled call
             lo, hi = first * per, min(rows, last * per)
-            parts = (mu[lo:hi], rstd[lo:hi])
+            stats, parts = (mu[lo:hi], rstd[lo:hi]), (dw_parts[first:last], db_parts[first:last], per)
             if way == "compiled":
-                jit.layer_norm_rows_backward(x[lo:hi], g[lo:hi], w32, *parts, dx_out[lo:hi],
-                                             dw_parts[first:last], db_parts[first:last], per)
-            else:
-                jit.layer_norm_rows_backward16(x[lo:hi].view(_U16), g[lo:hi].view(_U16), bf16, w32, *parts,
-                                               dx_out[lo:hi].view(_U16), dw_parts[first:last],
-                                               db_parts[first:last], per, *(np.empty(n, cdt) for _ in "xgd"))
+                jit.layer_norm_rows_backward(x[lo:hi], g[lo:hi], w32, *stats, dx_out[lo:hi], *parts)
+            else:  # with float32 scratch rows of its own for x, g and dx
+                jit.layer_norm_rows_backward16(x[lo:hi].view(_U16), g[lo:hi].view(_U16), bf16, w32, *stats,
+                                               dx_out[lo:hi].view(_U16), *parts,
+                                               *(np.empty((1, n), cdt) for _ in "xgd"))
         _shared(share, blocks, SHARE_GRAIN // (per * n))
         return dx_out, dw_parts.sum(0), db_parts.sum(0)
     block = _layer_norm_grad_numpy if way == "numpy" else functools.partial(_layer_norm_grad_widened, jit)

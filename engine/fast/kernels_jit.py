@@ -12,12 +12,12 @@ for bit; the sigmoid form is the more accurate of the two where x is very negati
 is a difference of nearly equal numbers). Every operation is a plain IEEE one in a fixed order (no
 fused multiply-adds, no reassociation), so every CPU, thread count and vector width gives the same bits.
 
-Layer norm (float32 and float64, 16-bit through float32): each row's sums accumulate in float64, in the
-CPU's vector lanes (reassociation, only there: `_sum`, `_sum_sq`, `_grad_sums`), so they agree with the
-NumPy chain (whose sums go through BLAS in float32) to float32 rounding, not bit for bit. Rows are never
-split, so every thread count gives the same bits; CPUs of different vector widths may differ in the last
-bit of a row's statistics, as PyTorch's vectorised reductions do. Everything else is elementwise, in the
-NumPy chain's order.
+Layer norm (float32 and float64, 16-bit through float32): each row's sums accumulate in the row's dtype
+in the CPU's vector lanes (reassociation, only there: `_sum`, `_sum_sq`, `_grad_sums`), as PyTorch's do,
+so they agree with the NumPy chain (whose sums go through BLAS) to rounding, not bit for bit. Rows are
+never split, so every thread count gives the same bits; CPUs of different vector widths may differ in the
+last bits of a row's statistics, as PyTorch's vectorised reductions do. Everything else is elementwise, in
+the NumPy chain's order.
 """
 
 from __future__ import annotations
@@ -110,111 +110,102 @@ def gelu_grad16(x, g, bf16, out):  # pragma: no cover - compiled
 
 
 # ---- layer norm: one row at a time (a row is never split) -----------------------------------------
-# The sums are separate functions, not inlined into the loops that call them: numba's own inlining would
-# give them the caller's (strict) arithmetic, and the sums would run one element at a time.
+# Rows are addressed as (array, row index), never as views of one row (a view costs reference counting on
+# the array, which the threads sharing it would contend for). The sums are separate functions, not inlined
+# into the loops that call them: numba's own inlining would give them the caller's (strict) arithmetic,
+# and the sums would run one element at a time. `zero` and `one` come in the arrays' dtype.
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _sum(row, m):  # pragma: no cover - compiled
-    """The sum of row - m (each difference in the row's dtype) in float64."""
-    total = 0.0
-    for j in range(row.size):
-        total += np.float64(row[j] - m)
+def _sum(x, i, m, zero):  # pragma: no cover - compiled
+    """The sum of x[i] - m, in x's dtype (in vector lanes)."""
+    total = zero
+    for j in range(x.shape[1]):
+        total += x[i, j] - m
     return total
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _sum_sq(row, m):  # pragma: no cover - compiled
-    """The sum of (row - m)^2 (each square in the row's dtype) in float64."""
-    total = 0.0
-    for j in range(row.size):
-        d = row[j] - m
-        total += np.float64(d * d)
+def _sum_sq(x, i, m, zero):  # pragma: no cover - compiled
+    """The sum of (x[i] - m)^2, in x's dtype (in vector lanes)."""
+    total = zero
+    for j in range(x.shape[1]):
+        d = x[i, j] - m
+        total += d * d
     return total
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _grad_sums(x, g, w, m, r):  # pragma: no cover - compiled
-    """(sum of g w, sum of g w xhat) over one row, xhat = (x - m) r, each term in the row's dtype; float64
-    sums."""
-    s1 = s2 = 0.0
-    for j in range(x.size):
-        a = g[j] * w[j]
-        s1 += np.float64(a)
-        s2 += np.float64(a * ((x[j] - m) * r))
+def _grad_sums(x, g, w, i, m, r, zero):  # pragma: no cover - compiled
+    """(sum of g w, sum of g w xhat) over row i, xhat = (x - m) r, in x's dtype (in vector lanes)."""
+    s1 = s2 = zero
+    for j in range(x.shape[1]):
+        a = g[i, j] * w[j]
+        s1 += a
+        s2 += a * ((x[i, j] - m) * r)
     return s1, s2
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _norm_row(x, w, b, eps, one, has_bias, out, mu, rstd):  # pragma: no cover - compiled
-    """One row: mu[0] = mean, rstd[0] = 1 / sqrt(var + eps) (each stored, so rounded to its dtype, before
-    use, as the NumPy chain rounds them), out = (x - mean) rstd w (+ b)."""
-    n = x.size
-    mu[0] = _sum(x, one - one) / n
-    m = mu[0]
-    rstd[0] = _sum_sq(x, m) / n
-    rstd[0] = one / np.sqrt(rstd[0] + eps)
-    r = rstd[0]
-    if has_bias:
-        for j in range(n):
-            out[j] = (x[j] - m) * r * w[j] + b[j]
-    else:
-        for j in range(n):
-            out[j] = (x[j] - m) * r * w[j]
+def layer_norm_rows(x, w, b, eps, one, has_bias, out, mu, rstd):  # pragma: no cover - compiled
+    """Each row of x: mu = mean, rstd = 1 / sqrt(var + eps) (each stored, so rounded to its dtype, before
+    use, as the NumPy chain rounds them), out = (x - mean) rstd w (+ b; b is not read without a bias).
+    mu, rstd: [rows, 1]."""
+    n, zero = x.shape[1], one - one
+    for i in range(x.shape[0]):
+        mu[i, 0] = _sum(x, i, zero, zero) / n
+        m = mu[i, 0]
+        rstd[i, 0] = _sum_sq(x, i, m, zero) / n
+        rstd[i, 0] = one / np.sqrt(rstd[i, 0] + eps)
+        r = rstd[i, 0]
+        if has_bias:
+            for j in range(n):
+                out[i, j] = (x[i, j] - m) * r * w[j] + b[j]
+        else:
+            for j in range(n):
+                out[i, j] = (x[i, j] - m) * r * w[j]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _grad_row(x, g, w, mu, rstd, dx, dw, db):  # pragma: no cover - compiled
-    """One row: dx = rstd (g w - mean(g w) - xhat mean(g w xhat)) (each mean rounded to dx's dtype first,
-    as the NumPy chain's); dw += g xhat, db += g."""
-    n = x.size
-    m, r = mu[0], rstd[0]
-    s1, s2 = _grad_sums(x, g, w, m, r)
-    dx[0] = s1 / n
-    c1 = dx[0]
-    dx[0] = s2 / n
-    c2 = dx[0]
-    for j in range(n):
-        xh = (x[j] - m) * r
-        dw[j] += g[j] * xh
-        db[j] += g[j]
-        dx[j] = ((g[j] * w[j] - c1) - xh * c2) * r
-
-
-@njit(cache=True, nogil=True)
-def layer_norm_rows(x, w, b, eps, one, has_bias, out, mu, rstd):  # pragma: no cover - compiled
-    """Each row of x normalised into out; mu, rstd: [rows, 1]. b is not read without a bias."""
-    for i in range(x.shape[0]):
-        _norm_row(x[i], w, b, eps, one, has_bias, out[i], mu[i], rstd[i])
-
-
-@njit(cache=True, nogil=True)
 def layer_norm_rows_backward(x, g, w, mu, rstd, dx, dw, db, per):  # pragma: no cover - compiled
-    """dx for each row; row i adds its dw, db terms into row i // per of dw and db ([blocks, n]: one sum
-    per block of `per` rows, the same blocks whatever the rows are shared out by)."""
+    """dx = rstd (g w - mean(g w) - xhat mean(g w xhat)) for each row (each mean rounded to dx's dtype
+    first, as the NumPy chain's); row i adds g xhat and g into row i // per of dw and db ([blocks, n]: one
+    sum per block of `per` rows, the same blocks however the rows are shared out)."""
+    n, zero = x.shape[1], dx.dtype.type(0)
     for i in range(x.shape[0]):
-        _grad_row(x[i], g[i], w, mu[i], rstd[i], dx[i], dw[i // per], db[i // per])
+        m, r, k = mu[i, 0], rstd[i, 0], i // per
+        s1, s2 = _grad_sums(x, g, w, i, m, r, zero)
+        dx[i, 0] = s1 / n
+        c1 = dx[i, 0]
+        dx[i, 0] = s2 / n
+        c2 = dx[i, 0]
+        for j in range(n):
+            xh = (x[i, j] - m) * r
+            dw[k, j] += g[i, j] * xh
+            db[k, j] += g[i, j]
+            dx[i, j] = ((g[i, j] * w[j] - c1) - xh * c2) * r
 
 
 @njit(cache=True, nogil=True)
 def layer_norm_rows16(x, bf16, w, b, eps, one, has_bias, out, mu, rstd, xs, ys):  # pragma: no cover
     """layer_norm_rows on 16-bit x (bits), out rounded once into 16-bit bits: each row widened into the
-    float32 scratch row xs, normalised into ys, rounded from there."""
+    float32 scratch row xs ([1, n]), normalised into ys, rounded from there."""
     for i in range(x.shape[0]):
-        for j in range(xs.size):
-            xs[j] = widen16(x[i, j], bf16)
-        _norm_row(xs, w, b, eps, one, has_bias, ys, mu[i], rstd[i])
-        for j in range(ys.size):
-            out[i, j] = narrow16(ys[j], bf16)
+        for j in range(x.shape[1]):
+            xs[0, j] = widen16(x[i, j], bf16)
+        layer_norm_rows(xs, w, b, eps, one, has_bias, ys, mu[i:i + 1], rstd[i:i + 1])
+        for j in range(x.shape[1]):
+            out[i, j] = narrow16(ys[0, j], bf16)
 
 
 @njit(cache=True, nogil=True)
 def layer_norm_rows_backward16(x, g, bf16, w, mu, rstd, dx, dw, db, per, xs, gs, dxs):  # pragma: no cover
     """layer_norm_rows_backward on 16-bit x and g (bits), dx rounded once into 16-bit bits, row by row
-    through float32 scratch rows as layer_norm_rows16."""
+    through float32 scratch rows ([1, n]) as layer_norm_rows16."""
     for i in range(x.shape[0]):
-        for j in range(xs.size):
-            xs[j] = widen16(x[i, j], bf16)
-            gs[j] = widen16(g[i, j], bf16)
-        _grad_row(xs, gs, w, mu[i], rstd[i], dxs, dw[i // per], db[i // per])
-        for j in range(dxs.size):
-            dx[i, j] = narrow16(dxs[j], bf16)
+        for j in range(x.shape[1]):
+            xs[0, j] = widen16(x[i, j], bf16)
+            gs[0, j] = widen16(g[i, j], bf16)
+        k = i // per
+        layer_norm_rows_backward(xs, gs, w, mu[i:i + 1], rstd[i:i + 1], dxs, dw[k:k + 1], db[k:k + 1], 1)
+        for j in range(x.shape[1]):
+            dx[i, j] = narrow16(dxs[0, j], bf16)
