@@ -1,4 +1,4 @@
-"""The multi-rank race: our data-parallel step against PyTorch DDP (gloo, CPU) in the same processes.
+"""The multi-rank race: our step against a PyTorch peer (gloo, CPU) in the same processes; here DDP.
 
 Every rank process of a `processes` launch holds both: our Trainer on our communicator, and the PyTorch
 twin of the same model (engine/bench/torch_peer.py: same shapes, same initial weights) wrapped in
@@ -10,6 +10,9 @@ together (a barrier starts each block), so both see the same machine load; each 
 steps are not timed (the other library's threads are still winding down). A step's time is the
 slowest rank's median: the slowest rank sets the pace of data parallelism.
 
+`race_in_ranks` is that machinery for any peer: engine/bench/tp_peer.py races PyTorch's tensor
+parallelism with it.
+
 Imports torch inside the rank function only: the engine never depends on PyTorch.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import socket
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -46,13 +50,22 @@ def race_ddp(cfg: Config, warmup: int = 5, steps: int = 20) -> dict | None:
     """Our step and PyTorch DDP's on cfg's world size, processes backend, taking turns; None when
     PyTorch is not installed. Step times in seconds; `comm_share`: ours, the share of the step our
     ranks waited on communication after backward."""
+    return race_in_ranks(cfg, "engine.bench.ddp_peer:ddp_peer", warmup, steps)
+
+
+def race_in_ranks(cfg: Config, make_peer: str, warmup: int = 5, steps: int = 20) -> dict | None:
+    """Our Trainer and a PyTorch peer in the same `processes` ranks, taking turns in blocks of steps (the
+    module docstring); None when PyTorch is not installed. `make_peer` names a function of engine.bench
+    ("engine.bench.module:function": rank arguments cross as JSON, so a name, not the function) that runs
+    in every rank once torch.distributed's gloo group is up, make_peer(cfg, comm, ours), and returns the
+    peer's step, a function of the step index."""
     try:
         import torch  # noqa: F401 - only checking it is there
     except ImportError:
         return None
     cfg = replace(replace(cfg, "train.steps", warmup + steps + 1), "train.eval_every", 0)
     world = cfg.parallel.world_size
-    results = run_ranks(world, "processes", _race_rank, args=(to_dict(cfg), warmup, steps),
+    results = run_ranks(world, "processes", _race_rank, args=(to_dict(cfg), warmup, steps, make_peer),
                         timeout_s=max(cfg.parallel.timeout_s, 120.0),
                         threads_per_rank=cfg.parallel.threads_per_rank)
     ours = max(statistics.median(r["ours"]) for r in results)
@@ -64,27 +77,28 @@ def race_ddp(cfg: Config, warmup: int = 5, steps: int = 20) -> dict | None:
             "world_size": world, "global_batch": cfg.train.global_batch}
 
 
-def _race_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int) -> dict:
+def _race_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int, make_peer: str) -> dict:
+    import importlib
+
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    from engine.bench.torch_peer import torch_adamw, torch_model_from
     from engine.config import from_dict
     from engine.trainer import Trainer
 
-    cfg = from_dict(cfg_dict, source="<bench ddp>")
+    cfg = from_dict(cfg_dict, source="<bench race>")
     torch.set_num_threads(max(1, comm.threads_per_rank))
     ours = Trainer(cfg, comm)
     init_gloo(comm)
     try:
-        twin = torch_model_from(ours.model)  # after the replica's broadcast: rank 0's weights everywhere
-        ddp = DistributedDataParallel(twin, bucket_cap_mb=cfg.parallel.bucket_cap_mb)
-        opt = torch_adamw(twin, cfg.optim)
+        module, _, name = make_peer.partition(":")
+        if not module.startswith("engine.bench."):
+            raise ValueError(f"{make_peer!r} is not a peer of engine.bench")
+        peer_step = getattr(importlib.import_module(module), name)(cfg, comm, ours)
 
         def torch_step(i: int) -> float:
             t0 = time.perf_counter()
-            _ddp_step(ddp, twin, opt, ours.dataset.global_batch(i, "train"), comm.rank, comm.world_size, cfg)
+            peer_step(i)
             return time.perf_counter() - t0
 
         def our_step() -> tuple[float, float]:
@@ -109,6 +123,19 @@ def _race_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int) -> dict:
     finally:
         ours.replica.close()
         dist.destroy_process_group()
+
+
+def ddp_peer(cfg: Config, comm, ours) -> Callable[[int], None]:
+    """PyTorch DDP's step: the twin of our model (built after the replica's broadcast: rank 0's weights
+    everywhere) in DistributedDataParallel with our bucket cap, AdamW with our decay groups."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from engine.bench.torch_peer import torch_adamw, torch_model_from
+    twin = torch_model_from(ours.model)
+    ddp = DistributedDataParallel(twin, bucket_cap_mb=cfg.parallel.bucket_cap_mb)
+    opt = torch_adamw(twin, cfg.optim)
+    return lambda i: _ddp_step(ddp, twin, opt, ours.dataset.global_batch(i, "train"), comm.rank,
+                               comm.world_size, cfg)
 
 
 def _ddp_step(ddp, twin, opt, batch, rank: int, world: int, cfg) -> None:

@@ -59,9 +59,9 @@ class TorchAttention(tnn.Module):
         self.resid_drop = tnn.Dropout(dropout)
 
     def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = (h.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-                   for h in self.c_attn(x).split(c, dim=2))
+        qkv = self.c_attn(x)  # the shapes from its output: a tensor-parallel twin's holds n_head / t heads
+        b, t, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        q, k, v = (h.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for h in qkv.split(c, dim=2))
         p = self.dropout if self.training else 0.0
         if self.fused:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
