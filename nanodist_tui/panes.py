@@ -3,8 +3,8 @@ what its help says. A new pane is one more entry in PANES (or `register_pane`); 
 its overview from this list alone.
 
 Each pane is a widget keeping the Pane protocol (widgets/pane.py), made by `make(info)` for a run of shape
-`info`. A pane appears only for runs it `applies` to: the ring and the rank table for more than one rank,
-the loss scale for fp16.
+`info`. A pane appears only for runs it `applies` to: the ring, the rank table and the mesh for more than
+one rank, the loss scale for fp16.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from nanodist_tui.widgets.log_pane import LogPane
 from nanodist_tui.widgets.loss_plot import LossPlot
 from nanodist_tui.widgets.loss_scale_pane import LossScalePane
 from nanodist_tui.widgets.memory_pane import MemoryPane
+from nanodist_tui.widgets.mesh_pane import MeshPane
 from nanodist_tui.widgets.rank_table import RankTable
 from nanodist_tui.widgets.sweep_pane import SweepPane
 from nanodist_tui.widgets.traffic_pane import TrafficPane
@@ -97,6 +98,20 @@ PANES: list[PaneSpec] = [
              "Every discrete event, once, in order: start, evaluations, checkpoints, pauses, scale "
              "changes, the end, and a failure with the rank and its cause.",
              overview_row=2),
+    PaneSpec("mesh", "mesh", MeshPane,
+             "The device mesh: the ranks on the grid of their parallelism axes (rows: pipeline stage x data "
+             "replica; columns: context x tensor rank; only axes of degree > 1, a single axis laid on its "
+             "side), rows and columns named by their coordinates, how a rank follows from them under "
+             "parallel.order (innermost axis first: adjacent ranks) and where the nodes of "
+             "parallel.ranks_per_node ranks fall. Below, every kind of process group with more than one "
+             "rank: "
+             "ranks (in each group), groups (how many), link (intra-node: each group inside one node; "
+             "inter-node: each spans nodes; mixed), per group (what all of one group's ranks sent in the "
+             "last step, lowest-highest where the groups differ) and in all (every group of the kind), as "
+             "the traffic meter booked them under each group's name (tp0, dpcp1; world, node0 and cross0 "
+             "are the meter's own communicators); then what each kind is for ('= dp here': the same ranks "
+             "as the dp groups).",
+             applies=distributed),
     # A session pane: for the whole of the workbench's job, a sweep's pane follows its trials (x ends it).
     PaneSpec("sweep", "sweep", lambda info: SweepPane(id="sweep"),
              "A sweep's trials, updated in place: number, state (* marks the best), the metrics, steps, time "

@@ -1,6 +1,6 @@
-"""What the workbench knows about a run once it starts: its shape (backend, ranks, ZeRO stage, precision,
-checkpointing, length), read from the RunStarted event, so the layout can fit the run; and the run's memory
-estimate, which the memory pane holds its measurements against."""
+"""What the workbench knows about a run once it starts: its shape (backend, ranks, mesh, ZeRO stage,
+precision, checkpointing, length), read from the RunStarted event, so the layout can fit the run; and the
+run's memory estimate, which the memory pane holds its measurements against."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from engine.config import Config
 from engine.dtypes import itemsize
 from engine.events import RunStarted
+from engine.parallel.mesh import Mesh
 
 _DEFAULTS = Config()
 
@@ -33,6 +34,13 @@ class RunInfo:
     algorithm: str = _DEFAULTS.parallel.algorithm  # parallel.algorithm (auto's choices are in Traffic)
     ranks_per_node: int = 0
     hybrid: bool = False
+    # the device mesh's degrees and axis order ([parallel]; data parallelism is what remains of the world)
+    tensor: int = 1
+    pipeline: int = 1
+    context: int = 1
+    expert: int = 1
+    order: str = _DEFAULTS.parallel.order
+    sequence_parallel: bool = False
     # phase -> category -> bytes per rank, as the estimator predicts (RunStarted.memory_estimate); None when
     # the run did not report one. A dict: left out of the hash, so a RunInfo stays hashable.
     memory_estimate: dict[str, dict[str, int]] | None = field(default=None, hash=False)
@@ -51,7 +59,11 @@ class RunInfo:
                    run_dir=event.run_dir, replay=replay, sweep=sweep, threads_per_rank=event.threads_per_rank,
                    network=event.network, algorithm=setting("parallel", "algorithm"),
                    ranks_per_node=int(setting("parallel", "ranks_per_node")),
-                   hybrid=bool(setting("parallel", "hybrid")), memory_estimate=event.memory_estimate)
+                   hybrid=bool(setting("parallel", "hybrid")), memory_estimate=event.memory_estimate,
+                   tensor=int(setting("parallel", "tensor")), pipeline=int(setting("parallel", "pipeline")),
+                   context=int(setting("parallel", "context")), expert=int(setting("parallel", "expert")),
+                   order=str(setting("parallel", "order")),
+                   sequence_parallel=bool(setting("parallel", "sequence_parallel")))
 
     @classmethod
     def from_config(cls, config: dict, preset: str = "", sweep: bool = False) -> RunInfo:
@@ -71,6 +83,12 @@ class RunInfo:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def mesh(self) -> Mesh:
+        """The run's device mesh; ValueError (one line) for a layout that cannot be, which only a damaged
+        recording holds (a run's config was checked before it started)."""
+        return Mesh(self.world_size, self.tensor, self.pipeline, self.context, self.expert, self.order)
 
     @property
     def gradient_bytes(self) -> int:

@@ -55,6 +55,7 @@ class RankTraffic:
     links: dict[tuple[int, int], Link]
     phases: dict[str, tuple[int, float]]  # phase -> (bytes, seconds)
     algorithms: dict[tuple[str, str], int] = field(default_factory=dict)  # (group, algorithm) -> bytes
+    groups: dict[str, int] = field(default_factory=dict)  # group name -> bytes ("world" in old recordings)
 
     @property
     def bytes(self) -> int:
@@ -74,12 +75,15 @@ def rank_traffic(event: Traffic) -> RankTraffic:
     links: dict[tuple[int, int], Link] = {}
     phases: dict[str, tuple[int, float]] = {}
     algorithms: dict[tuple[str, str], int] = {}
+    groups: dict[str, int] = {}
     for row in event.links:
         key = (int(row["src"]), int(row["dst"]))
         link = links.setdefault(key, Link(*key))
         link.bytes += int(row["bytes"])
         link.seconds += float(row["seconds"])
         link.phases[row["phase"]] = link.phases.get(row["phase"], 0) + int(row["bytes"])
+        group = str(row.get("group") or "world")  # recordings from before process groups name none
+        groups[group] = groups.get(group, 0) + int(row["bytes"])
         b, s = phases.get(row["phase"], (0, 0.0))
         phases[row["phase"]] = (b + int(row["bytes"]), s + float(row["seconds"]))
         if row.get("algorithm"):  # recordings from before process groups carry neither field
@@ -87,7 +91,17 @@ def rank_traffic(event: Traffic) -> RankTraffic:
             link.algorithms[where] = link.algorithms.get(where, 0) + int(row["bytes"])
             algorithms[where] = algorithms.get(where, 0) + int(row["bytes"])
     ordered = dict(sorted(phases.items(), key=lambda item: phase_rank(item[0])))
-    return RankTraffic(event.rank, event.step, links, ordered, algorithms)
+    return RankTraffic(event.rank, event.step, links, ordered, algorithms, groups)
+
+
+def bytes_by_group(ranks: list[RankTraffic]) -> dict[str, int]:
+    """{group name: bytes all ranks sent in it} in each rank's last reported step: a group's traffic per
+    step, under the name the meter booked it ("tp0", "dpcp1", "world", "node0")."""
+    out: dict[str, int] = {}
+    for t in ranks:
+        for group, sent in t.groups.items():
+            out[group] = out.get(group, 0) + sent
+    return out
 
 
 def which_ran_where(ranks: list[RankTraffic]) -> dict[str, dict[str, int]]:

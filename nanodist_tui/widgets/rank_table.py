@@ -1,6 +1,10 @@
 """Per-rank step figures: one row per rank, cells right-aligned and updated in place (the cursor and the
 scroll position stay where the user put them). Figures in their short forms (696ms, 331kB) and columns as
-wide as their content, so every column, peak memory included, fits in 80 columns."""
+wide as their content, so every column, peak memory included, fits in 80 columns.
+
+Where the mesh has more than one axis (degree > 1), the rank column also gives the rank's coordinates, each
+under its axis's name ("rank dp pp tp" over "   5  0  1  1"): one column, not one per axis, so a three-axis
+layout still fits 80 columns."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from engine.events import RankStats
+from engine.parallel.mesh import Mesh
+from nanodist_tui.mesh_grid import rank_coords, shown_axes
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.units import format_share, short_bytes, short_seconds
@@ -30,6 +36,27 @@ def _right(text: str) -> Text:
     return Text(text, justify="right")
 
 
+class RankPlaces:
+    """The rank column's heading and cells: the rank alone, or with its coordinates on every axis of degree
+    > 1 when there are two or more, each number right-aligned under its axis's name."""
+
+    def __init__(self, info: RunInfo) -> None:
+        try:
+            mesh: Mesh | None = info.mesh
+        except ValueError:  # a damaged recording's layout: the ranks alone (the mesh pane says what is wrong)
+            mesh = None
+        axes = shown_axes(mesh) if mesh is not None else ()
+        self.mesh = mesh if len(axes) > 1 else None
+        self.widths = {a: max(len(a), len(str(mesh.degree(a) - 1))) for a in axes} if mesh is not None else {}
+        self.heading = " ".join(["rank", *self.widths]) if self.mesh is not None else "rank"
+
+    def cell(self, rank: int) -> str:
+        if self.mesh is None or rank >= self.mesh.world_size:  # (a rank beyond the world: see redraw)
+            return str(rank)
+        coords = rank_coords(self.mesh, rank)
+        return " ".join([f"{rank:>4}", *(f"{coords[a]:>{w}}" for a, w in self.widths.items())])
+
+
 class RankTable(DataTable):
     def __init__(self, info: RunInfo, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
@@ -39,12 +66,13 @@ class RankTable(DataTable):
         self.comm_s: dict[int, float] = {}
         self.memory_peak: dict[int, int] = {}
         self._shown: dict[int, tuple] = {}
+        self.where = RankPlaces(info)
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
-            self.add_column(_right(label), key=key)
+            self.add_column(_right(self.where.heading if key == "rank" else label), key=key)
         for rank in range(self.info.world_size):
-            self.add_row(*(_right("-") if k != "rank" else _right(str(rank)) for k, _ in COLUMNS),
+            self.add_row(*(_right("-") if k != "rank" else _right(self.where.cell(rank)) for k, _ in COLUMNS),
                          key=str(rank))
 
     def ingest(self, tick: Tick) -> None:
@@ -66,7 +94,7 @@ class RankTable(DataTable):
             comm = self.comm_s.get(rank)
             memory = self.memory_peak.get(rank)
             values = {
-                "rank": str(rank),
+                "rank": self.where.cell(rank),
                 "step": str(stats.step),
                 "step_time": short_seconds(stats.step_time_s),
                 "compute": short_seconds(max(0.0, stats.step_time_s - stats.comm_wait_s)),

@@ -85,8 +85,8 @@ def test_a_finished_run_shows_what_its_events_say_in_every_pane():
 
 def test_the_layout_fits_the_run():
     shapes = {(1, "fp32"): ["overview", "curves", "memory", "log"],
-              (2, "fp32"): ["overview", "curves", "memory", "traffic", "ranks", "log"],
-              (4, "fp16"): ["overview", "curves", "memory", "traffic", "ranks", "loss-scale", "log"]}
+              (2, "fp32"): ["overview", "curves", "memory", "traffic", "ranks", "log", "mesh"],
+              (4, "fp16"): ["overview", "curves", "memory", "traffic", "ranks", "loss-scale", "log", "mesh"]}
     for (world, dtype), tabs in shapes.items():
         async def scenario(app: NanoDistApp, pilot, tabs=tabs, world=world, dtype=dtype) -> None:
             await wait_for(pilot, lambda: app.session.state == "finished")
@@ -125,7 +125,7 @@ def test_a_failure_is_shown_once_with_its_cause():
         # the overview's log and the log tab's; a log writes what it queued once it is laid out on screen
         # (RichLog defers until it knows its size), so each is looked at with its own tab shown
         logs = [app.query_one("LogPane.overview-log", LogPane), app.query_one("LogPane.tab-log", LogPane)]
-        for tab, log in zip((1, len(app.workspace.tab_ids)), logs):
+        for tab, log in zip((1, app.workspace.tab_ids.index("tab-log") + 1), logs):
             app.action_show_tab(tab)
             await wait_for(pilot, lambda log=log: "loss is NaN" in lines(log), timeout=20)
         await pilot.pause(0.5)  # time for an echo to arrive, if there were one

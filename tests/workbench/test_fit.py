@@ -83,7 +83,7 @@ def run_and_check(app, size, show) -> list[str]:
 
 
 @SIZES
-@pytest.mark.parametrize("tab", range(1, 8))
+@pytest.mark.parametrize("tab", range(1, 9))
 def test_no_tab_cuts_a_figure(size, tab):
     async def show(pilot) -> None:
         await settle(pilot.app, pilot, tab)
