@@ -55,16 +55,23 @@ def tp_peer(cfg: Config, comm, ours):
     return TorchTP(cfg, comm.rank, build_model(cfg, ours.dataset), ours.dataset).step
 
 
-def tp_axes(cfg: Config) -> tuple[int, int]:
-    """(dp, tp) of cfg's layout; ValueError for an axis the twin does not race (pipeline, context,
-    expert) or a model it has no plan for."""
+def unraced(cfg: Config) -> str | None:
+    """Why the PyTorch TP twin cannot race cfg's layout (an axis besides data and tensor, a model it has
+    no plan for), or None."""
     p = cfg.parallel
     if max(p.pipeline, p.context, p.expert) > 1:
-        raise ValueError("the PyTorch TP twin races data x tensor layouts only (parallel.pipeline, "
-                         "parallel.context and parallel.expert must be 1)")
+        return ("the PyTorch TP twin races data x tensor layouts only (parallel.pipeline, parallel.context "
+                "and parallel.expert 1)")
     if cfg.model.kind != "gpt":
-        raise ValueError("the PyTorch TP twin has a plan for the GPT only (model.kind = \"gpt\")")
-    return p.world_size // p.tensor, p.tensor
+        return "the PyTorch TP twin has a plan for the GPT only, not an MLP model"
+    return None
+
+
+def tp_axes(cfg: Config) -> tuple[int, int]:
+    """(dp, tp) of cfg's layout; ValueError where the twin does not race it (`unraced`)."""
+    if why := unraced(cfg):
+        raise ValueError(why)
+    return cfg.parallel.world_size // cfg.parallel.tensor, cfg.parallel.tensor
 
 
 def device_mesh(cfg: Config):

@@ -1,6 +1,7 @@
-"""`nanodist-tui bench ...`: step (ours vs PyTorch eager, or DDP on process ranks), traffic (bytes per step
-by group), techniques (the step-time cost of each memory technique), scaling (strong and weak, ours and
-DDP), profile (where a step's milliseconds go) and pruning (the training steps a pruner saves a sweep).
+"""`nanodist-tui bench ...`: step (ours vs PyTorch eager, or DDP or tensor parallelism on process ranks),
+traffic (bytes per step by group), techniques (the step-time cost of each memory technique), scaling
+(strong and weak, ours and DDP), profile (where a step's milliseconds go) and pruning (the training steps a
+pruner saves a sweep).
 The measuring is engine.bench's; this module parses and prints. `bench allreduce` is bench_allreduce.py,
 `bench ui` and `bench ui-events` bench_ui.py (registered on this group by nanodist_tui.cli)."""
 
@@ -16,7 +17,7 @@ from nanodist_tui.cli.errors import fail, user_errors
 from nanodist_tui.cli.options import BackendOpt, JsonOpt, PresetOpt, SetOpt, WorldOpt, node_grid
 from nanodist_tui.cli.running import load_config
 
-app = typer.Typer(help="Benchmarks: our step vs PyTorch (eager, DDP), our all-reduce algorithms vs each "
+app = typer.Typer(help="Benchmarks: our step vs PyTorch (eager, DDP, TP), our all-reduce algorithms vs each "
                   "other and gloo, bytes per step by group, scaling, techniques, a per-op profile, sweep "
                   "pruning.",
                   no_args_is_help=True)
@@ -39,7 +40,8 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
          as_json: JsonOpt = False) -> None:
     """Median training-step time: ours, and PyTorch on the same shapes (when installed): eager on one
     rank (a GPT twice: hand-written attention and scaled_dot_product_attention), DDP (gloo) on
-    --world-size N --backend processes. Also what it ran on (CPU, BLAS), the step's FLOPs, and GFLOP/s
+    --world-size N --backend processes, its tensor parallelism (DeviceMesh, parallelize_module, gloo) when
+    parallel.tensor > 1 on processes. Also what it ran on (CPU, BLAS), the step's FLOPs, and GFLOP/s
     against the measured float32 matmul peak of this machine."""
     from engine.bench import machine
     from engine.bench.step import FLOPS_CONVENTION, race_torch, rate, step_flops, time_ours
@@ -81,6 +83,15 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
             peer.update(rate(flops, peer["step_s"], peak))
             if peer["sdpa"]:
                 peer["sdpa"].update(rate(flops, peer["sdpa"]["step_s"], peak))
+    elif cfg.parallel.backend == "processes" and cfg.parallel.tensor > 1:
+        from engine.bench.tp_peer import race_tp, unraced
+        if why := unraced(cfg):
+            report["tp_unraced"] = why
+        else:  # ours again, taking turns with PyTorch's tensor parallelism in the same ranks
+            report["tp"] = tp = race_tp(cfg, warmup, steps)
+            if tp:
+                report["ratio"] = tp["ratio"]
+                tp.update(rate(flops, tp["torch_s"], peak))
     elif cfg.parallel.backend == "processes":
         from engine.bench.ddp_peer import race_ddp
         ddp = race_ddp(cfg, warmup, steps)  # ours again, taking turns with PyTorch DDP in the same ranks
@@ -146,7 +157,18 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
               f"gloo, {d['world_size']} processes x {d['threads_per_rank']} thread(s))")
         print(f"  ratio ours/PyTorch DDP = {report['ratio']:.2f}  (ours {d['ours_s'] * 1e3:.1f} ms, comm "
               f"wait {d['comm_share']:.0%}, timed taking turns with PyTorch DDP in the same ranks)")
-    elif "ddp" in report or cfg.parallel.world_size == 1 and not report.get("torch"):
+    elif report.get("tp"):
+        d = report["tp"]
+        sp = "with" if d["sequence_parallel"] else "without"
+        print(f"  PyTorch TP {d['torch_s'] * 1e3:8.1f} ms/step   {_rate_words(d)}   (torch {d['torch']}, "
+              f"gloo, DeviceMesh dp {d['dp']} x tp {d['tp']} {sp} sequence parallelism, {d['world_size']} "
+              f"processes x {d['threads_per_rank']} thread(s))")
+        wait = f"DP comm wait {d['comm_share']:.0%}, " if d["dp"] > 1 else ""  # TP's collectives are inline
+        print(f"  ratio ours/PyTorch TP = {report['ratio']:.2f}  (ours {d['ours_s'] * 1e3:.1f} ms, {wait}"
+              "timed taking turns with PyTorch TP in the same ranks)")
+    elif "tp_unraced" in report:
+        print(f"  no PyTorch TP figure: {report['tp_unraced']}")
+    elif {"ddp", "tp"} & report.keys() or cfg.parallel.world_size == 1 and not report.get("torch"):
         print("  PyTorch not installed: no peer figure (pip install torch==2.13.0)")
 
 
