@@ -27,6 +27,8 @@ fastest. `algorithm="auto"` does that; "ring" is the engine's single segmented r
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.comm.collectives import SEGMENT_BYTES
@@ -140,6 +142,19 @@ class Topology:
     @property
     def nic_rings(self) -> int:
         return min(self.per_node, self.ranks) if self.nic == "rank" else 1
+
+    def subgroup(self, members: Sequence[int]) -> Topology:
+        """Where a group of these ranks (ranks of this topology's world, node = rank // per_node) sits: its
+        ranks per node (the most on one node). With one NIC per node, the groups of its kind that share a
+        node cross the network at once, each at that share of the NIC's bandwidth."""
+        if len(members) == self.ranks:
+            return self
+        per_node = max(Counter(r // self.per_node for r in members).values())
+        inter = self.inter
+        if self.nic == "node":
+            sharing = min(self.per_node, self.ranks) // per_node
+            inter = Link(inter.alpha, inter.beta * sharing, inter.host_beta, inter.piece)
+        return Topology(len(members), per_node, self.intra, inter, self.gamma, self.nic)
 
 
 def all_reduce_time(topo: Topology, n: float, algorithm: str = "ring") -> tuple[str, float]:

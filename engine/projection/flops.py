@@ -14,6 +14,7 @@ needs to know when a bucket can be sent.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -73,7 +74,14 @@ class FlopsOf:
         self.signature = model_signature(cfg, vocab)
 
     def __call__(self, tokens: float) -> ModelFlops:
-        return model_flops(self.cfg, self.vocab, max(1, round(tokens / self.tokens_per_row)))
+        rows = tokens / self.tokens_per_row
+        if rows == round(rows) and rows >= 1:
+            return model_flops(self.cfg, self.vocab, round(rows))
+        # a fraction of a row (a tensor-parallel rank's share of the work, tensor_parallel.py): the count is
+        # linear in the rows
+        one = model_flops(self.cfg, self.vocab, 1)
+        return dataclasses.replace(one, tokens=round(rows * one.tokens), forward=rows * one.forward,
+                                   unit_forward=tuple(rows * f for f in one.unit_forward))
 
 
 def model_signature(cfg, vocab: int) -> str:
@@ -93,6 +101,7 @@ class BackwardEvent:
     share: float
     ready: tuple[int, ...]
     block: int | None = None  # the transformer block (or MLP layer) the work belongs to
+    layer: str = ""  # the layer within it ("mlp.layers.0", "attention", ...; "head", "embeddings" outside)
 
 
 def backward_events(cfg, vocab: int) -> list[BackwardEvent]:
@@ -110,20 +119,21 @@ def backward_events(cfg, vocab: int) -> list[BackwardEvent]:
     m, events = cfg.model, []
     if m.kind == "mlp":
         for i in reversed(range(len(m.widths) - 1)):
-            events.append(BackwardEvent(weight(f"layers.{i}"), group(f"layers.{i}."), i))
+            events.append(BackwardEvent(weight(f"layers.{i}"), group(f"layers.{i}."), i, f"layers.{i}"))
     else:
         c, t = m.n_embd, m.block_size
         head = "lm_head" if "lm_head.weight" in index else "wte"
-        events.append(BackwardEvent(4.0 * numel[head + ".weight"], group("lm_head.") + group("ln_f."), None))
+        events.append(BackwardEvent(4.0 * numel[head + ".weight"], group("lm_head.") + group("ln_f."), None,
+                                    "head"))
         for k in reversed(range(m.n_layer)):
             pre = f"blocks.{k}."
 
             def linear(name: str, norm: str = "", pre: str = pre, k: int = k) -> BackwardEvent:
                 ready = group(pre + name + ".") + (group(pre + norm + ".") if norm else ())
-                return BackwardEvent(weight(pre + name), ready, k)
+                return BackwardEvent(weight(pre + name), ready, k, name)
             events += [linear("mlp.layers.1"), linear("mlp.layers.0", "ln_2"), linear("attn.c_proj"),
-                       BackwardEvent(8.0 * t * c, (), k),  # attention's two products, backward
+                       BackwardEvent(8.0 * t * c, (), k, "attention"),  # attention's two products, backward
                        linear("attn.c_attn", "ln_1")]
-        events.append(BackwardEvent(0.0, group("wpe.") + group("wte."), None))  # the embeddings, last
+        events.append(BackwardEvent(0.0, group("wpe.") + group("wte."), None, "embeddings"))  # last
     total = sum(e.share for e in events) or 1.0
-    return [BackwardEvent(e.share / total, e.ready, e.block) for e in events]
+    return [BackwardEvent(e.share / total, e.ready, e.block, e.layer) for e in events]

@@ -14,10 +14,11 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from engine.config import Config
+from engine.config import Config, ConfigError
 from engine.config.build import vocab_size
 from engine.dtypes import master_dtype
 from engine.memory.estimator import MemoryEstimate, estimate
+from engine.parallel.mesh import AXES
 from engine.projection.calibrate import Calibration
 from engine.projection.clusters import Cluster
 from engine.projection.flops import FlopsOf
@@ -25,6 +26,7 @@ from engine.projection.machine import Machine, make_machine
 from engine.projection.step import StepBreakdown, predict_step
 
 SCALINGS = ("weak", "strong")
+PROJECTED_AXES = ("dp", "tp")  # the mesh axes (engine.parallel.mesh.AXES) the step model has a term for
 DEFAULT_WORLD_SIZES = tuple(2**k for k in range(13))  # 1 ... 4096
 
 
@@ -59,20 +61,47 @@ def rank_memory(cluster: Cluster, ranks_on_host: int) -> float:
 
 
 def at_world_size(cfg: Config, world: int, scaling: str = "weak") -> Config | None:
-    """cfg on `world` ranks (its global batch per `scaling`), or None when strong scaling cannot split it."""
-    t = cfg.train
+    """cfg on `world` ranks (its global batch per `scaling`), or None when strong scaling cannot split it.
+    The tensor-parallel degree stays; the data-parallel degree is what remains (world / t)."""
+    t, cell = cfg.train, model_parallel_ranks(cfg.parallel)
     if scaling == "weak":
-        rows = max(1, t.global_batch // (cfg.parallel.world_size * t.micro_batches))
-        batch = rows * world * t.micro_batches
+        rows = max(1, t.global_batch // (cfg.parallel.world_size // cell * t.micro_batches))
+        batch = rows * (world // cell) * t.micro_batches
     else:
         batch = t.global_batch
-        if batch % (world * t.micro_batches):
+        if batch % (world // cell * t.micro_batches):
             return None
     per_node = cfg.parallel.ranks_per_node if cfg.parallel.ranks_per_node and \
         world % cfg.parallel.ranks_per_node == 0 else 0
     return dataclasses.replace(cfg, train=dataclasses.replace(t, global_batch=batch),
                                parallel=dataclasses.replace(cfg.parallel, world_size=world,
                                                             ranks_per_node=per_node))
+
+
+def check_projectable(cfg: Config) -> None:
+    """ConfigError (one line, naming the key) for a layout the step model has no term for, or one the
+    tensor-parallel plan cannot make (engine.parallel.tensor.plan)."""
+    p, m = cfg.parallel, cfg.model
+    for axis, key in AXES.items():
+        if axis not in PROJECTED_AXES and getattr(p, key) > 1:
+            raise ConfigError(f"parallel.{key}", f"{key} parallelism ({key} = {getattr(p, key)}) has no term "
+                              "in the projection yet", f"set parallel.{key} = 1")
+    if m.kind == "mlp" and p.sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel", "splits a sequence: an mlp model has none",
+                          "set parallel.sequence_parallel = false")
+    if m.kind == "mlp" and p.tensor > 1:
+        if (len(m.widths) - 1) % 2:
+            raise ConfigError("parallel.tensor", f"tensor parallelism pairs an mlp's layers (column-, then "
+                              f"row-parallel): {len(m.widths) - 1} layers do not pair up",
+                              "give model.widths an even number of layers, or set parallel.tensor = 1")
+        if odd := [w for w in m.widths[1:-1:2] if w % p.tensor]:
+            raise ConfigError("parallel.tensor", f"{p.tensor} does not divide the hidden width {odd[0]}",
+                              "use a tensor degree that divides every paired layer's width")
+
+
+def model_parallel_ranks(parallel) -> int:
+    """Ranks one data-parallel replica spans (tensor x pipeline x context): world sizes are multiples."""
+    return parallel.tensor * parallel.pipeline * parallel.context
 
 
 def predict(cfg: Config, cluster: Cluster, calibration: Calibration | None = None, vocab: int | None = None,
@@ -97,10 +126,15 @@ def project(cfg: Config, cluster: Cluster, world_sizes=DEFAULT_WORLD_SIZES,
         if world > cluster.max_ranks:
             skipped.append({"world_size": world, "why": f"the cluster has {cluster.max_ranks} ranks"})
             continue
+        if world % model_parallel_ranks(cfg.parallel):
+            skipped.append({"world_size": world, "why": f"not a multiple of tensor {cfg.parallel.tensor}"})
+            continue
         at = at_world_size(cfg, world, scaling)
         if at is None:
+            cell = model_parallel_ranks(cfg.parallel)
+            over = f"{world} ranks" if cell == 1 else f"{world // cell} data-parallel ranks"
             skipped.append({"world_size": world, "why": f"global batch {cfg.train.global_batch} does not "
-                                                        f"split over {world} ranks"})
+                                                        f"split over {over}"})
             continue
         step, mem, machine = predict(at, cluster, calibration, vocab, flops_of)
         tokens = at.train.global_batch * flops_of.tokens_per_row

@@ -22,21 +22,30 @@ engine.parallel.data.buckets, the estimator's units), as the replicas issue it (
              outnumber its cores, what is left of the last one's lag at each meeting (Timeline.lag)
 
 Without `parallel.overlap` every collective is waited for where it is issued.
+
+Tensor parallelism (tensor_parallel.py): compute split t ways (what it does not split kept whole), its
+collectives run on the training thread inside forward and backward, exposed; the data-parallel group
+above is then the dp = world / t ranks holding the same shard (group_comm.py places it), and its buckets
+and units are built over one rank's shard of the parameters (rank_shapes.py). With a tensor-parallel
+model nanoDist runs the replica's collectives on the training thread as well (one thread drives a
+communicator at a time), so they are replayed as without `parallel.overlap`: exposed, none prefetched.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from engine.config.build import param_shapes
 from engine.dtypes import itemsize
 from engine.parallel.data.buckets import aligned_buckets
 from engine.parallel.data.flat import FlatLayout
-from engine.projection.collective_times import all_reduce_time, half_collective_time
+from engine.parallel.mesh import Mesh
 from engine.projection.flops import BackwardEvent, FlopsOf, backward_events
+from engine.projection.group_comm import GroupComm, group_members
 from engine.projection.machine import Machine
-from engine.projection.sparse_ring import sparse_all_reduce
+from engine.projection.rank_shapes import rank_param_shapes
+from engine.projection.tensor_parallel import TensorParallel
 from engine.projection.timeline import Task, Timeline
 from engine.recompute import checkpointed_blocks
 
@@ -57,6 +66,8 @@ class StepBreakdown:
     comm_s: float  # every collective's time, hidden or not
     imbalance_s: float  # waiting for slower ranks sharing the host
     algorithm: str
+    tp_s: float = 0.0  # tensor and sequence parallelism's collectives: all exposed (part of exposed_s)
+    tp: dict = field(default_factory=dict)  # TensorParallel.summary(): degree, link, per layer, per step
 
     @property
     def comm_share(self) -> float:
@@ -67,79 +78,57 @@ class StepBreakdown:
         return {**asdict(self), "comm_share": self.comm_share}
 
 
-class _Comm:
-    """Collective times on the machine, with their CPU part for interference (at most the collective's
-    own seconds: one thread runs it)."""
-
-    def __init__(self, machine: Machine):
-        self.m = machine
-
-    def all_reduce(self, nbytes: float) -> tuple[float, float]:
-        _, seconds = all_reduce_time(self.m.topology, nbytes, self.m.algorithm)
-        cpu = all_reduce_time(self.m.cpu_topology, nbytes, "ring")[1] if self.m.cpu_topology else 0.0
-        return seconds, min(cpu, seconds)
-
-    def scalars(self, count: int) -> tuple[float, float]:
-        """An all-reduce of `count` fp64 values (the gradient norm, the overflow flag, the loss). On the
-        engine's ring, fewer values than ranks leave shards empty, which send nothing: the message-by-message
-        replay (sparse_ring), not the closed form, says what it costs."""
-        if self.m.algorithm != "ring" or count >= self.m.topology.ranks:
-            return self.all_reduce(8 * count)
-        seconds = sparse_all_reduce(self.m.topology, count, 8)
-        cpu = sparse_all_reduce(self.m.cpu_topology, count, 8) if self.m.cpu_topology else 0.0
-        return seconds, min(cpu, seconds)
-
-    def half(self, nbytes: float, reduce: bool) -> tuple[float, float]:
-        seconds = half_collective_time(self.m.topology, nbytes, reduce, self.m.algorithm)
-        cpu = 0.0
-        if self.m.cpu_topology is not None:
-            cpu = half_collective_time(self.m.cpu_topology, nbytes, reduce, "ring")
-        return seconds, min(cpu, seconds)
-
-
 def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) -> StepBreakdown:
     """One step of cfg (its world size, stage, precision, micro-batches) on `machine`. `owned_elements`:
     the optimizer's shard (engine.memory.estimator), which sets the update's cost."""
     p, dtype, world = cfg.parallel, cfg.precision.dtype, cfg.parallel.world_size
-    micro, rows = cfg.train.micro_batches, cfg.train.global_batch // (world * cfg.train.micro_batches)
-    tokens = rows * flops_of.tokens_per_row
-    flops, compute, k = flops_of(tokens), machine.compute, machine.ranks_on_host
-    t_fwd = flops.forward / compute.rate("forward", dtype, tokens, k)
-    t_bwd = flops.backward / compute.rate("backward", dtype, tokens, k)
+    dp = Mesh.of(p).degree("dpcp")
+    micro, rows = cfg.train.micro_batches, cfg.train.global_batch // (dp * cfg.train.micro_batches)
+    compute, k = machine.compute, machine.ranks_on_host
+    tp = TensorParallel(cfg, flops_of.vocab, rows, machine)
+    tokens = tp.tokens(rows * flops_of.tokens_per_row)  # a tensor-parallel rank's share of the work
+    flops = flops_of(tokens)
     forward_rate = compute.rate("forward", dtype, tokens, k)
-    t_block_fwd = flops.block_forward / forward_rate
-    t_units = [f / forward_rate for f in flops.unit_forward]
+    t_fwd = tp.split(flops.forward / forward_rate, "forward")
+    t_bwd = tp.split(flops.backward / compute.rate("backward", dtype, tokens, k), "backward")
+    t_block_fwd = tp.split(flops.block_forward / forward_rate, "block")
+    t_units = [tp.split(f / forward_rate, "block") for f in flops.unit_forward]
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, cfg.model.n_layer)) if cfg.model.kind == "gpt" \
         else set()
     t_opt = compute.optimizer_s(owned_elements, dtype, k)
     tl = Timeline(shares_cores=machine.cpu_topology is not None, kappa=compute.interference(dtype, k),
                   lag=compute.meeting_lag_s(dtype, k), slicing=compute.slicing(dtype, k))
-    comm = _Comm(machine)
+    # the gradient reduce: the ranks holding the same weights
+    comm = GroupComm(machine, group_members(p, "dpcp", machine.topology.per_node))
     tl.compute(compute.other_s(dtype, k))
     events = backward_events(cfg, flops_of.vocab)
-    plan = GroupPlan(cfg, flops_of.vocab, world)
+    plan = GroupPlan(cfg, flops_of.vocab, dp)
     program = {0: _data_parallel, 1: _data_parallel, 2: _data_parallel, 3: _zero3}[p.zero_stage]
+    if tp.active:  # the replica's collectives run on the training thread too: nothing overlaps, nothing
+        # is prefetched (engine.parallel.data.replica: one thread drives a communicator at a time)
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(p, overlap=False, prefetch=False))
     for m in range(micro):
         program(tl, comm, plan, cfg, events, t_fwd, t_bwd, t_block_fwd, ckpt, sync=m == micro - 1,
-                t_units=t_units)
+                t_units=t_units, tp=tp)
     tl.wait_all()  # finish_backward
-    sharded = p.zero_stage > 0 and world > 1
+    tp.issue(tl, tp.per_step)  # the sequence region's gradients summed over the group; the norm's share
+    sharded = p.zero_stage > 0 and dp > 1
     if sharded:
         tl.blocking(*comm.scalars(1))  # the gradient norm's sum of squares
         if dtype == "fp16":
             tl.blocking(*comm.scalars(2))  # the overflow flag and where it is
     tl.compute(t_opt)
-    if p.zero_stage in (1, 2) and world > 1:
+    if p.zero_stage in (1, 2) and dp > 1:
         for size in plan.sizes:
             tl.blocking(*comm.half(size, reduce=False))  # the updated parameters, bucket by bucket
     if world > 1:
-        tl.blocking(*comm.scalars(3))  # the loss and the stop and pause votes, averaged over ranks
+        tl.blocking(*GroupComm(machine).scalars(3))  # the loss and the stop and pause votes, over every rank
         tl.wait_for_peers(compute.imbalance_s(tl.compute_s, dtype, k))
     return StepBreakdown(
         step_s=tl.step_s, compute_s=tl.compute_s, overlapped_s=tl.overlapped_s, exposed_s=tl.exposed_s,
         interference_s=tl.interference_s, forward_s=micro * t_fwd, backward_s=micro * t_bwd,
         recompute_s=micro * len(ckpt) * t_block_fwd, optimizer_s=t_opt, comm_s=tl.comm_s,
-        imbalance_s=tl.imbalance_s, algorithm=machine.algorithm)
+        imbalance_s=tl.imbalance_s, algorithm=machine.algorithm, tp_s=tp.spent_s, tp=tp.summary())
 
 
 class GroupPlan:
@@ -147,7 +136,7 @@ class GroupPlan:
     parameter indices each holds."""
 
     def __init__(self, cfg, vocab: int, world: int):
-        shapes = param_shapes(cfg, vocab)
+        shapes = rank_param_shapes(cfg, vocab)  # one rank's shard of them under tensor parallelism
         s, stage, cap = itemsize(cfg.precision.dtype), cfg.parallel.zero_stage, cfg.parallel.bucket_cap_mb
         named = [(name, shape) for name, shape, _ in shapes]
         if stage == 0:
@@ -170,31 +159,29 @@ class GroupPlan:
                           for u in order]
 
 
-def _data_parallel(tl: Timeline, comm: _Comm, plan: GroupPlan, cfg, events: list[BackwardEvent], t_fwd: float,
-                   t_bwd: float, t_block: float, ckpt: set, sync: bool, t_units: list[float]) -> None:
+def _data_parallel(tl: Timeline, comm: GroupComm, plan: GroupPlan, cfg, events: list[BackwardEvent],
+                   t_fwd: float, t_bwd: float, t_block: float, ckpt: set, sync: bool, t_units: list[float],
+                   tp: TensorParallel) -> None:
     """Stages 0-2: one micro-batch's forward and backward with its bucket collectives."""
     stage, overlap = cfg.parallel.zero_stage, cfg.parallel.overlap
-    reduces = sync or stage == 2
-    tl.compute(t_fwd)
-    if not reduces or cfg.parallel.world_size == 1:
-        tl.compute(t_bwd + len(ckpt) * t_block)
-        return
-    issue_early = overlap or stage == 2  # stage 2 packs buckets as they fill, overlap or not
+    reduces = (sync or stage == 2) and comm.ranks > 1
+    tp.forward(tl, t_fwd, t_units)
+    issue_early = reduces and (overlap or stage == 2)  # stage 2 packs buckets as they fill, overlap or not
     ready: set[int] = set()
     inflight: list[Task] = []
     issued = 0
-    for event, seconds in _timed(events, t_bwd, t_block, ckpt):
-        tl.compute(seconds)
+    for event, seconds, recomputed in _timed(events, t_bwd, t_block, ckpt):
+        tp.backward(tl, event, seconds, recomputed)
         ready.update(event.ready)
         while issue_early and issued < len(plan.sizes) and ready.issuperset(plan.members[issued]):
             _issue(tl, comm, plan, stage, issued, inflight, overlap)
             issued += 1
-    while issued < len(plan.sizes):
+    while reduces and issued < len(plan.sizes):
         _issue(tl, comm, plan, stage, issued, inflight, overlap)
         issued += 1
 
 
-def _issue(tl: Timeline, comm: _Comm, plan: GroupPlan, stage: int, b: int, inflight: list[Task],
+def _issue(tl: Timeline, comm: GroupComm, plan: GroupPlan, stage: int, b: int, inflight: list[Task],
            overlap: bool) -> None:
     size = plan.sizes[b]
     if stage == 0:
@@ -206,7 +193,8 @@ def _issue(tl: Timeline, comm: _Comm, plan: GroupPlan, stage: int, b: int, infli
     _reduce_into_shard(tl, comm, size, inflight, overlap)
 
 
-def _reduce_into_shard(tl: Timeline, comm: _Comm, size: float, inflight: list[Task], overlap: bool) -> None:
+def _reduce_into_shard(tl: Timeline, comm: GroupComm, size: float, inflight: list[Task],
+                       overlap: bool) -> None:
     """ZeRO-2/3: at most two buffers in flight; pack the gradients (a copy on the training thread), then
     reduce-scatter on the communication thread (waited for at once without overlap)."""
     while len(inflight) >= 2:
@@ -218,21 +206,25 @@ def _reduce_into_shard(tl: Timeline, comm: _Comm, size: float, inflight: list[Ta
 
 
 def _timed(events: list[BackwardEvent], t_bwd: float, t_block: float, ckpt: set):
-    """(event, seconds) in backward order; a checkpointed block's recompute runs before its first event."""
+    """(event, seconds, recomputed) in backward order; a checkpointed block's recompute runs before its first
+    event (recomputed: this event carries it)."""
     seen: set = set()
     for event in events:
-        extra = 0.0
-        if event.block in ckpt and event.block not in seen:
+        recomputed = event.block in ckpt and event.block not in seen
+        if recomputed:
             seen.add(event.block)
-            extra = t_block
-        yield event, event.share * t_bwd + extra
+        yield event, event.share * t_bwd + (t_block if recomputed else 0.0), recomputed
 
 
-def _zero3(tl: Timeline, comm: _Comm, plan: GroupPlan, cfg, events: list[BackwardEvent], t_fwd: float,
-           t_bwd: float, t_block: float, ckpt: set, sync: bool, t_units: list[float]) -> None:
+def _zero3(tl: Timeline, comm: GroupComm, plan: GroupPlan, cfg, events: list[BackwardEvent], t_fwd: float,
+           t_bwd: float, t_block: float, ckpt: set, sync: bool, t_units: list[float],
+           tp: TensorParallel) -> None:
     """Stage 3: one micro-batch with its unit gathers (forward and backward) and reduce-scatters."""
-    if cfg.parallel.world_size == 1:
-        tl.compute(t_fwd + t_bwd + len(ckpt) * t_block)
+    timed = list(_timed(events, t_bwd, t_block, ckpt))
+    if comm.ranks == 1:
+        tp.forward(tl, t_fwd, t_units)
+        for event, seconds, recomputed in timed:
+            tp.backward(tl, event, seconds, recomputed)
         return
     prefetch, overlap = cfg.parallel.prefetch, cfg.parallel.overlap
     outer = plan.units and plan.units[0] is None
@@ -240,7 +232,7 @@ def _zero3(tl: Timeline, comm: _Comm, plan: GroupPlan, cfg, events: list[Backwar
     gathers: dict[int, Task] = {}
 
     def gather(i: int) -> None:
-        tl.compute(comm.m.compute.copy_s(plan.sizes[i] / cfg.parallel.world_size, comm.m.ranks_on_host))
+        tl.compute(comm.m.compute.copy_s(plan.sizes[i] / comm.ranks, comm.m.ranks_on_host))
         gathers[i] = tl.submit(*comm.half(plan.sizes[i], reduce=False))
 
     def ensure(i: int) -> None:
@@ -254,13 +246,16 @@ def _zero3(tl: Timeline, comm: _Comm, plan: GroupPlan, cfg, events: list[Backwar
         ensure(i)
         if prefetch and n + 1 < len(order):
             gather(order[n + 1])
+        if plan.units[i] is None or (n == 0 and not outer):
+            tp.issue(tl, tp.embedding_forward)
         if plan.units[i] is not None:
             tl.compute(t_units[plan.units[i]])
+            tp.issue(tl, tp.unit_forward.get(plan.units[i], []))
     tl.compute(max(0.0, t_fwd - sum(t_units)))  # the head and the loss
+    tp.issue(tl, tp.head_forward)
     # backward: the outer unit again at the logits, then the blocks from the last, each prefetching the next
     back = ([0] if outer else []) + blocks[::-1]
-    timed = list(_timed(events, t_bwd, t_block, ckpt))
-    outside = [s for e, s in timed if e.block is None]  # the head first, the embeddings last (GPT)
+    outside = [item for item in timed if item[0].block is None]  # the head first, the embeddings last (GPT)
     inflight: list[Task] = []
     for n, i in enumerate(back):
         ensure(i)
@@ -268,10 +263,14 @@ def _zero3(tl: Timeline, comm: _Comm, plan: GroupPlan, cfg, events: list[Backwar
             gather(back[n + 1])
         unit = plan.units[i]
         if unit is None:
-            tl.compute(outside[0] if outside else 0.0)
+            if outside:
+                tp.backward(tl, *outside[0])
             continue
-        tl.compute(sum(s for e, s in timed if e.block == unit))
+        for item in timed:
+            if item[0].block == unit:
+                tp.backward(tl, *item)
         _reduce_into_shard(tl, comm, plan.sizes[i], inflight, overlap)
-    tl.compute(sum(outside[1:]))
+    for item in outside[1:]:
+        tp.backward(tl, *item)
     if outer:  # its last gradient (the token embedding's, tied to the head) is final only now
         _reduce_into_shard(tl, comm, plan.sizes[0], inflight, overlap)

@@ -7,6 +7,8 @@ order submitted. Replaying a step's program on this clock gives what a step cost
                       communication thread: it starts when the thread is free and the work is submitted
     wait(task)        the training thread waits until that collective has finished
     blocking(s, cpu)  a collective the training thread runs itself (the communication thread is idle)
+    inline(s)         a collective the training thread runs inside forward or backward (tensor
+                      parallelism's): the communication thread keeps working on what it was given
     wait_for_peers(s) the training thread waits for a slower rank to reach the same collective
 
 `lag`: where ranks outnumber the host's cores (`slicing` ranks per core's worth of CPU), the last rank,
@@ -80,6 +82,14 @@ class Timeline:
 
     def blocking(self, seconds: float, cpu: float = 0.0) -> None:
         self.wait_all()
+        self._meet()
+        self.now += seconds
+        self.exposed_s += seconds
+        self.comm_s += seconds
+
+    def inline(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
         self._meet()
         self.now += seconds
         self.exposed_s += seconds

@@ -77,7 +77,7 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
         if nccl_tests is not None:
             return _fit_nccl(nccl_tests, ranks, as_json)
         with user_errors():
-            cfg, _, _ = load_config(preset, sets, world_size)
+            cfg = _config(preset, sets, world_size, describes=not (validate or calibrate))
             target = load_cluster(cluster)
             target.require_peak(cfg.precision.dtype)
         if validate:
@@ -90,6 +90,20 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
 
 
 # ---------------------------------------------------------------------- the projection
+
+def _config(preset: str, sets, world_size, describes: bool):
+    """The config. A projection only describes a run, so it takes the degrees this release does not train
+    yet (engine.config.rules.describing_layout) that the step model has a term for (check_projectable);
+    --validate and --calibrate run it, and take what a run takes."""
+    from engine.config.rules import describing_layout
+    from engine.projection.project import check_projectable
+    if not describes:
+        return load_config(preset, sets, world_size)[0]
+    with describing_layout():
+        cfg = load_config(preset, sets, world_size)[0]
+    check_projectable(cfg)
+    return cfg
+
 
 def _calibration_for(cfg, target, path: Path, quiet: bool):
     """The calibration a calibrated cluster needs for cfg, measured now if it is missing."""
@@ -143,23 +157,49 @@ def _write_json(data: dict, out: Path) -> Path:
 
 def print_projection(data: dict, cfg, target) -> None:
     p = cfg.parallel
+    tp = f", tensor {p.tensor}" + (" with sequence parallelism" if p.sequence_parallel else "") \
+        if p.tensor > 1 else ""
     print(f"{cfg.name} on {target.name}: ZeRO-{p.zero_stage}, {cfg.precision.dtype}, checkpointing "
-          f"{cfg.memory.checkpointing}, {data['scaling']} scaling, buckets of {p.bucket_cap_mb:g} MiB")
+          f"{cfg.memory.checkpointing}{tp}, {data['scaling']} scaling, buckets of {p.bucket_cap_mb:g} MiB")
+    tp_column = p.tensor > 1  # "tp": the part of "exposed" that is tensor parallelism's collectives
     head = (f"{'ranks':>6} {'batch':>6} {'step ms':>9} {'compute':>9} {'overlap':>9} {'exposed':>9} "
-            f"{'contend':>8} {'comm':>5} {'tokens/s':>10} {'scaling':>7} {'MFU':>6} {'MB/rank':>8} "
+            + (f"{'of it tp':>9} " if tp_column else "")
+            + f"{'contend':>8} {'comm':>5} {'tokens/s':>10} {'scaling':>7} {'MFU':>6} {'MB/rank':>8} "
             f"{'fits':>4}")
     print(head)
     for r in data["rows"]:
         fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "NO")
         ms = " ".join(f"{r[k] * 1e3:9.2f}" for k in ("step_s", "compute_s", "overlapped_s", "exposed_s"))
+        ms += f" {r['tp_s'] * 1e3:9.2f}" if tp_column else ""
         print(f"{r['world_size']:>6} {r['global_batch']:>6} {ms} {r['interference_s'] * 1e3:8.2f} "
               f"{r['comm_share']:5.0%} {r['tokens_per_s']:10.3g} {r['scaling_efficiency']:7.0%} "
               f"{r['mfu']:6.1%} {r['peak_bytes'] / MB:8.1f} {fits:>4}")
     for s in data["skipped"]:
         print(f"  {s['world_size']} ranks left out: {s['why']}")
+    if tp_column and data["rows"]:
+        print("\n".join(tensor_parallel_lines(data["rows"][0])))
     _print_memory(data["rows"])
     if len(data["rows"]) > 1:
         print(scaling_plot(data["rows"]))
+
+
+def tensor_parallel_lines(row: dict) -> list[str]:
+    """A row's TP term in words: one layer's collectives, their bytes, the link they use, the time."""
+    from collections import Counter
+    tp = row["tp"]
+    per = Counter((c["kind"], c["phase"].split("-")[1]) for c in tp["per_layer"])
+    kinds = " + ".join(f"{n} {kind}{'s' if n > 1 else ''} {'forward' if way == 'fwd' else 'backward'}"
+                       for (kind, way), n in per.items())
+    size = tp["per_layer"][0]["bytes"] / MB if tp["per_layer"] else 0.0
+    where = "inside a node" if tp["link"] == "intra-node" else f"across {tp['nodes']} nodes"
+    sp = " with sequence parallelism" if tp["sequence_parallel"] else ""
+    return [f"tensor parallel {tp['degree']}{sp} at {row['world_size']} ranks (dp "
+            f"{row['world_size'] // tp['degree']}, {tp['rows']} row(s) per micro-batch): each group {where}, "
+            f"on the {tp['link']} link",
+            f"  per layer {kinds}, {size:.3g} MB each; {tp['layer_sent_bytes'] / MB:.3g} MB sent per rank, "
+            f"{tp['layer_s'] * 1e3:.3f} ms",
+            f"  per step {tp['collectives']} collectives, {tp['step_s'] * 1e3:.3f} ms, all exposed: the "
+            "training thread runs them inside forward and backward"]
 
 
 def _print_memory(rows: list[dict]) -> None:
