@@ -18,8 +18,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from engine import events as ev
+from engine.parallel.mesh import DENSE_AXES
 from engine.run.printable import printable
 from nanodist_tui.describe import describe
+from nanodist_tui.mesh_grid import layout_text
 from nanodist_tui.widgets.units import format_bytes
 
 
@@ -121,6 +123,18 @@ def peak_memory_text(peaks: dict) -> str:
     return f"highest {cell(*high)}, lowest {cell(*low)} ({len(by_rank)} ranks)"
 
 
+def layout_line(layout) -> str:
+    """The device mesh in a few words ("dp 2 x tp 2, sequence parallel  (order tp-cp-ep-dp-pp)"; "dp 4" for
+    data parallelism alone, where the order moves nothing); "" for a summary without one (an older run's, or a
+    damaged one)."""
+    if not isinstance(layout, dict) or not isinstance(layout.get("degrees"), dict):
+        return ""
+    degrees = {axis: int(d) for axis, d in layout["degrees"].items() if isinstance(d, int)}
+    text = layout_text(degrees, bool(layout.get("sequence_parallel")))
+    several = sum(d > 1 for axis, d in degrees.items() if axis in DENSE_AXES) > 1
+    return text + (printable(f"  (order {layout['order']})") if several and layout.get("order") else "")
+
+
 def summary_lines(summary: dict) -> list[str]:
     """The final report of a run, one fact per line."""
     first, last = summary["initial_val_loss"], summary["final_val_loss"]
@@ -139,6 +153,8 @@ def summary_lines(summary: dict) -> list[str]:
     ]
     if summary.get("threads_per_rank"):
         lines.insert(3, f"threads/rank   {summary['threads_per_rank']}")
+    if layout := layout_line(summary.get("layout")):
+        lines.append(f"layout         {layout}")
     if summary.get("peak_memory"):
         lines.append(f"peak memory    {peak_memory_text(summary['peak_memory'])}")
     if "overflows" in summary:

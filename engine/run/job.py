@@ -106,7 +106,7 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     summary["total_steps"] = cfg.train.steps
     summary["lead"] = lead
     summary.update({key: figures[key] for key in ("peak_memory", "overflows", "skipped_steps",
-                                                  "loss_scale_changes", "parent", "resumed_at")})
+                                                  "loss_scale_changes", "parent", "resumed_at", "layout")})
     if figures["parent"] is not None:  # a resumed run's improvement is the lineage's, from its first eval
         summary["initial_val_loss"] = figures["initial_val_loss"]
     finished = ev.RunFinished(steps=summary["steps"], initial_val_loss=summary["initial_val_loss"],

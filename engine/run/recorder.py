@@ -38,6 +38,7 @@ from engine import config
 from engine import events as ev_types
 from engine.config import presets
 from engine.events import EventError, as_event, from_json, to_json
+from engine.parallel.mesh import AXES, Mesh
 from engine.run import atomic_file, lock, throughput
 from engine.run.legacy_events import LegacyFields
 
@@ -111,7 +112,10 @@ def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
         # initial_val_loss and best_val_loss are then the lineage's, from the first run's first evaluation
         "parent": None, "resumed_at": None,
         "error": None,
-        "failed_rank": None, "network": None}  # network: "emulated network: ..." when it was emulated
+        "failed_rank": None, "network": None,  # network: "emulated network: ..." when it was emulated
+        # the device mesh (layout_of): {"degrees": {"tp": 2, "cp": 1, "ep": 1, "dp": 2, "pp": 1},
+        # "order": "tp-cp-ep-dp-pp", "sequence_parallel": false}; dp is what remains of the world
+        "layout": None}
 
 
 # What each summary.json field holds (null: not known yet). A summary.json is a file anyone may edit or
@@ -125,7 +129,7 @@ SUMMARY_TYPES = {
                     _WHOLE),
     **dict.fromkeys(("last_loss", "initial_val_loss", "final_val_loss", "best_val_loss", "train_s",
                      "tokens_per_s", "wall_s"), _NUMBER),
-    "peak_memory": _OBJECT}
+    "peak_memory": _OBJECT, "layout": _OBJECT}
 _PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {_WHOLE: int, _NUMBER: (int, float), _TEXT: str,
                                                      _OBJECT: dict}
 
@@ -158,11 +162,30 @@ def _json_kind(value: Any) -> str:
     return next((name for t, name in kinds if isinstance(value, t)), "null")
 
 
+def layout_of(run_config: dict, world_size: int) -> dict[str, Any] | None:
+    """A run's device mesh as its summary keeps it, from its config (defaults where a recording from before
+    the mesh has no key); None for a layout that cannot be, which only a damaged recording holds."""
+    parallel = run_config.get("parallel") if isinstance(run_config, dict) else None
+    parallel = parallel if isinstance(parallel, dict) else {}
+    defaults = config.Config().parallel
+
+    def setting(key: str) -> Any:
+        return parallel.get(key, getattr(defaults, key))
+    try:
+        mesh = Mesh(world_size, int(setting("tensor")), int(setting("pipeline")), int(setting("context")),
+                    int(setting("expert")), str(setting("order")))
+    except (TypeError, ValueError):
+        return None
+    return {"degrees": {axis: mesh.degree(axis) for axis in AXES}, "order": "-".join(mesh.axes),
+            "sequence_parallel": bool(setting("sequence_parallel"))}
+
+
 def summarize(s: dict[str, Any], ev: Any) -> None:
     """Fold one event into a summary, in place: the recorder's live figures, and a killed run's later."""
     if isinstance(ev, ev_types.RunStarted):
         s.update(n_params=ev.n_params, world_size=ev.world_size, total_steps=ev.total_steps,
-                 threads_per_rank=ev.threads_per_rank or None, network=ev.network or None)
+                 threads_per_rank=ev.threads_per_rank or None, network=ev.network or None,
+                 layout=layout_of(ev.config or {}, ev.world_size))
         s["preset"] = s["preset"] or ev.preset
     elif isinstance(ev, ev_types.StepEnd):
         s.update(steps=ev.step, last_loss=ev.loss)

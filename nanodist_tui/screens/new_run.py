@@ -21,21 +21,29 @@ from engine.comm.launch import BACKENDS
 from engine.config import Config, ConfigError, describe, presets
 from engine.dtypes import DTYPES
 from engine.parallel.data import ZERO_STAGES
+from engine.parallel.mesh import AXES
 from engine.paths import PathError
 from nanodist_tui.screens.fit_table import FitTable
 from nanodist_tui.widgets.footer import WorkbenchFooter
 
-# The settings the form shows; a tuple of choices makes a drop-down, None a text field.
+# The settings the form shows; a tuple of choices makes a drop-down, None a text field. The mesh's degrees
+# follow the world size: a layout the world, the heads or this release cannot take is the rules' one line.
 FIELDS: tuple[tuple[str, tuple | None], ...] = (
     ("train.steps", None), ("train.global_batch", None), ("train.micro_batches", None), ("optim.lr", None),
-    ("parallel.world_size", None), ("parallel.backend", BACKENDS), ("parallel.zero_stage", ZERO_STAGES),
-    ("precision.dtype", DTYPES), ("memory.checkpointing", None), ("model.n_layer", None),
-    ("model.n_embd", None), ("checkpoint.every", None),
+    ("parallel.world_size", None), *((f"parallel.{key}", None) for axis, key in AXES.items() if axis != "dp"),
+    ("parallel.sequence_parallel", (False, True)), ("parallel.backend", BACKENDS),
+    ("parallel.zero_stage", ZERO_STAGES), ("precision.dtype", DTYPES), ("memory.checkpointing", None),
+    ("model.n_layer", None), ("model.n_embd", None), ("checkpoint.every", None),
 )
 
 
 def _field_id(key: str) -> str:
     return "field-" + key.replace(".", "-")
+
+
+def _spelled(value: Any) -> str:
+    """A value as --set takes it: true and false as TOML spells them, anything else as written."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _value_of(cfg, key: str):
@@ -71,8 +79,8 @@ class NewRunScreen(Screen[tuple[Config, tomlkit.TOMLDocument] | None]):
                         if choices is None:
                             yield Input(id=_field_id(key), classes="field-input")
                         else:
-                            yield Select([(str(c), c) for c in choices], id=_field_id(key), allow_blank=False,
-                                         classes="field-input")
+                            yield Select([(_spelled(c), c) for c in choices], id=_field_id(key),
+                                         allow_blank=False, classes="field-input")
                         yield Static(describe(key), classes="field-doc")
                 yield Static("", id="form-error")
                 yield Label("will it fit? (the estimator, before anything runs)", classes="section")
@@ -110,7 +118,7 @@ class NewRunScreen(Screen[tuple[Config, tomlkit.TOMLDocument] | None]):
                 widget = self._field(key)
                 value = _value_of(cfg, key)
                 widget.value = value if isinstance(widget, Select) else str(value)
-                self.loaded[key] = str(value)
+                self.loaded[key] = _spelled(value)
         self.check()
 
     def overrides(self) -> list[str]:
@@ -118,8 +126,8 @@ class NewRunScreen(Screen[tuple[Config, tomlkit.TOMLDocument] | None]):
         out = []
         for key, _ in FIELDS:
             value = self._field(key).value
-            if value is not Select.BLANK and str(value) != self.loaded.get(key):
-                out.append(f"{key}={value}")
+            if value is not Select.BLANK and _spelled(value) != self.loaded.get(key):
+                out.append(f"{key}={_spelled(value)}")
         return out
 
     def _field(self, key: str) -> Input | Select[Any]:
