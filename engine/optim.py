@@ -63,17 +63,20 @@ class AdamW:
         self.v = np.zeros_like(params)
         self.t = 0
 
-    def step(self, lr: float | None = None) -> None:
+    def step(self, lr: float | None = None, unscale: float = 1.0, clip: float = 1.0) -> None:
+        """One update. The gradients are read multiplied by `unscale`, then by `clip` (each product rounded
+        to their dtype, as scaling them in place first would), and left as they are."""
         lr = self.lr if lr is None else lr
         self.t += 1
         b1, b2 = self.betas
         decay = 1 - lr * self.weight_decay
         bias2 = math.sqrt(1 - b2 ** self.t)
         step_size = -lr / (1 - b1 ** self.t)
-        if not self._step_compiled(decay, bias2, step_size):
-            self._step_numpy(decay, bias2, step_size)
+        scales = (unscale, clip)
+        if not self._step_compiled(decay, bias2, step_size, scales):
+            self._step_numpy(decay, bias2, step_size, scales)
 
-    def _step_compiled(self, decay: float, bias2: float, step_size: float) -> bool:
+    def _step_compiled(self, decay: float, bias2: float, step_size: float, scales: tuple) -> bool:
         """The update as one compiled pass over each thread's range (False where it cannot run: numba
         missing, or arrays that are not contiguous float32 or float64 of one dtype)."""
         arrays = (self.params, self.grads, self.m, self.v)
@@ -82,16 +85,17 @@ class AdamW:
         if jit is None or any(a.dtype != dtype or not a.flags.c_contiguous for a in arrays):
             return False
         b1, b2 = self.betas
-        consts = tuple(dtype.type(c) for c in (decay, 1 - b1, b2, 1 - b2, bias2, self.eps, step_size))
+        values = (decay, 1 - b1, b2, 1 - b2, bias2, self.eps, step_size) + scales
+        consts = tuple(dtype.type(c) for c in values)
         mask = self.decay_mask
 
         def update(lo: int, hi: int) -> None:  # (a one-element mask where there is none: never read)
             part = np.ones(1, bool) if mask is None else mask[lo:hi]
-            jit.adamw(*(a[lo:hi] for a in arrays), part, mask is not None, *consts)
+            jit.adamw(*(a[lo:hi] for a in arrays), part, mask is not None, consts)
         thread_pool.split(update, self.params.size, SHARE_FROM)
         return True
 
-    def _step_numpy(self, decay: float, bias2: float, step_size: float) -> None:
+    def _step_numpy(self, decay: float, bias2: float, step_size: float, scales: tuple) -> None:
         """The update in chunks of NumPy passes through the scratch rows, shared among the rank's threads."""
         width, size = self.scratch.shape[1], self.params.size
         shares = max(1, min(thread_pool.threads(), size // SHARE_FROM, width))
@@ -105,14 +109,19 @@ class AdamW:
                     part = slice(lo, min(size * (k + 1) // shares, lo + chunk))
                     mask = True if self.decay_mask is None else self.decay_mask[part]
                     self._update(self.params[part], self.grads[part], self.m[part], self.v[part], mask,
-                                 decay, bias2, step_size, self.scratch[:, cols])
+                                 decay, bias2, step_size, scales, self.scratch[:, cols])
         thread_pool.split(update_shares, shares)
 
-    def _update(self, p, g, m, v, mask, decay: float, bias2: float, step_size: float,
+    def _update(self, p, g, m, v, mask, decay: float, bias2: float, step_size: float, scales: tuple,
                 scratch: np.ndarray) -> None:
-        """One chunk, in place; s and u are its scratch rows."""
+        """One chunk, in place; s and u are its scratch rows (u holds the scaled gradient until its last
+        use)."""
         s, u = scratch[0, :p.size], scratch[1, :p.size]
         b1, b2 = self.betas
+        if scales != (1.0, 1.0):
+            np.multiply(g, scales[0], out=u)
+            u *= scales[1]
+            g = u
         if self.weight_decay:
             np.multiply(p, decay, out=p, where=mask)
         np.subtract(g, m, out=s)  # torch: exp_avg.lerp_(grad, 1 - beta1)

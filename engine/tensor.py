@@ -139,14 +139,16 @@ class Parameter(Tensor):
 
 
 class Node:
-    """One recorded op: edges to its inputs (Node, leaf Tensor, or None) and its backward closure."""
+    """One recorded op: edges to its inputs (Node, leaf Tensor, or None) and its backward closure.
+    `fresh`: the arrays the closure returns are its own (see make)."""
 
-    __slots__ = ("id", "inputs", "backward", "observer")
+    __slots__ = ("id", "inputs", "backward", "observer", "fresh")
 
-    def __init__(self, inputs: tuple, backward: Callable, saved: tuple):
+    def __init__(self, inputs: tuple, backward: Callable, saved: tuple, fresh: bool = False):
         self.id = next(_node_ids)
         self.inputs = inputs
         self.backward: Callable | None = backward
+        self.fresh = fresh
         self.observer = _state.observer if saved else None
         if self.observer is not None:
             self.observer.on_save(self.id, saved)
@@ -211,17 +213,20 @@ def _add_rows(buf: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
     buf[target] = lowp.narrow(sums, buf.dtype)
 
 
-def make(data: np.ndarray, inputs: tuple, backward: Callable, saved: tuple = ()) -> Tensor:
+def make(data: np.ndarray, inputs: tuple, backward: Callable, saved: tuple = (), fresh: bool = False
+         ) -> Tensor:
     """Wrap an op's result, recording a node when grad is enabled and some input requires grad.
 
     `backward(g)` returns one gradient (ndarray, ScatterGrad or None) per input; it must treat `g`
     as read-only. `saved` lists exactly the activation arrays the closure keeps (for the ledger).
+    `fresh`: every array `backward` returns is new, a different one per input, and kept by nothing else
+    (nor a view of anything kept), so the tape may add another gradient into it in place.
     """
     if not (_state.grad_enabled and any(t.requires_grad for t in inputs)):
         return Tensor(data)
     out = Tensor(data, requires_grad=True)
     edges = tuple((t._node or t) if t.requires_grad else None for t in inputs)
-    out._node = Node(edges, backward, saved)
+    out._node = Node(edges, backward, saved, fresh)
     return out
 
 
@@ -248,11 +253,12 @@ def _topological(root) -> list:
     return order
 
 
-def _accumulate(pending: dict, edge, grad) -> None:
-    """Sum gradients arriving at one edge. Arrays we allocated ("owned") are added to in place;
-    others may alias another edge's gradient, so the first sum makes a new array. A buffer of zeros
-    that only slices have been written into (split's parts) keeps the list of those slices: a part
-    that overlaps none of them is copied in, not added to zeros."""
+def _accumulate(pending: dict, edge, grad, fresh: bool = False) -> None:
+    """Sum gradients arriving at one edge. Arrays we allocated, or a node handed over as `fresh`
+    ("owned"), are added to in place (an unowned gradient is added into a fresh one: a + b is b + a,
+    bit for bit); others may alias another edge's gradient, so the first sum of two of them makes a new
+    array. A buffer of zeros that only slices have been written into (split's parts) keeps the list of
+    those slices: a part that overlaps none of them is copied in, not added to zeros."""
     previous = pending.get(edge)
     if isinstance(grad, ScatterGrad):
         if previous is None:
@@ -271,11 +277,13 @@ def _accumulate(pending: dict, edge, grad) -> None:
                 written = None
         pending[edge] = (buf, True) if written is None else (buf, True, written)
     elif previous is None:
-        pending[edge] = (grad, False)
+        pending[edge] = (grad, fresh)
     elif previous[1]:
         lowp.add(previous[0], grad, out=previous[0])
         if len(previous) > 2:
             pending[edge] = previous[:2]  # no longer zeros outside its slices
+    elif fresh:
+        pending[edge] = (lowp.add(grad, previous[0], out=grad), True)
     else:
         pending[edge] = (lowp.add(previous[0], grad), True)
 
@@ -309,7 +317,7 @@ def run_backward(root, grad: np.ndarray) -> None:
                 grads = edge.backward(entry[0])
                 for inp, g in zip(edge.inputs, grads):
                     if inp is not None and g is not None:
-                        _accumulate(pending, inp, g)
+                        _accumulate(pending, inp, g, edge.fresh)
             edge.free()
         elif entry is not None:
             _write_leaf_grad(edge, entry[0], entry[1])

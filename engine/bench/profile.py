@@ -76,8 +76,8 @@ class _Patched:
         make = ops.make
         current: list[str] = []  # the op whose forward is running: it owns the closure make() receives
 
-        def timed_make(data, inputs, backward, saved=()):
-            return make(data, inputs, clock.timed(backward, current[-1] if current else "?"), saved)
+        def timed_make(data, inputs, backward, saved=(), fresh=False):
+            return make(data, inputs, clock.timed(backward, current[-1] if current else "?"), saved, fresh)
 
         def op(name, fn):
             timed = clock.timed(fn, name)

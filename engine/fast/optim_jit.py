@@ -45,16 +45,18 @@ def sum_of_squares(x):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def adamw(p, g, m, v, decay_mask, masked, decay, b1_rest, b2, b2_rest, bias2, eps, step):  # pragma: no cover
-    """One AdamW step over flat arrays, in place: p *= decay where decay_mask (everywhere when not
-    `masked`; decay_mask is not read then), m += (g - m) b1_rest, v = v b2 + g b2_rest g (b_rest = 1 - b),
-    p += (m step) / (sqrt(v) / bias2 + eps); the constants in p's dtype. Without weight decay, decay
-    is 1: multiplying by it changes no bit, as skipping it would not."""
+def adamw(p, g, m, v, decay_mask, masked, consts):  # pragma: no cover - compiled
+    """One AdamW step over flat arrays, in place, consts = (decay, b1_rest, b2, b2_rest, bias2, eps, step,
+    unscale, clip) in p's dtype: with the gradient read as g unscale clip, p *= decay where decay_mask
+    (everywhere when not `masked`; decay_mask is not read then), m += (g - m) b1_rest, v = v b2 + g b2_rest
+    g (b_rest = 1 - b), p += (m step) / (sqrt(v) / bias2 + eps). A factor of 1 (no weight decay, no
+    scaling) changes no bit, as skipping it would not."""
+    decay, b1_rest, b2, b2_rest, bias2, eps, step, unscale, clip = consts
     for i in range(p.size):
         pi = p[i]
         if not masked or decay_mask[i]:
             pi = pi * decay
-        gi = g[i]
+        gi = g[i] * unscale * clip
         mi = m[i] + (gi - m[i]) * b1_rest
         vi = v[i] * b2 + gi * b2_rest * gi
         m[i] = mi

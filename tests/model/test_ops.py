@@ -12,7 +12,7 @@ from numeric_helpers import numeric_grad
 
 from engine import ops, reference
 from engine.dropout_rng import DropoutRNG
-from engine.tensor import Parameter, Tensor, no_grad, set_tape_observer
+from engine.tensor import Parameter, Tensor, make, no_grad, set_tape_observer
 
 
 def tensor_numeric_grad(fn, arrays, i, weights):
@@ -227,6 +227,25 @@ def test_grad_of_a_reused_input_adds_up_without_aliasing():
     y = x + x  # both edges receive the same upstream array
     (y * 2 + y).sum().backward()
     np.testing.assert_allclose(x.grad, np.full(3, 6.0))
+
+
+@pytest.mark.parametrize("fresh_first", [True, False])
+def test_a_fresh_nodes_gradient_takes_the_others_in_place_and_leaves_them_alone(fresh_first):
+    """make(fresh=True): the tape adds another edge's gradient into the array that node returned (the
+    leaf keeps it, no copy) and never writes into an array a node without the flag returned."""
+    x = Tensor(rand(3, 4), requires_grad=True)
+    kept = rand(3, 4, seed=2)
+    before, made = kept.copy(), []
+
+    def fresh_backward(g):
+        made.append(g * 2.0)
+        return (made[-1],)
+    handed = make(x.data.copy(), (x,), lambda g: (kept,))  # `kept` is still held here
+    owned = make(x.data.copy(), (x,), fresh_backward, fresh=True)
+    (owned + handed if fresh_first else handed + owned).sum().backward()
+    np.testing.assert_array_equal(kept, before)
+    assert x.grad is made[0]
+    np.testing.assert_array_equal(x.grad, kept + 2.0)
 
 
 def test_grad_ready_hook_fires_once_with_the_final_grad_and_early():

@@ -241,3 +241,27 @@ def test_the_compiled_update_is_the_numpy_update_bit_for_bit(dtype, decay, threa
         thread_pool.set_threads(before)
     for a, b in zip(fused, chunks):
         np.testing.assert_array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
+
+
+@pytest.mark.parametrize("path", ["compiled", "numpy"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_unscale_and_clip_in_the_update_are_scaling_the_gradients_first(path, dtype):
+    """step(lr, unscale, clip) reads g unscale clip, rounded as two in-place products would round it
+    (what the replica did before the update: grad *= 1/scale; grad *= clip), and leaves g as it was."""
+    from contextlib import nullcontext
+
+    from engine.fast import compiled
+    rng = np.random.default_rng(9)
+    n = 3 * 4096 + 5
+    start, grad = rng.standard_normal(n).astype(dtype), (rng.standard_normal(n) * 300).astype(dtype)
+    with compiled.disabled() if path == "numpy" else nullcontext():
+        fused = AdamW(start.copy(), grad.copy(), lr=1e-2, weight_decay=0.1)
+        fused.step(unscale=1 / 256, clip=0.37)
+        scaled = grad.copy()
+        scaled *= 1 / 256
+        scaled *= 0.37
+        first = AdamW(start.copy(), scaled, lr=1e-2, weight_decay=0.1)
+        first.step()
+    np.testing.assert_array_equal(fused.grads, grad)
+    for a, b in ((fused.params, first.params), (fused.m, first.m), (fused.v, first.v)):
+        np.testing.assert_array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))

@@ -123,29 +123,21 @@ class ShardOptimizer:
     # ------------------------------------------------------------------ the update
 
     def update(self, lr: float, clip: float, scale: float) -> None:
-        """Unscale (1/scale), clip, AdamW on every piece; in mixed precision round the master back into
-        the model-dtype parameter pieces. The gradients are consumed (scaled in place or copied)."""
+        """AdamW on every piece, its gradients read unscaled (1/scale) and clipped (in the update's own
+        pass, not one pass each over the gradients); in mixed precision from an fp32 copy, and the master
+        rounded back into the model-dtype parameter pieces after."""
         inv, master = 1.0 / scale, self.master
         if master is None:  # not mixed precision
-            for grad in (p.grad for p in self.pieces):
-                if inv != 1.0:
-                    grad *= inv
-                if clip != 1.0:
-                    grad *= clip
             for opt in self.parts:
-                opt.step(lr)
+                opt.step(lr, inv, clip)
             return
         grad32 = np.empty(self.numel, dtype=master.dtype)
         with self.ledger.transient("temporaries", grad32.nbytes):
             for p, (lo, hi) in zip(self.pieces, self.bounds):
                 np.copyto(grad32[lo:hi], p.grad, casting="unsafe")
-            if inv != 1.0:
-                grad32 *= inv
-            if clip != 1.0:
-                grad32 *= clip
             for opt, (lo, hi) in zip(self.parts, self.bounds):
                 opt.grads = grad32[lo:hi]
-                opt.step(lr)
+                opt.step(lr, inv, clip)
                 opt.grads = opt.params
             for p, (lo, hi) in zip(self.pieces, self.bounds):
                 np.copyto(p.param, master[lo:hi], casting="unsafe")
