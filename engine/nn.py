@@ -197,11 +197,8 @@ class CausalSelfAttention(Module):
         self.resid_drop = Dropout(dropout, rng)
 
     def forward(self, x: Tensor) -> Tensor:
-        b, t, c = x.shape
-        q, k, v = [h.reshape(b, t, self.n_head, c // self.n_head).transpose(0, 2, 1, 3)
-                   for h in ops.split(self.c_attn(x), 3, axis=-1)]
-        y = ops.causal_attention(q, k, v, self.dropout, self.rng, self.training)
-        return self.resid_drop(self.c_proj(y.transpose(0, 2, 1, 3).reshape(b, t, c)))
+        y = ops.causal_attention_qkv(self.c_attn(x), self.n_head, self.dropout, self.rng, self.training)
+        return self.resid_drop(self.c_proj(y))
 
 
 class Block(Module):

@@ -3,11 +3,9 @@
 Each op computes its result with NumPy and hands `tensor.make` a backward closure. Closures keep
 activation arrays (listed in `saved=` for the memory ledger) but read a Parameter's `.data` only when
 backward runs, because ZeRO-3 frees parameter storage between forward and backward. A backward
-treats its incoming gradient as read-only: that array may be shared with other edges. A backward that
-returns only new arrays of its own says so (`make(..., fresh=True)`: GELU, layer norm), and the tape adds
-other gradients into those in place (a residual stream's gradient into layer norm's) rather than into a
-new array. A backward returns each gradient in its input's dtype: 16-bit gradients are rounded at every
-op, as 16-bit training does (loss scaling exists because they underflow).
+treats its incoming gradient as read-only: that array may be shared with other edges. A backward
+returns each gradient in its input's dtype: 16-bit gradients are rounded at every op, as 16-bit
+training does (loss scaling exists because they underflow).
 
 Low precision: float16 and ml_dtypes.bfloat16 products go through `matmul_kernel` (float32 inside);
 elementwise work runs in float32 on exactly widened operands (engine.fast.lowp), never in NumPy's own
@@ -294,7 +292,7 @@ def gelu(x: Tensor) -> Tensor:
     """GPT-2's tanh approximation: 0.5 x (1 + tanh(c (x + k x^3))), fused (engine.fast.kernels). Keeps only x,
     in its own dtype: the backward recomputes the tanh."""
     xs = x.data
-    return make(kernels.gelu(xs), (x,), lambda g: (kernels.gelu_backward(xs, g),), (xs,), fresh=True)
+    return make(kernels.gelu(xs), (x,), lambda g: (kernels.gelu_backward(xs, g),), (xs,))
 
 
 def dropout(x: Tensor, p: float, rng: DropoutRNG, training: bool) -> Tensor:
@@ -336,10 +334,45 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float
         grads = (dx.reshape(shape), dw.astype(w.dtype, copy=False))
         return grads if bias is None else grads + (db.astype(w.dtype, copy=False),)
     inputs = (x, weight) if bias is None else (x, weight, bias)
-    return make(y.reshape(shape), inputs, backward, (x.data, mu, rstd), fresh=True)
+    return make(y.reshape(shape), inputs, backward, (x.data, mu, rstd))
 
 
 ATTENTION_SHARE_MACS = 1 << 20  # multiply-adds per share at least: less does not repay handing it over
+
+
+def causal_attention_qkv(qkv: Tensor, n_head: int, dropout_p: float = 0.0, rng: DropoutRNG | None = None,
+                         training: bool = False) -> Tensor:
+    """Causal self-attention on a QKV projection's output: qkv [B, T, 3C] (q, k and v side by side, each
+    n_head heads of C / n_head) -> [B, T, C], the heads side by side again, as c_proj takes them.
+
+    The heads are read where they lie in qkv and the output written straight into [B, T, C]; the backward
+    writes dq, dk and dv straight into one [B, T, 3C] gradient: no split, transpose or reshape copies.
+    Otherwise it is causal_attention on q, k, v [B, n_head, T, C / n_head]: the same results, the same
+    dropout masks, the same bytes kept (qkv, the output, the log-sum-exp)."""
+    b, t, width = qkv.shape
+    if width % (3 * n_head):
+        raise ValueError(f"causal_attention_qkv: a last axis of {width} is not 3 x {n_head} heads")
+    dtype, cdt = qkv.dtype, compute_dtype(qkv.dtype)
+    x = np.ascontiguousarray(qkv.data)
+    q, k, v = _heads(x, 3, n_head)
+    out = np.empty((b, t, width // 3), dtype)
+    o, lse = _heads(out, 1, n_head)[0], np.empty((b, n_head, t), cdt)
+    site, keep_scale, grain = _attention_setup(q.shape, dtype, dropout_p, rng, training)
+    flash.forward(q, k, v, o, lse, site, keep_scale, grain)
+
+    def backward(g):
+        grad = np.empty(x.shape, dtype)
+        g4 = _heads(np.ascontiguousarray(g), 1, n_head)[0]
+        dq, dk, dv = _heads(grad, 3, n_head)
+        flash.backward(q, k, v, o, lse, g4, dq, dk, dv, site, keep_scale, grain)
+        return (grad,)
+    return make(out, (qkv,), backward, (x, out, lse))
+
+
+def _heads(a: np.ndarray, parts: int, n_head: int) -> np.ndarray:
+    """[parts, B, n_head, T, D] view of a C-contiguous [B, T, parts * n_head * D]."""
+    b, t, width = a.shape
+    return a.reshape(b, t, parts, n_head, width // (parts * n_head)).transpose(2, 0, 3, 1, 4)
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
@@ -359,19 +392,30 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     *lead, t, d = q.shape
     shape4 = (lead[0] if lead else 1, math.prod(lead[1:]), t, d)
     qd, kd, vd = (a.data.reshape(shape4[:3] + a.shape[-1:]) for a in (q, k, v))
-    grain = max(1, math.ceil(ATTENTION_SHARE_MACS / max(1, t * t * d)))
-    site, keep_scale = None, cdt.type(1)
-    if training and dropout_p > 0.0:
-        if rng is None:
-            raise ValueError("causal_attention with dropout in training needs an rng")
-        site = rng.mask_site((*shape4[:3], t), dropout_p)
-        keep_scale = np.asarray(1.0 / (1.0 - dropout_p), dtype=dtype).astype(cdt)[()]
-    out, lse = flash.forward(qd, kd, vd, site, keep_scale, grain)
+    out, lse = np.empty(shape4[:3] + vd.shape[-1:], dtype), np.empty(shape4[:3], cdt)
+    site, keep_scale, grain = _attention_setup(shape4, dtype, dropout_p, rng, training)
+    flash.forward(qd, kd, vd, out, lse, site, keep_scale, grain)
 
     def backward(g):
-        grads = flash.backward(qd, kd, vd, out, lse, g.reshape(out.shape), site, keep_scale, grain)
-        return tuple(gr.reshape(a.shape) for gr, a in zip(grads, (q, k, v)))
+        dq, dk, dv = (np.empty(a.shape, dtype) for a in (qd, kd, vd))
+        flash.backward(qd, kd, vd, out, lse, g.reshape(out.shape), dq, dk, dv, site, keep_scale, grain)
+        return tuple(gr.reshape(a.shape) for gr, a in zip((dq, dk, dv), (q, k, v)))
     return make(out.reshape(*lead, t, vd.shape[-1]), (q, k, v), backward, (qd, kd, vd, out, lse))
+
+
+def _attention_setup(shape4: tuple, dtype, dropout_p: float, rng: DropoutRNG | None, training: bool):
+    """(dropout site or None, keep scale, rows per share) of an attention over q of shape [B, H, T, D]: the
+    site draws keep_mask((B, H, T, T), p)'s mask; kept probabilities are scaled by 1 / (1 - p) rounded to the
+    inputs' dtype."""
+    b, h, t, d = shape4
+    cdt = compute_dtype(dtype)
+    grain = max(1, math.ceil(ATTENTION_SHARE_MACS / max(1, t * t * d)))
+    if not (training and dropout_p > 0.0):
+        return None, cdt.type(1), grain
+    if rng is None:
+        raise ValueError("causal attention with dropout in training needs an rng")
+    keep_scale = np.asarray(1.0 / (1.0 - dropout_p), dtype=dtype).astype(cdt)[()]
+    return rng.mask_site((b, h, t, t), dropout_p), keep_scale, grain
 
 
 def cross_entropy(logits: Tensor, targets) -> Tensor:

@@ -53,7 +53,7 @@ def layer_norm_backward(x: np.ndarray, w: np.ndarray, g: np.ndarray, eps: float 
     return dx, (g * xhat).sum(lead), g.sum(lead)
 
 
-# ---- causal self-attention (q, k, v: [..., T, D]) --------------------------------------------------
+# ---- causal self-attention (q, k, v: [..., T, D]; or a QKV projection's [B, T, 3C]) -------------------
 
 def causal_attention_probs(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     """a = softmax(q k^T / sqrt(D) + mask) over the last axis; the mask is -inf above the diagonal, so a
@@ -77,6 +77,30 @@ def causal_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np
     da = g @ v.swapaxes(-1, -2)
     ds = a * (da - (da * a).sum(-1, keepdims=True)) / math.sqrt(q.shape[-1])
     return ds @ k, ds.swapaxes(-1, -2) @ q, a.swapaxes(-1, -2) @ g
+
+
+def heads(x: np.ndarray, n_head: int) -> np.ndarray:
+    """[B, T, C] as [B, n_head, T, C / n_head]: head h is columns [h D, (h + 1) D) of every token."""
+    b, t, c = x.shape
+    return x.reshape(b, t, n_head, c // n_head).transpose(0, 2, 1, 3)
+
+
+def merged(y: np.ndarray) -> np.ndarray:
+    """[B, H, T, D] as [B, T, H D]: the heads side by side again (heads' inverse)."""
+    b, h, t, d = y.shape
+    return y.transpose(0, 2, 1, 3).reshape(b, t, h * d)
+
+
+def causal_attention_qkv(qkv: np.ndarray, n_head: int) -> np.ndarray:
+    """Attention on a QKV projection's output [B, T, 3C] (q, k, v side by side): [B, T, C]."""
+    q, k, v = (heads(x, n_head) for x in np.split(qkv, 3, axis=-1))
+    return merged(causal_attention(q, k, v))
+
+
+def causal_attention_qkv_backward(qkv: np.ndarray, n_head: int, g: np.ndarray) -> np.ndarray:
+    """d qkv [B, T, 3C] given g = dL/d out [B, T, C]: dq, dk, dv side by side, as q, k, v were."""
+    q, k, v = (heads(x, n_head) for x in np.split(qkv, 3, axis=-1))
+    return np.concatenate([merged(d) for d in causal_attention_backward(q, k, v, heads(g, n_head))], axis=-1)
 
 
 # ---- softmax cross-entropy ([..., V] logits, integer targets) --------------------------------------

@@ -15,25 +15,73 @@ from __future__ import annotations
 
 from numba import njit
 
+TRANSPOSE_ROWS = 16  # source rows per band: a fixed count the compiler unrolls into vector gathers
+
+
+@njit(cache=True, nogil=True)
+def transposed(src, dst):  # pragma: no cover - compiled
+    """dst[a, b, j, i] = src[a, b, i, j] for a 4-D src of any strides (heads: views of a wider array). A band
+    of TRANSPOSE_ROWS source rows at a time: each cache line of the band is read once, and each destination
+    row gets TRANSPOSE_ROWS contiguous elements per visit."""
+    n0, n1, rows, cols = src.shape
+    for a in range(n0):
+        for b in range(n1):
+            s, d = src[a, b], dst[a, b]
+            i0 = 0
+            while i0 + TRANSPOSE_ROWS <= rows:
+                for j in range(cols):
+                    dj = d[j]
+                    for i in range(TRANSPOSE_ROWS):
+                        dj[i0 + i] = s[i0 + i, j]
+                i0 += TRANSPOSE_ROWS
+            for j in range(cols):
+                for i in range(i0, rows):
+                    d[j, i] = s[i, j]
+
 
 @njit(cache=True, nogil=True)
 def scores_online(s, scale, q_off, k_off, m, shift, ninf):  # pragma: no cover - compiled
     """Forward: s = s scale (ninf where the key is after the query); each row's running maximum m raised to
-    the tile's; s -= the new maximum; shift = old m - new m (its exp rescales the row's running sums)."""
+    the tile's; s -= the new maximum; shift = old m - new m (its exp rescales the row's running sums).
+
+    The maximum runs in eight lanes, merged at the end: a maximum is exact in any order, and independent
+    lanes let the compiler use vector compares (one running maximum is a chain it cannot)."""
     n, bq, bk = s.shape
     for h in range(n):
         for r in range(bq):
+            row = s[h, r]
             seen = max(0, min(bk, q_off + r - k_off + 1))
-            top = m[h, r]
             for c in range(seen):
-                x = s[h, r, c] * scale
-                s[h, r, c] = x
-                if x > top:
-                    top = x
+                row[c] = row[c] * scale
+            t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = m[h, r]
+            c = 0
+            while c + 8 <= seen:
+                x0, x1, x2, x3 = row[c], row[c + 1], row[c + 2], row[c + 3]
+                x4, x5, x6, x7 = row[c + 4], row[c + 5], row[c + 6], row[c + 7]
+                t0 = x0 if x0 > t0 else t0
+                t1 = x1 if x1 > t1 else t1
+                t2 = x2 if x2 > t2 else t2
+                t3 = x3 if x3 > t3 else t3
+                t4 = x4 if x4 > t4 else t4
+                t5 = x5 if x5 > t5 else t5
+                t6 = x6 if x6 > t6 else t6
+                t7 = x7 if x7 > t7 else t7
+                c += 8
+            while c < seen:
+                x0 = row[c]
+                t0 = x0 if x0 > t0 else t0
+                c += 1
+            t0 = t1 if t1 > t0 else t0
+            t2 = t3 if t3 > t2 else t2
+            t4 = t5 if t5 > t4 else t4
+            t6 = t7 if t7 > t6 else t6
+            t0 = t2 if t2 > t0 else t0
+            t4 = t6 if t6 > t4 else t4
+            top = t4 if t4 > t0 else t0
             for c in range(seen):
-                s[h, r, c] -= top
+                row[c] = row[c] - top
             for c in range(seen, bk):
-                s[h, r, c] = ninf
+                row[c] = ninf
             shift[h, r] = m[h, r] - top
             m[h, r] = top
 
@@ -45,11 +93,12 @@ def scores_shift(s, scale, q_off, k_off, lse, ninf):  # pragma: no cover - compi
     n, bq, bk = s.shape
     for h in range(n):
         for r in range(bq):
+            row, top = s[h, r], lse[h, r]
             seen = max(0, min(bk, q_off + r - k_off + 1))
             for c in range(seen):
-                s[h, r, c] = s[h, r, c] * scale - lse[h, r]
+                row[c] = row[c] * scale - top
             for c in range(seen, bk):
-                s[h, r, c] = ninf
+                row[c] = ninf
 
 
 @njit(cache=True, nogil=True)
@@ -68,8 +117,9 @@ def score_grad(dp, p, d, scale):  # pragma: no cover - compiled
     n, bq, bk = dp.shape
     for h in range(n):
         for r in range(bq):
+            row, prob, dr = dp[h, r], p[h, r], d[h, r]
             for c in range(bk):
-                dp[h, r, c] = (dp[h, r, c] - d[h, r]) * p[h, r, c] * scale
+                row[c] = (row[c] - dr) * prob[c] * scale
 
 
 @njit(cache=True, nogil=True)

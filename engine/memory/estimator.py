@@ -37,11 +37,11 @@ also gathers the outer unit plus one block (two with prefetch) of parameters.
 Activations: what nanoDist's ops list in `saved=` (per rank and micro-batch of B sequences of T
 tokens, width C, H heads, vocabulary V, global batch G; f = 4 bytes, 8 in fp64), per GPT block
     LayerNorm x2: input BTC·s + mean and 1/std 2·BT·f each     c_attn input BTC·s
-    q, k, v (views of one array) 3BTC·s    attention output BTC·s and log-sum-exp BHT·f (flash attention
-    keeps no [T, T] probabilities)    c_proj input BTC·s
+    q, k, v (views of one array) 3BTC·s    attention output BTC·s, which is c_proj's input (one array),
+    and log-sum-exp BHT·f (flash attention keeps no [T, T] probabilities)
     MLP: fc input BTC·s, GELU input 4BTC·s, proj input 4BTC·s
     with dropout: 1-byte masks 2·BTC (attention redraws its mask in backward)
-i.e. 17·BTC·s + BHT·f + 4·BT·f (compare Korthikanti et al.: sbh(34 + 5as/h) bytes at s = 2);
+i.e. 16·BTC·s + BHT·f + 4·BT·f (compare Korthikanti et al.: sbh(34 + 5as/h) bytes at s = 2);
 outside the blocks: the token ids (the global batch array, G·T·8), final LayerNorm, the head's
 input, the logits BTV·s, log-sum-exp BT·f and the targets (G·T·8). With checkpointing a recomputed
 block keeps only its input BTC·s; in backward one block at a time is recomputed in full. The peak
@@ -329,7 +329,7 @@ def _gpt_saves(b, t, c, h, v, n_layer, g, s, f, p) -> list[dict[str, int]]:
     groups = [embedding]
     for k in range(n_layer):
         block = {f"x{k}": btc, f"ln_1 stats {k}": 2 * b * t * f, f"ln_1 out {k}": btc, f"qkv {k}": 3 * btc,
-                 f"attn O {k}": btc, f"attn lse {k}": b * h * t * f, f"attn out {k}": btc, f"h {k}": btc,
+                 f"attn O {k}": btc, f"attn lse {k}": b * h * t * f, f"h {k}": btc,
                  f"ln_2 stats {k}": 2 * b * t * f, f"ln_2 out {k}": btc, f"fc out {k}": 4 * btc,
                  f"gelu out {k}": 4 * btc}
         if p:
