@@ -49,6 +49,7 @@ and at t = 1 exactly what it did before tensor parallelism.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from engine.dtypes import compute_dtype, itemsize
@@ -98,6 +99,7 @@ class TensorParallel:
         self.per_step: list[Collective] = []
         self.activation = rows * m.block_size * m.n_embd * itemsize(dtype) if self.gpt else 0
         self.spent_s, self.count, self.sent = 0.0, 0, 0.0
+        self.issued: Counter[Collective] = Counter()  # every collective the step's replay ran, counted
         per_node = machine.topology.per_node
         self.comm = GroupComm(machine, group_members(p, "tp", per_node)) if self.active else None
         self.copy_s = machine.compute.copy_s(self.activation, machine.ranks_on_host) if self.gpt else 0.0
@@ -167,6 +169,7 @@ class TensorParallel:
             self.spent_s += seconds
             self.count += 1
             self.sent += c.sent(self.degree)
+            self.issued[c] += 1
 
     def replicated_s(self, what: str) -> float:
         """Seconds of the regions TP does not split in one micro-batch's "forward" or "backward" of the
@@ -242,4 +245,6 @@ class TensorParallel:
                 "layer_s": sum(self.seconds(c) for c in layer),
                 "layer_sent_bytes": sum(c.sent(self.degree) for c in layer),
                 "step_s": self.spent_s, "exposed_s": self.spent_s, "collectives": self.count,
-                "sent_bytes": self.sent}
+                "sent_bytes": self.sent,
+                "per_step": [{"kind": c.kind, "phase": c.phase, "bytes": c.nbytes, "count": n}
+                             for c, n in self.issued.items()]}
