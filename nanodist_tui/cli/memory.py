@@ -86,12 +86,14 @@ def _measured(cfg, steps: int) -> dict | None:
 
 def _describe(cfg) -> dict:
     from engine.memory.estimator import shard_count
+    from engine.parallel.mesh import Mesh
     p = cfg.parallel
+    dp = Mesh.of(p).dp  # the ranks a global batch's rows are split over (tensor-parallel ranks share theirs)
     return {"preset": cfg.name, "world_size": p.world_size, "zero_stage": p.zero_stage,
-            "bucket_cap_mb": p.bucket_cap_mb,
+            "bucket_cap_mb": p.bucket_cap_mb, "tensor": p.tensor, "sequence_parallel": p.sequence_parallel,
             "sharded_over": shard_count(cfg) if p.zero_stage else 1,
             "dtype": cfg.precision.dtype, "checkpointing": cfg.memory.checkpointing,
-            "micro_batch_rows": cfg.train.global_batch // (p.world_size * cfg.train.micro_batches)}
+            "micro_batch_rows": cfg.train.global_batch // (dp * cfg.train.micro_batches)}
 
 
 def _breakdown(cfg, measure: bool, steps: int) -> dict:
@@ -149,7 +151,10 @@ def _sum(cats: dict | None, keys) -> int | None:
 def _header(r: dict, n_params: int) -> str:
     hybrid = (f" (hybrid: sharded over a node's {r['sharded_over']} ranks)"
               if r["zero_stage"] and r["sharded_over"] != r["world_size"] else "")
-    return (f"{r['preset']}: {n_params:,} parameters, {r['world_size']} rank(s), "
+    t = r.get("tensor", 1)
+    layout = (f" = dp {r['world_size'] // t} x tp {t}" + (" with sequence parallelism"
+                                                         if r["sequence_parallel"] else "")) if t > 1 else ""
+    return (f"{r['preset']}: {n_params:,} parameters, {r['world_size']} rank(s){layout}, "
             f"ZeRO-{r['zero_stage']}{hybrid}, "
             f"{r['dtype']}, checkpointing {r['checkpointing']}, micro-batch {r['micro_batch_rows']} row(s)")
 
