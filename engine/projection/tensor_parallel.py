@@ -77,9 +77,9 @@ class Collective:
         return (2 if self.kind == "all-reduce" else 1) * (t - 1) / t * self.nbytes
 
 
-def _c(kind: str, nbytes: int, direction: str, prefix: str = "") -> Collective:
-    prefix = prefix or ("tp" if kind == "all-reduce" else "sp")
-    return Collective(kind, nbytes, f"{prefix}-{direction}-{kind}")
+def _c(kind: str, nbytes: int, direction: str) -> Collective:
+    """An activation collective, named as mappings.py books it: tp-fwd-all-reduce, sp-bwd-all-gather, ..."""
+    return Collective(kind, nbytes, f"{'tp' if kind == 'all-reduce' else 'sp'}-{direction}-{kind}")
 
 
 class TensorParallel:
