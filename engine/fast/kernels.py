@@ -35,8 +35,9 @@ from engine.fast.thread_pool import BLOCK
 _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_K = 0.044715
 # Elements per thread at least before a compiled one-pass loop is shared among the rank's threads: below,
-# the hand-off to a second thread costs more than half the loop's time saves.
-SHARE_GRAIN = 1 << 16
+# the hand-off to a second thread (a wake-up inside a step, where the other core may be busy) costs more
+# than half the loop's time saves.
+SHARE_GRAIN = 1 << 18
 _U16 = np.uint16
 
 
