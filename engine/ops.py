@@ -3,9 +3,11 @@
 Each op computes its result with NumPy and hands `tensor.make` a backward closure. Closures keep
 activation arrays (listed in `saved=` for the memory ledger) but read a Parameter's `.data` only when
 backward runs, because ZeRO-3 frees parameter storage between forward and backward. A backward
-treats its incoming gradient as read-only: that array may be shared with other edges. A backward
-returns each gradient in its input's dtype: 16-bit gradients are rounded at every op, as 16-bit
-training does (loss scaling exists because they underflow).
+treats its incoming gradient as read-only: that array may be shared with other edges. A backward that
+returns only new arrays of its own says so (`make(..., fresh=True)`: GELU, layer norm), and the tape adds
+other gradients into those in place (a residual stream's gradient into layer norm's) rather than into a
+new array. A backward returns each gradient in its input's dtype: 16-bit gradients are rounded at every
+op, as 16-bit training does (loss scaling exists because they underflow).
 
 Low precision: float16 and ml_dtypes.bfloat16 products go through `matmul_kernel` (float32 inside);
 elementwise work runs in float32 on exactly widened operands (engine.fast.lowp), never in NumPy's own
@@ -292,7 +294,7 @@ def gelu(x: Tensor) -> Tensor:
     """GPT-2's tanh approximation: 0.5 x (1 + tanh(c (x + k x^3))), fused (engine.fast.kernels). Keeps only x,
     in its own dtype: the backward recomputes the tanh."""
     xs = x.data
-    return make(kernels.gelu(xs), (x,), lambda g: (kernels.gelu_backward(xs, g),), (xs,))
+    return make(kernels.gelu(xs), (x,), lambda g: (kernels.gelu_backward(xs, g),), (xs,), fresh=True)
 
 
 def dropout(x: Tensor, p: float, rng: DropoutRNG, training: bool) -> Tensor:
@@ -334,7 +336,7 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float
         grads = (dx.reshape(shape), dw.astype(w.dtype, copy=False))
         return grads if bias is None else grads + (db.astype(w.dtype, copy=False),)
     inputs = (x, weight) if bias is None else (x, weight, bias)
-    return make(y.reshape(shape), inputs, backward, (x.data, mu, rstd))
+    return make(y.reshape(shape), inputs, backward, (x.data, mu, rstd), fresh=True)
 
 
 ATTENTION_SHARE_MACS = 1 << 20  # multiply-adds per share at least: less does not repay handing it over
