@@ -11,6 +11,13 @@ A parameter is either sharded (a ShardSpec says how: its squares differ on every
     its own tokens (the ranks drift apart);
   * the global gradient norm: squares of sharded parameters summed over the group, replicated ones
     counted once (`grad_sum_of_squares`).
+
+A data-parallel replica around the model holds its gradients in flat buffers (ZeRO: shards of them), not in
+p.grad, so it asks the same three questions by parameter name and hands over flat arrays:
+`sums_partial(name)` and `sum_partial_grads(flat)`, `is_sharded(name)` and `combine_sum_of_squares`, and
+`agree_max(flags)` (the fp16 overflow flag: every rank of the group skips the same steps). A model that is
+not tensor-parallel answers them through whole.WholeModel, so the replica and the trainer ask without an
+`if`.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import numpy as np
 from engine import ops
 from engine.comm.base import Communicator
 from engine.optim import sum_of_squares
+from engine.parallel.tensor.generate import generate
 from engine.parallel.tensor.mappings import all_reduced, collective
 from engine.parallel.tensor.slicing import ShardSpec
 from engine.parallel.tensor.vocab import gather_vocab, vocab_parallel_cross_entropy, vocab_slice
@@ -38,13 +46,24 @@ class TensorParallelLayout:
         self.parameters, self.specs = parameters, specs
         self.sequence_replicated = sequence_replicated
         self.vocab = vocab  # how the logits' last axis is split; None: the logits are whole (MLP)
+        self._partial = {p.name for p in sequence_replicated}
 
     @property
     def degree(self) -> int:
         return self.group.world_size
 
+    @property
+    def rank(self) -> int:
+        """This rank's place in the group: which shard of every sharded parameter it holds."""
+        return self.group.rank
+
     def is_sharded(self, name: str) -> bool:
         return name in self.specs
+
+    def sums_partial(self, name: str) -> bool:
+        """Whether the parameter's gradient is a partial sum over this rank's tokens (sequence parallelism's
+        replicated parameters), to be summed over the group once per step."""
+        return name in self._partial
 
     # ---- the loss ----------------------------------------------------------------------------------
 
@@ -58,6 +77,10 @@ class TensorParallelLayout:
     def whole_logits(self, logits: np.ndarray) -> np.ndarray:
         """[..., V] from this rank's [..., V/t] (collective): for sampling and tests, not for the loss."""
         return logits if self.vocab is None else gather_vocab(self.group, logits, self.vocab)
+
+    def generate(self, model, idx, n: int, temperature: float = 1.0, rng=None, top_k: int = 0) -> np.ndarray:
+        """GPT.generate from the whole logits, every rank of the group alike (collective; generate.py)."""
+        return generate(model, self, idx, n, temperature, rng, top_k)
 
     # ---- gradients ---------------------------------------------------------------------------------
 
@@ -77,6 +100,14 @@ class TensorParallelLayout:
                 p.grad = part.copy()
             else:
                 p.grad[...] = part  # in place: .grad may be a view into a flat buffer
+
+    def sum_partial_grads(self, flat: np.ndarray) -> None:
+        """Sum a flat array of partial gradients (those `sums_partial` names) over the group, in place."""
+        collective(self.group, "all-reduce", flat, "sp-grad-all-reduce")
+
+    def agree_max(self, flags: np.ndarray) -> None:
+        """Every rank's largest value of each element, in place (a float64 array of flags)."""
+        collective(self.group, "all-reduce", flags, "tp-flag-all-reduce", op="max")
 
     def grad_sum_of_squares(self) -> float:
         """Sum of squares of the whole model's gradient, equal on every rank of the group (collective)."""

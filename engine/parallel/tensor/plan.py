@@ -32,7 +32,6 @@ from typing import Any
 from engine.comm.base import Communicator
 from engine.dropout_rng import DropoutRNG
 from engine.nn import GPT, MLP, Module
-from engine.parallel.tensor.attention import LocalHeadsForward
 from engine.parallel.tensor.dropout import SequenceShardDropout, ShardedMaskRNG
 from engine.parallel.tensor.layers import (
     ColumnParallelLinear,
@@ -43,6 +42,7 @@ from engine.parallel.tensor.layers import (
 from engine.parallel.tensor.layout import TensorParallelLayout
 from engine.parallel.tensor.slicing import ShardSpec
 from engine.parallel.tensor.vocab import VocabParallelEmbedding, vocab_slice
+from engine.parallel.tensor.whole import WholeModel
 from engine.tensor import Parameter
 
 
@@ -66,6 +66,13 @@ def parallelize(model: Module, group: Communicator, sequence_parallel: bool = Fa
 def layout_of(model: Module) -> TensorParallelLayout | None:
     """The model's TensorParallelLayout, or None for a dense model."""
     return getattr(model, "tensor_parallel", None)
+
+
+def model_layout(model: Module) -> TensorParallelLayout | WholeModel:
+    """The model's TensorParallelLayout, or for a dense model the stand-in that answers the same questions
+    (nothing sharded, the plain loss): what the trainer, the replicas and checkpoints ask."""
+    layout = layout_of(model)
+    return WholeModel() if layout is None else layout
 
 
 def _sharded_rng(model: Module, group: Communicator) -> ShardedMaskRNG:
@@ -111,9 +118,8 @@ def _parallelize_gpt(model: GPT, group: Communicator, sp: bool) -> TensorParalle
         record(mlp.layers[0], spec)
         mlp.layers[-1], spec = row_parallel(mlp.layers[-1], group, sp)  # type: ignore[call-overload]
         record(mlp.layers[-1], spec, with_bias=False)
-        attn.n_head //= t
+        attn.n_head //= t  # the fused attention reads its heads from the QKV output: a/t of them here
         attn.rng = rng  # attention's dropout: this rank's heads of the one-device mask
-        attn.forward = LocalHeadsForward(attn)  # type: ignore[method-assign]
         if sp:
             attn.resid_drop.rng = block.drop.rng = rng
             row_biases = [layer.bias for layer in (attn.c_proj, mlp.layers[-1]) if layer.bias is not None]

@@ -40,6 +40,12 @@ class ShardSpec:
         """Length of one rank's part of a section, padding included: ceil(section / t)."""
         return -(-self.section // self.parts)
 
+    def local_shape(self, dense_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape every rank's shard of a `dense_shape` array has (padding included)."""
+        shape = list(dense_shape)
+        shape[self.axis] = self.sections * self.local_section
+        return tuple(shape)
+
     def bounds(self, rank: int) -> tuple[int, int]:
         """Rank's part [lo, hi) of each section, in the section's dense coordinates (no padding)."""
         lo = min(rank * self.local_section, self.section)
