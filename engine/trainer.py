@@ -2,8 +2,11 @@
 
 Every rank runs `train_rank` with its own communicator. The loop knows nothing about how
 gradients are synchronised or where optimizer state lives: that is the replica's job
-(`engine.parallel.data.make_replica`: DDP for stage 0, ZeRO for 1-3). Loss scaling, checkpointing and the
-meters are objects that do nothing when disabled, so there is no `if amp:` forest here.
+(`engine.parallel.data.make_replica`: DDP for stage 0, ZeRO for 1-3, over the rank's data-parallel group).
+Nor does it know whether the model is split: on a mesh with parallel.tensor > 1 the model is this rank's
+tensor-parallel shard, and its layout (engine.parallel.tensor.model_layout; a stand-in for a whole model)
+gives the loss. Loss scaling, checkpointing, tensor parallelism and the meters are objects that do nothing
+when disabled, so there is no `if amp:` forest here.
 
 Events are emitted as JSON dicts (`events.to_json`) so they can cross a process boundary.
 Rank 0 reports the run (RunStarted, StepEnd, Eval); every rank reports its own figures of each step
@@ -18,7 +21,6 @@ from pathlib import Path
 import numpy as np
 
 from engine import events as ev
-from engine import ops
 from engine.checkpoint.sharded import Checkpointer, NoCheckpoints, find_checkpoint, restore
 from engine.comm.base import RankFailure, StopRequested
 from engine.comm.collectives import all_reduce
@@ -26,12 +28,20 @@ from engine.comm.launch import process_rank
 from engine.comm.meter import TrafficMeter
 from engine.comm.objects import all_gather_json, broadcast_json
 from engine.config import Config, from_dict, to_dict
-from engine.config.build import build_model, count_params, load_dataset
+from engine.config.build import (
+    build_model,
+    count_params,
+    data_parallel_comm,
+    load_dataset,
+    mesh_groups,
+    shard_model,
+)
 from engine.data import rank_slice, slice_bounds
 from engine.dtypes import resolve_dtype
 from engine.memory import ledger
 from engine.optim import global_norm_clip_scale, lr_at
 from engine.parallel.data import make_replica
+from engine.parallel.tensor import model_layout
 from engine.recompute import apply_checkpointing
 from engine.run import error_log
 from engine.tensor import Tensor, no_grad, set_tape_observer
@@ -52,15 +62,22 @@ class Trainer:
         # Unchecked: the launcher checks the config against this data before any rank starts
         # (engine.run.job), so a data mistake is one line at launch, not the same failure on every rank.
         self.dataset = load_dataset(cfg)
-        self.model = build_model(cfg, self.dataset)
+        # The rank's place on the device mesh: the data it reads and the gradients it averages are its
+        # data-parallel group's; its tensor-parallel group (if any) splits the model's layers.
+        self.groups = mesh_groups(cfg, comm)
+        self.dp_comm = data_parallel_comm(self.groups, comm)
+        self.dp_rank, self.dp_size = self.dp_comm.rank, self.dp_comm.world_size
+        dense = build_model(cfg, self.dataset)
+        self.n_params = count_params(dense)  # the whole model's, before any split
+        self.model = shard_model(dense, cfg, self.groups)
+        self.layout = model_layout(self.model)
         self.dtype = resolve_dtype(cfg.precision.dtype)
-        self.n_params = count_params(self.model)
         apply_checkpointing(self.model, cfg.memory.checkpointing)
         # The rank's memory ledger: replicas report model states to it, the tape its activations.
         self.ledger = ledger.Ledger()
         ledger.set_current(self.ledger)
         set_tape_observer(self.ledger)
-        self.replica = replica_factory(cfg, self.model, comm)
+        self.replica = replica_factory(cfg, self.model, self.dp_comm)
         self.step = 0
         self.tokens_seen = 0
         self.train_time = 0.0  # seconds spent in train_step, for throughput
@@ -77,7 +94,7 @@ class Trainer:
 
     def _loss(self, x, y) -> Tensor:
         inputs = Tensor(x.astype(self.dtype)) if x.dtype.kind == "f" else x
-        return ops.cross_entropy(self.model(inputs), y)
+        return self.layout.loss(self.model(inputs), y)
 
     def train_step(self) -> dict:
         """One optimizer step over this rank's slice of the global batch; returns step figures."""
@@ -94,7 +111,7 @@ class Trainer:
         ledger.begin_step(self.step)
         loss_sum = 0.0
         for micro in range(n_micro):
-            x, y = rank_slice(batch, self.rank, self.world, micro, n_micro)
+            x, y = rank_slice(batch, self.dp_rank, self.dp_size, micro, n_micro)
             self._key_dropout(len(batch[0]), micro, n_micro)
             self.replica.begin_micro(sync=micro == n_micro - 1)
             with ledger.in_phase("forward"):
@@ -120,10 +137,10 @@ class Trainer:
 
     def _key_dropout(self, rows: int, micro: int, n_micro: int) -> None:
         """Dropout masks follow the global row and the step, not the rank: N ranks draw what one
-        process draws for the same rows (engine.dropout_rng)."""
+        process draws for the same rows (engine.dropout_rng; a tensor-parallel rank its part of them)."""
         rng = getattr(self.model, "rng", None)
         if rng is not None:
-            rng.begin(self.step, slice_bounds(rows, self.rank, self.world, micro, n_micro)[0])
+            rng.begin(self.step, slice_bounds(rows, self.dp_rank, self.dp_size, micro, n_micro)[0])
 
     def _agree(self, loss: float) -> tuple[float, bool, bool]:
         """The step's loss averaged over ranks, and whether ANY rank was asked to stop, or to pause:
@@ -166,7 +183,7 @@ class Trainer:
         total = 0.0
         with no_grad():
             for i in range(self.cfg.train.eval_batches):
-                x, y = rank_slice(self.dataset.global_batch(i, "val"), self.rank, self.world)
+                x, y = rank_slice(self.dataset.global_batch(i, "val"), self.dp_rank, self.dp_size)
                 total += float(self._loss(x, y).data)
         return self._mean_over_ranks(total / self.cfg.train.eval_batches)[0]
 

@@ -1,5 +1,5 @@
-"""Turn a validated config into the objects a rank trains: dataset and model; and what the model is
-without building it (its parameter shapes, its vocabulary).
+"""Turn a validated config into the objects a rank trains: dataset, model and its place on the device mesh;
+and what the model is without building it (its parameter shapes, its vocabulary).
 
 Kept apart from the training loop so the estimator, the benchmarks and `sample`/`export` build the
 same model the trainer does.
@@ -13,6 +13,8 @@ from engine import nn
 from engine.config import check_against_data
 from engine.data import SYNTHETIC_LM_VOCAB, make_dataset
 from engine.dtypes import resolve_dtype
+from engine.parallel.mesh import Mesh, MeshGroups, build_groups
+from engine.parallel.tensor import parallelize
 
 
 def build_dataset(cfg):
@@ -62,6 +64,27 @@ def build_model(cfg, dataset=None, vocab: int | None = None) -> nn.Module:
                        tie_weights=m.tie_weights, bias=m.bias, dtype=dtype)
     nn.init_params(model, cfg.seed)
     return model
+
+
+def mesh_groups(cfg, comm) -> MeshGroups:
+    """This rank's groups on the config's mesh, over `comm` (its world: the mesh's, whatever the config's
+    world_size says, so a one-rank tool trains a config's model on one rank)."""
+    p = cfg.parallel
+    return build_groups(Mesh(comm.world_size, p.tensor, p.pipeline, p.context, p.expert, p.order), comm)
+
+
+def data_parallel_comm(groups: MeshGroups, comm):
+    """The communicator gradients are averaged over: the data-parallel group, or `comm` itself when that
+    group is the whole world (its traffic then stays booked under "world", as it always was)."""
+    return comm if groups.dp.world_size == comm.world_size else groups.dp
+
+
+def shard_model(model: nn.Module, cfg, groups: MeshGroups) -> nn.Module:
+    """The model as this rank trains it: tensor-parallel over its TP group (engine.parallel.tensor: the plan
+    swaps the dense layers for this rank's shards) when parallel.tensor > 1, else as built."""
+    if groups.tp.world_size == 1:
+        return model
+    return parallelize(model, groups.tp, cfg.parallel.sequence_parallel)
 
 
 def count_params(model) -> int:

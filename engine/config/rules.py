@@ -228,7 +228,7 @@ def sweep_problem(sweep: SweepConfig) -> KeyedProblem | None:
 def combination_problem(cfg: Config) -> KeyedProblem | None:
     """The first rule across settings that cfg breaks, as (key, problem, fix), or None."""
     m, t, o, p, pr = cfg.model, cfg.train, cfg.optim, cfg.parallel, cfg.precision
-    if problem := unimplemented_problem(p) or mesh_problem(cfg):
+    if problem := unimplemented_problem(p) or mesh_problem(cfg) or tensor_problem(cfg):
         return problem
     dp = Mesh.of(p).dp
     split = dp * t.micro_batches
@@ -330,6 +330,49 @@ def mesh_problem(cfg: Config) -> KeyedProblem | None:
     if p.sequence_parallel and p.tensor == 1:
         return ("parallel.sequence_parallel", "splits the sequence over the tensor-parallel ranks, but "
                 "parallel.tensor = 1", "set parallel.tensor > 1, or sequence_parallel = false")
+    return None
+
+
+def tensor_problem(cfg: Config) -> KeyedProblem | None:
+    """What tensor parallelism (parallel.tensor > 1) cannot split, or cannot run beside: the sequence for
+    sequence parallelism, an MLP's layers, and the collectives that need the whole world (with tensor > 1
+    gradients are reduced over the data-parallel group: ranks apart by the tensor degree)."""
+    m, p = cfg.model, cfg.parallel
+    t = p.tensor
+    if t == 1:
+        return None
+    if p.sequence_parallel and m.kind == "mlp":
+        return ("parallel.sequence_parallel", "splits a sequence, and the mlp model has none",
+                "set sequence_parallel = false")
+    if p.sequence_parallel and m.block_size % t:
+        return ("parallel.sequence_parallel", f"splits the context of model.block_size {m.block_size} tokens "
+                f"{t} ways, and {t} does not divide it", f"use a block_size that is a multiple of {t}, or "
+                "sequence_parallel = false")
+    if m.kind == "mlp" and (problem := _mlp_tensor_problem(m.widths, m.dropout, t)):
+        return ("parallel.tensor", *problem)
+    if p.hybrid:
+        return ("parallel.hybrid", "shards ZeRO state inside a node of the world's ranks; with tensor > 1 "
+                "ZeRO shards over the data-parallel group", "set parallel.hybrid = false")
+    if p.algorithm not in ON_ANY_GROUP:
+        return ("parallel.algorithm", f"{toml_repr(p.algorithm)} runs over the whole world, and with tensor "
+                f"{t} gradients are reduced over the data-parallel group",
+                f"use one of {', '.join(map(toml_repr, ON_ANY_GROUP))}")
+    return None
+
+
+def _mlp_tensor_problem(widths, dropout: float, t: int) -> Problem | None:
+    """An mlp model splits as (column-, row-parallel) pairs of layers, each pair's hidden width t ways."""
+    layers = len(widths) - 1
+    if layers % 2:
+        return (f"{t} splits the mlp model's layers in pairs (column-, then row-parallel), and its "
+                f"{layers} layers do not pair up", "give model.widths an odd number of entries, or set "
+                "parallel.tensor = 1")
+    if uneven := [w for w in widths[1:-1:2] if w % t]:
+        return (f"{t} does not divide the hidden width {uneven[0]} it splits", f"use hidden widths that are "
+                f"multiples of {t}")
+    if dropout and layers > 2:
+        return (f"{t} splits the hidden layer's dropout mask, planned for one hidden layer only (the mlp "
+                f"model has {layers - 1})", "set model.dropout = 0, or use one hidden layer")
     return None
 
 

@@ -44,7 +44,7 @@ PARAM_TYPES = ("float", "int", "categorical")
 # The mesh axes a training run may give a degree above 1 (engine.parallel.mesh.AXES names them all):
 # any other is refused in one line (engine.config.rules) until its parallelism is built; the mesh command,
 # which only describes a layout, takes every degree. Add an axis here when the trainer runs it.
-IMPLEMENTED_AXES = frozenset({"dp"})
+IMPLEMENTED_AXES = frozenset({"dp", "tp"})
 # How a trial ended, as the tables, trials.csv and the events name it. "rejected": the estimated
 # memory did not fit the budget, so it never trained (Optuna records it as failed).
 OUTCOMES = ("complete", "pruned", "failed", "rejected", "running")

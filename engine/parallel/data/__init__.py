@@ -14,6 +14,7 @@ The model never knows it is distributed; a replica finds what it needs through t
     topology.py          how its collectives run: all-reduce algorithm, node grid, "auto"'s crossovers,
                          and where ZeRO shards (the world, or each node under hybrid sharding)
     shard_optimizer.py   AdamW over the ranges a rank owns; overflow check; gradient norm
+    tensor_split.py      those ranges under tensor parallelism: shards, replicas, partial (SP) gradients
     buckets.py           gradient buckets aligned to the world size
     worker.py            the per-rank communication thread
 
@@ -41,7 +42,14 @@ Checkpoint state, in the standard flat layout (parameter order, padded to the wo
     load_optimizer_state(full)   take this rank's part of unpadded full-length master, m, v, step
 
 Threading: the trainer calls everything on the rank's thread; a replica's communication runs on its
-CommWorker thread, and nothing else drives the communicator until finish_backward() returns.
+CommWorker thread, and nothing else drives the communicator until finish_backward() returns. A replica of
+a tensor-parallel model (engine.parallel.tensor), whose forward and backward drive the same transport on
+the rank's thread, runs its communication there too (no second thread).
+
+Under tensor parallelism `comm` is the rank's data-parallel group (engine.parallel.mesh), not the world:
+the replica averages and shards over the ranks that hold the same tensor-parallel shard, and completes
+the gradient norm, the overflow flag and sequence parallelism's partial gradients over the TP group
+(tensor_split.py).
 """
 
 from __future__ import annotations

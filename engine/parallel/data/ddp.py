@@ -72,9 +72,8 @@ class DataParallel(Replica):
         self._worker.submit(lambda: self.topology.all_reduce(bucket, "avg"))
         self._next = b + 1
 
-    def finish_backward(self) -> None:
-        """Issue the buckets not yet issued (unused parameters, overlap off), wait for all of them.
-        The gradients stay scaled by the loss scale; step() unscales them."""
+    def _finish_communication(self) -> None:
+        """Issue the buckets not yet issued (unused parameters, overlap off), wait for all of them."""
         self.comm_wait_s = 0.0
         if not self._sync:
             return

@@ -19,6 +19,7 @@ from engine.parallel.data.flat import FlatLayout
 from engine.parallel.data.shard_optimizer import Piece, ShardOptimizer
 from engine.parallel.data.topology import Topology
 from engine.parallel.data.worker import CommTask, CommWorker
+from engine.parallel.tensor import model_layout
 
 
 class Replica:
@@ -31,6 +32,7 @@ class Replica:
         self.topology = Topology(cfg, comm)  # algorithm, node grid, where ZeRO shards
         self.ledger = rank_ledger()  # captured here: the communication thread reports to it too
         self.params = model.parameters()
+        self.layout = model_layout(model)  # the tensor-parallel split around this replica, if any
         self.overlap = cfg.parallel.overlap
         self.comm_wait_s = 0.0
         self._events: list = []
@@ -39,9 +41,14 @@ class Replica:
         """Once the storage is laid out: the optimizer over `pieces`, the loss scaler, the communication
         thread (none with one rank: jobs then run inline) and the gradient-ready hooks."""
         self.optimizer = ShardOptimizer(cfg, pieces, self.topology.shard_comm, sharded=sharded,
-                                        param_names=[p.name for p in self.params], ledger=self.ledger)
+                                        param_names=[p.name for p in self.params], ledger=self.ledger,
+                                        layout=self.layout)
         self.scaler = make_scaler(cfg.precision)
-        self._worker = CommWorker(self.rank, inline=self.world == 1)
+        # One thread drives a communicator at a time (engine.comm.base), and a tensor-parallel model runs
+        # its collectives on the rank's thread, inside forward and backward, over the same transport as
+        # this replica's group. So with a tensor-parallel model the replica's collectives run on the rank's
+        # thread too, where backward reaches them (in the same order on every rank), not on a second one.
+        self._worker = CommWorker(self.rank, inline=self.world == 1 or self.layout.degree > 1)
         self._remove_hooks = [p.register_grad_ready_hook(self._on_grad_ready) for p in self.params]
 
     def _on_grad_ready(self, p) -> None:
@@ -83,6 +90,16 @@ class Replica:
             return False
         self.optimizer.update(lr, clip, scale)
         return True
+
+    def finish_backward(self) -> None:
+        """Wait for the step's gradient communication; this rank's gradients (or their shard) are then
+        final: still scaled by the loss scale (step() unscales them), and under sequence parallelism
+        summed over the tensor-parallel group (the partial ones)."""
+        self._finish_communication()
+        self.optimizer.sum_partial_grads()
+
+    def _finish_communication(self) -> None:
+        raise NotImplementedError
 
     def drain_events(self) -> list:
         out, self._events = self._events, []
@@ -142,9 +159,8 @@ class ShardedReplica(Replica):
             self.ledger.sub("comm_buffers", buf.nbytes)
         self.comm_wait_s += time.perf_counter() - t0
 
-    def finish_backward(self) -> None:
-        """Wait for the groups in flight: this rank's gradient parts are then final (still scaled by the
-        loss scale; step() unscales them)."""
+    def _finish_communication(self) -> None:
+        """Wait for the groups in flight."""
         t0 = time.perf_counter()
         self._worker.wait_all()
         self.comm_wait_s += time.perf_counter() - t0

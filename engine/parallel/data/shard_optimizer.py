@@ -26,8 +26,10 @@ import numpy as np
 
 from engine.comm.collectives import all_reduce
 from engine.dtypes import is_low_precision, master_dtype
-from engine.optim import NORM_CHUNK, AdamW, adamw_scratch, sum_of_squares
+from engine.optim import NORM_CHUNK, AdamW, adamw_scratch
 from engine.parallel.data.flat import FlatLayout
+from engine.parallel.data.tensor_split import TensorSplit
+from engine.parallel.tensor.whole import WholeModel
 
 _KINDS = ("", "inf", "nan")  # codes 0 (nothing), 1, 2: MAX over ranks picks nan over inf over nothing
 
@@ -47,10 +49,15 @@ class ShardOptimizer:
 
     `sharded`: the pieces differ across ranks, so the grad norm's sum of squares and the overflow flag
     are all-reduced (sum and MAX); with replicated gradients (DDP) every rank already agrees.
+    `layout`: the model's tensor-parallel layout (engine.parallel.tensor.model_layout): the sums and the flag
+    are then completed over the tensor-parallel group too (tensor_split.py), so every rank of the mesh agrees.
     """
 
-    def __init__(self, cfg, pieces: list[Piece], comm, sharded: bool, param_names: list[str], ledger):
+    def __init__(self, cfg, pieces: list[Piece], comm, sharded: bool, param_names: list[str], ledger,
+                 layout=None):
         self.pieces, self.comm, self.sharded, self.ledger = pieces, comm, sharded, ledger
+        self.layout = WholeModel() if layout is None else layout
+        self.split = TensorSplit(pieces, self.layout, ledger)
         self.param_names = param_names
         self._index = {name: i for i, name in enumerate(param_names)}
         self.dtype = pieces[0].param.dtype
@@ -89,17 +96,23 @@ class ShardOptimizer:
 
     # ------------------------------------------------------------------ before the update
 
+    def sum_partial_grads(self) -> None:
+        """Sequence parallelism's partial gradients summed over the tensor-parallel group (none: nothing)."""
+        self.split.sum_partial_grads()
+
     def grad_norm(self, scale: float) -> float:
         """Global unscaled gradient norm: sqrt of the (all-reduced) sum of the pieces' sums of squares,
-        formed through one float64 buffer (a temporary: min(largest piece, NORM_CHUNK) elements)."""
+        formed through one float64 buffer (a temporary: min(largest piece, NORM_CHUNK) elements); under
+        tensor parallelism the shards' part summed over its group too, the replicated part counted once."""
         wide = np.empty(min(max(p.grad.size for p in self.pieces), NORM_CHUNK), np.float64)
         with self.ledger.transient("temporaries", wide.nbytes):
-            sumsq = sum(sum_of_squares(p.grad, buf=wide) for p in self.pieces)
-        if self.sharded:
-            buf = np.array([sumsq], dtype=np.float64)
-            all_reduce(self.comm, buf, op="sum")
-            sumsq = float(buf[0])
-        return math.sqrt(sumsq) / scale
+            sharded, replicated = self.split.sums_of_squares(wide)
+        if self.sharded:  # a whole model sends its one sum alone, as the same collective as ever
+            sums = np.array([replicated, sharded][:1 + (self.layout.degree > 1)], dtype=np.float64)
+            all_reduce(self.comm, sums, op="sum")
+            replicated = float(sums[0])
+            sharded = float(sums[1]) if sums.size > 1 else sharded
+        return math.sqrt(self.layout.combine_sum_of_squares(sharded, replicated)) / scale
 
     def find_overflow(self, scaler) -> tuple[str, str] | None:
         """(inf|nan, first overflowing parameter) over all ranks, or None. Each rank checks its pieces
@@ -115,6 +128,7 @@ class ShardOptimizer:
                 worst[1] = max(worst[1], self._index.get(found[1], -1) + 1)
         if self.sharded:
             all_reduce(self.comm, worst, op="max")
+        self.layout.agree_max(worst)  # the other shards of a tensor-parallel model (nothing otherwise)
         if worst[0] == 0:
             return None
         index = int(worst[1]) - 1

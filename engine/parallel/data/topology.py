@@ -53,7 +53,10 @@ class Topology:
     def __init__(self, cfg, comm):
         p = cfg.parallel
         self.comm, self.algorithm = comm, p.algorithm
-        self.grid = NodeGrid(comm, p.ranks_per_node) if p.ranks_per_node else None
+        # The node grid lays out the world's ranks; a data-parallel group smaller than the world (tensor
+        # parallelism holds the rest) has no grid of its own: its collectives run flat.
+        whole_world = comm.world_size == p.world_size
+        self.grid = NodeGrid(comm, p.ranks_per_node) if p.ranks_per_node and whole_world else None
         self.hybrid = bool(p.hybrid) and self.grid is not None
         self.shard_comm = self.grid.intra if self.hybrid and self.grid is not None else comm
         self.crossovers = self.cross_crossovers = None
