@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from engine.checkpoint.reshard import local_numel
 from engine.config.build import param_shapes
 from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS
@@ -130,6 +131,9 @@ def check_manifest(manifest: Any, folder: Path) -> dict:
     f.text("run_id", required=False)
     f.text("saved_at", required=False)
     world = f.whole("world_size", 1, MAX_WORLD)
+    tensor = f.whole("tensor", 1, world) if "tensor" in manifest else 1  # absent: saved before TP existed
+    if world % tensor:
+        f.fail("tensor", f"{tensor} does not divide world_size {world}")
     f.one_of("zero_stage", ZERO_STAGES)
     f.one_of("precision", DTYPES)
     numel = f.whole("numel")
@@ -144,7 +148,9 @@ def check_manifest(manifest: Any, folder: Path) -> dict:
                      for a, b in zip(layout, expected) if a != b),
                     f"{len(layout)} parameters there, {len(expected)} for the model spec")
         f.fail("layout", f"does not match the model spec ({diff})")
-    _check_shards(f, world, numel)
+    if tensor > 1:  # each coordinate's ranges tile its own shard of the model
+        numel = local_numel(spec["kind"], layout, tensor)
+    _check_shards(f, world, numel, tensor)
     return manifest
 
 
@@ -210,12 +216,23 @@ def spec_layout(spec: dict) -> list[dict]:
             for name, shape, _ in param_shapes(SimpleNamespace(model=model), spec.get("vocab_size", 0))]
 
 
-def _check_shards(f: _Fields, world: int, numel: int) -> None:
+def _check_shards(f: _Fields, world: int, numel: int, tensor: int) -> None:
+    """Every entry in rank order, and per tensor-parallel coordinate the ranges tiling its `numel`."""
     shards = f.array("shards")
     if len(shards) != world:
         f.fail("shards", f"{len(shards)} entries for a world size of {world}")
-    pieces = []
     for rank, entry in enumerate(shards):
+        e = _Fields(entry, f.path, f"shards[{rank}].")
+        if tensor > 1 or "tp" in entry:
+            e.whole("tp", 0, tensor - 1)
+    for tp in range(tensor):
+        mine = [(r, e) for r, e in enumerate(shards) if e.get("tp", 0) == tp]
+        _check_tiling(f, [r for r, _ in mine], [e for _, e in mine], numel, world)
+
+
+def _check_tiling(f: _Fields, ranks: list[int], shards: list, numel: int, world: int) -> None:
+    pieces = []
+    for rank, entry in zip(ranks, shards):
         e = _Fields(entry, f.path, f"shards[{rank}].")
         if e.whole("rank", 0, MAX_WORLD) != rank:
             e.fail("rank", f"{entry['rank']}, expected {rank} (entries in rank order)")
@@ -261,6 +278,9 @@ def check_shard(meta: Any, arrays: dict[str, tuple[np.dtype, tuple]], entry: dic
         f.fail("rank", f"{meta['rank']}, but the manifest lists this file for rank {entry['rank']}")
     if f.whole("step") != manifest["step"]:
         f.fail("step", f"{meta['step']}, but the manifest is for step {manifest['step']}")
+    if ("tp" in meta or "tp" in entry) and f.whole("tp", 0, MAX_WORLD) != entry.get("tp", 0):
+        f.fail("tp", f"{meta['tp']}, but the manifest lists this file for tensor-parallel shard "
+               f"{entry.get('tp', 0)}")
     if check_range(f, "range") != (tuple(entry["range"]) if entry["range"] else None):
         f.fail("range", f"{meta['range']}, but the manifest says {entry['range']}")
     f.whole("optimizer_step")

@@ -1,5 +1,5 @@
-"""Sharded checkpoints: saved every `checkpoint.every` steps and at the end; resumed at any world size
-and ZeRO stage.
+"""Sharded checkpoints: saved every `checkpoint.every` steps and at the end; resumed at any world size,
+ZeRO stage and tensor-parallel degree.
 
 Each rank writes what it owns (engine.checkpoint.files does the durable writing): its range of the flat
 fp32 master weights and Adam moments (`replica.owned_range()` / `optimizer_state()`) and its loss-scaler
@@ -8,10 +8,16 @@ state (dropout needs nothing: its masks are keyed by the step, engine.dropout_rn
 sha256 and writes the manifest last, with the world size, ZeRO stage, precision, parameter layout, model
 spec, vocabulary and config. Reading checks every field of both (engine.checkpoint.schema).
 
-Loading consolidates the shards into full, unpadded fp32 master/m/v — the same arrays whatever world
-size or stage saved them — and `replica.load_optimizer_state(full)` takes its own slice. The data
-position is the step number (engine.data batches are a pure function of the step), so resuming needs
-nothing else to continue bitwise-identically at the same world size.
+Under tensor parallelism each rank's state is its own shard of the model (its own flat layout): ranges are
+then per tensor-parallel coordinate (`tp` in the shard's entry; the manifest's `tensor` is the degree), and
+of the ranks holding the same range of the same coordinate only the lowest writes it.
+
+Loading consolidates the shards into full, unpadded fp32 master/m/v of the dense model — the same arrays
+whatever world size, stage or tensor degree saved them (reshard.py joins the tensor-parallel shards) — and
+each rank cuts its own tensor-parallel shard back out (any degree; none for a whole model) before
+`replica.load_optimizer_state(full)` takes its own slice. The data position is the step number
+(engine.data batches are a pure function of the step), so resuming needs nothing else to continue
+bitwise-identically at the same layout.
 """
 from __future__ import annotations
 
@@ -41,7 +47,8 @@ from engine.checkpoint.files import (
     write_manifest,
     write_shard,
 )
-from engine.checkpoint.schema import STATE_KEYS, check_shard, pieces
+from engine.checkpoint.reshard import cut, join, local_numel
+from engine.checkpoint.schema import STATE_KEYS, check_shard, pieces, spec_layout
 from engine.comm.collectives import all_gather
 from engine.config.build import vocab_chars
 
@@ -56,11 +63,6 @@ __all__ = ["CHECKPOINTS", "Checkpoint", "CheckpointError", "Checkpointer", "NoCh
 def layout_of_model(model) -> list[dict]:
     """[{"name", "shape"}] of every parameter in flat-buffer order: what a checkpoint must match."""
     return [{"name": name, "shape": list(p.shape)} for name, p in model.named_parameters()]
-
-
-def _layout_of_slots(slots) -> list[dict]:
-    # the replica's flat-buffer slots keep the shapes even where ZeRO-3 frees parameter storage
-    return [{"name": s.name, "shape": list(s.shape)} for s in slots]
 
 
 def model_spec(cfg, model) -> dict:
@@ -113,7 +115,8 @@ class Checkpointer:
         """Save this step's checkpoint (every rank calls it); None, saving nothing, when the run folder
         that holds `root` is gone: removed or moved mid-run, as the recorder then says and stops the run."""
         comm, replica, rank, step = trainer.comm, trainer.replica, trainer.rank, trainer.step
-        owners = _gather_ints(comm, [step, int(self.root.parent.is_dir()), *replica.owned_range()])
+        tp = trainer.layout.rank  # which tensor-parallel shard this rank's state is (0: the whole model)
+        owners = _gather_ints(comm, [step, int(self.root.parent.is_dir()), tp, *replica.owned_range()])
         if len(set(owners[:, 0].tolist())) != 1:
             raise RuntimeError(f"ranks reached a checkpoint at different steps: {owners[:, 0].tolist()}")
         if not owners[0, 1]:  # rank 0's view decides, for every rank alike: it writes the manifest
@@ -122,27 +125,35 @@ class Checkpointer:
         make_dir(folder)
         ranges = _written_ranges(owners[:, 2:])
         state = replica.optimizer_state()  # collective in ZeRO 1-3: every rank calls it
-        meta = {"rank": rank, "step": step, "range": ranges[rank], "optimizer_step": int(state["step"]),
-                "scaler": replica.scaler.state_dict()}
+        meta = {"rank": rank, "step": step, "tp": tp, "range": ranges[rank],
+                "optimizer_step": int(state["step"]), "scaler": replica.scaler.state_dict()}
         arrays = {k: state[k] for k in STATE_KEYS} if ranges[rank] else {}
         digest, size = write_shard(folder / shard_name(rank), arrays, meta)
         records = _gather_ints(comm, [size, *np.frombuffer(bytes.fromhex(digest), dtype=np.int64).tolist()])
         if rank == 0:
-            self._finish(trainer, folder, step, ranges, records)
+            self._finish(trainer, folder, step, ranges, owners[:, 2].tolist(), records)
+        # Nobody leaves before the manifest exists: a rank that failed right after its share (the next step
+        # failing at once) would otherwise abort rank 0's last collective, and the checkpoint every shard of
+        # which is on disk would never be finished.
+        if trainer.world > 1:
+            comm.barrier()
         self.last_saved = step
         return folder
 
-    def _finish(self, trainer, folder: Path, step: int, ranges: list, records: np.ndarray) -> None:
+    def _finish(self, trainer, folder: Path, step: int, ranges: list, tps: list[int], records: np.ndarray
+                ) -> None:
         cfg, world = trainer.cfg, trainer.world
-        layout = _layout_of_slots(trainer.replica.flat.slots)
+        spec = model_spec(cfg, trainer.model)
+        layout = spec_layout(spec)  # the dense model's: what every tensor degree consolidates to
         shards = [{"rank": r, "file": shard_name(r), "bytes": int(records[r, 0]),
-                   "sha256": records[r, 1:].astype(np.int64).tobytes().hex(), "range": ranges[r]}
-                  for r in range(world)]
+                   "sha256": records[r, 1:].astype(np.int64).tobytes().hex(), "tp": int(tps[r]),
+                   "range": ranges[r]} for r in range(world)]
         manifest = {
             "format": FORMAT, "version": VERSION, "step": step, "run_id": self.run_id,
-            "world_size": world, "zero_stage": cfg.parallel.zero_stage, "precision": cfg.precision.dtype,
+            "world_size": world, "tensor": trainer.layout.degree, "zero_stage": cfg.parallel.zero_stage,
+            "precision": cfg.precision.dtype,
             "numel": sum(math.prod(p["shape"]) for p in layout), "layout": layout,
-            "model": model_spec(cfg, trainer.model), "vocab": vocab_chars(trainer.dataset),
+            "model": spec, "vocab": vocab_chars(trainer.dataset),
             "config": self.config, "shards": shards, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         write_manifest(folder, manifest)  # last: from here on the checkpoint exists
         prune(self.root, self.keep)
@@ -150,10 +161,11 @@ class Checkpointer:
 
 
 def _written_ranges(owned: np.ndarray) -> list[list[int] | None]:
-    """Per rank, the [start, end) of state it writes: its owned range, unless a lower rank owns the same
-    range (replicated state, ZeRO stage 0), in which case None."""
-    ranges = owned.tolist()
-    return [None if rng in ranges[:r] else rng for r, rng in enumerate(ranges)]
+    """Per rank, the [start, end) of state it writes: its owned range (rows [tp, start, end]), unless a lower
+    rank owns the same range of the same tensor-parallel shard (replicated state: ZeRO stage 0, and the
+    data-parallel ranks of one shard), in which case None."""
+    rows = owned.tolist()
+    return [None if row in rows[:r] else row[1:] for r, row in enumerate(rows)]
 
 
 def _gather_ints(comm, values: list[int]) -> np.ndarray:
@@ -189,20 +201,31 @@ class Checkpoint:
         except CheckpointError as exc:
             raise CheckpointError(f"{exc}; {fallback_hint(self.path.parent, self.step)}") from None
 
+    @property
+    def tensor(self) -> int:
+        """The tensor-parallel degree that saved it (1 for checkpoints from before tensor parallelism)."""
+        return int(self.manifest.get("tensor", 1))
+
     def consolidate(self, keys: tuple[str, ...] = STATE_KEYS) -> dict:
-        """Full unpadded arrays (fp32 master, m, v) and the optimizer step, however many ranks saved them."""
-        numel = self.manifest["numel"]
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+        """Full unpadded arrays of the dense model (fp32 master, m, v) and the optimizer step, however many
+        ranks, of whatever tensor-parallel degree, saved them."""
+        t, layout = self.tensor, self.manifest["layout"]
+        kind = self.manifest["model"]["kind"]
+        numel = self.manifest["numel"] if t == 1 else local_numel(kind, layout, t)
+        parts: dict[str, list[list[np.ndarray]]] = {k: [[] for _ in range(t)] for k in keys}
         step = None
         for _, _, rank in pieces(self.manifest):
             arrays, meta = read_shard(self.path / shard_name(rank), keys)
             step = meta["optimizer_step"] if step is None else step
             for k in keys:
-                parts[k].append(arrays[k])
+                parts[k][self.manifest["shards"][rank].get("tp", 0)].append(arrays[k])
         if step is None:
             raise CheckpointError(f"{self.path}/{MANIFEST}: no shard holds optimizer state; "
                                   "the checkpoint is damaged")
-        full = {k: np.concatenate(v)[:numel] for k, v in parts.items()}
+        full = {}
+        for k, by_tp in parts.items():
+            locals_ = [np.concatenate(p)[:numel] for p in by_tp]
+            full[k] = locals_[0] if t == 1 else join(kind, layout, t, locals_)
         return full | {"step": int(step)}
 
     def rank_meta(self, rank: int) -> dict:
@@ -251,8 +274,11 @@ def fallback_hint(root: Path, step: int) -> str:
 
 def restore(trainer, ckpt: Checkpoint) -> None:
     """Put a trainer in the state of the checkpoint: step (= data position and dropout masks), fp32 master
-    weights and Adam state via the replica, loss scaler (same precision only)."""
-    trainer.replica.load_optimizer_state(ckpt.consolidate())
+    weights and Adam state via the replica (this rank's tensor-parallel shard of them, at any degree), loss
+    scaler (same precision only)."""
+    full, layout = ckpt.consolidate(), trainer.layout
+    mine = {k: cut(layout.specs, layout.rank, ckpt.manifest["layout"], full[k]) for k in STATE_KEYS}
+    trainer.replica.load_optimizer_state(mine | {"step": full["step"]})
     meta = ckpt.rank_meta(trainer.rank)
     if ckpt.manifest["precision"] == trainer.cfg.precision.dtype:
         trainer.replica.scaler.load_state_dict(meta["scaler"])
