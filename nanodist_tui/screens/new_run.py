@@ -37,6 +37,15 @@ FIELDS: tuple[tuple[str, tuple | None], ...] = (
 )
 
 
+LABEL_WIDTH = 20  # a field label's cells at 80 columns (app.tcss, .compact .field-label)
+
+
+def _label(key: str) -> str:
+    """A setting's label: its key, broken after the section where it is longer than a label is wide
+    (parallel.sequence_parallel), rather than cut in the middle of a word."""
+    return key if len(key) <= LABEL_WIDTH else key.replace(".", ".\n", 1)
+
+
 def _field_id(key: str) -> str:
     return "field-" + key.replace(".", "-")
 
@@ -75,7 +84,7 @@ class NewRunScreen(Screen[tuple[Config, tomlkit.TOMLDocument] | None]):
                 yield Label("settings (checked as you type)", classes="section")
                 for key, choices in FIELDS:
                     with Horizontal(classes="field"):
-                        yield Label(key, classes="field-label")
+                        yield Label(_label(key), classes="field-label")
                         if choices is None:
                             yield Input(id=_field_id(key), classes="field-input")
                         else:
