@@ -231,9 +231,7 @@ def twin_losses_rank(comm, emit, cfg_dict: dict, steps: int) -> list[float]:
 
     from engine.config import from_dict
     from engine.config.build import build_model, load_dataset
-    from engine.config.rules import describing_layout
-    with describing_layout():  # the layout is PyTorch's to train here, whatever this release trains itself
-        cfg = from_dict(cfg_dict, source="<tp twin>")
+    cfg = from_dict(cfg_dict, source="<tp twin>")
     torch.set_num_threads(max(1, comm.threads_per_rank))
     dataset = load_dataset(cfg)
     init_gloo(comm)

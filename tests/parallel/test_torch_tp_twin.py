@@ -14,7 +14,6 @@ from engine.comm.base import Signals
 from engine.comm.threads import ThreadGroup
 from engine.config import from_dict, to_dict
 from engine.config.presets import load_preset
-from engine.config.rules import describing_layout
 from engine.parallel.tensor import ShardSpec
 from engine.trainer import Trainer
 
@@ -27,9 +26,8 @@ SMALL = ["model.n_layer=2", "model.n_embd=64", "model.block_size=32", "train.glo
 
 
 def layout(*sets: str):
-    """gpt-mini made small, on a tensor-parallel layout (valid here whatever this release trains itself)."""
-    with describing_layout():
-        return load_preset("gpt-mini", [*SMALL, *sets])[0]
+    """gpt-mini made small, on a tensor-parallel layout."""
+    return load_preset("gpt-mini", [*SMALL, *sets])[0]
 
 
 def dense_losses(cfg) -> list[float]:
