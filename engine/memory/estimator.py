@@ -53,12 +53,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from engine.config.build import param_shapes, vocab_size
+from engine.config.build import count_params, param_shapes, vocab_size
 from engine.dtypes import is_low_precision, itemsize, master_dtype
 from engine.memory.ledger import CATEGORIES, PHASES, peak_phase
+from engine.memory.tensor_parallel import (
+    TensorSplit,
+    rank_shapes,
+    row_parallel_modules,
+    sequence_region_numel,
+)
 from engine.optim import CHUNK, NORM_CHUNK
 from engine.parallel.data.buckets import aligned_buckets
 from engine.parallel.data.flat import FlatLayout
+from engine.parallel.mesh import Mesh
 from engine.recompute import checkpointed_blocks
 
 
@@ -96,13 +103,14 @@ class MemoryEstimate:
 
 
 def estimate(cfg, vocab: int | None = None) -> MemoryEstimate:
-    """Per-rank memory of training `cfg`. `vocab` overrides looking it up (0 = from the data)."""
+    """Per-rank memory of training `cfg`. `vocab` overrides looking it up (0 = from the data). Under tensor
+    parallelism every rank of the mesh holds the same bytes (engine.memory.tensor_parallel)."""
     world, stage, dtype = cfg.parallel.world_size, cfg.parallel.zero_stage, cfg.precision.dtype
     s, ms, low = itemsize(dtype), master_dtype(dtype).itemsize, is_low_precision(dtype)
-    micro = cfg.train.global_batch // (world * cfg.train.micro_batches)
+    micro = cfg.train.global_batch // (Mesh.of(cfg.parallel).dp * cfg.train.micro_batches)
     shards = shard_count(cfg)
     vocab = (vocab or vocab_size(cfg)) if cfg.model.kind == "gpt" else 0
-    shapes = param_shapes(cfg, vocab)
+    shapes = rank_shapes(cfg, vocab)  # this rank's: its tensor-parallel shards
     n = sum(math.prod(shape) for _, shape, _ in shapes)
     pieces, units = _pieces(shapes, cfg, shards, stage)  # elements each AdamW updates; stage-3 units
     owned = sum(pieces)
@@ -116,18 +124,23 @@ def estimate(cfg, vocab: int | None = None) -> MemoryEstimate:
     scratch = 2 * ms * min(max(pieces), CHUNK)  # AdamW's, for the whole run
     timeline = _Timeline(states, scratch)
     _replay(timeline, cfg, vocab, micro, _transients(shapes, cfg, units))
+    if region := sequence_region_numel(cfg, shapes) * s:  # SP's gradient sum, after the last backward
+        timeline.extra.update(gradients=0, comm_buffers=region)
+        timeline.mark("backward")
     norm_buf = 8 * min(max(pieces), NORM_CHUNK)  # held while the gradient norm is formed; after it,
     grad32 = 4 * owned if low else 0  # the fp32 gradient copy of a mixed-precision update
     timeline.peaks["optimizer"] = timeline.maxima["optimizer"] = {
         **timeline.base, "temporaries": scratch + max(norm_buf, grad32)}
-    return MemoryEstimate(n, world, stage, dtype, cfg.memory.checkpointing, micro, states, timeline.peaks,
-                          timeline.maxima)
+    n_params = count_params(param_shapes(cfg, vocab))  # the whole model's
+    return MemoryEstimate(n_params, world, stage, dtype, cfg.memory.checkpointing, micro, states,
+                          timeline.peaks, timeline.maxima)
 
 
 def shard_count(cfg) -> int:
-    """Ranks ZeRO state is split over: the world, or under hybrid sharding the ranks of one node."""
+    """Ranks ZeRO state is split over: the data-parallel group (the world, without tensor parallelism), or
+    under hybrid sharding the ranks of one node."""
     p = cfg.parallel
-    return (p.ranks_per_node or p.world_size) if p.hybrid else p.world_size
+    return (p.ranks_per_node or p.world_size) if p.hybrid else Mesh.of(p).dp
 
 
 # ---------------------------------------------------------------------- the optimizer's pieces
@@ -210,10 +223,12 @@ def _transients(shapes, cfg, units: list[int]) -> _Transients:
                        buffers=buffers)
 
 
-def ready_order(shapes) -> list[int]:
+def ready_order(shapes, bias_first: frozenset[str] = frozenset()) -> list[int]:
     """Parameter indices in the order backward makes their gradients final: modules from the last one
-    back, each module's parameters in their own order (a Linear's weight, then its bias), and the
-    embeddings (wte, wpe: their lookup ran first, and the tied wte also serves the head) last."""
+    back, each module's parameters in their own order (a Linear's weight, then its bias; for the modules
+    in `bias_first`, row-parallel layers, the bias first: it is added after the reduce, so its gradient
+    comes out before the product's), and the embeddings (wte, wpe: their lookup ran first, and the tied
+    wte also serves the head) last."""
     modules: list[list[int]] = []
     for i, (name, _, _) in enumerate(shapes):
         module = name.rpartition(".")[0]
@@ -221,6 +236,7 @@ def ready_order(shapes) -> list[int]:
             modules[-1].append(i)
         else:
             modules.append([i])
+    modules = [m[::-1] if shapes[m[0]][0].rpartition(".")[0] in bias_first else m for m in modules]
     embeddings = [m for m in modules if shapes[m[0]][0].rpartition(".")[0] in ("wte", "wpe")]
     rest = [m for m in modules if m not in embeddings]
     return [i for m in rest[::-1] + embeddings for i in m]
@@ -252,7 +268,7 @@ def _gradient_flow(shapes, cfg) -> tuple[int, int]:
     packed: list[int] = []  # buffer bytes in the order packed, over every micro-batch
     for _ in range(cfg.train.micro_batches):
         ready, left, done, next_bucket = [0] * len(groups), [len(of) for of in of_param], set(), 0
-        for i in ready_order(shapes):
+        for i in ready_order(shapes, row_parallel_modules(cfg, shapes)):
             held += sizes[i]
             most_held = max(most_held, held)
             for g in of_param[i]:
@@ -278,16 +294,17 @@ def _replay(t: _Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
     """Forward, then backward from the last block, as the trainer and the replicas run them."""
     m, dtype = cfg.model, cfg.precision.dtype
     s, f, g = itemsize(dtype), master_dtype(dtype).itemsize, cfg.train.global_batch
+    split = TensorSplit.of(cfg)
     if m.kind == "mlp":  # one group; stage 3 gathers the layers, taken as co-occurring (an upper bound)
         t.extra["parameters"] = z.outer + (1 + z.prefetch) * z.block
-        t.keep(_mlp_saves(m.widths, micro, g, s, f, m.dropout), "forward")
+        t.keep(_mlp_saves(m.widths, micro, g, s, f, m.dropout, split.t), "forward")
         t.mark("backward")
         t.extra.update(parameters=0, gradients=z.grads, comm_buffers=z.buffers)
         t.drop(list(t.held))
         t.mark("backward")
         return
     embedding, *blocks, head = _gpt_saves(micro, m.block_size, m.n_embd, m.n_head, vocab, m.n_layer, g, s, f,
-                                          m.dropout)
+                                          m.dropout, split)
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, m.n_layer))
     loss = {k: head.pop(k) for k in ("logits", "lse", "targets")}  # kept by the loss, after the model
     last = len(blocks) - 1
@@ -320,29 +337,35 @@ def _replay(t: _Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
     t.mark("backward")
 
 
-def _gpt_saves(b, t, c, h, v, n_layer, g, s, f, p) -> list[dict[str, int]]:
-    """Arrays kept for backward, grouped: embedding, each block (first key: its input), head."""
-    btc = b * t * c * s
+def _gpt_saves(b, t, c, h, v, n_layer, g, s, f, p, split: TensorSplit | None = None) -> list[dict[str, int]]:
+    """Arrays kept for backward, grouped: embedding, each block (first key: its input), head. Under tensor
+    parallelism (`split`) the products' outputs divide by t, the LayerNorm and dropout region by split.region
+    (engine.memory.tensor_parallel)."""
+    split = split or TensorSplit()
+    btc, n, r = b * t * c * s, split.t, split.region
     embedding = {"idx": g * t * 8}
     if p:
-        embedding["embedding dropout mask"] = b * t * c
+        embedding["embedding dropout mask"] = b * t * c // r
     groups = [embedding]
     for k in range(n_layer):
-        block = {f"x{k}": btc, f"ln_1 stats {k}": 2 * b * t * f, f"ln_1 out {k}": btc, f"qkv {k}": 3 * btc,
-                 f"attn O {k}": btc, f"attn lse {k}": b * h * t * f, f"h {k}": btc,
-                 f"ln_2 stats {k}": 2 * b * t * f, f"ln_2 out {k}": btc, f"fc out {k}": 4 * btc,
-                 f"gelu out {k}": 4 * btc}
+        block = {f"x{k}": btc // r, f"ln_1 stats {k}": 2 * b * t * f // r, f"ln_1 out {k}": btc,
+                 f"qkv {k}": 3 * btc // n, f"attn O {k}": btc // n, f"attn lse {k}": b * h // n * t * f,
+                 f"h {k}": btc // r, f"ln_2 stats {k}": 2 * b * t * f // r, f"ln_2 out {k}": btc,
+                 f"fc out {k}": 4 * btc // n, f"gelu out {k}": 4 * btc // n}
         if p:
-            block.update({f"resid mask {k}": b * t * c, f"mlp mask {k}": b * t * c})
+            block.update({f"resid mask {k}": b * t * c // r, f"mlp mask {k}": b * t * c // r})
         groups.append(block)
-    groups.append({f"x{n_layer}": btc, "ln_f stats": 2 * b * t * f, "ln_f out": btc, "logits": b * t * v * s,
-                   "lse": b * t * f, "targets": g * t * 8})
+    groups.append({f"x{n_layer}": btc // r, "ln_f stats": 2 * b * t * f // r, "ln_f out": btc,
+                   "logits": b * t * -(-v // n) * s, "lse": b * t * f, "targets": g * t * 8})
     return groups
 
 
-def _mlp_saves(widths, b, g, s, f, p) -> dict[str, int]:
+def _mlp_saves(widths, b, g, s, f, p, t: int = 1) -> dict[str, int]:
+    """An MLP's kept arrays; under tensor parallelism the hidden layers a column-parallel layer makes
+    (every other one, from the first) hold 1/t of their features."""
     saves = {"input": b * widths[0] * s, "logits": b * widths[-1] * s, "lse": b * f, "targets": g * 8}
     for i, w in enumerate(widths[1:-1]):
+        w //= t if i % 2 == 0 else 1
         saves.update({f"pre-gelu {i}": b * w * s, f"next input {i}": b * w * s})
         if p:
             saves[f"mask {i}"] = b * w

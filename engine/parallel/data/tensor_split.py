@@ -7,7 +7,10 @@ The replica's gradients live in flat pieces, not in p.grad (ZeRO drops p.grad), 
 piece, the element ranges of each kind from the parameter names, and does per piece what the layout says:
 
   * sum_partial_grads   the partial gradients summed over the TP group: one all-reduce per step, after
-                        the data-parallel reduce (both are sums, so the order does not change the result)
+                        the data-parallel reduce (both are sums, so the order does not change the result),
+                        of one buffer laid out as every partial parameter whole, whatever this rank owns
+                        (its pieces' parts filled in, zeros elsewhere): the same buffer and the same bytes
+                        on every rank at any ZeRO stage, as the estimator and the projection count it
   * sums_of_squares     (sharded, replicated) sums of squares, for the gradient norm: the layout adds the
                         sharded part over the TP group and counts the replicated part once
 
@@ -23,17 +26,22 @@ import numpy as np
 from engine.optim import sum_of_squares
 
 
-def _ranges(piece, chosen) -> list[tuple[int, int]]:
-    """[lo, hi) ranges of the piece (its own coordinates) covered by parameters `chosen(name)` accepts."""
+def _overlaps(piece, chosen) -> list:
+    """(lo, hi, slot): the piece's overlap (its own coordinates) with each parameter `chosen` accepts."""
     lo, hi = piece.offset, piece.offset + piece.param.size
+    return [(max(lo, s.start) - lo, min(hi, s.end) - lo, s) for s in piece.flat.slots
+            if max(lo, s.start) < min(hi, s.end) and chosen(s.name)]
+
+
+def _ranges(piece, chosen) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of the piece (its own coordinates) covered by parameters `chosen(name)` accepts,
+    adjacent ones joined."""
     out: list[tuple[int, int]] = []
-    for slot in piece.flat.slots:
-        a, b = max(lo, slot.start), min(hi, slot.end)
-        if a < b and chosen(slot.name):
-            if out and out[-1][1] == a - lo:
-                out[-1] = (out[-1][0], b - lo)
-            else:
-                out.append((a - lo, b - lo))
+    for a, b, _ in _overlaps(piece, chosen):
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
     return out
 
 
@@ -53,27 +61,30 @@ class TensorSplit:
         self.pieces, self.layout, self.ledger = pieces, layout, ledger
         self.sharded = [_ranges(p, layout.is_sharded) for p in pieces]
         self.replicated = [_complement(r, p.param.size) for r, p in zip(self.sharded, pieces)]
-        self.partial = [_ranges(p, layout.sums_partial) for p in pieces]
-        self.partial_numel = sum(b - a for ranges in self.partial for a, b in ranges)
+        # where each piece's partial ranges go in the buffer: every partial parameter whole, in layout order
+        at, self.partial_numel = {}, 0
+        for piece in pieces:
+            for slot in piece.flat.slots:
+                if slot.name not in at and layout.sums_partial(slot.name):
+                    at[slot.name] = self.partial_numel - slot.start  # + a flat position = buffer position
+                    self.partial_numel += slot.end - slot.start
+        self.partial = [[(a, b, at[slot.name] + piece.offset + a)
+                         for a, b, slot in _overlaps(piece, layout.sums_partial)] for piece in pieces]
 
     def sum_partial_grads(self) -> None:
         """Sum the partial gradients of every piece over the TP group, through one buffer (counted as a
         communication buffer while it lives); nothing when there are none."""
         if not self.partial_numel:
             return
-        buf = np.empty(self.partial_numel, self.pieces[0].grad.dtype)
+        buf = np.zeros(self.partial_numel, self.pieces[0].grad.dtype)
         with self.ledger.transient("comm_buffers", buf.nbytes):
-            at = 0
             for piece, ranges in zip(self.pieces, self.partial):
-                for a, b in ranges:
+                for a, b, at in ranges:
                     buf[at:at + b - a] = piece.grad[a:b]
-                    at += b - a
             self.layout.sum_partial_grads(buf)
-            at = 0
             for piece, ranges in zip(self.pieces, self.partial):
-                for a, b in ranges:
+                for a, b, at in ranges:
                     piece.grad[a:b] = buf[at:at + b - a]
-                    at += b - a
 
     def sums_of_squares(self, wide: np.ndarray) -> tuple[float, float]:
         """(sharded, replicated) sums of squares of this rank's pieces, through the float64 buffer `wide`."""

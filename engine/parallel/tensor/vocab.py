@@ -37,18 +37,26 @@ def vocab_slice(spec: ShardSpec, rank: int) -> tuple[int, int]:
     return lo, hi - lo
 
 
+def _mine(tokens: np.ndarray, first: int, valid: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token - first, whether it is one of this rank's tokens) of every token."""
+    local = tokens - first
+    return local, (local >= 0) & (local < valid)
+
+
 def masked_embedding(idx: np.ndarray, weight: Tensor, first: int, valid: int) -> Tensor:
     """Rows of this rank's slice weight[valid rows, C] for the tokens in [first, first + valid); zeros for
-    the others. The backward scatter-adds into the rows of the tokens it looked up, only."""
-    local = idx - first
-    inside = (local >= 0) & (local < valid)
+    the others. The backward scatter-adds into the rows of the tokens it looked up, only. It keeps the
+    token ids alone, as the dense embedding does (which of them are this rank's is worked out again)."""
+    local, inside = _mine(idx, first, valid)
     out = weight.data[np.where(inside, local, 0)]
     out[~inside] = 0
-    shape, dtype, rows = weight.shape, weight.dtype, local[inside]
+    shape, dtype = weight.shape, weight.dtype
 
     def backward(g):
+        local, inside = _mine(idx, first, valid)
+        rows = local[inside]
         return (ScatterGrad(rows, g[inside], shape, dtype) if rows.size else None,)
-    return make(out, (weight,), backward, (rows, inside))
+    return make(out, (weight,), backward, (idx,))
 
 
 class VocabParallelEmbedding(Module):
@@ -68,12 +76,13 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets, group: Communicator, f
                                  valid: int) -> Tensor:
     """Mean of -log softmax(logits)[target] over all targets, from this rank's columns logits[..., V/t] of
     the vocabulary [first, first + valid) (columns past `valid` are padding). Equal on every rank; a scalar
-    in the compute dtype, as ops.cross_entropy. Keeps the logits and each row's log-sum-exp (b·s values)."""
+    in the compute dtype, as ops.cross_entropy. Keeps what it does: the logits, each row's log-sum-exp (b·s
+    values) and the targets."""
     targets = targets.data if isinstance(targets, Tensor) else np.asarray(targets)
     dtype, cdt = logits.dtype, compute_dtype(logits.dtype)
-    x = logits.data.reshape(-1, logits.shape[-1])
-    rows, local = np.arange(len(x)), targets.reshape(-1) - first
-    mine = (local >= 0) & (local < valid)  # the rows whose target is one of this rank's tokens
+    x, cols = logits.data.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    rows = np.arange(len(x))
+    local, mine = _mine(cols, first, valid)  # mine: the rows whose target is one of this rank's tokens
 
     z = lowp.widen(x).astype(cdt, copy=True)
     z[:, valid:] = -np.inf
@@ -91,10 +100,11 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets, group: Communicator, f
         p -= lse[:, None]
         np.exp(p, out=p)
         p[:, valid:] = 0
-        p[rows[mine], local[mine]] -= 1
+        local, mine = _mine(cols, first, valid)
+        p[np.flatnonzero(mine), local[mine]] -= 1
         p *= g / len(x)
         return (lowp.narrow(p, dtype).reshape(logits.shape),)
-    return make(loss, (logits,), backward, (x, lse))
+    return make(loss, (logits,), backward, (x, lse, cols))
 
 
 def gather_vocab(group: Communicator, logits: np.ndarray, spec: ShardSpec) -> np.ndarray:
