@@ -12,13 +12,14 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
+from engine.events import Traffic
 from engine.parallel.mesh import AXES, Mesh
 from engine.run.printable import printable
 from nanodist_tui.mesh_grid import grid_lines, layout_text, rank_formula
 from nanodist_tui.mesh_groups import GroupKind, group_kinds, nodes_text, unknown_groups
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
-from nanodist_tui.traffic import RankTraffic, bytes_by_group, rank_traffic
+from nanodist_tui.traffic import bytes_by_group, rank_traffic
 from nanodist_tui.widgets.text_view import TextView
 from nanodist_tui.widgets.units import format_bytes, short_bytes
 
@@ -36,9 +37,14 @@ class MeshPane(VerticalScroll):
         super().__init__(id=id)
         self.border_title = "device mesh"
         self.info = info
+        self.mesh: Mesh | None = None
+        self.problem = ""
+        try:
+            self.mesh = info.mesh  # once: its groups are worked out on first use and kept
+        except ValueError as err:  # only a damaged recording: a run's layout was checked before it started
+            self.problem = str(err)
         self.view = TextView("", classes="mesh-text")
-        self.traffic: dict[int, RankTraffic] = {}
-        self._seen: dict[int, object] = {}
+        self.events: dict[int, Traffic] = {}  # each rank's latest; read only when drawn
         self._dirty = True  # the grid needs no event: it is drawn from the config
 
     def compose(self) -> ComposeResult:
@@ -46,9 +52,8 @@ class MeshPane(VerticalScroll):
 
     def ingest(self, tick: Tick) -> None:
         for rank, event in tick.traffic.items():
-            if self._seen.get(rank) is not event:
-                self._seen[rank] = event
-                self.traffic[rank] = rank_traffic(event)
+            if self.events.get(rank) is not event:
+                self.events[rank] = event
                 self._dirty = True
 
     def on_resize(self) -> None:
@@ -64,10 +69,9 @@ class MeshPane(VerticalScroll):
         self.view.show(self.render_mesh(width))
 
     def render_mesh(self, width: int) -> Text:
-        try:
-            mesh = self.info.mesh
-        except ValueError as err:  # only a damaged recording: a run's layout was checked before it started
-            return Text(wrapped(printable(f"no mesh to draw: {err}"), width), style="yellow")
+        mesh = self.mesh
+        if mesh is None:
+            return Text(wrapped(printable(f"no mesh to draw: {self.problem}"), width), style="yellow")
         out = Text()
         self._title(out, mesh, width)
         out.append("\n")
@@ -91,10 +95,10 @@ class MeshPane(VerticalScroll):
                    else f"\n{formula}\n{nodes}\n", style="dim")
 
     def _groups(self, out: Text, mesh: Mesh, width: int) -> None:
-        sent = bytes_by_group(list(self.traffic.values()))
+        sent = bytes_by_group([rank_traffic(e) for e in self.events.values()])
         kinds, alone = group_kinds(mesh, self.info.ranks_per_node, sent)
-        if self.traffic:
-            step = max(t.step for t in self.traffic.values())
+        if self.events:
+            step = max(e.step for e in self.events.values())
             out.append(f"groups: bytes all of a group's ranks sent in step {step}\n", style="bold")
         else:
             out.append("groups: no traffic yet (bytes per group come with the first step)\n",

@@ -156,7 +156,7 @@ def test_start_asks_before_stopping_the_run_going_and_then_runs_the_form(in_tmp)
         cfg = factory.configs[0]
         assert (cfg.name, cfg.train.steps, cfg.parallel.world_size) == ("quickstart", 3, 2)
         assert [t.removeprefix("tab-") for t in app.workspace.tab_ids] == [
-            "overview", "curves", "memory", "traffic", "ranks", "log"]  # the new run's own layout
+            "overview", "curves", "memory", "traffic", "ranks", "log", "mesh"]  # the new run's own layout
 
     run(scenario, first, make_job=factory)
 

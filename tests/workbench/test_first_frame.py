@@ -33,7 +33,7 @@ def test_the_panes_are_there_before_the_run_starts_and_stay_where_they_are():
         assert app.workspace is not None and app.session.info is None  # laid out, not yet started
         before = app.workspace.tab_ids
         assert [t.removeprefix("tab-") for t in before] == [
-            "overview", "curves", "memory", "traffic", "ranks", "loss-scale", "log"]
+            "overview", "curves", "memory", "traffic", "ranks", "loss-scale", "log", "mesh"]
         await pilot.press("3")  # the user looks at memory while the ranks start
         await pilot.pause(0.1)
         assert app.workspace.active_tab == "tab-memory"

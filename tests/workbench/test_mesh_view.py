@@ -224,6 +224,18 @@ def test_the_rank_table_gives_coordinates_only_for_more_than_one_axis():
     assert plain.heading == "rank" and plain.cell(3) == "3"
 
 
+def test_a_layout_that_cannot_be_is_one_line_not_a_crash():
+    """Only a damaged recording holds one (a run's layout is checked before it starts)."""
+    import dataclasses
+
+    from nanodist_tui.run_info import RunInfo
+    damaged = dataclasses.replace(RunInfo.from_started(mesh_events()[0]), tensor=3)
+    assert MeshPane(damaged).render_mesh(76).plain == \
+        "no mesh to draw: world size 8 is not a multiple of tp 3 x pp 2 x cp 1"
+    places = RankTable(damaged).where
+    assert places.heading == "rank" and places.cell(5) == "5"
+
+
 # ---------------------------------------------------------------- the new-run form
 
 
