@@ -14,7 +14,6 @@ runs measured here.
     step.py         the step model: compute, bucket collectives overlapped with backward, ZeRO's gathers
     tensor_parallel.py  its tensor/sequence-parallel term: the collectives per layer on the TP group's link
                     (all exposed), compute split t ways but for the regions TP does not split
-    rank_shapes.py  the parameters one tensor-parallel rank holds (the shards the DP buckets carry)
     project.py      a run over world sizes: step split, tokens/s, scaling efficiency, MFU, memory and fit
     calibrate.py    the live measurements on this machine, saved as JSON and reused
     compute_calibration.py  its compute part: phases by size, imbalance, κ, copies, with 1 and 2 ranks busy
@@ -28,6 +27,7 @@ runs measured here.
     validate.py     predicted against measured runs here: error, bias, comm share, memory, ranking
 
 Memory comes from engine.memory.estimator (the prediction the ledger tests hold exact); buckets and shards
-from engine.parallel.data.flat and engine.parallel.data.buckets, so the buckets predicted are the ones the
-engine sends.
+from engine.parallel.data.flat and engine.parallel.data.buckets over one rank's parameters as the
+estimator cuts them under tensor parallelism (engine.memory.tensor_parallel.rank_shapes), so the buckets
+predicted are the ones the engine sends.
 """

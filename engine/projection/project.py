@@ -79,24 +79,13 @@ def at_world_size(cfg: Config, world: int, scaling: str = "weak") -> Config | No
 
 
 def check_projectable(cfg: Config) -> None:
-    """ConfigError (one line, naming the key) for a layout the step model has no term for, or one the
-    tensor-parallel plan cannot make (engine.parallel.tensor.plan)."""
-    p, m = cfg.parallel, cfg.model
+    """ConfigError (one line, naming the key) for a degree the step model has no term for (what a layout
+    cannot be, the config's rules refuse already)."""
+    p = cfg.parallel
     for axis, key in AXES.items():
         if axis not in PROJECTED_AXES and getattr(p, key) > 1:
             raise ConfigError(f"parallel.{key}", f"{key} parallelism ({key} = {getattr(p, key)}) has no term "
                               "in the projection yet", f"set parallel.{key} = 1")
-    if m.kind == "mlp" and p.sequence_parallel:
-        raise ConfigError("parallel.sequence_parallel", "splits a sequence: an mlp model has none",
-                          "set parallel.sequence_parallel = false")
-    if m.kind == "mlp" and p.tensor > 1:
-        if (len(m.widths) - 1) % 2:
-            raise ConfigError("parallel.tensor", f"tensor parallelism pairs an mlp's layers (column-, then "
-                              f"row-parallel): {len(m.widths) - 1} layers do not pair up",
-                              "give model.widths an even number of layers, or set parallel.tensor = 1")
-        if odd := [w for w in m.widths[1:-1:2] if w % p.tensor]:
-            raise ConfigError("parallel.tensor", f"{p.tensor} does not divide the hidden width {odd[0]}",
-                              "use a tensor degree that divides every paired layer's width")
 
 
 def model_parallel_ranks(parallel) -> int:

@@ -26,7 +26,8 @@ Without `parallel.overlap` every collective is waited for where it is issued.
 Tensor parallelism (tensor_parallel.py): compute split t ways (what it does not split kept whole), its
 collectives run on the training thread inside forward and backward, exposed; the data-parallel group
 above is then the dp = world / t ranks holding the same shard (group_comm.py places it), and its buckets
-and units are built over one rank's shard of the parameters (rank_shapes.py). With a tensor-parallel
+and units are built over one rank's shard of the parameters (engine.memory.tensor_parallel.rank_shapes,
+the estimator's: the plan's cut). With a tensor-parallel
 model nanoDist runs the replica's collectives on the training thread as well (one thread drives a
 communicator at a time), so they are replayed as without `parallel.overlap`: exposed, none prefetched.
 """
@@ -38,13 +39,13 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from engine.dtypes import itemsize
+from engine.memory.tensor_parallel import rank_shapes
 from engine.parallel.data.buckets import aligned_buckets
 from engine.parallel.data.flat import FlatLayout
 from engine.parallel.mesh import Mesh
 from engine.projection.flops import BackwardEvent, FlopsOf, backward_events
 from engine.projection.group_comm import GroupComm, group_members
 from engine.projection.machine import Machine
-from engine.projection.rank_shapes import rank_param_shapes
 from engine.projection.tensor_parallel import TensorParallel
 from engine.projection.timeline import Task, Timeline
 from engine.recompute import checkpointed_blocks
@@ -136,7 +137,7 @@ class GroupPlan:
     parameter indices each holds."""
 
     def __init__(self, cfg, vocab: int, world: int):
-        shapes = rank_param_shapes(cfg, vocab)  # one rank's shard of them under tensor parallelism
+        shapes = rank_shapes(cfg, vocab)  # one rank's shard of them under tensor parallelism
         s, stage, cap = itemsize(cfg.precision.dtype), cfg.parallel.zero_stage, cfg.parallel.bucket_cap_mb
         named = [(name, shape) for name, shape, _ in shapes]
         if stage == 0:

@@ -53,10 +53,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from engine.dtypes import compute_dtype, itemsize
+from engine.memory.tensor_parallel import rank_shapes, sequence_region_numel
 from engine.projection.flops import BackwardEvent
 from engine.projection.group_comm import GroupComm, group_members
 from engine.projection.machine import Machine
-from engine.projection.rank_shapes import sequence_region
 from engine.projection.timeline import Timeline
 
 # passes over b·s·h a rank makes outside the split products (forward; backward twice as many), each at the
@@ -128,7 +128,7 @@ class TensorParallel:
             self.head_forward = [gather]
             self.after[(None, "head")] = [_c("reduce-scatter", act, "bwd")]
             self.before[(None, "embeddings")] = [_c("all-gather", act, "bwd")]
-            region = sequence_region(cfg, vocab) * itemsize(cfg.precision.dtype)
+            region = sequence_region_numel(cfg, rank_shapes(cfg, vocab)) * itemsize(cfg.precision.dtype)
             self.per_step.append(Collective("all-reduce", region, "sp-grad-all-reduce"))
         else:
             reduce = _c("all-reduce", act, "fwd")

@@ -92,16 +92,12 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
 # ---------------------------------------------------------------------- the projection
 
 def _config(preset: str, sets, world_size, describes: bool):
-    """The config. A projection only describes a run, so it takes the degrees this release does not train
-    yet (engine.config.rules.describing_layout) that the step model has a term for (check_projectable);
-    --validate and --calibrate run it, and take what a run takes."""
-    from engine.config.rules import describing_layout
+    """The config; a projection (not --validate or --calibrate, which run) also refuses the degrees the
+    step model has no term for (check_projectable)."""
     from engine.projection.project import check_projectable
-    if not describes:
-        return load_config(preset, sets, world_size)[0]
-    with describing_layout():
-        cfg = load_config(preset, sets, world_size)[0]
-    check_projectable(cfg)
+    cfg = load_config(preset, sets, world_size)[0]
+    if describes:
+        check_projectable(cfg)
     return cfg
 
 

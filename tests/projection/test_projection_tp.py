@@ -11,12 +11,13 @@ from projection_helpers import SMALL
 
 from engine.config import ConfigError, from_dict
 from engine.config.rules import describing_layout
+from engine.memory.tensor_parallel import rank_shapes
 from engine.projection.clusters import load_cluster
 from engine.projection.flops import FlopsOf
 from engine.projection.group_comm import group_members
 from engine.projection.machine import make_machine
 from engine.projection.project import check_projectable, predict, project
-from engine.projection.rank_shapes import rank_param_shapes
+from engine.projection.step import GroupPlan
 from engine.projection.timeline import Timeline
 
 VOCAB = 65
@@ -138,13 +139,16 @@ def test_compute_splits_but_for_what_tensor_parallelism_does_not_split(tmp_path)
 
 def test_the_gradient_reduce_goes_over_world_over_t_ranks_of_one_shard(tmp_path):
     cfg = config(tensor=2, world=8, parallel={"ranks_per_node": 0})
-    shapes = {name: shape for name, shape, _ in rank_param_shapes(cfg, VOCAB)}
+    shapes = {name: shape for name, shape, _ in rank_shapes(cfg, VOCAB)}
     assert shapes["wte.weight"] == (33, 64)  # 65 rows padded to 66, 33 each
     assert shapes["blocks.0.attn.c_attn.weight"] == (96, 64) and shapes["blocks.0.attn.c_attn.bias"] == (96,)
     assert shapes["blocks.0.attn.c_proj.weight"] == (64, 32) and shapes["blocks.0.attn.c_proj.bias"] == (64,)
     assert shapes["blocks.0.mlp.layers.0.weight"] == (128, 64)
     assert shapes["blocks.0.mlp.layers.1.weight"] == (64, 128)
     assert shapes["wpe.weight"] == (32, 64) and shapes["blocks.1.ln_2.weight"] == (64,)
+    # one bucket of a rank's 2,112 + 2,048 (embeddings) + 2 x 25,184 (blocks: LayerNorms 2 x 128, QKV 6,240,
+    # c_proj 2,112, MLP 8,320 + 8,256) + 128 (ln_f) = 54,656 fp32 values
+    assert GroupPlan(cfg, VOCAB, 4).sizes == [54656 * 4]
     c = cluster(tmp_path)
     machine = make_machine(c, cfg, 8, None, FlopsOf(cfg, VOCAB))
     assert group_members(cfg.parallel, "tp", 4) == [0, 1]
