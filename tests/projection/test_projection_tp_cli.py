@@ -77,3 +77,22 @@ def test_layouts_it_cannot_project_are_one_line(preset, sets, named):
     assert out.exit_code == 2, out.output
     lines = [line for line in out.output.splitlines() if line.strip()]
     assert len(lines) == 1 and named in lines[0] and "Traceback" not in out.output, out.output
+
+
+def test_memory_takes_the_tensor_degree_and_the_projection_shows_the_same_bytes(preset, in_tmp):
+    sets = ("--set", "parallel.tensor=2", "--set", "parallel.sequence_parallel=true")
+    out = runner.invoke(app, ["memory", "--preset", preset, "-n", "4", *sets, "--json"])
+    assert out.exit_code == 0, out.output
+    memory = json.loads(out.stdout)
+    assert (memory["tensor"], memory["sequence_parallel"], memory["micro_batch_rows"]) == (2, True, 16)
+    # a rank's shard: 54,656 of the 106,304 parameters (the vocabulary's 65 rows padded to 66), in fp32
+    assert memory["estimate"]["n_params"] == 106304
+    assert memory["estimate"]["states"]["parameters"] == 54656 * 4
+    text = runner.invoke(app, ["memory", "--preset", preset, "-n", "4", *sets])
+    assert "4 rank(s) = dp 2 x tp 2 with sequence parallelism" in text.stdout.splitlines()[0]
+    projected = runner.invoke(app, ["project", "--preset", preset, "--cluster", "h100-ndr", "-n", "4", *sets,
+                                    "--world-sizes", "4", "--json"])
+    assert projected.exit_code == 0, projected.output
+    row = json.loads(projected.stdout)["rows"][0]
+    assert row["memory"] == memory["estimate"]["category_peaks"]
+    assert row["peak_bytes"] == memory["estimate"]["peak_total"]
