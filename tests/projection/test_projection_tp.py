@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 from projection_helpers import SMALL
 
-from engine.config import ConfigError, from_dict
+from engine.config import ConfigError, from_dict, to_dict
 from engine.config.rules import describing_layout
 from engine.memory.tensor_parallel import rank_shapes
 from engine.projection.clusters import load_cluster
+from engine.projection.compute_calibration import one_rank_config
 from engine.projection.flops import FlopsOf
 from engine.projection.group_comm import group_members
 from engine.projection.machine import make_machine
@@ -186,3 +187,12 @@ def test_degrees_without_a_term_are_refused(sets, key):
     with pytest.raises(ConfigError) as e:
         check_projectable(config(tensor=2, world=8, **sets))
     assert e.value.key == key and "no term in the projection" in str(e.value)
+
+
+def test_this_machine_is_calibrated_on_the_whole_model():
+    """A tensor-parallel rank's compute is projected from the whole model's curves, so calibrating for a
+    tensor-parallel config times the whole model on one rank."""
+    one = one_rank_config(to_dict(config(tensor=2, world=4, sp=True)), "bf16", 4)
+    assert (one["parallel"]["tensor"], one["parallel"]["sequence_parallel"], one["parallel"]["world_size"]) \
+        == (1, False, 1)
+    assert from_dict(one).model == config(tensor=2, world=4).model
