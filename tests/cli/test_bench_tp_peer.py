@@ -46,6 +46,7 @@ def test_step_with_tensor_parallelism_races_pytorch_tp_in_the_same_ranks():
     assert out["ratio"] == tp["ratio"] == pytest.approx(tp["ours_s"] / tp["torch_s"], rel=1e-12)
     assert tp["gflops"] == pytest.approx(out["flops"]["per_step"] / tp["torch_s"] / 1e9, rel=1e-12)
     assert "ddp" not in out and "torch" not in out  # neither DDP nor the one-rank eager race is run
+    assert not {"overlap_on", "overlap_off"} & out.keys()  # nothing overlaps under TP: not timed
 
 
 @pytest.mark.slow
