@@ -83,8 +83,8 @@ PANES: list[PaneSpec] = [
              applies=distributed, overview_row=1),
     PaneSpec("ranks", "ranks", RankTable,
              "One row per rank, updated in place. rank: the rank, and where the mesh has two axes or more "
-             "its coordinates under each axis's name (rank dp tp); step: the last step it reported; step: "
-             "that step's time; "
+             "its coordinates under each axis's name (rank dp tp; from three axes on their initials, rank "
+             "d p t); step: the last step it reported; step: that step's time; "
              "compute: step time minus waiting; comm: the time its sends took (overlapped with compute "
              "where buckets allow); wait: time blocked until communication finished; wait %: wait over "
              "step time; sent/step: payload bytes it sent in that step; peak mem: its highest total so "

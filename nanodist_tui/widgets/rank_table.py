@@ -3,8 +3,8 @@ scroll position stay where the user put them). Figures in their short forms (696
 wide as their content, so every column, peak memory included, fits in 80 columns.
 
 Where the mesh has more than one axis (degree > 1), the rank column also gives the rank's coordinates, each
-under its axis's name ("rank dp pp tp" over "   5  0  1  1"): one column, not one per axis, so a three-axis
-layout still fits 80 columns."""
+under its axis's name ("rank dp tp" over "   3  1  1"), or its initial from three axes on ("rank d p t"
+over "   5 0 1 1"): one column, not one per axis, so a layout of three axes still fits 80 columns."""
 
 from __future__ import annotations
 
@@ -47,8 +47,12 @@ class RankPlaces:
             mesh = None
         axes = shown_axes(mesh) if mesh is not None else ()
         self.mesh = mesh if len(axes) > 1 else None
-        self.widths = {a: max(len(a), len(str(mesh.degree(a) - 1))) for a in axes} if mesh is not None else {}
-        self.heading = " ".join(["rank", *self.widths]) if self.mesh is not None else "rank"
+        # axis -> its name in the heading: two letters are too many for 80 columns from three axes on
+        self.names = {a: a if len(axes) < 3 else a[0] for a in axes}
+        self.widths = {a: max(len(self.names[a]), len(str(mesh.degree(a) - 1))) for a in axes} \
+            if mesh is not None else {}
+        names = [self.names[a].rjust(w) for a, w in self.widths.items()]
+        self.heading = " ".join(["rank", *names]) if self.mesh is not None else "rank"
 
     def cell(self, rank: int) -> str:
         if self.mesh is None or rank >= self.mesh.world_size:  # (a rank beyond the world: see redraw)
