@@ -84,6 +84,8 @@ class Trainer:
         self.stop_agreed = False  # set when any rank was asked to stop (see _agree)
         self.pause_agreed = False  # set when any rank was asked to hold after this step
         self.gather_figures = cfg.parallel.backend == "tcp" and self.world > 1  # see _rank_figures
+        self.traffic = StepTraffic()  # this rank's bytes per group and phase, summed over training steps
+        self.layer_collectives: dict[str, float] = {}  # the last step's collectives per block, by phase
         # train_rank installs a Checkpointer when the run has a folder
         self.checkpoints: NoCheckpoints | Checkpointer = NoCheckpoints()
 
@@ -109,6 +111,7 @@ class Trainer:
         self.replica.zero_grad()
         ledger = self.ledger
         ledger.begin_step(self.step)
+        self.layout.tally.clear()
         loss_sum = 0.0
         for micro in range(n_micro):
             x, y = rank_slice(batch, self.dp_rank, self.dp_size, micro, n_micro)
@@ -121,6 +124,7 @@ class Trainer:
                 self.replica.backward(loss, 1.0 / n_micro)
         with ledger.in_phase("backward"):
             self.replica.finish_backward()
+        self.layer_collectives = self.layout.collectives_per_layer(n_micro)
         with ledger.in_phase("optimizer"):
             grad_norm = self.replica.grad_norm()
             clip = global_norm_clip_scale(grad_norm**2, cfg.optim.grad_clip)
@@ -132,6 +136,7 @@ class Trainer:
         self.tokens_seen += tokens
         self.train_time += step_time
         mean_loss, self.stop_agreed, self.pause_agreed = self._agree(loss_sum / n_micro)
+        self.traffic.add(self.comm.meter.snapshot())
         return {"loss": mean_loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
                 "tokens": tokens, "skipped": not stepped}
 
@@ -224,7 +229,8 @@ class Trainer:
         # the same figure StepEnd.tokens_per_s reports step by step.
         return {"steps": self.step, "initial_val_loss": first_val, "final_val_loss": val,
                 "tokens_per_s": (self.tokens_seen - tokens_start) / max(self.train_time - train_start, 1e-9),
-                "wall_s": wall, "threads_per_rank": self.comm.threads_per_rank, **self.network_report()}
+                "wall_s": wall, "threads_per_rank": self.comm.threads_per_rank, **self.network_report(),
+                "traffic": self.traffic.per_step(), "collectives_per_layer": self.layer_collectives}
 
     def network_report(self) -> dict:
         """{"network": "emulated network: ..." or "" for a real one, "links": what the emulation held on
@@ -267,6 +273,27 @@ class Trainer:
     def _report_eval(self, val: float) -> None:
         if self.rank == 0:
             self.emit(ev.Eval(step=self.step, val_loss=val))
+
+
+class StepTraffic:
+    """The bytes this rank sent in training steps, by group and phase (the meter's per-step links summed;
+    evaluations and checkpoints left out): what the run's summary reports per step, for every group the
+    rank belongs to — "tp0" forward and backward, "dp1" or "world" for the gradient reduce, ..."""
+
+    def __init__(self):
+        self.steps = 0
+        self.bytes: dict[tuple[str, str], int] = {}
+
+    def add(self, links: list[dict]) -> None:
+        self.steps += 1
+        for row in links:
+            key = (row["group"], row["phase"])
+            self.bytes[key] = self.bytes.get(key, 0) + row["bytes"]
+
+    def per_step(self) -> list[dict]:
+        """[{group, phase, bytes_per_step}], in group then phase order."""
+        return [{"group": group, "phase": phase, "bytes_per_step": total / max(self.steps, 1)}
+                for (group, phase), total in sorted(self.bytes.items())]
 
 
 def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str = "",

@@ -18,6 +18,7 @@ from engine import ops
 from engine.comm.base import Communicator
 from engine.nn import Linear, Module
 from engine.parallel.tensor.mappings import (
+    Tally,
     copy_to_tensor_parallel,
     gather_sequence,
     reduce_from_tensor_parallel,
@@ -29,20 +30,20 @@ from engine.tensor import Parameter, Tensor
 
 class ColumnParallelLinear(Module):
     """This rank's out/t output features of a Linear; input whole (or, sequence-parallel, a slice of the
-    sequence, gathered first). Output: [..., out/t]."""
+    sequence, gathered first). Output: [..., out/t]. `tally`: where its collectives are counted (or None)."""
 
     def __init__(self, weight: Parameter, bias: Parameter | None, group: Communicator,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, tally: Tally | None = None):
         super().__init__()
         self.weight, self.bias = weight, bias
-        self.group, self.sequence_parallel = group, sequence_parallel
+        self.group, self.sequence_parallel, self.tally = group, sequence_parallel, tally
         self.residual = False  # as Linear's: a projection into the residual stream (its init)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.sequence_parallel:
-            x = gather_sequence(x, self.group)
+            x = gather_sequence(x, self.group, self.tally)
         else:
-            x = copy_to_tensor_parallel(x, self.group)
+            x = copy_to_tensor_parallel(x, self.group, self.tally)
         return ops.linear(x, self.weight, self.bias)
 
 
@@ -51,18 +52,18 @@ class RowParallelLinear(Module):
     output whole (or, sequence-parallel, this rank's slice of the sequence), bias added after the reduce."""
 
     def __init__(self, weight: Parameter, bias: Parameter | None, group: Communicator,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, tally: Tally | None = None):
         super().__init__()
         self.weight, self.bias = weight, bias
-        self.group, self.sequence_parallel = group, sequence_parallel
+        self.group, self.sequence_parallel, self.tally = group, sequence_parallel, tally
         self.residual = False
 
     def forward(self, x: Tensor) -> Tensor:
         partial = ops.linear(x, self.weight)
         if self.sequence_parallel:
-            y = reduce_scatter_sequence(partial, self.group)
+            y = reduce_scatter_sequence(partial, self.group, self.tally)
         else:
-            y = reduce_from_tensor_parallel(partial, self.group)
+            y = reduce_from_tensor_parallel(partial, self.group, self.tally)
         return y if self.bias is None else y + self.bias
 
 
@@ -72,23 +73,24 @@ def sharded_parameter(dense: Parameter, spec: ShardSpec, rank: int) -> Parameter
 
 
 def column_parallel(dense: Linear, group: Communicator, sequence_parallel: bool = False,
-                    sections: int = 1) -> tuple[ColumnParallelLinear, ShardSpec]:
+                    sections: int = 1, tally: Tally | None = None) -> tuple[ColumnParallelLinear, ShardSpec]:
     """The column-parallel form of `dense` on this rank, and how its weight and bias are cut. `sections`:
     the output features are that many equal blocks, each split on its own (3 for a fused QKV)."""
     t, r = group.world_size, group.rank
     spec = ShardSpec(axis=0, length=dense.weight.shape[0], parts=t, sections=sections)
     bias = None if dense.bias is None else sharded_parameter(dense.bias, spec, r)
-    layer = ColumnParallelLinear(sharded_parameter(dense.weight, spec, r), bias, group, sequence_parallel)
+    layer = ColumnParallelLinear(sharded_parameter(dense.weight, spec, r), bias, group, sequence_parallel,
+                                 tally)
     layer.residual = dense.residual
     return layer, spec
 
 
-def row_parallel(dense: Linear, group: Communicator,
-                 sequence_parallel: bool = False) -> tuple[RowParallelLinear, ShardSpec]:
+def row_parallel(dense: Linear, group: Communicator, sequence_parallel: bool = False,
+                 tally: Tally | None = None) -> tuple[RowParallelLinear, ShardSpec]:
     """The row-parallel form of `dense` on this rank (the bias kept whole: every rank adds it once after
     the reduce), and how its weight is cut."""
     spec = ShardSpec(axis=1, length=dense.weight.shape[1], parts=group.world_size)
     weight = sharded_parameter(dense.weight, spec, group.rank)
-    layer = RowParallelLinear(weight, dense.bias, group, sequence_parallel)
+    layer = RowParallelLinear(weight, dense.bias, group, sequence_parallel, tally)
     layer.residual = dense.residual
     return layer, spec

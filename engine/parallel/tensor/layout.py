@@ -23,6 +23,7 @@ not tensor-parallel answers them through whole.WholeModel, so the replica and th
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from engine import ops
 from engine.comm.base import Communicator
 from engine.optim import sum_of_squares
 from engine.parallel.tensor.generate import generate
-from engine.parallel.tensor.mappings import all_reduced, collective
+from engine.parallel.tensor.mappings import Tally, all_reduced, collective
 from engine.parallel.tensor.slicing import ShardSpec
 from engine.parallel.tensor.vocab import gather_vocab, vocab_parallel_cross_entropy, vocab_slice
 from engine.tensor import Parameter, Tensor
@@ -41,12 +42,15 @@ class TensorParallelLayout:
 
     def __init__(self, group: Communicator, sequence_parallel: bool, parameters: list[tuple[str, Parameter]],
                  specs: dict[str, ShardSpec], sequence_replicated: list[Parameter],
-                 vocab: ShardSpec | None = None):
+                 vocab: ShardSpec | None = None, tally: Tally | None = None, units: int = 1):
         self.group, self.sequence_parallel = group, sequence_parallel
         self.parameters, self.specs = parameters, specs
         self.sequence_replicated = sequence_replicated
         self.vocab = vocab  # how the logits' last axis is split; None: the logits are whole (MLP)
         self._partial = {p.name for p in sequence_replicated}
+        # the collectives the blocks' (an MLP's layer pairs') parallel layers ran, by phase, until cleared
+        self.tally: Tally = Counter() if tally is None else tally
+        self.units = units
 
     @property
     def degree(self) -> int:
@@ -59,6 +63,11 @@ class TensorParallelLayout:
 
     def is_sharded(self, name: str) -> bool:
         return name in self.specs
+
+    def collectives_per_layer(self, passes: int = 1) -> dict[str, float]:
+        """The collectives one block ran, by phase, in each of `passes` forward and backward passes since
+        `tally` was cleared (a recomputed block's forward counts again): measured, not planned."""
+        return {phase: n / (self.units * passes) for phase, n in sorted(self.tally.items())}
 
     def sums_partial(self, name: str) -> bool:
         """Whether the parameter's gradient is a partial sum over this rank's tokens (sequence parallelism's

@@ -16,10 +16,14 @@ reduce-scatter (its backward an all-gather): the same bytes, as an all-reduce is
 all-gather. scatter_sequence enters that region from a replicated tensor (after the embedding).
 
 Every collective of this package goes through `collective`, labelled with its PHASE for the traffic
-meter: "tp-fwd-all-reduce", "sp-bwd-reduce-scatter", ... (what each was for, per direction).
+meter: "tp-fwd-all-reduce", "sp-bwd-reduce-scatter", ... (what each was for, per direction). An op given a
+`tally` (a Counter; the plan gives the blocks' layers the layout's) adds one under that phase each time it
+runs a collective, forward or backward, a recomputed block's too: the collectives per layer, counted.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 
@@ -85,26 +89,39 @@ def sequence_slice(group: Communicator, a: np.ndarray) -> np.ndarray:
 
 # ---- the autograd ops ------------------------------------------------------------------------------
 
-def copy_to_tensor_parallel(x: Tensor, group: Communicator) -> Tensor:
+Tally = Counter  # phase -> collectives run (None: not counted)
+
+
+def _counted(tally: Tally | None, phase: str, result: np.ndarray) -> np.ndarray:
+    if tally is not None:
+        tally[phase] += 1
+    return result
+
+
+def copy_to_tensor_parallel(x: Tensor, group: Communicator, tally: Tally | None = None) -> Tensor:
     """f: identity forward; backward, the sum of every rank's partial input gradient."""
-    return make(x.data, (x,), lambda g: (all_reduced(group, g, "tp-bwd-all-reduce"),))
+    phase = "tp-bwd-all-reduce"
+    return make(x.data, (x,), lambda g: (_counted(tally, phase, all_reduced(group, g, phase)),))
 
 
-def reduce_from_tensor_parallel(x: Tensor, group: Communicator) -> Tensor:
+def reduce_from_tensor_parallel(x: Tensor, group: Communicator, tally: Tally | None = None) -> Tensor:
     """g: the sum of every rank's partial output; backward, identity."""
-    return make(all_reduced(group, x.data, "tp-fwd-all-reduce"), (x,), lambda g: (g,))
+    phase = "tp-fwd-all-reduce"
+    return make(_counted(tally, phase, all_reduced(group, x.data, phase)), (x,), lambda g: (g,))
 
 
-def gather_sequence(x: Tensor, group: Communicator) -> Tensor:
+def gather_sequence(x: Tensor, group: Communicator, tally: Tally | None = None) -> Tensor:
     """f under sequence parallelism: the whole sequence from every rank's slice."""
-    return make(gathered(group, x.data, "sp-fwd-all-gather"), (x,),
-                lambda g: (reduce_scattered(group, g, "sp-bwd-reduce-scatter"),))
+    fwd, bwd = "sp-fwd-all-gather", "sp-bwd-reduce-scatter"
+    return make(_counted(tally, fwd, gathered(group, x.data, fwd)), (x,),
+                lambda g: (_counted(tally, bwd, reduce_scattered(group, g, bwd)),))
 
 
-def reduce_scatter_sequence(x: Tensor, group: Communicator) -> Tensor:
+def reduce_scatter_sequence(x: Tensor, group: Communicator, tally: Tally | None = None) -> Tensor:
     """g under sequence parallelism: this rank's slice of the sum of every rank's partial output."""
-    return make(reduce_scattered(group, x.data, "sp-fwd-reduce-scatter"), (x,),
-                lambda g: (gathered(group, g, "sp-bwd-all-gather"),))
+    fwd, bwd = "sp-fwd-reduce-scatter", "sp-bwd-all-gather"
+    return make(_counted(tally, fwd, reduce_scattered(group, x.data, fwd)), (x,),
+                lambda g: (_counted(tally, bwd, gathered(group, g, bwd)),))
 
 
 def scatter_sequence(x: Tensor, group: Communicator) -> Tensor:

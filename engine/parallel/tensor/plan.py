@@ -27,6 +27,7 @@ An MLP model: its layers in (column, row) pairs; the loss on whole logits.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from engine.comm.base import Communicator
@@ -40,6 +41,7 @@ from engine.parallel.tensor.layers import (
     sharded_parameter,
 )
 from engine.parallel.tensor.layout import TensorParallelLayout
+from engine.parallel.tensor.mappings import Tally
 from engine.parallel.tensor.slicing import ShardSpec
 from engine.parallel.tensor.vocab import VocabParallelEmbedding, vocab_slice
 from engine.parallel.tensor.whole import WholeModel
@@ -102,6 +104,7 @@ def _parallelize_gpt(model: GPT, group: Communicator, sp: bool) -> TensorParalle
     rng = _sharded_rng(model, group)
     specs: dict[str, ShardSpec] = {}
     in_sequence_region: list[Parameter] = []  # replicated, but each rank sees s/t of the tokens
+    tally: Tally = Counter()  # the blocks' collectives, by phase (layout.collectives_per_layer)
 
     def record(layer, spec: ShardSpec, with_bias: bool = True) -> None:
         _record(specs, spec, layer.weight, *([layer.bias] if with_bias and layer.bias is not None else []))
@@ -110,13 +113,13 @@ def _parallelize_gpt(model: GPT, group: Communicator, sp: bool) -> TensorParalle
         attn, mlp = block.attn, block.mlp
         if mlp.drop.p:
             raise ValueError("a block's MLP dropout inside the tensor-parallel region is not planned")
-        attn.c_attn, spec = column_parallel(attn.c_attn, group, sp, sections=3)  # type: ignore[assignment]
+        attn.c_attn, spec = column_parallel(attn.c_attn, group, sp, 3, tally)  # type: ignore[assignment]
         record(attn.c_attn, spec)
-        attn.c_proj, spec = row_parallel(attn.c_proj, group, sp)  # type: ignore[assignment]
+        attn.c_proj, spec = row_parallel(attn.c_proj, group, sp, tally)  # type: ignore[assignment]
         record(attn.c_proj, spec, with_bias=False)
-        mlp.layers[0], spec = column_parallel(mlp.layers[0], group, sp)  # type: ignore[call-overload]
+        mlp.layers[0], spec = column_parallel(mlp.layers[0], group, sp, 1, tally)  # type: ignore[call-overload]
         record(mlp.layers[0], spec)
-        mlp.layers[-1], spec = row_parallel(mlp.layers[-1], group, sp)  # type: ignore[call-overload]
+        mlp.layers[-1], spec = row_parallel(mlp.layers[-1], group, sp, tally)  # type: ignore[call-overload]
         record(mlp.layers[-1], spec, with_bias=False)
         attn.n_head //= t  # the fused attention reads its heads from the QKV output: a/t of them here
         attn.rng = rng  # attention's dropout: this rank's heads of the one-device mask
@@ -136,7 +139,8 @@ def _parallelize_gpt(model: GPT, group: Communicator, sp: bool) -> TensorParalle
     if sp:
         model.drop = SequenceShardDropout(model.drop.p, rng, group)  # type: ignore[assignment]
         in_sequence_region += _params(model.ln_f)
-    return TensorParallelLayout(group, sp, model.named_parameters(), specs, in_sequence_region, vocab)
+    return TensorParallelLayout(group, sp, model.named_parameters(), specs, in_sequence_region, vocab,
+                                tally=tally, units=len(model.blocks))
 
 
 def _parallelize_mlp(model: MLP, group: Communicator, sp: bool) -> TensorParallelLayout:
@@ -149,13 +153,15 @@ def _parallelize_mlp(model: MLP, group: Communicator, sp: bool) -> TensorParalle
     if model.drop.p and len(layers) > 2:
         raise ValueError("dropout in a tensor-parallel MLP is planned for one hidden layer only")
     specs: dict[str, ShardSpec] = {}
+    tally: Tally = Counter()
     for i in range(0, len(layers), 2):
         if layers[i].weight.shape[0] % t:
             raise ValueError(f"hidden width {layers[i].weight.shape[0]} does not split {t} ways")
-        column, spec = column_parallel(layers[i], group)
+        column, spec = column_parallel(layers[i], group, tally=tally)
         _record(specs, spec, *_params(column))
-        row, spec = row_parallel(layers[i + 1], group)
+        row, spec = row_parallel(layers[i + 1], group, tally=tally)
         _record(specs, spec, row.weight)
         layers[i], layers[i + 1] = column, row  # type: ignore[call-overload]
     model.drop.rng = _sharded_rng(model, group)  # the hidden layer is split by features
-    return TensorParallelLayout(group, False, model.named_parameters(), specs, [])
+    return TensorParallelLayout(group, False, model.named_parameters(), specs, [], tally=tally,
+                                units=len(layers) // 2)
