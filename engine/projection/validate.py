@@ -73,7 +73,10 @@ CASES: tuple[tuple[str, dict], ...] = (
         "emulate.inter_latency_us": 1000.0, "emulate.inter_bandwidth_gbps": 2.0}),
 )
 QUICK = (1, 4, 6, 9)  # the cases of a quick validation
-BASE = {"parallel.backend": "processes", "parallel.world_size": 2, "parallel.bucket_cap_mb": 1.0}
+# the cases are data-parallel: a preset's tensor degree is set aside (sequence parallelism first, which
+# needs it), its model kept
+BASE = {"parallel.sequence_parallel": False, "parallel.tensor": 1, "parallel.backend": "processes",
+        "parallel.world_size": 2, "parallel.bucket_cap_mb": 1.0}
 
 
 @dataclass(frozen=True)

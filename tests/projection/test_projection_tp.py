@@ -20,6 +20,7 @@ from engine.projection.machine import make_machine
 from engine.projection.project import check_projectable, predict, project
 from engine.projection.step import GroupPlan
 from engine.projection.timeline import Timeline
+from engine.projection.validate import case_configs
 
 VOCAB = 65
 # the SMALL GPT (2 blocks, h = 64, s = 32) with 8 rows per micro-batch on one TP group of 4, fp32:
@@ -196,3 +197,9 @@ def test_this_machine_is_calibrated_on_the_whole_model():
     assert (one["parallel"]["tensor"], one["parallel"]["sequence_parallel"], one["parallel"]["world_size"]) \
         == (1, False, 1)
     assert from_dict(one).model == config(tensor=2, world=4).model
+
+
+def test_validation_cases_stay_data_parallel_whatever_the_preset():
+    cases = case_configs(config(tensor=2, world=2, sp=True))
+    assert len(cases) == 12
+    assert all((c.parallel.tensor, c.parallel.sequence_parallel) == (1, False) for _, c in cases)
