@@ -12,8 +12,9 @@ The collectives are the plan's (engine.parallel.tensor), each of b·s·h activat
                backward; under SP an all-gather forward and a reduce-scatter backward); under SP the
                embedding's scatter (an all-gather backward); the loss's 3 all-reduces of b·s values
                (max, target logit, sum of exp; in the compute dtype)
-    per step   the gradient norm's sum of squares over the group (one fp64 value); under SP the
-               all-reduce of the sequence region's replicated gradients (LayerNorms, row-parallel biases)
+    per step   the gradient norm's sum of squares over the group (one fp64 value), in fp16 the overflow
+               flag (two); under SP the all-reduce of the sequence region's replicated gradients
+               (LayerNorms, row-parallel biases)
     recompute  a checkpointed block's forward issues its collectives again in backward
 
 An MLP model pairs its layers (column, then row): an all-reduce of the pair's output forward, and of its
@@ -63,7 +64,9 @@ from engine.projection.timeline import Timeline
 # rank's copy rate: per block 2 LayerNorms + 2 residual adds (+ 2 dropouts), outside the embedding's sum
 # and ln_f (+ the embedding's dropout)
 REPLICATED_PASSES = {"block": 4, "block_dropout": 2, "outside": 2, "outside_dropout": 1}
-NORM_PHASE = "tp-norm-all-reduce"  # one fp64 value: timed as the small all-reduce it is (GroupComm.scalars)
+# the once-a-step agreements over the group, each a few fp64 values (timed as the small all-reduces they
+# are, GroupComm.scalars): the gradient norm's sum of squares, and in fp16 the overflow flag and where it is
+SCALARS = {"tp-norm-all-reduce": 1, "tp-flag-all-reduce": 2}
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,8 @@ class TensorParallel:
             self._gpt(cfg, vocab, rows, compute_dtype(dtype).itemsize)
         else:
             self._mlp(m.widths, rows, itemsize(dtype))
-        self.per_step.append(Collective("all-reduce", 8, NORM_PHASE))
+        agreed = ["tp-norm-all-reduce"] + (["tp-flag-all-reduce"] if dtype == "fp16" else [])  # loss scaler
+        self.per_step += [Collective("all-reduce", 8 * SCALARS[phase], phase) for phase in agreed]
 
     def _gpt(self, cfg, vocab: int, rows: int, loss_itemsize: int) -> None:
         n, act = cfg.model.n_layer, self.activation
@@ -152,8 +156,8 @@ class TensorParallel:
         """One collective's seconds on the group's link."""
         if c not in self._seconds:
             assert self.comm is not None
-            if c.phase == NORM_PHASE:
-                seconds = self.comm.scalars(1)[0]
+            if c.phase in SCALARS:
+                seconds = self.comm.scalars(SCALARS[c.phase])[0]
             elif c.kind == "all-reduce":
                 seconds = self.comm.all_reduce(c.nbytes)[0]
             else:

@@ -203,3 +203,12 @@ def test_validation_cases_stay_data_parallel_whatever_the_preset():
     cases = case_configs(config(tensor=2, world=2, sp=True))
     assert len(cases) == 12
     assert all((c.parallel.tensor, c.parallel.sequence_parallel) == (1, False) for _, c in cases)
+
+
+def test_fp16_agrees_its_overflow_flag_over_the_group(tmp_path):
+    c = cluster(tmp_path)
+    per_step = {x["phase"]: (x["bytes"], x["count"])
+                for x in predict(config(precision={"dtype": "fp16"}), c, None, VOCAB)[0].tp["per_step"]}
+    assert per_step["tp-flag-all-reduce"] == (16, 1) and per_step["tp-norm-all-reduce"] == (8, 1)
+    fp32 = predict(config(), c, None, VOCAB)[0].tp["per_step"]
+    assert "tp-flag-all-reduce" not in {x["phase"] for x in fp32}
