@@ -2,8 +2,9 @@
 under ZeRO 0-3, each with and without sequence parallelism — the loss and the gradient norm of every step
 and every parameter after 3 clipped AdamW steps within 1e-10 of a one-device Trainer's on the same global
 batch, dropout on; with gradient accumulation and activation checkpointing; on threads and on processes.
-The replicated parameters (LayerNorms, whose gradients SP sums over the group) stay bitwise equal across the
-TP group; an fp16 overflow on one rank's shard is skipped by every rank of the mesh."""
+fp16 and bf16 within their rounding. The replicated parameters (LayerNorms, whose gradients SP sums over the
+group) stay bitwise equal across the TP group; an fp16 overflow on one rank's shard is skipped by every rank
+of the mesh."""
 
 from __future__ import annotations
 
@@ -75,3 +76,15 @@ def test_an_overflow_on_one_shard_is_skipped_by_every_rank(world, zero):
     assert all(r["skipped"] == [True, False, False] for r in ranks)
     assert len({r["scale"] for r in ranks}) == 1 and ranks[0]["scale"] < 1024.0
     assert all(r["finite"] for r in ranks)
+
+
+@pytest.mark.parametrize("dtype, rtol", [("fp16", 5e-3), ("bf16", 3e-2)])
+def test_mixed_precision_trains_what_one_device_trains(dtype, rtol):
+    """fp16 (scaled) and bf16 at DP 2 x TP 2 with SP and ZeRO-2: the same steps skipped or taken, the losses
+    within the precision's rounding of a one-device run's."""
+    over = dict(precision__dtype=dtype, precision__init_scale=1024.0)
+    one = _one_device(**over)
+    cfg = tp_config(4, 2, True, 2, **over)
+    for r in run_ranks(4, "threads", train_rank, args=(cfg, STEPS), timeout_s=60):
+        assert r["skipped"] == one["skipped"] and r["scale"] == one["scale"]
+        np.testing.assert_allclose(r["losses"], one["losses"], rtol=rtol)
