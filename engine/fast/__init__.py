@@ -1,10 +1,10 @@
 """Speed only: nothing here changes a result beyond rounding. Each module is a faster way to compute what
 the plain NumPy reference (engine/reference.py) computes, bit for bit or, where its docstring says so, to
-float32 rounding (GELU's and layer norm's compiled loops), and the tests hold them to it.
+float32 rounding (layer norm's compiled rows), and the tests hold them to it.
 
     file            what
     compiled.py     numba's compiled loops, loaded on first use; None where numba is absent
-    kernels.py      fused GELU and layer norm: one compiled pass per thread, else NumPy chains by blocks
+    kernels.py      fused GELU and layer norm: compiled, one range per thread, else NumPy chains by blocks
     kernels_jit.py  GELU's and layer norm's arithmetic as compiled loops (kernels.py's fast path)
     flash.py        causal attention blocked over query and key tiles with an online softmax (never T x T)
     flash_jit.py    its per-tile scaling, masking, probabilities and score gradients as compiled loops

@@ -2,16 +2,17 @@
 (engine.fast.thread_pool). Attention has its own: engine.fast.flash.
 
 A fused op written in NumPy is a chain of whole-array passes (GELU's backward is fifteen). Where numba is
-installed each chain is one compiled loop (engine.fast.kernels_jit) that reads its inputs once and writes
-its output once; the rank's threads each take one contiguous range of it. Where numba is missing (and for
-float64 GELU, whose exact answer is NumPy's tanh) the named NumPy chain (`_gelu_numpy`, ...;
-engine.reference has the formulas) runs block by block, so its temporaries stay in cache, the blocks
-shared among the threads. Each kernel picks its way once (`_route`): the compiled loop (float32; float64
-too for layer norm), the fused 16-bit loop (16-bit bits in and out, float32 inside), 16-bit blocks widened
-around the float32 loop (where the fused loop cannot read them), or the NumPy chain.
+installed the chain is compiled (engine.fast.kernels_jit) and each of the rank's threads takes one
+contiguous range of the work: layer norm's rows in one compiled call; GELU's elements a block at a time,
+its tanh NumPy's between two compiled loops (kernels_jit says why), the block's temporary kept in cache.
+Where numba is missing the named NumPy chain (`_gelu_numpy`, ...; engine.reference has the formulas) runs
+block by block, so its temporaries stay in cache, the blocks shared among the threads. Each kernel picks
+its way once (`_route`): the compiled loops (float32 and float64), the fused 16-bit loops (16-bit bits in
+and out, float32 inside), 16-bit blocks widened around the float32 loops (where the fused loops cannot
+read them), or the NumPy chain.
 
-What may differ from the NumPy chain, and by how much, is kernels_jit's to say (float32 rounding); what
-never differs is the bits between one thread and several, or between blocks and ranges: every element (and
+GELU's results are the NumPy chain's bit for bit, on every way; layer norm's agree with it to rounding
+(kernels_jit says why). What never differs is the bits between one thread and several: every element (and
 every row's sums, and the blocks of rows each weight gradient is summed over) is computed alike however
 the work is shared. 16-bit inputs are widened and outputs rounded inside the kernel, once.
 Model code: nothing here knows about ranks.
@@ -34,7 +35,7 @@ from engine.fast.thread_pool import BLOCK
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_K = 0.044715
-# Elements per thread at least before a compiled one-pass loop is shared among the rank's threads: below,
+# Elements per thread at least before a compiled kernel is shared among the rank's threads: below,
 # the hand-off to a second thread (a wake-up inside a step, where the other core may be busy) costs more
 # than half the loop's time saves.
 SHARE_GRAIN = 1 << 18
@@ -61,13 +62,19 @@ def _route(arrays: tuple, compiled: tuple) -> tuple[str, Any, bool]:
 
 
 def _shared(fn: Callable[[int, int], None], n: int, grain: int) -> None:
-    """fn(lo, hi), one compiled call per thread over [0, n), `grain` items a thread at least."""
+    """fn(lo, hi), one call per thread over [0, n), `grain` items a thread at least."""
     thread_pool.split(fn, n, max(1, grain))
 
 
 # ---- GELU (GPT-2's tanh approximation) -------------------------------------------------------------
 
-_GELU_COMPILED = (np.dtype(np.float32),)
+_GELU_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _constants(dtype: np.dtype) -> tuple:
+    """(c, c k, 3 c k, 1, 0.5) in the compute dtype, as NumPy casts the Python floats of the chain."""
+    t = dtype.type
+    return t(_GELU_C), t(_GELU_C * _GELU_K), t(3 * _GELU_C * _GELU_K), t(1), t(0.5)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -75,20 +82,35 @@ def gelu(x: np.ndarray) -> np.ndarray:
     src = np.ascontiguousarray(x).reshape(-1)
     out = np.empty(src.shape, x.dtype)
     way, jit, bf16 = _route((src,), _GELU_COMPILED)
-    if way == "compiled":
-        _shared(lambda lo, hi: jit.gelu(src[lo:hi], out[lo:hi]), src.size, SHARE_GRAIN)
-    elif way == "fused16":
-        bits, dst = src.view(_U16), out.view(_U16)
-        _shared(lambda lo, hi: jit.gelu16(bits[lo:hi], bf16, dst[lo:hi]), src.size, SHARE_GRAIN)
-    elif way == "widened":
-        def widened(lo: int, hi: int) -> None:
-            t = lowp.widen(src[lo:hi])
-            jit.gelu(t, t)
-            lowp.narrow_into(t, out[lo:hi])
-        thread_pool.run(widened, src.size)
-    else:
+    if way == "numpy":
         thread_pool.run(lambda lo, hi: _gelu_numpy(src[lo:hi], out[lo:hi]), src.size)
+    else:
+        _shared(lambda lo, hi: _gelu_compiled(jit, way, bf16, src[lo:hi], out[lo:hi]), src.size, SHARE_GRAIN)
     return out.reshape(x.shape)
+
+
+def _gelu_compiled(jit, way: str, bf16: bool, x: np.ndarray, out: np.ndarray) -> None:
+    """One thread's range, BLOCK elements at a time (the block's tanh argument stays in cache): the
+    argument (compiled loop), NumPy's tanh in place, the output (compiled loop). "fused16" reads and
+    writes the 16-bit bits itself; "widened" widens each block and rounds its output."""
+    cdt = lowp.widen(x[:1]).dtype
+    c, ck, _, one, half = _constants(cdt)
+    t = np.empty(min(BLOCK, x.size), cdt)
+    for lo in range(0, x.size, BLOCK):
+        hi = min(x.size, lo + BLOCK)
+        tt = t[:hi - lo]
+        if way == "fused16":
+            bits = x[lo:hi].view(_U16)
+            jit.gelu_arg16(bits, bf16, c, ck, tt)
+            np.tanh(tt, out=tt)
+            jit.gelu_out16(bits, bf16, tt, one, half, out[lo:hi].view(_U16))
+            continue
+        xb = lowp.widen(x[lo:hi])
+        jit.gelu_arg(xb, c, ck, tt)
+        np.tanh(tt, out=tt)
+        jit.gelu_out(xb, tt, one, half, out[lo:hi] if way == "compiled" else tt)
+        if way == "widened":
+            lowp.narrow_into(tt, out[lo:hi])
 
 
 def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -96,21 +118,35 @@ def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     src, grad = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(g).reshape(-1)
     out = np.empty(src.shape, x.dtype)
     way, jit, bf16 = _route((src, grad), _GELU_COMPILED)
-    if way == "compiled":
-        _shared(lambda lo, hi: jit.gelu_grad(src[lo:hi], grad[lo:hi], out[lo:hi]), src.size, SHARE_GRAIN)
-    elif way == "fused16":
-        bits, gbits, dst = src.view(_U16), grad.view(_U16), out.view(_U16)
-        _shared(lambda lo, hi: jit.gelu_grad16(bits[lo:hi], gbits[lo:hi], bf16, dst[lo:hi]), src.size,
-                SHARE_GRAIN)
-    elif way == "widened":
-        def widened(lo: int, hi: int) -> None:
-            t = lowp.widen(src[lo:hi])
-            jit.gelu_grad(t, lowp.widen(grad[lo:hi]), t)
-            lowp.narrow_into(t, out[lo:hi])
-        thread_pool.run(widened, src.size)
-    else:
+    if way == "numpy":
         thread_pool.run(lambda lo, hi: _gelu_grad_numpy(src[lo:hi], grad[lo:hi], out[lo:hi]), src.size)
+    else:
+        _shared(lambda lo, hi: _gelu_grad_compiled(jit, way, bf16, src[lo:hi], grad[lo:hi], out[lo:hi]),
+                src.size, SHARE_GRAIN)
     return out.reshape(x.shape)
+
+
+def _gelu_grad_compiled(jit, way: str, bf16: bool, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    """gelu_backward's share of one thread, block by block as _gelu_compiled."""
+    cdt = lowp.widen(x[:1]).dtype
+    c, ck, ck3, one, half = _constants(cdt)
+    t = np.empty(min(BLOCK, x.size), cdt)
+    for lo in range(0, x.size, BLOCK):
+        hi = min(x.size, lo + BLOCK)
+        tt = t[:hi - lo]
+        if way == "fused16":
+            bits = x[lo:hi].view(_U16)
+            jit.gelu_arg16(bits, bf16, c, ck, tt)
+            np.tanh(tt, out=tt)
+            jit.gelu_grad16(bits, g[lo:hi].view(_U16), bf16, tt, c, ck3, one, half, out[lo:hi].view(_U16))
+            continue
+        xb = lowp.widen(x[lo:hi])
+        jit.gelu_arg(xb, c, ck, tt)
+        np.tanh(tt, out=tt)
+        dst = out[lo:hi] if way == "compiled" else tt
+        jit.gelu_grad(xb, tt, lowp.widen(g[lo:hi]), c, ck3, one, half, dst)
+        if way == "widened":
+            lowp.narrow_into(tt, out[lo:hi])
 
 
 def _tanh_arg(x: np.ndarray) -> np.ndarray:

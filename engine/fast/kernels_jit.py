@@ -1,16 +1,15 @@
 """GELU's and layer norm's arithmetic as compiled loops (numba): engine.fast.kernels' fast path.
 
 Why compiled: a fused op written in NumPy is a chain of passes (GELU's backward is fifteen, layer norm's
-backward ten with three reductions per row), each a call with its own overhead and a trip through memory;
-one compiled loop reads its inputs once and writes its output once, the chain in vector registers.
+backward ten with three reductions per row), each a call with its own overhead and a trip through the
+cache; one compiled loop does the chain in registers. The loops compute in the arrays' own dtype
+(float32, or float64 for the exact tests) with the constants in that dtype, so they do what the NumPy
+chain does, operation for operation, in the same order.
 
-GELU (float32, and 16-bit through float32): x sigmoid(2u) with u = c (x + k x^3), the same function as
-0.5 x (1 + tanh(u)) written without the tanh: 1 + tanh(u) = 2 / (1 + exp(-2u)). Its exp is a polynomial
-the loop vectorises (`_exp`; NumPy's tanh and libm's exp are calls the compiler cannot), so GELU's
-results agree with the NumPy chain (engine.reference's formula, NumPy's tanh) to float32 rounding, not bit
-for bit; the sigmoid form is the more accurate of the two where x is very negative (1 + tanh(u) there
-is a difference of nearly equal numbers). Every operation is a plain IEEE one in a fixed order (no
-fused multiply-adds, no reassociation), so every CPU, thread count and vector width gives the same bits.
+GELU's tanh stays NumPy's, between the loop before it (its argument) and the loop after (the output or
+the gradient): NumPy's tanh runs in the CPU's widest vector registers, where a compiled tanh (a libm call
+per element) or exp (a polynomial in half-width registers, with a division) costs more arithmetic per
+element than the memory the single pass would save. So GELU's results are the NumPy chain's bit for bit.
 
 Layer norm (float32 and float64, 16-bit through float32): each row's sums accumulate in the row's dtype
 in the CPU's vector lanes (reassociation, only there: `_sum`, `_sum_sq`, `_grad_sums`), as PyTorch's do,
@@ -22,91 +21,65 @@ the NumPy chain's order.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
-from engine.fast.halfconv_jit import float_from_bits, narrow16, widen16
+from engine.fast.halfconv_jit import narrow16, widen16
 
-# Constants are typed: a Python float in a numba expression would promote float32 arithmetic to float64.
-_F = np.float32
-_ZERO, _ONE, _HALF = _F(0), _F(1), _F(0.5)
-_C = _F(math.sqrt(2.0 / math.pi))          # GELU's c
-_CK = _F(math.sqrt(2.0 / math.pi) * 0.044715)  # c k
-_CK3 = _F(3 * math.sqrt(2.0 / math.pi) * 0.044715)  # 3 c k: the slope of the tanh argument is c + 3 c k x^2
-
-# exp(v) = 2^n exp(r), n = round(v / ln 2), r = v - n ln 2 (ln 2 in two parts, the first exact in n ln 2),
-# exp(r) by Cephes' expf polynomial on |r| <= ln 2 / 2 (within 1.5 units in the last place of float32).
-_LOG2E, _LN2_HI, _LN2_LO = _F(1.4426950408889634), _F(0.693359375), _F(-2.12194440e-4)
-_P = tuple(_F(p) for p in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-                           1.6666665459e-1, 5.0000001201e-1))
-_EXP_LIMIT = _F(87.0)  # |v| at most this: 2^n stays a normal float and so does 1 / (1 + exp(v))
+# Every constant comes in as an argument of the arrays' dtype (`one`, `half`, `eps`, ...): a Python literal
+# in a numba expression would promote float32 arithmetic to float64.
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _exp(v):  # pragma: no cover - compiled
-    """exp(v) in float32, branch-free so the loop vectorises: exp(87) for v above 87, 0 below -87 (NaN
-    stays NaN). GELU needs no more range: past it 1 / (1 + exp(v)) is 1, or below 1e-37, and a gradient
-    term exp(v) times a large x must vanish, not stay at float32's smallest normal scale."""
-    w = _EXP_LIMIT if v > _EXP_LIMIT else v
-    w = -_EXP_LIMIT if w < -_EXP_LIMIT else w
-    n = np.floor(w * _LOG2E + _HALF)
-    r = w - n * _LN2_HI
-    r = r - n * _LN2_LO
-    p = ((((_P[0] * r + _P[1]) * r + _P[2]) * r + _P[3]) * r + _P[4]) * r + _P[5]
-    y = p * r * r + r + _ONE
-    k = np.int32(n) if n == n else np.int32(0)  # (a NaN's y is NaN already; its n must not reach the cast)
-    y = y * float_from_bits(np.uint32((k + np.int32(127)) << np.int32(23)))
-    return _ZERO if v < -_EXP_LIMIT else y
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _gelu(x):  # pragma: no cover - compiled
-    """x sigmoid(2u) = x / (1 + exp(-2u)), u = c (x + k x^3) computed as ((x x) ck + c) x."""
-    u = (x * x * _CK + _C) * x
-    return x * (_ONE / (_ONE + _exp(-(u + u))))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _gelu_grad(x, g):  # pragma: no cover - compiled
-    """g d/dx [x s], s = sigmoid(2u): g s (1 + 2 x u' (1 - s)), u' = c + 3 c k x^2, 1 - s = e s with
-    e = exp(-2u) (no difference of nearly equal numbers)."""
-    u = (x * x * _CK + _C) * x
-    e = _exp(-(u + u))
-    s = _ONE / (_ONE + e)
-    slope = x * x * _CK3 + _C
-    return g * (s * (_ONE + (x + x) * (slope * (e * s))))
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def gelu(x, out):  # pragma: no cover - compiled; tests call it through engine.fast.kernels
-    """out = gelu(x), float32 (out may be x)."""
+@njit(cache=True, nogil=True)
+def gelu_arg(x, c, ck, out):  # pragma: no cover - compiled; tests call it through engine.fast.kernels
+    """out = c (x + k x^3), as ((x x) ck + c) x with ck = c k: the argument of GELU's tanh."""
     for i in range(x.size):
-        out[i] = _gelu(x[i])
+        out[i] = (x[i] * x[i] * ck + c) * x[i]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def gelu_grad(x, g, out):  # pragma: no cover - compiled
-    """out = g gelu'(x), float32 (out may be x or g)."""
+@njit(cache=True, nogil=True)
+def gelu_out(x, t, one, half, out):  # pragma: no cover - compiled
+    """out = 0.5 x (1 + t), as ((t + 1) x) 0.5, t = tanh(GELU's argument)."""
     for i in range(x.size):
-        out[i] = _gelu_grad(x[i], g[i])
+        out[i] = (t[i] + one) * x[i] * half
+
+
+@njit(cache=True, nogil=True)
+def gelu_grad(x, t, g, c, ck3, one, half, out):  # pragma: no cover - compiled
+    """out = g (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2)), in the NumPy chain's order: the slope
+    (x x) ck3 + c, then ((((1 - t t) slope) x + t) + 1) 0.5 g."""
+    for i in range(x.size):
+        slope = x[i] * x[i] * ck3 + c
+        out[i] = ((((one - t[i] * t[i]) * slope) * x[i] + t[i]) + one) * half * g[i]
 
 
 # GELU on 16-bit arrays read and written as their bits (uint16; `bf16` picks bfloat16 over float16): the
-# float32 loops above on exactly widened operands, rounded once, so the same bits as widening, computing
-# and rounding in three passes, without the two conversion passes.
+# same float32 arithmetic as gelu_arg / gelu_out / gelu_grad on exactly widened operands, rounded once, so
+# the same bits as widening, computing and rounding in three passes, without the two conversion passes.
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def gelu16(x, bf16, out):  # pragma: no cover - compiled
+@njit(cache=True, nogil=True)
+def gelu_arg16(x, bf16, c, ck, out):  # pragma: no cover - compiled
+    """out (float32) = GELU's tanh argument of the 16-bit x, as gelu_arg."""
     for i in range(x.size):
-        out[i] = narrow16(_gelu(widen16(x[i], bf16)), bf16)
+        v = widen16(x[i], bf16)
+        out[i] = (v * v * ck + c) * v
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def gelu_grad16(x, g, bf16, out):  # pragma: no cover - compiled
+@njit(cache=True, nogil=True)
+def gelu_out16(x, bf16, t, one, half, out):  # pragma: no cover - compiled
+    """out (16-bit) = 0.5 x (1 + t) rounded once, as gelu_out then one rounding."""
     for i in range(x.size):
-        out[i] = narrow16(_gelu_grad(widen16(x[i], bf16), widen16(g[i], bf16)), bf16)
+        out[i] = narrow16((t[i] + one) * widen16(x[i], bf16) * half, bf16)
+
+
+@njit(cache=True, nogil=True)
+def gelu_grad16(x, g, bf16, t, c, ck3, one, half, out):  # pragma: no cover - compiled
+    """out (16-bit) = gelu_grad's expression of the 16-bit x and g, rounded once."""
+    for i in range(x.size):
+        v = widen16(x[i], bf16)
+        slope = v * v * ck3 + c
+        d = ((((one - t[i] * t[i]) * slope) * v + t[i]) + one) * half
+        out[i] = narrow16(d * widen16(g[i], bf16), bf16)
 
 
 # ---- layer norm: one row at a time (a row is never split) -----------------------------------------
