@@ -1,10 +1,10 @@
 """The readable spine: every fused or compiled computation of nanoDist written as plain whole-array NumPy.
 
-engine/fast/kernels.py (blocks, threads, numba loops), engine/ops.py (fused ops with hand-written
-backwards) and engine/optim.py (chunked, in-place AdamW) are fast versions of the functions below; the
-tests hold them equal to these. Read these first: each is the formula and nothing else, computed in the
-inputs' dtype (give it float64 to get the exact answer the fast paths approximate). Nothing here is
-used in training.
+engine/fast/kernels.py (threads, blocks, numba loops), engine/ops.py (fused ops with hand-written
+backwards) and engine/optim.py (AdamW in place, one compiled pass) are fast versions of the functions
+below; the tests hold them equal to these. Read these first: each is the formula and nothing else,
+computed in the inputs' dtype (give it float64 to get the exact answer the fast paths approximate).
+Nothing here is used in training.
 """
 
 from __future__ import annotations
