@@ -6,8 +6,8 @@ float32 rounding (layer norm's compiled rows), and the tests hold them to it.
     compiled.py     numba's compiled loops, loaded on first use; None where numba is absent
     kernels.py      fused GELU and layer norm: compiled, one range per thread, else NumPy chains by blocks
     kernels_jit.py  GELU's and layer norm's arithmetic as compiled loops (kernels.py's fast path)
-    flash.py        causal attention blocked over query and key tiles with an online softmax (never T x T)
-    flash_jit.py    its per-tile scaling, masking, probabilities and score gradients as compiled loops
+    flash.py        causal attention a query tile at a time against its causal prefix (never T x T per head)
+    flash_jit.py    its per-tile scaling, masking, score gradients and key transposes as compiled loops
     lowp.py         16-bit arithmetic done in float32: widen exactly, compute, round once
     halfconv.py     float16 <-> float32 (and bfloat16) conversions, bit for bit what astype gives
     halfconv_jit.py those conversions as compiled loops (halfconv.py's fast path)

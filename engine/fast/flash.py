@@ -11,12 +11,13 @@ softmax's row sums (sum_j dP_ij P_ij = dO_i . O_i, through dropout too).
 Layout: q, k, v, the output and the gradients are [B, H, T, D] views of any strides: nn.CausalSelfAttention's
 are the heads inside its [B, T, 3C] projection and its [B, T, C] output, read and written in place (BLAS
 takes a strided matrix as it is). Keys and values are copied once per group of heads into the layouts the
-products read fastest: K and V transposed ([D, T], the scores' right operand) and K contiguous (dQ's).
+products read fastest as right operands: K transposed ([D, T]) for the scores, V contiguous for P V; in
+backward V transposed for dP and K contiguous for dQ.
 
-Work is shared among the rank's threads by ranges of (batch, head) rows (engine.fast.thread_pool.split);
-a share runs its rows in groups of heads whose score tile stays in cache (GROUP_BYTES), one NumPy call per
-tile for the whole group. Every head's arithmetic is the same whoever runs it and whatever group it is in,
-so the results do not depend on the number of threads. 16-bit inputs are widened exactly and computed in
+Work is shared among the rank's threads in groups of heads whose score tile stays in cache (GROUP_BYTES),
+one NumPy call per tile for the whole group; each thread takes the next group left (_run_groups). Every
+head's arithmetic is the same whoever runs it and whatever group it is in, so the results do not depend
+on the number of threads. 16-bit inputs are widened exactly and computed in
 float32; only the output and the gradients are rounded.
 
 Tile products go to BLAS; the per-tile elementwise work is engine.fast.flash_jit where numba is installed,
@@ -41,7 +42,7 @@ QUERY_TILE = 64  # queries per tile
 # small-matrix kernel: no packing, no zeroing of the output, on the calling thread. A larger one is packed and
 # may be split over BLAS's own threads, which then compete with the rank's other share of the heads.
 SMALL_PRODUCT = 10**6
-GROUP_BYTES = 1 << 20  # a group of heads' score tile at most: the passes over it stay in the core's cache
+GROUP_BYTES = 1 << 19  # a group of heads' score tile at most: the passes over it stay in the core's cache
 
 Group = tuple[slice, slice]  # (batch rows, heads): a rectangle of (batch, head) rows
 
@@ -52,14 +53,12 @@ def forward(q, k, v, out, lse, site: MaskSite | None, keep_scale, grain: int) ->
     cdt, (b, h, t, d) = lse.dtype, q.shape
     scale = cdt.type(1.0 / math.sqrt(d))
     jit = load("flash_jit")
-
     span = _key_span(d)
 
-    def share(lo: int, hi: int) -> None:
-        for at in _groups(lo, hi, h, _group_heads(t, span, cdt)):
-            _forward_group(jit, _operand(q[at], cdt), _transposed(jit, k[at], cdt), _contiguous(v[at], cdt),
-                           out[at], lse[at], _Mask(site, at, t), keep_scale, scale, span)
-    thread_pool.split(share, b * h, grain)
+    def group(at: Group) -> None:
+        _forward_group(jit, _operand(q[at], cdt), _transposed(jit, k[at], cdt), _contiguous(v[at], cdt),
+                       out[at], lse[at], _Mask(site, at, t), keep_scale, scale, span)
+    _run_groups(group, b, h, _group_heads(t, span, cdt), grain)
 
 
 def _forward_group(jit, q, kt, v, out, lse, mask: _Mask, keep_scale, scale, span: int) -> None:
@@ -100,23 +99,21 @@ def backward(q, k, v, out, lse, g, dq, dk, dv, site: MaskSite | None, keep_scale
     cdt, (b, h, t, d) = lse.dtype, q.shape
     scale = cdt.type(1.0 / math.sqrt(d))
     jit = load("flash_jit")
-
     span = _key_span(d)
 
-    def share(lo: int, hi: int) -> None:
-        for at in _groups(lo, hi, h, _group_heads(t, span, cdt)):
-            grads = (dq[at], dk[at], dv[at])
-            # float32 and float64 gradients are written in place; 16-bit ones rounded from float32 at the end
-            work = grads if dq.dtype == cdt else tuple(np.empty(a.shape, cdt) for a in grads)
-            gs = _operand(g[at], cdt)
-            rows = np.einsum("...i,...i->...", gs, _operand(out[at], cdt))
-            _backward_group(jit, _operand(q[at], cdt), _transposed(jit, k[at], cdt), _contiguous(k[at], cdt),
-                            _transposed(jit, v[at], cdt), gs, rows, lse[at], work, _Mask(site, at, t),
-                            keep_scale, scale, span)
-            if work is not grads:
-                for done, full in zip(work, grads):
-                    full[...] = lowp.narrow(done, full.dtype)
-    thread_pool.split(share, b * h, grain)
+    def group(at: Group) -> None:
+        grads = (dq[at], dk[at], dv[at])
+        # float32 and float64 gradients are written in place; 16-bit ones rounded from float32 at the end
+        work = grads if dq.dtype == cdt else tuple(np.empty(a.shape, cdt) for a in grads)
+        gs = _operand(g[at], cdt)
+        rows = np.einsum("...i,...i->...", gs, _operand(out[at], cdt))
+        _backward_group(jit, _operand(q[at], cdt), _transposed(jit, k[at], cdt), _contiguous(k[at], cdt),
+                        _transposed(jit, v[at], cdt), gs, rows, lse[at], work, _Mask(site, at, t),
+                        keep_scale, scale, span)
+        if work is not grads:
+            for done, full in zip(work, grads):
+                full[...] = lowp.narrow(done, full.dtype)
+    _run_groups(group, b, h, _group_heads(t, span, cdt), grain)
 
 
 def _backward_group(jit, q, kt, k, vt, g, d, lse, grads, mask: _Mask, keep_scale, scale, span: int) -> None:
@@ -162,10 +159,23 @@ def _group_heads(t: int, span: int, cdt: np.dtype) -> int:
     return max(1, GROUP_BYTES // (min(t, QUERY_TILE) * min(t, span) * cdt.itemsize))
 
 
-def _groups(lo: int, hi: int, heads: int, most: int):
-    """(rows, heads) slices covering the flat (batch, head) rows [lo, hi) in order, each a rectangle of at
+def _run_groups(fn, b: int, h: int, most: int, grain: int) -> None:
+    """fn(group) for every group of the [B, H] (batch, head) rows, on as many of the rank's threads as have
+    `grain` rows each (engine.fast.thread_pool.split). Each thread takes the next group left when it is done
+    with its last: a thread the machine holds up leaves its share to the others, where fixed halves would
+    wait for it. A group's arithmetic is the same on any thread, so the bits are too."""
+    left = iter(list(_groups(b * h, h, most)))  # a list's iterator hands each group out once, under the GIL
+
+    def take(lo: int, hi: int) -> None:
+        for at in left:
+            fn(at)
+    thread_pool.split(take, b * h, grain)
+
+
+def _groups(hi: int, heads: int, most: int):
+    """(rows, heads) slices covering the flat (batch, head) rows [0, hi) in order, each a rectangle of at
     most `most` heads (at least one): whole batch rows together where they fit, else runs of a row's heads."""
-    n = lo
+    n = 0
     while n < hi:
         row, first = divmod(n, heads)
         whole = min((hi - n) // heads, most // heads) if first == 0 else 0
