@@ -123,6 +123,21 @@ def peak_memory_text(peaks: dict) -> str:
     return f"highest {cell(*high)}, lowest {cell(*low)} ({len(by_rank)} ranks)"
 
 
+def traffic_text(per_rank) -> str:
+    """Bytes all ranks sent in a step, by process group, largest first ("tp0 6.3 MB, dp0 1.6 MB"); "" when
+    nothing was sent (one rank) or the summary has no such figure."""
+    if not isinstance(per_rank, dict):
+        return ""
+    by_group: dict[str, int] = {}
+    for groups in per_rank.values():
+        for group, amount in (groups.items() if isinstance(groups, dict) else ()):
+            if isinstance(amount, int) and amount > 0:
+                by_group[group] = by_group.get(group, 0) + amount
+    top = sorted(by_group.items(), key=lambda item: -item[1])
+    words = [f"{printable(group)} {format_bytes(amount)}" for group, amount in top[:6]]
+    return ", ".join(words) + (f" and {len(top) - 6} more group(s)" if len(top) > 6 else "")
+
+
 def layout_line(layout) -> str:
     """The device mesh in a few words ("dp 2 x tp 2, sequence parallel  (order tp-cp-ep-dp-pp)"; "dp 4" for
     data parallelism alone, where the order moves nothing); "" for a summary without one (an older run's, or a
@@ -157,6 +172,8 @@ def summary_lines(summary: dict) -> list[str]:
         lines.append(f"layout         {layout}")
     if summary.get("peak_memory"):
         lines.append(f"peak memory    {peak_memory_text(summary['peak_memory'])}")
+    if traffic := traffic_text(summary.get("traffic_per_step")):
+        lines.append(f"sent per step  {traffic}")
     if "overflows" in summary:
         skipped = summary.get("skipped_steps", 0)
         lines.append(f"overflows      {summary['overflows']} (loss-scale overflows; {skipped} step"

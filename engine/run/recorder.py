@@ -108,6 +108,9 @@ def new_summary(run_id: str, preset: str | None) -> dict[str, Any]:
         "wall_s": None, "skipped_steps": 0, "loss_scale_changes": 0,
         "overflows": 0,  # fp16 loss-scale overflows: every LossScaleChange but growth (inf, nan, hysteresis)
         "peak_memory": {},  # rank (a string, as JSON keys are) -> its highest measured total bytes
+        # rank (a string) -> {group: bytes} that rank sent in the last step it reported traffic for: the
+        # process groups' names the meter books under ("world", "tp0", "dp1", ...)
+        "traffic_per_step": {},
         # a resumed run (engine.run.lineage): the run folder it continues and the step it resumed from; its
         # initial_val_loss and best_val_loss are then the lineage's, from the first run's first evaluation
         "parent": None, "resumed_at": None,
@@ -129,7 +132,7 @@ SUMMARY_TYPES = {
                     _WHOLE),
     **dict.fromkeys(("last_loss", "initial_val_loss", "final_val_loss", "best_val_loss", "train_s",
                      "tokens_per_s", "wall_s"), _NUMBER),
-    "peak_memory": _OBJECT, "layout": _OBJECT}
+    "peak_memory": _OBJECT, "traffic_per_step": _OBJECT, "layout": _OBJECT}
 _PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {_WHOLE: int, _NUMBER: (int, float), _TEXT: str,
                                                      _OBJECT: dict}
 
@@ -211,6 +214,12 @@ def summarize(s: dict[str, Any], ev: Any) -> None:
     elif isinstance(ev, ev_types.MemorySnapshot):
         peaks = s["peak_memory"]
         peaks[str(ev.rank)] = max(peaks.get(str(ev.rank), 0), sum(ev.peak.values()))
+    elif isinstance(ev, ev_types.Traffic):
+        sent: dict[str, int] = {}
+        for link in ev.links:
+            group = str(link.get("group") or "world")
+            sent[group] = sent.get(group, 0) + int(link.get("bytes") or 0)
+        s.setdefault("traffic_per_step", {})[str(ev.rank)] = sent  # a summary from before had none
     elif isinstance(ev, ev_types.RunFinished):
         s.update(status="stopped" if ev.stopped else "finished", steps=ev.steps, wall_s=ev.wall_s)
         if s["tokens_per_s"] is None:  # no steps were recorded: the trainer's figure (the same definition)

@@ -187,3 +187,26 @@ def test_an_older_recording_reads_with_its_memory_estimate_once_on_run_started()
     snapshots = [d for d in lines if d["kind"] == "memory_snapshot"]
     measured = [{k: v for k, v in d.items() if k != "estimate"} for d in snapshots]
     assert [ev.to_json(e) for e in memory] == measured
+
+
+def test_summary_keeps_each_ranks_bytes_per_group_of_its_last_traffic_step(tmp_path):
+    """summary.json's traffic_per_step: per rank, the bytes it sent by process group in the last step it
+    reported (a later step replaces an earlier one, links of one group add up); the headless summary sums the
+    ranks per group, largest first."""
+    from nanodist_tui.headless import summary_lines
+
+    def links(*items):
+        return [{"src": 0, "dst": 1, "phase": "all-reduce", "group": g, "algorithm": "ring", "bytes": b,
+                 "seconds": 0.001} for g, b in items]
+    rec = RunRecorder(tmp_path, "traffic", {})
+    rec(ev.Traffic(step=1, rank=0, links=links(("tp0", 999))))
+    rec(ev.Traffic(step=2, rank=0, links=links(("tp0", 1_000_000), ("tp0", 500_000), ("dp0", 200_000))))
+    rec(ev.Traffic(step=2, rank=1, links=links(("tp0", 1_500_000), ("dp1", 200_000))))
+    rec.close()
+    summary = json.loads((rec.run_dir / "summary.json").read_text())
+    assert recorder.summary_problem(summary) is None
+    assert summary["traffic_per_step"] == {"0": {"tp0": 1_500_000, "dp0": 200_000},
+                                           "1": {"tp0": 1_500_000, "dp1": 200_000}}
+    lines = summary_lines({**summary, "initial_val_loss": 4.0, "final_val_loss": 2.0, "tokens_per_s": 1.0,
+                           "wall_s": 1.0})
+    assert "sent per step  tp0 3.0 MB, dp0 200.0 kB, dp1 200.0 kB" in lines
