@@ -14,8 +14,8 @@ takes a strided matrix as it is). Keys and values are copied once per group of h
 products read fastest as right operands: K transposed ([D, T]) for the scores, V contiguous for P V; in
 backward V transposed for dP and K contiguous for dQ.
 
-Work is shared among the rank's threads in groups of heads whose score tile stays in cache (GROUP_BYTES),
-one NumPy call per tile for the whole group; each thread takes the next group left (_run_groups). Every
+Work is shared among the rank's threads by ranges of (batch, head) rows (engine.fast.thread_pool.split);
+a share runs its rows in groups of heads (GROUP_BYTES), one NumPy call per tile for the whole group. Every
 head's arithmetic is the same whoever runs it and whatever group it is in, so the results do not depend
 on the number of threads. 16-bit inputs are widened exactly and computed in
 float32; only the output and the gradients are rounded.
@@ -42,7 +42,9 @@ QUERY_TILE = 64  # queries per tile
 # small-matrix kernel: no packing, no zeroing of the output, on the calling thread. A larger one is packed and
 # may be split over BLAS's own threads, which then compete with the rank's other share of the heads.
 SMALL_PRODUCT = 10**6
-GROUP_BYTES = 1 << 19  # a group of heads' score tile at most: the passes over it stay in the core's cache
+# A group of heads' copy of its keys at most (each tile's NumPy calls run on the whole group: the fewer the
+# groups, the fewer the calls, which two threads otherwise take turns to make under the GIL).
+GROUP_BYTES = 2 << 20
 
 Group = tuple[slice, slice]  # (batch rows, heads): a rectangle of (batch, head) rows
 
@@ -58,7 +60,7 @@ def forward(q, k, v, out, lse, site: MaskSite | None, keep_scale, grain: int) ->
     def group(at: Group) -> None:
         _forward_group(jit, _operand(q[at], cdt), _transposed(jit, k[at], cdt), _contiguous(v[at], cdt),
                        out[at], lse[at], _Mask(site, at, t), keep_scale, scale, span)
-    _run_groups(group, b, h, _group_heads(t, span, cdt), grain)
+    _run_groups(group, b, h, _group_heads(t, d, cdt), grain)
 
 
 def _forward_group(jit, q, kt, v, out, lse, mask: _Mask, keep_scale, scale, span: int) -> None:
@@ -113,7 +115,7 @@ def backward(q, k, v, out, lse, g, dq, dk, dv, site: MaskSite | None, keep_scale
         if work is not grads:
             for done, full in zip(work, grads):
                 full[...] = lowp.narrow(done, full.dtype)
-    _run_groups(group, b, h, _group_heads(t, span, cdt), grain)
+    _run_groups(group, b, h, _group_heads(t, d, cdt), grain)
 
 
 def _backward_group(jit, q, kt, k, vt, g, d, lse, grads, mask: _Mask, keep_scale, scale, span: int) -> None:
@@ -154,28 +156,25 @@ def _key_span(d: int) -> int:
     return QUERY_TILE * max(1, SMALL_PRODUCT // (QUERY_TILE * QUERY_TILE * d))
 
 
-def _group_heads(t: int, span: int, cdt: np.dtype) -> int:
-    """Heads per group: as many as keep one product's score tile within GROUP_BYTES."""
-    return max(1, GROUP_BYTES // (min(t, QUERY_TILE) * min(t, span) * cdt.itemsize))
+def _group_heads(t: int, d: int, cdt: np.dtype) -> int:
+    """Heads per group: as many as keep a group's copy of its keys within GROUP_BYTES."""
+    return max(1, GROUP_BYTES // (t * d * cdt.itemsize))
 
 
 def _run_groups(fn, b: int, h: int, most: int, grain: int) -> None:
-    """fn(group) for every group of the [B, H] (batch, head) rows, on as many of the rank's threads as have
-    `grain` rows each (engine.fast.thread_pool.split). Each thread takes the next group left when it is done
-    with its last: a thread the machine holds up leaves its share to the others, where fixed halves would
-    wait for it. A group's arithmetic is the same on any thread, so the bits are too."""
-    left = iter(list(_groups(b * h, h, most)))  # a list's iterator hands each group out once, under the GIL
-
-    def take(lo: int, hi: int) -> None:
-        for at in left:
+    """fn(group) for the [B, H] (batch, head) rows in groups of at most `most` heads, the rows shared among
+    the rank's threads in contiguous ranges of at least `grain` (engine.fast.thread_pool.split). A group's
+    arithmetic is the same on any thread and in any group, so the bits are too."""
+    def share(lo: int, hi: int) -> None:
+        for at in _groups(lo, hi, h, most):
             fn(at)
-    thread_pool.split(take, b * h, grain)
+    thread_pool.split(share, b * h, grain)
 
 
-def _groups(hi: int, heads: int, most: int):
-    """(rows, heads) slices covering the flat (batch, head) rows [0, hi) in order, each a rectangle of at
+def _groups(lo: int, hi: int, heads: int, most: int):
+    """(rows, heads) slices covering the flat (batch, head) rows [lo, hi) in order, each a rectangle of at
     most `most` heads (at least one): whole batch rows together where they fit, else runs of a row's heads."""
-    n = 0
+    n = lo
     while n < hi:
         row, first = divmod(n, heads)
         whole = min((hi - n) // heads, most // heads) if first == 0 else 0

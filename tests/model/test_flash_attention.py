@@ -16,6 +16,7 @@ from numeric_helpers import kernel_paths, numeric_grad
 
 from engine import ops, reference
 from engine.dropout_rng import DropoutRNG
+from engine.dtypes import compute_dtype
 from engine.fast import flash, lowp, thread_pool
 from engine.memory.estimator import _gpt_saves
 from engine.memory.ledger import Ledger
@@ -223,9 +224,10 @@ def on_threads(n: int, fn):
 @pytest.mark.parametrize("p", [0.0, 0.2])
 def test_the_fused_op_gives_one_threads_bits_on_any_number(monkeypatch, dtype, p):
     """Shares cut inside batch rows (5 heads a row) and groups of two heads: the same bits on 1, 2 and 3."""
-    monkeypatch.setattr(ops, "ATTENTION_SHARE_MACS", 1)
-    monkeypatch.setattr(flash, "GROUP_BYTES", 2 * TILE * TILE * np.dtype(dtype).itemsize)
     t = TILE + 5
+    monkeypatch.setattr(ops, "ATTENTION_SHARE_MACS", 1)
+    monkeypatch.setattr(flash, "GROUP_BYTES", 2 * t * 8 * compute_dtype(dtype).itemsize)
+    assert flash._group_heads(t, 8, compute_dtype(dtype)) == 2
     qkv, g = rand(3, t, 3 * 5 * 8, seed=1).astype(dtype), rand(3, t, 5 * 8, seed=2).astype(dtype)
 
     def run():
