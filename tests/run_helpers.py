@@ -3,9 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from engine.checkpoint.files import checkpoint_dirs
 from engine.checkpoint.sharded import find_checkpoint
+from engine.comm.base import RankFailure
 from engine.config import presets
 from engine.run.job import run_training
+from engine.trainer import Trainer
 
 # about 16k parameters, a 20k-character corpus, one eval batch, one rank (thread ranks, when a test asks for
 # more: quickstart itself trains on processes): a run takes well under a second
@@ -27,6 +32,24 @@ def train(out_dir: Path, *sets: str) -> tuple[dict, list]:
     events: list = []
     summary = run_training(cfg, on_event=events.append, preset_doc=doc)
     return summary, events
+
+
+def crashed_run(out_dir: Path, monkeypatch: pytest.MonkeyPatch, *sets: str) -> Path:
+    """A tiny run that dies of a power cut in step 3, after its step-2 checkpoint; its run folder."""
+    real_step = Trainer.train_step
+
+    def crash_in_step_3(self):
+        if self.step == 2:
+            raise RuntimeError("power cut")
+        return real_step(self)
+
+    cfg, doc = tiny_config(out_dir, *sets)
+    with monkeypatch.context() as patch, pytest.raises(RankFailure, match="power cut"):
+        patch.setattr(Trainer, "train_step", crash_in_step_3)
+        run_training(cfg, preset_doc=doc)
+    crashed = only_run(out_dir)
+    assert [s for s, _ in checkpoint_dirs(crashed / "checkpoints")] == [2]
+    return crashed
 
 
 def gpt_and_mlp_runs(out_dir: Path) -> dict:

@@ -11,12 +11,20 @@ import pytest
 
 from engine.checkpoint.files import checkpoint_dirs
 from engine.checkpoint.sharded import Checkpointer, find_checkpoint
-from engine.comm.base import RankFailure
 from engine.comm.launch import run_ranks
 from engine.config import from_dict, to_dict
-from engine.run.job import resume_training, run_training
+from engine.run.job import resume_training
 from engine.trainer import Trainer
-from tests.run_helpers import TINY, assert_same_state, only_run, state_at, step_losses, tiny_config, train
+from tests.run_helpers import (
+    TINY,
+    assert_same_state,
+    crashed_run,
+    only_run,
+    state_at,
+    step_losses,
+    tiny_config,
+    train,
+)
 
 FLAVOURS = {
     "fp32-dropout": ["model.dropout=0.1", "train.micro_batches=2"],
@@ -29,20 +37,7 @@ def test_resume_after_a_crash_continues_bitwise_identically(tmp_path, monkeypatc
     sets = ["parallel.world_size=2", *FLAVOURS[flavour]]
     _, full = train(tmp_path / "a", *sets)
 
-    real_step = Trainer.train_step
-
-    def crash_in_step_3(self):
-        if self.step == 2:
-            raise RuntimeError("power cut")
-        return real_step(self)
-
-    monkeypatch.setattr(Trainer, "train_step", crash_in_step_3)
-    cfg, doc = tiny_config(tmp_path / "b", *sets)
-    with pytest.raises(RankFailure, match="power cut"):
-        run_training(cfg, preset_doc=doc)
-    monkeypatch.undo()
-    crashed = only_run(tmp_path / "b")
-    assert [s for s, _ in checkpoint_dirs(crashed / "checkpoints")] == [2]
+    crashed = crashed_run(tmp_path / "b", monkeypatch, *sets)
 
     resumed: list = []
     summary = resume_training(crashed, on_event=resumed.append)

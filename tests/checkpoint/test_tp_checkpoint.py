@@ -11,12 +11,10 @@ import numpy as np
 import pytest
 
 from engine.checkpoint.export import export_model, load_model
-from engine.checkpoint.files import MANIFEST, CheckpointError, checkpoint_dirs, read_manifest
+from engine.checkpoint.files import MANIFEST, CheckpointError, read_manifest
 from engine.checkpoint.sharded import find_checkpoint
-from engine.comm.base import RankFailure
-from engine.run.job import resume_training, run_training
-from engine.trainer import Trainer
-from tests.run_helpers import assert_same_state, only_run, state_at, step_losses, tiny_config, train
+from engine.run.job import resume_training
+from tests.run_helpers import assert_same_state, crashed_run, only_run, state_at, step_losses, train
 
 TP2 = ["parallel.world_size=4", "parallel.tensor=2", "parallel.sequence_parallel=true",
        "parallel.zero_stage=1", "model.dropout=0.1", "model.n_head=4"]
@@ -25,20 +23,7 @@ FP64 = ["precision.dtype=fp64", "model.n_head=4", "model.dropout=0.1"]
 
 def test_resume_after_a_crash_continues_bitwise_identically(tmp_path, monkeypatch):
     _, full = train(tmp_path / "a", *TP2)
-    real_step = Trainer.train_step
-
-    def crash_in_step_3(self):
-        if self.step == 2:
-            raise RuntimeError("power cut")
-        return real_step(self)
-
-    monkeypatch.setattr(Trainer, "train_step", crash_in_step_3)
-    cfg, doc = tiny_config(tmp_path / "b", *TP2)
-    with pytest.raises(RankFailure, match="power cut"):
-        run_training(cfg, preset_doc=doc)
-    monkeypatch.undo()
-    crashed = only_run(tmp_path / "b")
-    assert [s for s, _ in checkpoint_dirs(crashed / "checkpoints")] == [2]
+    crashed = crashed_run(tmp_path / "b", monkeypatch, *TP2)
     manifest = find_checkpoint(crashed).manifest
     assert manifest["tensor"] == 2 and [e["tp"] for e in manifest["shards"]] == [0, 1, 0, 1]
 
