@@ -7,6 +7,8 @@ Shapes: vocabulary 11 (a prime: no t in 2-4 divides it, so the vocabulary is pad
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from engine import ops
@@ -14,7 +16,7 @@ from engine.comm.group import Group
 from engine.comm.meter import TrafficMeter
 from engine.nn import GPT, Module
 from engine.optim import AdamW, global_norm_clip_scale, sum_of_squares
-from engine.parallel.tensor import parallelize
+from engine.parallel.tensor import layout, mappings, parallelize
 from engine.recompute import apply_checkpointing
 
 VOCAB, BLOCK, WIDTH, HEADS = 11, 12, 24, 12
@@ -37,6 +39,23 @@ def tp_group(comm, t: int) -> Group:
     """This rank's TP group: t consecutive ranks of the world (TP innermost), named as the mesh names it."""
     first = comm.rank // t * t
     return Group(comm, list(range(first, first + t)), f"tp{comm.rank // t}")
+
+
+def count_collectives(monkeypatch) -> list[tuple[int, str, str, int]]:
+    """Patch the tensor-parallel package (mappings and layout) to log every collective it runs, as
+    (global rank, kind, phase, elements), into the list returned; monkeypatch undoes it."""
+    log: list[tuple[int, str, str, int]] = []
+    lock = threading.Lock()
+
+    def counting(original):
+        def collective(group, kind, buf, phase, op="sum"):
+            with lock:
+                log.append((group.global_rank(group.rank), kind, phase, buf.size))
+            original(group, kind, buf, phase, op)
+        return collective
+    monkeypatch.setattr(mappings, "collective", counting(mappings.collective))
+    monkeypatch.setattr(layout, "collective", counting(layout.collective))
+    return log
 
 
 def assert_close(actual, expected, rtol: float) -> None:

@@ -6,15 +6,13 @@ embedding's scatter and the LayerNorm gradients' sum."""
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import pytest
 
 from engine.comm.launch import run_ranks
-from engine.parallel.tensor import layout, mappings
 from tests.parallel_helpers import ring_bytes
-from tests.tp_helpers import BLOCK, WIDTH, random_batches, tiny_gpt, tp_model
+from tests.tp_helpers import BLOCK, WIDTH, count_collectives, random_batches, tiny_gpt, tp_model
 
 ROWS = 2
 ACTIVATION = ROWS * BLOCK * WIDTH  # b·s·h elements
@@ -23,17 +21,7 @@ ACTIVATION = ROWS * BLOCK * WIDTH  # b·s·h elements
 @pytest.fixture
 def calls(monkeypatch):
     """Every collective of the package, as (global rank, kind, phase, elements)."""
-    log, lock = [], threading.Lock()
-
-    def counting(original):
-        def collective(group, kind, buf, phase, op="sum"):
-            with lock:
-                log.append((group.global_rank(group.rank), kind, phase, buf.size))
-            original(group, kind, buf, phase, op)
-        return collective
-    monkeypatch.setattr(mappings, "collective", counting(mappings.collective))
-    monkeypatch.setattr(layout, "collective", counting(layout.collective))
-    return log
+    return count_collectives(monkeypatch)
 
 
 def _step_rank(comm, emit, t, n_layer, sp, x, y):

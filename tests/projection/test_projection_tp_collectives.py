@@ -4,7 +4,6 @@ counted on a threads world — TP and TP+SP, with and without activation checkpo
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import numpy as np
@@ -14,11 +13,11 @@ from engine.comm.launch import run_ranks
 from engine.config import from_dict
 from engine.config.rules import describing_layout
 from engine.nn import MLP
-from engine.parallel.tensor import layout, mappings, parallelize
+from engine.parallel.tensor import parallelize
 from engine.projection.clusters import load_cluster
 from engine.projection.project import predict
 from engine.recompute import apply_checkpointing
-from tests.tp_helpers import BLOCK, HEADS, VOCAB, WIDTH, random_batches, tiny_gpt, tp_group
+from tests.tp_helpers import BLOCK, HEADS, VOCAB, WIDTH, count_collectives, random_batches, tiny_gpt, tp_group
 
 ROWS, LAYERS, MLP_WIDTHS = 2, 2, [6, 12, 8, 12, 5]
 
@@ -26,17 +25,7 @@ ROWS, LAYERS, MLP_WIDTHS = 2, 2, [6, 12, 8, 12, 5]
 @pytest.fixture
 def calls(monkeypatch):
     """Every collective of the tensor-parallel package, as (global rank, kind, phase, elements)."""
-    log, lock = [], threading.Lock()
-
-    def counting(original):
-        def collective(group, kind, buf, phase, op="sum"):
-            with lock:
-                log.append((group.global_rank(group.rank), kind, phase, buf.size))
-            original(group, kind, buf, phase, op)
-        return collective
-    monkeypatch.setattr(mappings, "collective", counting(mappings.collective))
-    monkeypatch.setattr(layout, "collective", counting(layout.collective))
-    return log
+    return count_collectives(monkeypatch)
 
 
 def _gpt_rank(comm, emit, t, sp, checkpointing, x, y):
