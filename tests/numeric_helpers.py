@@ -1,5 +1,6 @@
-"""Shared by the op and kernel tests: central finite differences, and the two paths every fused kernel
-has (numba's compiled loops, and the named NumPy chain that runs where numba is missing)."""
+"""Shared by the op and kernel tests: central finite differences, the two paths every fused kernel has
+(numba's compiled loops, and the named NumPy chain that runs where numba is missing), and a call on a set
+number of the pool's threads."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from engine.fast import compiled
+from engine.fast import compiled, thread_pool
 
 
 def numeric_grad(fn: Callable[..., np.ndarray], arrays: list[np.ndarray], i: int, weights,
@@ -35,3 +36,13 @@ def kernel_paths(request) -> Iterator[str]:
     if compiled.load("kernels_jit") is None:
         pytest.skip("numba is not installed: the compiled path is not available")
     yield request.param
+
+
+def on_threads(n: int, fn):
+    """fn() with the pool at n threads (restored after)."""
+    before = thread_pool.threads()
+    thread_pool.set_threads(n)
+    try:
+        return fn()
+    finally:
+        thread_pool.set_threads(before)

@@ -8,6 +8,7 @@ import threading
 import ml_dtypes
 import numpy as np
 import pytest
+from numeric_helpers import on_threads
 
 from engine import ops
 from engine.dropout_rng import DropoutRNG
@@ -16,16 +17,6 @@ from engine.optim import SHARE_FROM, AdamW
 from engine.tensor import Tensor
 
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
-
-
-def on_threads(n: int, fn):
-    """fn() with the pool at n threads (restored after)."""
-    before = thread_pool.threads()
-    thread_pool.set_threads(n)
-    try:
-        return fn()
-    finally:
-        thread_pool.set_threads(before)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

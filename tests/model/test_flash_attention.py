@@ -12,12 +12,12 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from numeric_helpers import kernel_paths, numeric_grad
+from numeric_helpers import kernel_paths, numeric_grad, on_threads
 
 from engine import ops, reference
 from engine.dropout_rng import DropoutRNG
 from engine.dtypes import compute_dtype
-from engine.fast import flash, lowp, thread_pool
+from engine.fast import flash, lowp
 from engine.memory.estimator import _gpt_saves
 from engine.memory.ledger import Ledger
 from engine.tensor import Parameter, Tensor, no_grad, set_tape_observer
@@ -209,15 +209,6 @@ def test_results_do_not_depend_on_the_tiles(op, monkeypatch, tile, span, group_b
     got = attend(op, q, k, v, g, 0.25, rng)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-13)
     assert_close_all(got[1], want[1], 1e-12, 1e-13)
-
-
-def on_threads(n: int, fn):
-    before = thread_pool.threads()
-    thread_pool.set_threads(n)
-    try:
-        return fn()
-    finally:
-        thread_pool.set_threads(before)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64], ids=lambda d: np.dtype(d).name)
