@@ -33,6 +33,16 @@ def small_config(**sections):
     return from_dict(d)
 
 
+def small_preset(path: Path) -> str:
+    """Write the SMALL config (name, model, data, train) as a preset TOML file at `path`; its path."""
+    lines = [f'name = "{SMALL["name"]}"']
+    for section in ("model", "data", "train"):
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in SMALL[section].items()]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
 def level(name: str) -> dict:
     per_token = FORWARD_PER_TOKEN[name]
     return {"tokens": TOKENS, "forward_s": [per_token * t for t in TOKENS],

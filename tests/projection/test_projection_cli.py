@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from projection_helpers import SMALL, fixture_calibration, nccl_table, small_config
+from projection_helpers import fixture_calibration, nccl_table, small_config, small_preset
 from typer.testing import CliRunner
 
 from nanodist_tui.cli import app
@@ -21,13 +21,7 @@ def preset(in_tmp, monkeypatch):
     monkeypatch.delenv("NANODIST_CLUSTERS", raising=False)
     monkeypatch.setenv("NANODIST_CALIBRATION", str(in_tmp / "calibration.json"))
     fixture_calibration(in_tmp / "calibration.json")
-    lines = [f'name = "{SMALL["name"]}"']
-    for section in ("model", "data", "train"):
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in SMALL[section].items()]
-    path = in_tmp / "small.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+    return small_preset(in_tmp / "small.toml")
 
 
 def invoke(*args):

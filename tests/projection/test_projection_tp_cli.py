@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from projection_helpers import SMALL
+from projection_helpers import small_preset
 from typer.testing import CliRunner
 
 from nanodist_tui.cli import app
@@ -20,13 +20,7 @@ runner = CliRunner()
 def preset(in_tmp, monkeypatch):
     """The SMALL config (4 heads) as a preset file; nothing else on the cluster search path."""
     monkeypatch.delenv("NANODIST_CLUSTERS", raising=False)
-    lines = [f'name = "{SMALL["name"]}"']
-    for section in ("model", "data", "train"):
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in SMALL[section].items()]
-    path = in_tmp / "small.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+    return small_preset(in_tmp / "small.toml")
 
 
 def invoke(preset: str, *args):
