@@ -1,9 +1,14 @@
-"""Tiny training configs and rank functions shared by the data-parallel tests (DDP, ZeRO, traffic, amp).
+"""Tiny training configs and rank functions shared by the data-parallel tests (DDP, ZeRO, traffic, amp), and
+the run of a by-hand file's entry point (data and tensor parallel).
 
 Rank functions live in an importable module so the processes backend can run them too.
 """
 
 from __future__ import annotations
+
+import contextlib
+import io
+import runpy
 
 from engine.comm.shard import shard_bounds
 from engine.config import from_dict, to_dict
@@ -50,3 +55,13 @@ def gradient_group_lengths(comm, emit, cfg_dict):
     lengths = [r[1] - r[0] for r in ranges]
     rep.close()
     return lengths
+
+
+def by_hand_main(path: str, before_error: str) -> list[tuple[str, float]]:
+    """Run a by-hand file as `python -m` runs it; for each line printed, its first word (the number of
+    ranks) and the difference it reports, the number after `before_error`."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(path, run_name="__main__")
+    return [(line.split()[0], float(line.split(before_error)[1].split()[0]))
+            for line in out.getvalue().splitlines()]

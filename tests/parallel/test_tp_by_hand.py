@@ -5,16 +5,13 @@ under 150 lines; its entry point prints t ranks against one device."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import runpy
-
 import numpy as np
 import pytest
 
 from engine.comm.launch import run_ranks
 from engine.parallel.tensor import by_hand_tp
 from engine.tensor import Tensor
+from tests.parallel_helpers import by_hand_main
 from tests.tp_helpers import BLOCK, HEADS, WIDTH, assert_close, tiny_gpt, tp_model
 
 PREFIX = "blocks.0."
@@ -68,9 +65,6 @@ def test_it_stays_under_150_lines():
 
 
 def test_the_entry_point_prints_t_ranks_against_one_device():
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        runpy.run_path(by_hand_tp.__file__, run_name="__main__")  # what python -m runs
-    lines = out.getvalue().splitlines()
-    assert [line.split()[0] for line in lines] == ["1", "2", "3", "4"]
-    assert all(float(line.split("within ")[1].split()[0]) < 1e-12 for line in lines), lines
+    printed = by_hand_main(by_hand_tp.__file__, "within ")
+    assert [ranks for ranks, _ in printed] == ["1", "2", "3", "4"]
+    assert all(error < 1e-12 for _, error in printed), printed
