@@ -17,10 +17,8 @@ TP = ["parallel.world_size=4", "parallel.tensor=2", "parallel.sequence_parallel=
 def test_a_stop_ends_every_rank_after_the_same_step_and_resumes(tmp_path):
     cfg, doc = tiny_config(tmp_path, *TP)
     stop = threading.Event()
-    events: list = []
 
     def on_event(e):
-        events.append(e)
         if e.kind == "step_end" and e.step == 2:
             stop.set()
     summary = run_training(cfg, on_event=on_event, stop_event=stop, preset_doc=doc)
