@@ -39,13 +39,41 @@ def transposed(src, dst):  # pragma: no cover - compiled
                     d[j, i] = s[i, j]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _larger(x, t):  # pragma: no cover - compiled
+    """x if x > t else t: t stays where x is not larger (a NaN x never replaces t)."""
+    return x if x > t else t
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _row_max(row, seen, start):  # pragma: no cover - compiled
+    """The maximum of start and row[:seen], in eight lanes merged at the end: a maximum is exact in any
+    order, and independent lanes let the compiler use vector compares (one running maximum is a chain it
+    cannot)."""
+    t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = start
+    c = 0
+    while c + 8 <= seen:
+        t0 = _larger(row[c], t0)
+        t1 = _larger(row[c + 1], t1)
+        t2 = _larger(row[c + 2], t2)
+        t3 = _larger(row[c + 3], t3)
+        t4 = _larger(row[c + 4], t4)
+        t5 = _larger(row[c + 5], t5)
+        t6 = _larger(row[c + 6], t6)
+        t7 = _larger(row[c + 7], t7)
+        c += 8
+    while c < seen:
+        t0 = _larger(row[c], t0)
+        c += 1
+    # pairs, then pairs of pairs: the merges of the eight lanes in the order they always ran
+    return _larger(_larger(_larger(t7, t6), _larger(t5, t4)), _larger(_larger(t3, t2), _larger(t1, t0)))
+
+
 @njit(cache=True, nogil=True)
 def scores_online(s, scale, q_off, k_off, m, shift, ninf):  # pragma: no cover - compiled
     """Forward: s = s scale (ninf where the key is after the query); each row's running maximum m raised to
-    the tile's; s -= the new maximum; shift = old m - new m (its exp rescales the row's running sums).
-
-    The maximum runs in eight lanes, merged at the end: a maximum is exact in any order, and independent
-    lanes let the compiler use vector compares (one running maximum is a chain it cannot)."""
+    the tile's (_row_max); s -= the new maximum; shift = old m - new m (its exp rescales the row's running
+    sums)."""
     n, bq, bk = s.shape
     for h in range(n):
         for r in range(bq):
@@ -53,31 +81,7 @@ def scores_online(s, scale, q_off, k_off, m, shift, ninf):  # pragma: no cover -
             seen = max(0, min(bk, q_off + r - k_off + 1))
             for c in range(seen):
                 row[c] = row[c] * scale
-            t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = m[h, r]
-            c = 0
-            while c + 8 <= seen:
-                x0, x1, x2, x3 = row[c], row[c + 1], row[c + 2], row[c + 3]
-                x4, x5, x6, x7 = row[c + 4], row[c + 5], row[c + 6], row[c + 7]
-                t0 = x0 if x0 > t0 else t0
-                t1 = x1 if x1 > t1 else t1
-                t2 = x2 if x2 > t2 else t2
-                t3 = x3 if x3 > t3 else t3
-                t4 = x4 if x4 > t4 else t4
-                t5 = x5 if x5 > t5 else t5
-                t6 = x6 if x6 > t6 else t6
-                t7 = x7 if x7 > t7 else t7
-                c += 8
-            while c < seen:
-                x0 = row[c]
-                t0 = x0 if x0 > t0 else t0
-                c += 1
-            t0 = t1 if t1 > t0 else t0
-            t2 = t3 if t3 > t2 else t2
-            t4 = t5 if t5 > t4 else t4
-            t6 = t7 if t7 > t6 else t6
-            t0 = t2 if t2 > t0 else t0
-            t4 = t6 if t6 > t4 else t4
-            top = t4 if t4 > t0 else t0
+            top = _row_max(row, seen, m[h, r])
             for c in range(seen):
                 row[c] = row[c] - top
             for c in range(seen, bk):
