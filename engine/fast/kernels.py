@@ -89,12 +89,15 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-def _gelu_compiled(jit, way: str, bf16: bool, x: np.ndarray, out: np.ndarray) -> None:
-    """One thread's range, BLOCK elements at a time (the block's tanh argument stays in cache): the
-    argument (compiled loop), NumPy's tanh in place, the output (compiled loop). "fused16" reads and
-    writes the 16-bit bits itself; "widened" widens each block and rounds its output."""
+def _gelu_blocks(jit, way: str, bf16: bool, x: np.ndarray, out: np.ndarray,
+                 last: Callable[..., None]) -> None:
+    """One thread's range of GELU or its gradient, BLOCK elements at a time (the block's tanh argument stays
+    in cache): the argument (compiled loop), NumPy's tanh in place, then last(lo, hi, xb, tt, dst), the
+    compiled loop that writes the block given its tanh tt. "fused16" reads and writes the 16-bit bits
+    itself (xb and dst are the block's bits); "widened" widens each block and rounds its output (dst is tt,
+    rounded into out after)."""
     cdt = lowp.widen(x[:1]).dtype
-    c, ck, _, one, half = _constants(cdt)
+    c, ck = _constants(cdt)[:2]
     t = np.empty(min(BLOCK, x.size), cdt)
     for lo in range(0, x.size, BLOCK):
         hi = min(x.size, lo + BLOCK)
@@ -103,14 +106,26 @@ def _gelu_compiled(jit, way: str, bf16: bool, x: np.ndarray, out: np.ndarray) ->
             bits = x[lo:hi].view(_U16)
             jit.gelu_arg16(bits, bf16, c, ck, tt)
             np.tanh(tt, out=tt)
-            jit.gelu_out16(bits, bf16, tt, one, half, out[lo:hi].view(_U16))
+            last(lo, hi, bits, tt, out[lo:hi].view(_U16))
             continue
         xb = lowp.widen(x[lo:hi])
         jit.gelu_arg(xb, c, ck, tt)
         np.tanh(tt, out=tt)
-        jit.gelu_out(xb, tt, one, half, out[lo:hi] if way == "compiled" else tt)
+        last(lo, hi, xb, tt, out[lo:hi] if way == "compiled" else tt)
         if way == "widened":
             lowp.narrow_into(tt, out[lo:hi])
+
+
+def _gelu_compiled(jit, way: str, bf16: bool, x: np.ndarray, out: np.ndarray) -> None:
+    """gelu's share of one thread (_gelu_blocks): 0.5 x (1 + tanh) from each block's tanh."""
+    _, _, _, one, half = _constants(lowp.widen(x[:1]).dtype)
+
+    def last16(lo, hi, bits, tt, dst):
+        jit.gelu_out16(bits, bf16, tt, one, half, dst)
+
+    def last(lo, hi, xb, tt, dst):
+        jit.gelu_out(xb, tt, one, half, dst)
+    _gelu_blocks(jit, way, bf16, x, out, last16 if way == "fused16" else last)
 
 
 def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -127,26 +142,15 @@ def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 def _gelu_grad_compiled(jit, way: str, bf16: bool, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
-    """gelu_backward's share of one thread, block by block as _gelu_compiled."""
-    cdt = lowp.widen(x[:1]).dtype
-    c, ck, ck3, one, half = _constants(cdt)
-    t = np.empty(min(BLOCK, x.size), cdt)
-    for lo in range(0, x.size, BLOCK):
-        hi = min(x.size, lo + BLOCK)
-        tt = t[:hi - lo]
-        if way == "fused16":
-            bits = x[lo:hi].view(_U16)
-            jit.gelu_arg16(bits, bf16, c, ck, tt)
-            np.tanh(tt, out=tt)
-            jit.gelu_grad16(bits, g[lo:hi].view(_U16), bf16, tt, c, ck3, one, half, out[lo:hi].view(_U16))
-            continue
-        xb = lowp.widen(x[lo:hi])
-        jit.gelu_arg(xb, c, ck, tt)
-        np.tanh(tt, out=tt)
-        dst = out[lo:hi] if way == "compiled" else tt
+    """gelu_backward's share of one thread (_gelu_blocks): g times the slope, from each block's tanh."""
+    c, _, ck3, one, half = _constants(lowp.widen(x[:1]).dtype)
+
+    def last16(lo, hi, bits, tt, dst):
+        jit.gelu_grad16(bits, g[lo:hi].view(_U16), bf16, tt, c, ck3, one, half, dst)
+
+    def last(lo, hi, xb, tt, dst):
         jit.gelu_grad(xb, tt, lowp.widen(g[lo:hi]), c, ck3, one, half, dst)
-        if way == "widened":
-            lowp.narrow_into(tt, out[lo:hi])
+    _gelu_blocks(jit, way, bf16, x, out, last16 if way == "fused16" else last)
 
 
 def _tanh_arg(x: np.ndarray) -> np.ndarray:
