@@ -65,11 +65,11 @@ def test_blocks_and_threads_do_not_change_a_bit(threads, dtype, monkeypatch):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+@pytest.mark.parametrize("path", ["compiled"], indirect=True)  # the widened route is a compiled one
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
 def test_16_bit_blocks_widened_around_the_float32_loops_give_the_fused_loops_bits(monkeypatch, dtype):
     """Where the fused 16-bit loops cannot read halves (a CPU without F16C), blocks are widened, run
-    through the float32 loops and rounded: the same bits (NaNs aside). Compiled paths only (numba is a core
-    dependency), so this test takes no `path`."""
+    through the float32 loops and rounded: the same bits (NaNs aside)."""
     x = (np.random.default_rng(3).standard_normal(2 * kernels.BLOCK + 7) * 3).astype(dtype)
     fused = _every_kernel(x, 301)
     monkeypatch.setattr(kernels, "_route", lambda arrays, compiled: (
