@@ -19,14 +19,21 @@ PEAK_N = 2048  # the peak's matrices: n x n float32, large enough for the BLAS's
 PEAK_REPEATS = 5
 
 
-def cpu_model() -> str:
-    """The CPU's model name: /proc/cpuinfo, else lscpu, else what platform knows."""
+def _cpuinfo_field(name: str) -> str | None:
+    """The first `name: value` line's value in /proc/cpuinfo (None where there is no such file or line)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
+            if line.lower().startswith(name):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name: /proc/cpuinfo, else lscpu, else what platform knows."""
+    if model := _cpuinfo_field("model name"):
+        return model
     if shutil.which("lscpu"):
         try:
             out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -45,14 +52,8 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 def bf16_arithmetic() -> list[str]:
     """Which of BF16_FLAGS the CPU reports (/proc/cpuinfo): where none, a bfloat16 product is float32
     arithmetic plus conversions in every library, and PyTorch's bf16 autocast pays for them op by op."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return [f for f in BF16_FLAGS if f in flags]
-    except OSError:
-        pass
-    return []
+    flags = set((_cpuinfo_field("flags") or "").split())
+    return [f for f in BF16_FLAGS if f in flags]
 
 
 def blas_libraries() -> list[dict]:
