@@ -356,6 +356,7 @@ class TcpCommunicator(Communicator):
         if self._closed:
             raise RuntimeError(f"rank {self.rank}: communicator already closed")
         watch, board = Watch(self.board, self.timeout_s), self.board
+        timed_out = False
         try:
             while True:
                 progressed = False
@@ -378,14 +379,20 @@ class TcpCommunicator(Communicator):
                 if board is not None:
                     board.wait_on(self.rank, peer)
                 if watch.expired(peer):
-                    raise PeerTimeout(peer, f"did not answer rank {self.rank} for {self.timeout_s:g} s")
+                    # name the end of the chain of waits, not a healthy peer that waits on it too: the
+                    # launcher may not hear that peer's own timeout before it has to name someone
+                    culprit = peer if board is None else board.chain_end(peer)
+                    raise PeerTimeout(culprit, f"did not answer rank {self.rank} for {self.timeout_s:g} s")
                 readers = [op.link.sock for op in ops if op.wants_read]
                 writers = [op.link.sock for op in ops if op.link.tx]
                 wait = min(max(watch.remaining(), 0.0), _POLL_S,
                            *(max(0.0, at - time.monotonic()) for at in held))
                 select.select(readers, writers, [], wait)
+        except PeerTimeout:
+            timed_out = True  # stays marked as waiting on the peer: a rank timing out later follows the chain
+            raise
         finally:
-            if board is not None:
+            if board is not None and not timed_out:
                 board.done_waiting(self.rank)
 
     def network_report(self) -> dict:

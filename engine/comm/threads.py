@@ -79,10 +79,14 @@ class ThreadGroup:
                     if watch.expired(src):
                         raise self._timeout(src, dst)
                     cond.wait(min(max(watch.remaining(), 0.0), _POLL_S))
-                self.board.beat(dst)
-                return mailbox.popleft()
-            finally:
+            except PeerTimeout:
+                raise  # still marked as waiting on src: a rank timing out later follows the chain past us
+            except BaseException:
                 self.board.done_waiting(dst)
+                raise
+            self.board.done_waiting(dst)
+            self.board.beat(dst)
+            return mailbox.popleft()
 
     def _timeout(self, src: int, dst: int) -> PeerTimeout:
         """Blame the end of the chain dst -> src -> (whom src waits on) -> ...: the rank that is not

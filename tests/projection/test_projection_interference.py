@@ -6,6 +6,7 @@ bucket, and one real (slow) measurement of κ on two processes."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -128,7 +129,9 @@ def test_kappa_measured_on_two_processes_is_a_slowdown():
     results = run_ranks(2, "processes", _kappa_rank, (), timeout_s=60.0)
     for r in results:
         assert r["interference_bytes"] == 1 << 18
-        assert 0.0 <= r["interference"] < 10.0
+        # a slowdown, and a plausible one: other load on a busy machine lands in it too, so the bound is
+        # loose; a hundred compute seconds lost per CPU second of communication would be a broken measurement
+        assert math.isfinite(r["interference"]) and 0.0 <= r["interference"] < 100.0
         assert r["interference_cpu_s"] > 0.0
 
 
