@@ -45,6 +45,15 @@ PARAM_TYPES = ("float", "int", "categorical")
 # any other is refused in one line (engine.config.rules) until its parallelism is built; the mesh command,
 # which only describes a layout, takes every degree. Add an axis here when the trainer runs it.
 IMPLEMENTED_AXES = frozenset({"dp", "tp"})
+# Pipeline schedules (engine.parallel.pipeline.schedules builds each): name -> what it is.
+PIPELINE_SCHEDULES: dict[str, str] = {
+    "gpipe": "all forwards, then all backwards: every micro-batch's activations held at once",
+    "1f1b": "one forward, one backward: at most (stages - rank) micro-batches in flight",
+    "interleaved": "1F1B over several model chunks per rank: a smaller bubble for more messages",
+    "zb-h1": "zero-bubble H1: backward split into input and weight gradients, the weights filling the bubble",
+}
+# How stages are cut from the blocks: by parameter count, or by forward time measured on this machine.
+STAGE_BALANCES = ("params", "time")
 # How a trial ended, as the tables, trials.csv and the events name it. "rejected": the estimated
 # memory did not fit the budget, so it never trained (Optuna records it as failed).
 OUTCOMES = ("complete", "pruned", "failed", "rejected", "running")
