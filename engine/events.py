@@ -121,6 +121,24 @@ class MemorySnapshot:
 
 
 @dataclass(frozen=True)
+class PipelineTimeline:
+    """What one pipeline rank did in `step`, action by action, as its executor measured it
+    (engine.parallel.pipeline.executor): each row is [op, micro_batch, stage, start_s, end_s] with times in
+    seconds from the step's start on that rank; op is an engine.parallel.pipeline.ir.Op value: "F", "B",
+    "I", "W", or a communication action ("SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD"), whose rows share
+    the times of the batch they were posted in. Idle time between rows is the rank's bubble."""
+    kind: ClassVar[str] = "pipeline_timeline"
+    step: int
+    rank: int  # global rank
+    stage_rank: int  # the rank's place in its pipeline group (stage_rank r holds stages r, r + p, ...)
+    schedule: str  # a name from engine.config.vocabulary.PIPELINE_SCHEDULES
+    micro_batches: int
+    chunks: int
+    actions: list  # [[op, micro_batch, stage, start_s, end_s], ...] in the order they ran
+    emulated: bool = False  # compute actions slept a fixed time instead of computing
+
+
+@dataclass(frozen=True)
 class LossScaleChange:
     kind: ClassVar[str] = "loss_scale_change"
     step: int
@@ -229,9 +247,9 @@ class SweepFinished:
 
 
 EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
-    RunStarted, History, Phase, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, LossScaleChange,
-    CheckpointSaved, RunPaused, Log, RunFinished, RunFailed, SweepStarted, TrialStarted, TrialReport,
-    TrialFinished, SweepFinished)}
+    RunStarted, History, Phase, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, PipelineTimeline,
+    LossScaleChange, CheckpointSaved, RunPaused, Log, RunFinished, RunFailed, SweepStarted, TrialStarted,
+    TrialReport, TrialFinished, SweepFinished)}
 
 
 class EventError(ValueError):

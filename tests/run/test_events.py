@@ -26,6 +26,12 @@ SAMPLES = [
                links=[{"src": 0, "dst": 1, "phase": "reduce_scatter", "bytes": 10, "seconds": 0.1}]),
     ev.MemorySnapshot(step=3, rank=0, phase="after_backward", current={"params": 4}, peak={"params": 8}),
     ev.MemorySnapshot(step=3, rank=1, phase="end", current={"params": 4}, peak={"params": 8}),
+    ev.PipelineTimeline(step=3, rank=2, stage_rank=1, schedule="1f1b", micro_batches=2, chunks=1,
+                        actions=[["RECV_ACT", 0, 1, 0.0, 0.01], ["F", 0, 1, 0.01, 0.05],
+                                 ["B", 0, 1, 0.05, 0.12]]),
+    ev.PipelineTimeline(step=4, rank=0, stage_rank=0, schedule="zb-h1", micro_batches=1, chunks=1,
+                        actions=[["F", 0, 0, 0.0, 0.5], ["I", 0, 0, 0.9, 1.4], ["W", 0, 0, 1.4, 1.9]],
+                        emulated=True),
     ev.LossScaleChange(step=7, reason="inf", old_scale=65536.0, new_scale=32768.0, first_param="blocks.0.w"),
     ev.LossScaleChange(step=9, reason="growth", old_scale=32768.0, new_scale=65536.0),
     ev.CheckpointSaved(step=10, path="runs/x/ckpt-10"),
@@ -58,8 +64,8 @@ SAMPLES = [
 def test_samples_cover_every_kind_of_the_contract():
     assert {type(e).kind for e in SAMPLES} == set(ev.EVENT_TYPES) == {
         "run_started", "history", "phase", "step_end", "eval", "rank_stats", "traffic", "memory_snapshot",
-        "loss_scale_change", "checkpoint_saved", "run_paused", "log", "run_finished", "run_failed",
-        "sweep_started",
+        "pipeline_timeline", "loss_scale_change", "checkpoint_saved", "run_paused", "log", "run_finished",
+        "run_failed", "sweep_started",
         "trial_started", "trial_report", "trial_finished", "sweep_finished"}
 
 
