@@ -179,6 +179,10 @@ class Communicator(ABC):
     def _sendrecv(self, dst: int, send_arr: np.ndarray, src: int, recv_arr: np.ndarray,
                   reduce: Reduce | None) -> None: ...
 
+    def _exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> None:
+        """Post every send and receive at once, return when all are done (engine.comm.exchange)."""
+        raise NotImplementedError(f"{type(self).__name__} has no batched exchange")
+
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self.world_size or peer == self.rank:
             raise ValueError(f"rank {self.rank}: invalid peer {peer} (world size {self.world_size})")

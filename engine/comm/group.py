@@ -64,6 +64,9 @@ class Group(Communicator):
                   reduce: Reduce | None) -> None:
         self.parent._sendrecv(self.ranks[dst], send_arr, self.ranks[src], recv_arr, reduce)
 
+    def _exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> None:
+        self.parent._exchange([(self.ranks[d], a) for d, a in sends], [(self.ranks[s], o) for s, o in recvs])
+
 
 class NodeGrid:
     """``comm``'s ranks as nodes × ranks_per_node (0 = one node); ``intra`` and ``inter`` are this rank's

@@ -58,6 +58,14 @@ class MpiCommunicator(Communicator):
         if reduce is not None:
             reduce(recv_arr.reshape(-1), target)
 
+    def _exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> None:
+        # receives first (indices 0..), so the sizes checked after the wait are theirs; MPI keeps the
+        # order of messages between two ranks in the order they were posted
+        requests = [self._mpi.Irecv(_raw(out), src, DATA_TAG) for src, out in recvs]
+        requests += [self._mpi.Isend(_raw(arr), dst, DATA_TAG) for dst, arr in sends]
+        peer = recvs[0][0] if recvs else sends[0][0]
+        self._wait(requests, peer, {i: out.nbytes for i, (_, out) in enumerate(recvs)})
+
     def native_all_reduce(self, buf: np.ndarray, op: str = "sum") -> None:
         if op not in ("sum", "avg", "max"):
             raise ValueError(f"unknown reduction {op!r}")

@@ -29,6 +29,7 @@ import logging
 import select
 import socket
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -326,6 +327,38 @@ class _RecvOp:
         self.pos += piece.size
 
 
+class _InOrder:
+    """Messages over one link in one direction, one after another, as one op of `_run`: a shared-memory
+    link's slots and a socket link's receive serve one message at a time, so the next one starts only once
+    the one before is queued (a send) or has fully arrived (a receive). `start(i)` makes message i's op."""
+
+    def __init__(self, link: Link, count: int, start: Callable[[int], _SendOp | _RecvOp]):
+        self.link, self._start, self._count = link, start, count
+        self._next = 1
+        self._op = start(0)
+
+    @property
+    def done(self) -> bool:
+        return self._next == self._count and self._op.done
+
+    @property
+    def wants_read(self) -> bool:
+        return self._op.wants_read
+
+    @property
+    def held_until(self) -> float:
+        return self._op.held_until
+
+    def step(self) -> bool:
+        progressed = self._op.step()
+        while self._next < self._count and (self._op.queued if isinstance(self._op, _SendOp)
+                                            else self._op.finished):
+            self._op = self._start(self._next)
+            self._next += 1
+            progressed = self._op.step() or progressed
+        return progressed
+
+
 class TcpCommunicator(Communicator):
     def __init__(self, rank: int, world_size: int, links: dict[int, Link], timeout_s: float = 30.0,
                  meter: TrafficMeter | None = None, signals: Signals | None = None,
@@ -351,6 +384,23 @@ class TcpCommunicator(Communicator):
                   reduce: Reduce | None) -> None:
         self._run([_SendOp(self.links[dst], send_arr), _RecvOp(self.links[src], recv_arr, reduce,
                                                                 self._scratch)])
+
+    def _exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> None:
+        """One event loop over the whole batch: a chain of messages per link and direction."""
+        by_link: dict[tuple[int, bool], list[np.ndarray]] = {}
+        for peer, arr in sends:
+            by_link.setdefault((peer, True), []).append(arr)
+        for peer, out in recvs:
+            by_link.setdefault((peer, False), []).append(out)
+        ops = []
+        for (peer, sending), arrays in by_link.items():
+            link = self.links[peer]
+
+            def start(i: int, link: Link = link, arrays: list[np.ndarray] = arrays,
+                      sending: bool = sending) -> _SendOp | _RecvOp:
+                return _SendOp(link, arrays[i]) if sending else _RecvOp(link, arrays[i], None, self._scratch)
+            ops.append(_InOrder(link, len(arrays), start))
+        self._run(ops)
 
     def _run(self, ops: list) -> None:
         if self._closed:

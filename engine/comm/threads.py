@@ -132,3 +132,9 @@ class ThreadCommunicator(Communicator):
                   reduce: Reduce | None) -> None:
         self._send(dst, send_arr)  # never blocks: the mailbox holds a copy
         self._recv(src, recv_arr, reduce)
+
+    def _exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> None:
+        for dst, arr in sends:  # copies into mailboxes: none blocks, so the receives below cannot deadlock
+            self._send(dst, arr)
+        for src, out in recvs:
+            self._recv(src, out, None)
