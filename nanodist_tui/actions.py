@@ -18,6 +18,7 @@ from textual.widgets import TabbedContent
 from engine.run import stop_signals
 from nanodist_tui.replay import ReplayPlayer, faster, slower
 from nanodist_tui.session import JobFn, RunSession
+from nanodist_tui.widgets.pipeline_pane import PipelinePane
 
 if TYPE_CHECKING:
     from textual.await_complete import AwaitComplete
@@ -54,6 +55,8 @@ def _bindings() -> list[Binding]:
                 group=seek),
         Binding("right_square_bracket", "seek(1)", "Seek +10%", id="seek-forward", key_display="]",
                 group=seek),
+        # the pipeline tab only, where the run has several pipelines (data or tensor parallelism beside)
+        Binding("g", "next_pipeline", "Next pipeline", id="next-pipeline"),
         Binding("question_mark", "help", "Help", key_display="?", id="help"),
         Binding("q", "quit", "Quit", id="quit"),
         Binding("f", "toggle_freeze", "Freeze", id="freeze"),
@@ -83,6 +86,12 @@ WORKBENCH_ACTIONS = {b.action.partition("(")[0] for b in BINDINGS}
 RUN_ACTIONS = ("stop_training", "toggle_pause")
 ANY_SCREEN = ("quit", "stop_and_quit", "help")  # the app's keys that work over its other screens too
 REPLAY_ACTIONS = ("replay_speed", "seek")
+
+
+def pipeline_pane(workspace: Workspace | None) -> PipelinePane | None:
+    """The run's pipeline tab, where it has one."""
+    pane = workspace.tabs.get("pipeline") if workspace is not None else None
+    return pane if isinstance(pane, PipelinePane) else None
 
 
 class WorkbenchHost(Protocol):
@@ -187,6 +196,10 @@ class WorkbenchActions:
             return self.sweeping and s is not None and s.active
         if action == "new_run":
             return self.make_job is not None
+        if action == "next_pipeline":
+            pane = pipeline_pane(self.workspace)
+            on_show = self.workspace is not None and self.workspace.active_tab == "tab-pipeline"
+            return pane is not None and len(pane.pipelines) > 1 and on_show
         return True
 
     def action_projection(self: WorkbenchHost) -> None:
@@ -272,6 +285,11 @@ class WorkbenchActions:
         ids = self.workspace.tab_ids
         if 1 <= number <= len(ids):
             self.workspace.query_one(TabbedContent).active = ids[number - 1]
+
+    def action_next_pipeline(self: WorkbenchHost) -> None:
+        pane = pipeline_pane(self.workspace)
+        if pane is not None:
+            pane.next_pipeline()
 
     def action_scroll_pane(self: WorkbenchHost, how: str) -> None:
         """Scroll the pane on show: the focused widget if it scrolls, else the first that can in the tab."""

@@ -164,6 +164,12 @@ class NanoDistApp(WorkbenchActions, App[None]):
             for footer in screen.query(WorkbenchFooter):
                 footer.fit(width)
 
+    def on_tabbed_content_tab_activated(self) -> None:
+        # a key that fits one tab (the pipeline's next-pipeline) comes and goes with it; only a run with
+        # that tab pays for the footer's redraw
+        if self.workspace is not None and "pipeline" in self.workspace.tabs:
+            self.refresh_bindings()
+
     def on_unmount(self) -> None:
         if self.session is not None:
             self.session.control.set()  # however the app ends, the job must stop

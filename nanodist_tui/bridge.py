@@ -3,9 +3,9 @@
 The engine thread only calls `EventBatcher.emit`, which takes a lock, files the event and
 returns: it never waits for the UI (design rule 6). A small flusher thread turns what has
 piled up into one `Tick` and hands it to `post` (the app's thread-safe `post_message`) at most
-once per `interval_s`. Continuous events (StepEnd, RankStats, Traffic, MemorySnapshot) are
-coalesced: StepEnds are accumulated for the curves, the rest keep the latest value per rank
-(memory: per rank and phase).
+once per `interval_s`. Continuous events (StepEnd, RankStats, Traffic, MemorySnapshot,
+PipelineTimeline) are coalesced: StepEnds are accumulated for the curves, the rest keep the
+latest value per rank (memory: per rank and phase).
 Every other event is discrete and is carried, in order, in the next tick; none is dropped
 while the app accepts messages. Once `post` returns False (the app is closing) the batcher
 stops posting and `emit` becomes a no-op.
@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from engine.events import MemorySnapshot, RankStats, StepEnd, Traffic, as_event
+from engine.events import MemorySnapshot, PipelineTimeline, RankStats, StepEnd, Traffic, as_event
 from nanodist_tui.messages import Tick
 
 # Continuous event type -> (Tick field, key under which its latest value is kept).
@@ -27,6 +27,7 @@ _LATEST: dict[type, tuple[str, Callable[[Any], Any]]] = {
     RankStats: ("rank_stats", lambda e: e.rank),
     MemorySnapshot: ("memory", lambda e: (e.rank, e.phase)),  # the ledger reports once per phase
     Traffic: ("traffic", lambda e: e.rank),
+    PipelineTimeline: ("pipeline", lambda e: e.rank),  # each pipeline rank's latest step, action by action
 }
 
 
@@ -97,6 +98,7 @@ class EventBatcher:
                     memory=dict(self._latest["memory"]),
                     traffic=dict(self._latest["traffic"]),
                     events=tuple(self._events),
+                    pipeline=dict(self._latest["pipeline"]),
                 )
                 self._steps.clear()
                 self._steps_seen = 0

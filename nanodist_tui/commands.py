@@ -24,6 +24,7 @@ ACTIONS = {
     "replay_speed(-1)": ("Replay slower", "halve the replay speed"),
     "seek(1)": ("Seek forward", "jump ahead a tenth of the run"),
     "seek(-1)": ("Seek back", "jump back a tenth of the run (the panes are rebuilt)"),
+    "next_pipeline": ("Next pipeline", "the pipeline tab shows the next replica's pipeline"),
     "sweeps": ("Sweep results", "a stored sweep's trials and best (sweep show); e exports the best"),
     "serve": ("Serve a run's model", "a trained GPT over HTTP on loopback, as `nanodist-tui serve` does"),
     "stop_serving": ("Stop serving", "end the model server the palette started"),

@@ -22,7 +22,7 @@ class Tick(Message, bubble=False):
         dropped_steps: `StepEnd`s the batcher discarded because one tick would have carried too many.
         rank_stats / traffic: the LATEST `RankStats` / `Traffic` per rank, and memory the latest
             `MemorySnapshot` per (rank, phase), cumulative over the run (a key keeps its last value
-            until it is reported again).
+            until it is reported again); pipeline, the same of `PipelineTimeline` per rank.
         events: the discrete events (everything that is not a continuous one) since the previous
             tick, in emission order; none is ever dropped.
         session: which of the app's runs posted it (set by the poster; 0 when unset).
@@ -43,6 +43,7 @@ class Tick(Message, bubble=False):
         memory: dict[tuple[int, str], Any],
         traffic: dict[int, Any],
         events: tuple[Any, ...],
+        pipeline: dict[int, Any] | None = None,
     ) -> None:
         super().__init__()
         self.seq = seq
@@ -52,6 +53,7 @@ class Tick(Message, bubble=False):
         self.memory = memory
         self.traffic = traffic
         self.events = events
+        self.pipeline = pipeline if pipeline is not None else {}
         self.session = 0
         self.posted_at = time.monotonic()
 

@@ -4,7 +4,7 @@ its overview from this list alone.
 
 Each pane is a widget keeping the Pane protocol (widgets/pane.py), made by `make(info)` for a run of shape
 `info`. A pane appears only for runs it `applies` to: the ring, the rank table and the mesh for more than
-one rank, the loss scale for fp16.
+one rank, the loss scale for fp16, the pipeline for pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from nanodist_tui.widgets.loss_plot import LossPlot
 from nanodist_tui.widgets.loss_scale_pane import LossScalePane
 from nanodist_tui.widgets.memory_pane import MemoryPane
 from nanodist_tui.widgets.mesh_pane import MeshPane
+from nanodist_tui.widgets.pipeline_pane import PipelinePane
 from nanodist_tui.widgets.rank_table import RankTable
 from nanodist_tui.widgets.sweep_pane import SweepPane
 from nanodist_tui.widgets.traffic_pane import TrafficPane
@@ -36,6 +37,10 @@ def distributed(info: RunInfo) -> bool:
 
 def scales_loss(info: RunInfo) -> bool:
     return info.scales_loss
+
+
+def pipelined(info: RunInfo) -> bool:
+    return info.pipeline > 1
 
 
 def sweeping(info: RunInfo) -> bool:
@@ -114,6 +119,19 @@ PANES: list[PaneSpec] = [
              "are the meter's own communicators); then what each kind is for ('= dp here': the same ranks "
              "as the dp groups).",
              applies=distributed),
+    PaneSpec("pipeline", "pipeline", PipelinePane,
+             "Pipeline parallelism's schedule as it ran in the last step every rank of the pipeline "
+             "reported: one row per pipeline rank (pp0 at the top; its global rank beside it where they "
+             "differ) across the step's wall-clock, each compute action a coloured block from its measured "
+             "start to its end, the micro-batch number inside where it fits: F forward, B backward, or "
+             "zero-bubble's I (input gradient) and W (weight gradient). A dim line is a communication batch "
+             "(sends posted, receives waited for); blank is idle: the bubble. Right of each row its idle "
+             "share; below, the step's bubble (idle compute time over ranks x the step's span) beside the "
+             "schedule's formula for equal action times: (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(v*m+p-1) "
+             "interleaved, (p-1)/(3m+p-1) zb-h1. 'emulated compute': each action slept a fixed time. With "
+             "data or tensor parallelism there is one pipeline per replica: rank 0's is shown first, and "
+             "g shows the next.",
+             applies=pipelined),
     # A session pane: for the whole of the workbench's job, a sweep's pane follows its trials (x ends it).
     PaneSpec("sweep", "sweep", lambda info: SweepPane(id="sweep"),
              "A sweep's trials, updated in place: number, state (* marks the best), the metrics, steps, time "
