@@ -27,6 +27,10 @@ class _TapeState(threading.local):
 
     grad_enabled = True
     observer = None
+    # Inside the input half of a split backward (engine.backward_split): what collects the weight halves of
+    # backwards nested in it (a checkpointed block's recompute), by its `nest(root, grad)`; None otherwise.
+    # Ops read it through deferring_weights() to return their weight gradients as Deferred.
+    split_collector: Any = None
 
 
 _state = _TapeState()
@@ -46,6 +50,11 @@ def no_grad():
 
 def is_grad_enabled() -> bool:
     return _state.grad_enabled
+
+
+def deferring_weights() -> bool:
+    """Whether an op's backward should return its weights' gradients as Deferred (see Deferred)."""
+    return _state.split_collector is not None
 
 
 def set_tape_observer(observer) -> None:
@@ -164,6 +173,30 @@ class Node:
     def __del__(self):  # a graph dropped without backward (e.g. an abandoned forward) still frees
         if self.observer is not None:
             self.free()
+
+
+class Deferred:
+    """A weight gradient not computed yet: what an op's backward returns for its weights while
+    deferring_weights(), so that a split backward's input half skips the product and its weight half
+    (engine.backward_split) computes it later, with the same arithmetic. `value()` computes it (once for all
+    the Deferred of one call, which share `compute`)."""
+
+    __slots__ = ("_cell", "_index")
+
+    def __init__(self, cell: list, index: int):
+        self._cell, self._index = cell, index
+
+    def value(self):
+        cell = self._cell
+        if callable(cell[0]):
+            cell[0] = cell[0]()  # the tuple of gradients, computed by the first of the group asked
+        return cell[0][self._index]
+
+
+def defer(compute: Callable[[], tuple], n: int) -> tuple[Deferred, ...]:
+    """n Deferred gradients, the parts of `compute()`'s tuple, computed together on the first value()."""
+    cell: list = [compute]
+    return tuple(Deferred(cell, i) for i in range(n))
 
 
 class ScatterGrad:
@@ -307,6 +340,9 @@ def _overlap(a, b, shape: tuple) -> bool:
 
 def run_backward(root, grad: np.ndarray) -> None:
     """Run every node reachable from `root` once, in reverse topological order, then free it."""
+    if _state.split_collector is not None:  # nested in a split backward's input half (a recompute's):
+        _state.split_collector.nest(root, grad)  # split too; its weight half runs with the outer's
+        return
     pending = {root: (grad, False)}
     for edge in _topological(root):
         entry = pending.pop(edge, None)
