@@ -25,7 +25,7 @@ import numpy as np
 from engine.dropout_rng import DropoutRNG
 from engine.dtypes import LOW_PRECISION, compute_dtype
 from engine.fast import flash, halfconv, heap, kernels, lowp, thread_pool
-from engine.tensor import Parameter, ScatterGrad, Tensor, make
+from engine.tensor import Parameter, ScatterGrad, Tensor, defer, deferring_weights, make
 
 heap.keep_freed_memory()  # a step's large temporaries are reused, not faulted in again each op
 
@@ -165,19 +165,30 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         raise ValueError(f"matmul needs operands of at least 2 dimensions, got {a.shape} and {b.shape}")
     need_a, need_b, sa, sb = a.requires_grad, b.requires_grad, a.shape, b.shape
     get_a, get_b = _keep(need_b, a), _keep(need_a, b)
+    # a product with a Parameter: under a split backward's input half, that operand's gradient waits
+    weight_a, weight_b = isinstance(a, Parameter), isinstance(b, Parameter)
     if b.ndim == 2:  # [..., k] @ [k, n]: flatten the leading dims of a into one GEMM
 
-        def backward(g):
-            g2 = g.reshape(-1, sb[1])
-            return (matmul_kernel(g2, get_b().T).reshape(sa) if need_a else None,
-                    matmul_kernel(get_a().reshape(-1, sa[-1]).T, g2) if need_b else None)
+        def grad_a(g):
+            return matmul_kernel(g.reshape(-1, sb[1]), get_b().T).reshape(sa) if need_a else None
+
+        def grad_b(g):
+            return matmul_kernel(get_a().reshape(-1, sa[-1]).T, g.reshape(-1, sb[1])) if need_b else None
         out = matmul_kernel(a.data.reshape(-1, sa[-1]), b.data).reshape(*sa[:-1], sb[1])
     else:
 
-        def backward(g):
-            return (unbroadcast(matmul_kernel(g, _swap(get_b())), sa) if need_a else None,
-                    unbroadcast(matmul_kernel(_swap(get_a()), g), sb) if need_b else None)
+        def grad_a(g):
+            return unbroadcast(matmul_kernel(g, _swap(get_b())), sa) if need_a else None
+
+        def grad_b(g):
+            return unbroadcast(matmul_kernel(_swap(get_a()), g), sb) if need_b else None
         out = matmul_kernel(a.data, b.data)
+
+    def backward(g):
+        if (weight_a or weight_b) and deferring_weights():
+            ga = defer(lambda: (grad_a(g),), 1)[0] if weight_a else grad_a(g)
+            return ga, (defer(lambda: (grad_b(g),), 1)[0] if weight_b else grad_b(g))
+        return grad_a(g), grad_b(g)
     return make(out, (a, b), backward, _saved((need_b, a), (need_a, b)))
 
 
@@ -211,11 +222,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     get_x, get_w = _keep(need_w, x), _keep(need_x, weight)
     w_dtype, b_dtype = weight.dtype, None if bias is None else bias.dtype
 
+    def weight_grads(g2: np.ndarray) -> tuple:
+        gw = matmul_kernel(g2.T, get_x().reshape(-1, n_in), out_dtype=w_dtype) if need_w else None
+        return (gw, lowp.narrow(_col_sum(g2), b_dtype)) if b_dtype else (gw,)
+
     def backward(g):
         g2 = lowp.widen(g.reshape(-1, n_out))
         gx = matmul_kernel(g2, get_w(), out_dtype=dtype).reshape(*lead, n_in) if need_x else None
-        gw = matmul_kernel(g2.T, get_x().reshape(-1, n_in), out_dtype=w_dtype) if need_w else None
-        return (gx, gw, lowp.narrow(_col_sum(g2), b_dtype)) if b_dtype else (gx, gw)
+        if deferring_weights():  # the input half of a split backward: the weight products come later
+            return (gx,) + defer(lambda: weight_grads(g2), 1 if b_dtype is None else 2)
+        return (gx,) + weight_grads(g2)
     inputs = (x, weight) if bias is None else (x, weight, bias)
     return make(y.reshape(*lead, n_out), inputs, backward, _saved((need_w, x), (need_x, weight)))
 
