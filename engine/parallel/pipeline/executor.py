@@ -1,0 +1,199 @@
+"""The executor: one pipeline rank's list of a Schedule, run for one step.
+
+It walks the rank's actions in order. A compute action calls the stage runner (interface.StageRunner); a
+maximal run of communication actions is one batch, handed to engine.comm.exchange at once (the IR's
+semantics: posted together, complete when every send met its receive), so two neighbours that send to each
+other in the same batch never deadlock. What it holds between actions, keyed by (stage, micro-batch):
+
+  inputs       activations received for a stage's forward          dropped when the forward has read them
+  outputs      a stage's output waiting for its SEND_ACT            dropped once sent
+  grad_in      output gradients received for a stage's backward     dropped when the backward has read them
+  grad_out     a stage's input gradient waiting for its SEND_GRAD   dropped once sent
+
+Dropping a sent output is what makes 1F1B's memory bound real: nothing here keeps it (the runner keeps the
+tape, not the array). With one pipeline rank (p = 1) successive stages hand over on the spot.
+
+Received arrays are allocated per message from `io(stage)`: the (shape, dtype) of stage's input, which is
+also its input gradient's (b × s × h in the compute dtype; s/t under sequence parallelism).
+
+Timing. Every action's start and end are measured (time.perf_counter, seconds from the step's start) into
+`timeline`: rows [op, micro_batch, stage, start_s, end_s], the rows of a batch sharing its times — the
+format of events.PipelineTimeline. Emulation (`Emulation`): each compute action sleeps a fixed time
+instead of computing and sends zeros of the right shape, so an 8-stage schedule on 2 cores is timed as if
+every stage had a core of its own (sleeping burns none).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.comm.exchange import exchange
+from engine.parallel.pipeline.interface import StageRunner
+from engine.parallel.pipeline.ir import Action, Op, Schedule
+
+IO = Callable[[int], tuple[tuple[int, ...], np.dtype]]  # stage -> (shape, dtype) of its input
+PHASES = {Op.SEND_ACT: "pp-activation", Op.SEND_GRAD: "pp-gradient"}
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """Seconds each compute action sleeps instead of computing; B is I and W together."""
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+
+    def seconds(self, op: Op) -> float:
+        return {Op.FORWARD: self.forward_s, Op.BACKWARD_INPUT: self.backward_input_s,
+                Op.BACKWARD_WEIGHT: self.backward_weight_s,
+                Op.BACKWARD: self.backward_input_s + self.backward_weight_s}[op]
+
+
+def uniform_io(shape: tuple[int, ...], dtype) -> IO:
+    """Every stage boundary carries the same shape (a GPT's hidden state [b, s, h])."""
+    spec = (tuple(shape), np.dtype(dtype))
+    return lambda stage: spec
+
+
+@dataclass
+class StepResult:
+    losses: dict[int, float]  # micro-batch -> its loss (the last stage's rank; empty elsewhere)
+    timeline: list[list]  # [op, micro_batch, stage, start_s, end_s] per action, in the order they ran
+    peak_held: int  # most arrays the executor held at once (inputs, outputs, gradients)
+
+
+class Executor:
+    """Runs pipeline rank `rank`'s actions of `schedule` over `comm`, the pipeline group."""
+
+    def __init__(self, schedule: Schedule, rank: int, comm, io: IO, runner: StageRunner | None = None,
+                 emulation: Emulation | None = None):
+        if runner is None and emulation is None:
+            raise ValueError("the executor needs a stage runner, or an emulation to stand in for one")
+        if comm.world_size != schedule.ranks:
+            raise ValueError(f"a {schedule.ranks}-rank schedule over a pipeline group of {comm.world_size}")
+        self.schedule, self.rank, self.comm, self.io = schedule, rank, comm, io
+        self.runner, self.emulation = runner, emulation
+        self.last = schedule.stages - 1
+
+    def run(self, start: float | None = None) -> StepResult:
+        """One step; `start` (perf_counter) is when the step began (default: now)."""
+        t0 = time.perf_counter() if start is None else start
+        self._held: dict[str, dict[tuple[int, int], np.ndarray]] = {
+            "inputs": {}, "outputs": {}, "grad_in": {}, "grad_out": {}}
+        self._peak, losses, timeline = 0, {}, []
+        actions = self.schedule.actions[self.rank]
+        i = 0
+        while i < len(actions):
+            begin = time.perf_counter() - t0
+            if actions[i].op.is_compute:
+                loss = self._compute(actions[i])
+                if loss is not None:
+                    losses[actions[i].micro_batch] = loss
+                batch = [actions[i]]
+                i += 1
+            else:
+                j = i
+                while j < len(actions) and not actions[j].op.is_compute:
+                    j += 1
+                batch = list(actions[i:j])
+                self._communicate(batch)
+                i = j
+            end = time.perf_counter() - t0
+            timeline += [[a.op.value, a.micro_batch, a.stage, begin, end] for a in batch]
+        leftover = {k: sorted(v) for k, v in self._held.items() if v}
+        if leftover:
+            raise RuntimeError(f"pipeline rank {self.rank}: schedule {self.schedule.name!r} left arrays "
+                               f"unused: {leftover}")
+        return StepResult(losses, timeline, self._peak)
+
+    # ---- compute ----------------------------------------------------------------------------------------
+
+    def _compute(self, action: Action) -> float | None:
+        op, s, mb = action.op, action.stage, action.micro_batch
+        key = (s, mb)
+        if op == Op.FORWARD:
+            inputs = self._held["inputs"].pop(key) if s > 0 else None
+            out = self._forward(s, mb, inputs)
+            del inputs
+            if s == self.last:
+                return float(out)
+            self._hand_on(out, s + 1, ("inputs", (s + 1, mb)), ("outputs", key))
+        elif op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+            grad = self._held["grad_in"].pop(key) if s < self.last else None
+            grad_in = self._backward(op, s, mb, grad)
+            del grad
+            if s > 0:
+                self._hand_on(grad_in, s - 1, ("grad_in", (s - 1, mb)), ("grad_out", key))
+        elif op == Op.BACKWARD_WEIGHT:
+            self._sleep_or(op, lambda: self._runner.backward_weight(s, mb))
+        return None
+
+    def _forward(self, s: int, mb: int, inputs: np.ndarray | None):
+        if self.emulation is not None:
+            time.sleep(self.emulation.seconds(Op.FORWARD))
+            return 0.0 if s == self.last else self._zeros(s + 1)
+        return self._runner.forward(s, mb, inputs)
+
+    def _backward(self, op: Op, s: int, mb: int, grad: np.ndarray | None):
+        if self.emulation is not None:
+            time.sleep(self.emulation.seconds(op))
+            return self._zeros(s) if s > 0 else None
+        run = self._runner.backward if op == Op.BACKWARD else self._runner.backward_input
+        return run(s, mb, grad)
+
+    def _sleep_or(self, op: Op, work: Callable[[], None]) -> None:
+        if self.emulation is not None:
+            time.sleep(self.emulation.seconds(op))
+        else:
+            work()
+
+    def _hand_on(self, array, to_stage: int, local: tuple[str, tuple[int, int]],
+                 remote: tuple[str, tuple[int, int]]) -> None:
+        """A result for stage `to_stage`: that stage's input at once when this rank holds it (p = 1), else
+        kept for its send."""
+        if array is None:
+            raise RuntimeError(f"pipeline rank {self.rank}: nothing to hand to stage {to_stage}")
+        kind, key = local if self.schedule.rank_of(to_stage) == self.rank else remote
+        self._keep(kind, key, np.asarray(array))
+
+    # ---- communication ----------------------------------------------------------------------------------
+
+    def _communicate(self, batch: list[Action]) -> None:
+        sends, phases, recvs, landed = [], [], [], []
+        for a in batch:
+            key = (a.stage, a.micro_batch)
+            if a.op == Op.SEND_ACT:
+                sends.append((a.peer, self._held["outputs"].pop(key)))
+            elif a.op == Op.SEND_GRAD:
+                sends.append((a.peer, self._held["grad_out"].pop(key)))
+            else:
+                shape, dtype = self.io(a.stage if a.op == Op.RECV_ACT else a.stage + 1)
+                out = np.empty(shape, dtype)
+                recvs.append((a.peer, out))
+                landed.append(("inputs" if a.op == Op.RECV_ACT else "grad_in", key, out))
+            if a.op in PHASES:
+                phases.append(PHASES[a.op])
+        exchange(self.comm, sends, recvs, phases)
+        del sends  # the sent outputs go here: nothing else refers to them
+        for kind, key, out in landed:
+            self._keep(kind, key, out)
+
+    def _keep(self, kind: str, key: tuple[int, int], array: np.ndarray) -> None:
+        held = self._held[kind]
+        if key in held:
+            raise RuntimeError(f"pipeline rank {self.rank}: a second {kind} array for stage {key[0]}, "
+                               f"micro-batch {key[1]}")
+        held[key] = array
+        self._peak = max(self._peak, sum(len(v) for v in self._held.values()))
+
+    def _zeros(self, stage: int) -> np.ndarray:
+        shape, dtype = self.io(stage)
+        return np.zeros(shape, dtype)
+
+    @property
+    def _runner(self) -> StageRunner:
+        assert self.runner is not None  # only reached without an emulation, which needs a runner
+        return self.runner

@@ -1,0 +1,108 @@
+"""The pipeline executor against what it must equal: a chain of stages whose one-device losses and gradients
+are written out with plain NumPy (pp_exec_helpers.chain_reference), for every schedule, p stages and m
+micro-batches (fewer micro-batches than stages included); the bytes of its point-to-point exact (one
+activation forward, one gradient back, per micro-batch per boundary); a sent output referenced by nobody;
+and, in compute emulation, the measured bubble against the published formulas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pp_exec_helpers as helpers
+import pytest
+
+from engine.comm import run_ranks
+
+ELEMENT_BYTES = helpers.ROWS * helpers.WIDTH * 8
+SCHEDULES = ["gpipe", "1f1b"]
+
+
+def cases():
+    for p in (1, 2, 3, 4):
+        for m in sorted({1, p - 1, p, 2 * p, 3 * p + 1} - {0}):
+            for name in SCHEDULES:
+                yield name, p, m
+
+
+@pytest.mark.parametrize("name,p,m", list(cases()))
+def test_losses_and_gradients_equal_one_device(name, p, m):
+    weight = 1.0 / m
+    results = run_ranks(p, "threads", helpers.run_chain, (name, m, 1, weight), timeout_s=30)
+    want_losses, want_grads = helpers.chain_reference(p, m, weight)
+    last = results[-1]
+    got_losses = [last["losses"][str(j)] for j in range(m)]
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-12, atol=0)
+    assert all(r["losses"] == {} for r in results[:-1])  # only the last stage knows the losses
+    for r, result in enumerate(results):
+        np.testing.assert_allclose(np.array(result["grads"][str(r)]), want_grads[r], rtol=1e-12, atol=1e-15)
+        # per micro-batch and boundary: one activation forward (ranks before the last), one gradient back
+        want = {"pp-activation": m * ELEMENT_BYTES} if r < p - 1 else {}
+        want |= {"pp-gradient": m * ELEMENT_BYTES} if r > 0 else {}
+        assert result["sent"] == want
+        assert len(result["timeline"]) == len(helpers.make_schedule(name, p, m).actions[r])
+
+
+def test_1f1b_holds_what_the_schedule_says_not_every_micro_batch():
+    p, m = 4, 12
+    results = run_ranks(p, "threads", helpers.run_chain, ("1f1b", m, 1, 1.0), timeout_s=30)
+    # stage r keeps at most min(p - r, m) micro-batches' inputs for their backward, whatever m is
+    assert [r["in_flight_peak"] for r in results] == [min(p - r, m) for r in range(p)]
+    assert all(r["peak_held"] <= 2 for r in results)  # the executor itself: a received array or two
+
+
+def test_a_sent_output_is_referenced_by_nobody():
+    import weakref
+
+    from engine.comm.threads import ThreadGroup
+    from engine.parallel.pipeline.executor import Executor, uniform_io
+    group, refs = ThreadGroup(2, timeout_s=10), []
+
+    class Watching(helpers.ChainRunner):
+        def forward(self, stage, micro_batch, inp):
+            out = super().forward(stage, micro_batch, inp)
+            if stage == 0:
+                refs.append(weakref.ref(out))
+                assert all(ref() is None for ref in refs[:-1]), "an output already sent is still alive"
+            return out
+
+    def rank(r: int) -> None:
+        runner = (Watching if r == 0 else helpers.ChainRunner)(2, [r], 6, 1.0)
+        schedule = helpers.make_schedule("1f1b", 2, 6)
+        Executor(schedule, r, group.communicator(r), uniform_io((3, 5), np.float64), runner).run()
+
+    import threading
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (1,)]
+    for t in threads:
+        t.start()
+    rank(0)
+    for t in threads:
+        t.join()
+    assert len(refs) == 6 and all(ref() is None for ref in refs)
+
+
+@pytest.mark.slow
+def test_on_processes():
+    p, m = 3, 5
+    results = run_ranks(p, "processes", helpers.run_chain, ("1f1b", m, 1, 1.0 / m), timeout_s=60)
+    want_losses, want_grads = helpers.chain_reference(p, m, 1.0 / m)
+    np.testing.assert_allclose([results[-1]["losses"][str(j)] for j in range(m)], want_losses, rtol=1e-12)
+    for r, result in enumerate(results):
+        np.testing.assert_allclose(np.array(result["grads"][str(r)]), want_grads[r], rtol=1e-12, atol=1e-15)
+
+
+def measured_bubble(timelines: list[list[list]]) -> float:
+    """Idle share of the step's wall time over every rank: 1 - compute time / (ranks × wall)."""
+    wall = max(row[4] for rows in timelines for row in rows)
+    busy = sum(row[4] - row[3] for rows in timelines for row in rows if row[0] in ("F", "B", "I", "W"))
+    return 1 - busy / (len(timelines) * wall)
+
+
+# p = 4, m = 8, equal action times: (p−1)/(m+p−1) for GPipe and 1F1B; (p−1)/(v·m+p−1) interleaved (v = 2);
+# (p−1)/(3m+p−1) ZB-H1
+FORMULAS = {"gpipe": (3 / 11, 1), "1f1b": (3 / 11, 1)}
+
+
+@pytest.mark.parametrize("name", list(FORMULAS))
+def test_emulated_bubble_is_the_formula(name):
+    formula, chunks = FORMULAS[name]
+    results = run_ranks(4, "threads", helpers.run_emulated, (name, 8, chunks, 0.01), timeout_s=30)
+    assert measured_bubble([r["timeline"] for r in results]) == pytest.approx(formula, abs=0.02)
