@@ -164,15 +164,17 @@ class Executor:
     def _communicate(self, batch: list[Action]) -> None:
         sends, phases, recvs, landed = [], [], [], []
         for a in batch:
-            key = (a.stage, a.micro_batch)
+            key, peer = (a.stage, a.micro_batch), a.peer
+            if peer is None:
+                raise ValueError(f"pipeline rank {self.rank}: {a} names no peer")
             if a.op == Op.SEND_ACT:
-                sends.append((a.peer, self._held["outputs"].pop(key)))
+                sends.append((peer, self._held["outputs"].pop(key)))
             elif a.op == Op.SEND_GRAD:
-                sends.append((a.peer, self._held["grad_out"].pop(key)))
+                sends.append((peer, self._held["grad_out"].pop(key)))
             else:
                 shape, dtype = self.io(a.stage if a.op == Op.RECV_ACT else a.stage + 1)
                 out = np.empty(shape, dtype)
-                recvs.append((a.peer, out))
+                recvs.append((peer, out))
                 landed.append(("inputs" if a.op == Op.RECV_ACT else "grad_in", key, out))
             if a.op in PHASES:
                 phases.append(PHASES[a.op])
