@@ -62,10 +62,14 @@ def pp_peer(cfg: Config, comm, ours) -> Callable[[int], float]:
     return TorchPP(cfg, comm.rank, build_model(cfg, ours.dataset), ours.dataset).step
 
 
-def stage_blocks(cfg: Config, n_layer: int) -> list[tuple[int, int]]:
-    """[first block, end) of each of the p·v stages, as our split cuts them."""
-    from engine.parallel.pipeline.split import block_ranges
-    return block_ranges(cfg, n_layer)
+def stage_blocks(cfg: Config, dense_model) -> list[tuple[int, int]]:
+    """[first block, end) of each of the p·v stages, as our split cuts the dense model (parameter balance
+    or given counts: a balance by measured time would measure again, and might cut elsewhere)."""
+    from engine.parallel.pipeline.split import split_model
+    p = cfg.parallel
+    balance = getattr(p, "stage_balance", "params")
+    cut = split_model(dense_model, p.pipeline * p.chunks, "params" if balance == "time" else balance)
+    return [(s.first_block, s.first_block + s.n_blocks) for s in cut.stages]
 
 
 class TorchPP:
@@ -92,7 +96,7 @@ class TorchPP:
         pp_group = _group(dist, mesh.groups("pp"), rank)
         self.dp_group = _group(dist, mesh.groups("dp"), rank) if mesh.dp > 1 else None
         self.tied_group = _group(dist, _tied_pairs(mesh), rank) if tied else None
-        ranges = stage_blocks(cfg, len(twin.blocks))
+        ranges = stage_blocks(cfg, dense_model)
         mine = [s for s in range(count) if s % p == coords.pp]
         self.modules = [_stage_module(twin, s, count, ranges[s]) for s in mine]
         self.stages = [pipelining.PipelineStage(m, s, count, torch.device("cpu"), group=pp_group)
