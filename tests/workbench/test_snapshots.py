@@ -24,6 +24,7 @@ from tests.app_helpers import (
     demo_run_folder,
     wait_for,
 )
+from tests.pipeline_helpers import pipeline_run
 
 # Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
 pytestmark = pytest.mark.slow
@@ -40,6 +41,19 @@ def test_each_tab(snap_compare, tab, size):
         await settle(pilot.app, pilot, tab)
 
     assert snap_compare(replay_app(demo_events()), terminal_size=size, run_before=show)
+
+
+@pytest.mark.parametrize("size", [SMALL, SIZE], ids=["80x24", "160x50"])
+def test_pipeline_tab(snap_compare, size):
+    """A recorded dp 2 x pp 4 GPipe run (tests/pipeline_helpers.py): rank 0's pipeline, its bubble beside the
+    formula's, the next-pipeline key in the footer."""
+    app = replay_app(pipeline_run(world=8))
+
+    async def show(pilot) -> None:
+        await settle(pilot.app, pilot)
+        await settle(pilot.app, pilot, pilot.app.workspace.tab_ids.index("tab-pipeline") + 1)
+
+    assert snap_compare(app, terminal_size=size, run_before=show)
 
 
 @pytest.mark.parametrize("size", [SMALL, SIZE], ids=["80x24", "160x50"])
