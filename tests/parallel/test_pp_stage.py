@@ -1,8 +1,9 @@
 """The pipeline stage runner (engine/parallel/pipeline/stage.py) against one device, float64: a GPT cut into
 S stages, run stage after stage in one process over m micro-batches, gives every micro-batch's loss and every
 gradient of one device accumulating over the same m micro-batches (mean loss) within 1e-12 relative — tied or
-untied embeddings, dropout, activation checkpointing, interleaved stages on one runner. Its tapes are freed:
-the output it sends is not kept, and a 1F1B order holds fewer tapes than all-forwards-first."""
+untied embeddings, dropout, activation checkpointing, interleaved stages on one runner, stages of a
+tensor-parallel model. Its tapes are freed: the output it sends is not kept, and a 1F1B order holds fewer
+tapes than all-forwards-first."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ import weakref
 import numpy as np
 import pytest
 
+from engine.comm.launch import run_ranks
 from engine.memory.ledger import Ledger
+from engine.parallel.pipeline.split import split_model
+from engine.parallel.pipeline.stage import StageRunner
+from engine.parallel.tensor import model_layout
 from engine.tensor import set_tape_observer
 from tests.pp_stage_helpers import assert_matches, micro_batches, model_fn, one_device, run_step, runners
+from tests.tp_helpers import tp_model
 
 
 @pytest.mark.parametrize("order", ["gpipe", "1f1b"])
@@ -114,3 +120,20 @@ def test_misordered_calls_are_one_line():
         runner.backward_weight(0, 1)
     with pytest.raises(ValueError, match="not held here"):
         runners(model_fn(), 2, ranks=2)[0].forward(1, 0, None)
+
+
+def _tensor_parallel_stages(comm, emit, build, batches, sequence_parallel: bool) -> list[float]:
+    model = tp_model(comm, comm.world_size, build, sequence_parallel)
+    runner = StageRunner(model, split_model(model, 2), [0, 1], loss_fn=model_layout(model).loss)
+    return run_step([runner], batches, "split-1f1b")["losses"]
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_stages_of_a_tensor_parallel_model(sequence_parallel):
+    """Cut after tensor parallelism (its column-parallel head copied as such), dropout drawing each rank's
+    part of one device's masks: every micro-batch's loss is one device's."""
+    build, batches = model_fn(n_layer=4, dropout=0.2), micro_batches(3)
+    ranks = run_ranks(2, "threads", _tensor_parallel_stages, args=(build, batches, sequence_parallel))
+    expected = one_device(build, batches)["losses"]
+    for losses in ranks:
+        np.testing.assert_allclose(losses, expected, rtol=1e-12, atol=0.0)

@@ -163,25 +163,22 @@ class StageRunner:
 
 
 def dropout_sites(model: GPT, split: PipelineSplit) -> list[int]:
-    """The dropout site counter at each stage's start in one device's forward: a dry forward of one token,
-    without a tape, counts them (zero everywhere when the model has no dropout)."""
-    if not model.config.get("dropout", 0.0):
+    """The dropout site counter at each stage's start in one device's forward (zero everywhere when the model
+    has no dropout). Counted by a dry forward of one token, without a tape, through a miniature GPT of the
+    same structure (one head's width, a vocabulary of one): the count depends on the layers, not their
+    sizes, and the model itself (tensor-parallel, perhaps, whose forward would communicate) is not run."""
+    config = model.config
+    if not config.get("dropout", 0.0):
         return [0] * len(split)
-    rng, was_training = model_rng(model), model.training
-    position = rng.position()
-    model.train()
+    twin = GPT(1, 1, config["n_layer"], config["n_head"], config["n_head"], config["dropout"],
+               config["tie_weights"], config["bias"], np.float32)
     offsets = []
-    try:
-        with no_grad():
-            rng.begin(0, 0)
-            x = model.drop(model.wte(np.zeros((1, 1), np.int64)) + model.wpe.weight[:1])
-            for part in split.stages:
-                offsets.append(rng.site if part.index else 0)
-                for b in part.blocks:
-                    x = model.blocks[b](x)
-    finally:
-        rng.rewind(position)
-        model.train(was_training)
+    with no_grad():
+        x = twin.drop(twin.wte(np.zeros((1, 1), np.int64)) + twin.wpe.weight[:1])
+        for part in split.stages:
+            offsets.append(model_rng(twin).site if part.index else 0)
+            for b in part.blocks:
+                x = twin.blocks[b](x)
     return offsets
 
 
@@ -190,8 +187,7 @@ def _tied_weights(model: GPT, split: PipelineSplit, stages: dict[int, GPTStage])
         return []
     last = len(split) - 1
     first_p = model.wte.weight if 0 in stages else None
-    last_stage = stages.get(last)
-    last_p = last_stage.lm_head.weight if last_stage is not None and last_stage.lm_head is not None else None
+    last_p = stages[last].head_copy if last in stages else None
     if first_p is None and last_p is None:
         return []
     return [TiedWeight("wte.weight", (0, last), (first_p, last_p))]

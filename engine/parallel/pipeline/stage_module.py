@@ -12,9 +12,11 @@ the runner sets the site counter to where one device's forward would be when thi
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
-from engine.nn import GPT, Linear, Module
+from engine.nn import GPT, Module
 from engine.parallel.pipeline.split import PipelineSplit, StagePart
 from engine.tensor import Parameter, Tensor
 
@@ -33,9 +35,15 @@ class GPTStage(Module):
         self.drop = model.drop if part.embedding else None
         self.blocks = [model.blocks[b] for b in part.blocks]
         self.ln_f = model.ln_f if part.head else None
-        self.lm_head = model.lm_head if part.head else None
-        if part.head and split.tied_copy:
+        self.lm_head: Module | None = model.lm_head if part.head else None
+        self.holds_copy = part.head and split.tied_copy
+        if self.holds_copy:
             self.lm_head = _untied_copy(model.lm_head)
+
+    @property
+    def head_copy(self) -> Parameter | None:
+        """The last stage's own copy of a weight tied to the embedding on stage 0 (else None)."""
+        return self.lm_head.weight if self.holds_copy else None  # type: ignore[union-attr]
 
     def units(self) -> list[Module]:
         return list(self.blocks)
@@ -68,12 +76,14 @@ class GPTStage(Module):
         return x
 
 
-def _untied_copy(head: Linear) -> Linear:
-    """A Linear like `head` with its own weight, equal to the tied one."""
-    w = head.weight
-    copy = Linear(w.shape[1], w.shape[0], bias=False, dtype=w.dtype)
-    copy.weight = Parameter(w.data.copy(), name="lm_head.weight")
-    return copy
+def _untied_copy(head: Module) -> Module:
+    """`head` (a Linear, or a tensor-parallel model's column-parallel head) with its own weight, equal to the
+    tied one: a shallow copy, so the layer's kind and its group stay as they are."""
+    twin = copy.copy(head)
+    twin.forward_pre_hooks, twin.forward_post_hooks = [], []  # hooks others install are on `head`, not here
+    weight = head.weight  # type: ignore[attr-defined]
+    twin.weight = Parameter(weight.data.copy(), name="lm_head.weight")  # type: ignore[attr-defined]
+    return twin
 
 
 def build_stages(model: GPT, split: PipelineSplit, indices) -> dict[int, GPTStage]:
