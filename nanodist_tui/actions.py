@@ -88,10 +88,12 @@ ANY_SCREEN = ("quit", "stop_and_quit", "help")  # the app's keys that work over 
 REPLAY_ACTIONS = ("replay_speed", "seek")
 
 
-def pipeline_pane(workspace: Workspace | None) -> PipelinePane | None:
-    """The run's pipeline tab, where it has one."""
+def switchable_pipeline(workspace: Workspace | None) -> PipelinePane | None:
+    """The pipeline pane, while its tab is on show and the run has more than one pipeline to step through."""
     pane = workspace.tabs.get("pipeline") if workspace is not None else None
-    return pane if isinstance(pane, PipelinePane) else None
+    if not isinstance(pane, PipelinePane) or len(pane.pipelines) < 2:
+        return None
+    return pane if workspace is not None and workspace.active_tab == "tab-pipeline" else None
 
 
 class WorkbenchHost(Protocol):
@@ -197,9 +199,7 @@ class WorkbenchActions:
         if action == "new_run":
             return self.make_job is not None
         if action == "next_pipeline":
-            pane = pipeline_pane(self.workspace)
-            on_show = self.workspace is not None and self.workspace.active_tab == "tab-pipeline"
-            return pane is not None and len(pane.pipelines) > 1 and on_show
+            return switchable_pipeline(self.workspace) is not None
         return True
 
     def action_projection(self: WorkbenchHost) -> None:
@@ -287,8 +287,7 @@ class WorkbenchActions:
             self.workspace.query_one(TabbedContent).active = ids[number - 1]
 
     def action_next_pipeline(self: WorkbenchHost) -> None:
-        pane = pipeline_pane(self.workspace)
-        if pane is not None:
+        if (pane := switchable_pipeline(self.workspace)) is not None:
             pane.next_pipeline()
 
     def action_scroll_pane(self: WorkbenchHost, how: str) -> None:

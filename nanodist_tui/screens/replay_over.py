@@ -13,6 +13,7 @@ from textual.screen import Screen
 
 from engine.events import RunStarted
 from engine.run.control import RunControl
+from nanodist_tui.actions import switchable_pipeline
 from nanodist_tui.bridge import EventBatcher
 from nanodist_tui.messages import Tick
 from nanodist_tui.replay import ReplayPlayer, faster, slower
@@ -28,7 +29,8 @@ class ReplayOverScreen(Screen[None]):
     BINDINGS = [Binding("escape", "close", "Back to the run", id="replay-over-close"),
                 Binding("p", "pause", "Pause the replay", id="replay-over-pause"),
                 Binding("plus", "faster", "Faster", id="replay-over-faster"),
-                Binding("minus", "slower", "Slower", id="replay-over-slower")]
+                Binding("minus", "slower", "Slower", id="replay-over-slower"),
+                Binding("g", "next_pipeline", "Next pipeline", id="replay-over-next-pipeline")]
 
     def __init__(self, events: list, name: str, speed: float = 1.0) -> None:
         super().__init__()
@@ -88,6 +90,18 @@ class ReplayOverScreen(Screen[None]):
         if self.workspace is not None:
             for pane in self.workspace.panes:
                 pane.redraw()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "next_pipeline":  # on the replay's pipeline tab, with several pipelines to show
+            return switchable_pipeline(self.workspace) is not None
+        return True
+
+    def on_tabbed_content_tab_activated(self) -> None:
+        self.refresh_bindings()  # the next-pipeline key comes and goes with the pipeline tab
+
+    def action_next_pipeline(self) -> None:
+        if (pane := switchable_pipeline(self.workspace)) is not None:
+            pane.next_pipeline()
 
     def action_close(self) -> None:
         self.control.set()  # the player stops at its next event; the live run never noticed

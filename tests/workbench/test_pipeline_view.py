@@ -204,6 +204,35 @@ def test_the_tab_live_switching_pipelines_and_its_footer_key():
     asyncio.run(main())
 
 
+def test_g_steps_through_a_replay_opened_over_a_training_run(tmp_path):
+    """`o` over a training run replays on a screen of its own, where the app's keys are the run's: the screen
+    has its own g, offered on its pipeline tab alone."""
+    from textual.widgets import TabbedContent
+
+    from nanodist_tui.screens.replay_over import ReplayOverScreen
+    from tests.app_helpers import FakeJob, run
+
+    run_dir = recorded_run(tmp_path)
+
+    async def scenario(app, pilot) -> None:
+        await wait_for(pilot, lambda: app.session.state == "running")
+        app._replay_chosen([run_dir])  # what `o` does with the chosen run
+        await wait_for(pilot, lambda: isinstance(app.screen, ReplayOverScreen))
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.workspace is not None and screen.header.state == "finished")
+        assert screen.check_action("next_pipeline", ()) is False  # the overview is on show
+        screen.workspace.query_one(TabbedContent).active = "tab-pipeline"
+        await wait_for(pilot, lambda: "pipeline 1 of 2 (rank 0's)" in screen_text(app), timeout=5)
+        assert "g Next pipeline" in screen_text(app).splitlines()[-1]
+        await pilot.press("g")
+        await wait_for(pilot, lambda: "pipeline 2 of 2: dp1, ranks 1 3 5 7" in screen_text(app), timeout=5)
+        await pilot.press("escape")
+        app.session.control.set()
+        await wait_for(pilot, lambda: not app.session.active)
+
+    run(scenario, FakeJob(steps=400, pace_s=0.01), size=SMALL)
+
+
 # ---------------------------------------------------------------- recorded, replayed in a real terminal
 
 
