@@ -22,6 +22,7 @@ from nanodist_tui.cli import (
     project,
     resume,
     runs,
+    schedule,
     screenshot,
     serve,
     sweep,
@@ -48,6 +49,7 @@ app.command("serve")(serve.serve)
 app.command("memory")(memory.memory)
 app.command("project")(project.project)
 app.command("mesh")(mesh.mesh)
+app.command("schedule")(schedule.schedule)
 app.command("screenshot")(screenshot.screenshot)
 app.add_typer(sweep.app, name="sweep")
 bench.app.command("allreduce")(bench_allreduce.allreduce)
