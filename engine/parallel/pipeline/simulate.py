@@ -176,10 +176,10 @@ def simulate(schedule: Schedule, durations: Durations | None = None, eager_sends
     return Timeline(schedule, durations, spans, max(clock, default=0.0))
 
 
-def blocked_line(schedule: Schedule, steps: list[list[int]], at: list[int],
+def blocked_line(schedule: Schedule, steps: list[list[list[int]]], at: list[int],
                  times: list[dict[int, tuple[float, float]]], rank: int) -> str:
-    """Where `rank` blocks: its action index and the messages of its batch still waiting for their peer."""
-    step = steps[rank][at[rank]]
-    open_ = [schedule.actions[rank][i] for i in step if i not in times[rank]]
-    waits = ", ".join(f"{a} (no partner from rank {a.peer})" for a in open_)
-    return f"rank {rank} blocks at action {step[0]}, waiting on {waits}"
+    """Where `rank` blocks: the actions of its posted batch whose partner never comes."""
+    acts = schedule.actions[rank]
+    open_ = [i for i in steps[rank][at[rank]] if i not in times[rank]]
+    waits = ", ".join(f"action {i} ({acts[i]}) waits for rank {acts[i].peer}" for i in open_)
+    return f"rank {rank} blocks: {waits}"

@@ -2,7 +2,7 @@
 
 Each module has `build(ranks, micro_batches, chunks) -> Schedule`, its published bubble as text (FORMULA)
 and as a number (`bubble`: idle share of the step with equal action times). A shape a schedule cannot run
-is a ValueError whose message is one line saying what works.
+is a ShapeError (a ValueError) whose message is one line saying what works.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from types import ModuleType
 from engine.config.vocabulary import PIPELINE_SCHEDULES
 from engine.parallel.pipeline.ir import Schedule
 from engine.parallel.pipeline.schedules import gpipe, interleaved, one_f_one_b, zb_h1
+from engine.parallel.pipeline.schedules.shape import ShapeError
+
+__all__ = ["MODULES", "ShapeError", "build_schedule", "formula_bubble", "module_of"]
 
 MODULES: dict[str, ModuleType] = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved,
                                   "zb-h1": zb_h1}
@@ -28,9 +31,9 @@ def build_schedule(name: str, ranks: int, micro_batches: int, chunks: int = 1) -
     """Every pipeline rank's actions for one step of `micro_batches` micro-batches over `ranks` ranks."""
     module = module_of(name)
     if ranks < 1:
-        raise ValueError(f"pipeline ranks = {ranks}: there must be at least 1")
+        raise ShapeError("ranks", ranks, "a pipeline needs at least 1 rank")
     if micro_batches < 1:
-        raise ValueError(f"micro-batches = {micro_batches}: there must be at least 1")
+        raise ShapeError("micro_batches", micro_batches, "a step needs at least 1")
     schedule: Schedule = module.build(ranks, micro_batches, chunks)
     return schedule
 

@@ -4,7 +4,8 @@ rank keeps m micro-batches in flight. Bubble (p - 1) / (m + p - 1) of the step."
 from __future__ import annotations
 
 from engine.parallel.pipeline.ir import Op, Schedule
-from engine.parallel.pipeline.schedules.wiring import one_by_one, require_one_chunk, wire
+from engine.parallel.pipeline.schedules.shape import require_one_chunk
+from engine.parallel.pipeline.schedules.wiring import one_by_one, wire
 
 FORMULA = "(p-1)/(m+p-1)"
 

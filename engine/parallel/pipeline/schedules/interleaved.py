@@ -13,6 +13,7 @@ m is refused in one line. Bubble (p - 1) / (v * m + p - 1); rank r holds up to
 from __future__ import annotations
 
 from engine.parallel.pipeline.ir import Op, Schedule
+from engine.parallel.pipeline.schedules.shape import ShapeError
 from engine.parallel.pipeline.schedules.wiring import Compute, Step, wire
 
 FORMULA = "(p-1)/(v*m+p-1)"
@@ -22,17 +23,17 @@ def bubble(ranks: int, micro_batches: int, chunks: int = 1) -> float:
     return (ranks - 1) / (chunks * micro_batches + ranks - 1)
 
 
-def supported(ranks: int, micro_batches: int, chunks: int) -> str | None:
-    """Why this shape cannot be interleaved (one line naming what works), or None when it can."""
+def require_supported(ranks: int, micro_batches: int, chunks: int) -> None:
+    """A ShapeError saying what works, for a shape this schedule does not run."""
     if chunks < 2:
-        return (f"chunks = {chunks}: the interleaved schedule needs 2 or more chunks per rank "
-                "(with one chunk it is 1f1b)")
+        raise ShapeError("chunks", chunks,
+                         "the interleaved schedule needs 2 or more chunks per rank (one chunk is 1f1b)")
     if micro_batches % ranks:
         fits = ", ".join(str(ranks * k) for k in range(1, 4))
-        return (f"micro-batches = {micro_batches} is not a multiple of pipeline ranks = {ranks}: the "
-                f"interleaved schedule runs micro-batches in groups of one per rank (use {fits}, ...; "
-                "or 1f1b, gpipe, zb-h1, which take any number)")
-    return None
+        raise ShapeError("micro_batches", micro_batches,
+                         f"the interleaved schedule needs a multiple of the {ranks} pipeline ranks (it runs "
+                         f"micro-batches in groups of one per rank): use {fits}, ...; or 1f1b, gpipe or "
+                         "zb-h1, which take any number")
 
 
 def order_of_virtual_micro_batches(ranks: int, micro_batches: int, chunks: int) -> list[tuple[int, int]]:
@@ -47,9 +48,7 @@ def warmup(ranks: int, micro_batches: int, chunks: int, rank: int) -> int:
 
 
 def build(ranks: int, micro_batches: int, chunks: int = 2) -> Schedule:
-    why = supported(ranks, micro_batches, chunks)
-    if why:
-        raise ValueError(why)
+    require_supported(ranks, micro_batches, chunks)
     table = order_of_virtual_micro_batches(ranks, micro_batches, chunks)
     total = len(table)
     orders = []

@@ -5,7 +5,8 @@ min(p - r, m) micro-batches in flight, whatever m is; the bubble is GPipe's, (p 
 from __future__ import annotations
 
 from engine.parallel.pipeline.ir import Op, Schedule
-from engine.parallel.pipeline.schedules.wiring import Compute, one_by_one, require_one_chunk, wire
+from engine.parallel.pipeline.schedules.shape import require_one_chunk
+from engine.parallel.pipeline.schedules.wiring import Compute, one_by_one, wire
 
 FORMULA = "(p-1)/(m+p-1)"
 

@@ -95,9 +95,3 @@ def wire_timed(name: str, ranks: int, micro_batches: int, chunks: int, orders: S
         actions += late_sends[-1]
         lists.append(tuple(actions))
     return Schedule(name, ranks, micro_batches, chunks, tuple(lists))
-
-
-def require_one_chunk(name: str, chunks: int) -> None:
-    if chunks != 1:
-        raise ValueError(f"chunks = {chunks}: {name} runs one model chunk per rank; "
-                         "only the interleaved schedule takes chunks > 1")

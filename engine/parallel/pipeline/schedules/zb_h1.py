@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections import deque
 
 from engine.parallel.pipeline.ir import Op, Schedule
-from engine.parallel.pipeline.schedules.wiring import Compute, require_one_chunk, wire_timed
+from engine.parallel.pipeline.schedules.shape import require_one_chunk
+from engine.parallel.pipeline.schedules.wiring import Compute, wire_timed
 from engine.parallel.pipeline.simulate import Durations
 
 FORMULA = "(p-1)/(3m+p-1)"
