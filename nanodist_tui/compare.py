@@ -1,5 +1,6 @@
 """Two recorded runs side by side: the figures the compare screen shows, read from their events alone (no
-Textual): loss curves, each rank's memory peak by category, traffic per phase, throughput."""
+Textual): loss curves, each rank's memory peak by category, traffic per phase, throughput, and for pipeline
+parallelism the bubble of rank 0's pipeline."""
 
 from __future__ import annotations
 
@@ -8,9 +9,19 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.events import Eval, History, MemorySnapshot, RunFinished, RunStarted, StepEnd, Traffic
+from engine.events import (
+    Eval,
+    History,
+    MemorySnapshot,
+    PipelineTimeline,
+    RunFinished,
+    RunStarted,
+    StepEnd,
+    Traffic,
+)
 from engine.run import throughput
 from engine.run.recorder import read_events
+from nanodist_tui.pipeline_chart import measured_bubble
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.traffic import phase_bandwidths, rank_traffic
 
@@ -28,6 +39,7 @@ class RunFigures:
     tokens_per_s: float | None = None  # over all its steps (engine.run.throughput, as `runs` shows it)
     final_val: float | None = None
     steps: int = 0
+    bubble: float | None = None  # median over steps of rank 0's pipeline's measured bubble; None: no pipeline
 
 
 def read_run(run_dir: Path) -> RunFigures:
@@ -40,6 +52,8 @@ def figures(events: list, name: str) -> RunFigures:
     out = RunFigures(name, info)
     steps: list[StepEnd] = []
     busbw: dict[str, list[float]] = {}
+    pipeline = set(first_pipeline(info))
+    timelines: dict[int, list[PipelineTimeline]] = {}  # step -> rank 0's pipeline's timelines
     for e in events:
         if isinstance(e, History):  # a resumed run: its lineage's curves first (engine.run.lineage)
             out.train += [(step, loss) for step, loss, *_ in e.steps if math.isfinite(loss)]
@@ -62,11 +76,23 @@ def figures(events: list, name: str) -> RunFigures:
             for row in phase_bandwidths(traffic, info.world_size):
                 if math.isfinite(row.busbw):
                     busbw.setdefault(row.phase, []).append(row.busbw)
+        elif isinstance(e, PipelineTimeline) and e.rank in pipeline:
+            timelines.setdefault(e.step, []).append(e)
         elif isinstance(e, RunFinished):
             out.steps = e.steps
     out.phase_busbw = {phase: statistics.median(values) for phase, values in busbw.items()}
     out.tokens_per_s = throughput.of_steps(steps)
+    bubbles = [measured_bubble(t) for t in timelines.values() if len(t) == len(pipeline)]
+    out.bubble = statistics.median(bubbles) if bubbles else None
     return out
+
+
+def first_pipeline(info: RunInfo) -> list[int]:
+    """Rank 0's pipeline group; [] without pipeline parallelism (or with a layout that cannot be)."""
+    try:
+        return info.mesh.members("pp", 0) if info.pipeline > 1 else []
+    except ValueError:
+        return []
 
 
 def smooth(points: list[tuple[int, float]], weight: float) -> list[tuple[int, float]]:

@@ -61,6 +61,12 @@ def busy_time(timeline: PipelineTimeline) -> float:
                for op, _, _, start, end in timeline.actions if op in COMPUTE)
 
 
+def measured_bubble(timelines: list[PipelineTimeline]) -> float:
+    """A step's bubble: the time its ranks did not compute, over ranks x the step's makespan."""
+    span = makespan(timelines)
+    return 1 - sum(busy_time(t) for t in timelines) / (len(timelines) * span) if span > 0 else 0.0
+
+
 def bubble_formula(schedule: str, ranks: int, micro_batches: int, chunks: int) -> tuple[str, float] | None:
     """The bubble the schedule's formula gives as a share of the step (p ranks, m micro-batches, v chunks,
     equal action times), and the formula as text; None for a schedule it does not cover."""
@@ -107,11 +113,9 @@ def step_chart(timelines: list[PipelineTimeline], width: int, ranks: int) -> Ste
     ordered = sorted(timelines, key=lambda t: t.stage_rank)
     span = makespan(ordered)
     rows = [rank_row(t, span, width) for t in ordered]
-    busy = sum(r.busy_s for r in rows)
-    measured = 1 - busy / (len(rows) * span) if span > 0 else 0.0
     first = ordered[0]
     return StepChart(first.step, first.schedule, ranks, first.micro_batches, first.chunks,
-                     any(t.emulated for t in ordered), span, rows, measured)
+                     any(t.emulated for t in ordered), span, rows, measured_bubble(ordered))
 
 
 class StepStore:

@@ -105,9 +105,11 @@ def traffic_table(a: RunFigures, b: RunFigures) -> Text:
     if not phases:
         out.append("no traffic: single-rank runs\n", style="dim")
     out.append("\n")
-    rows = (("tokens/s", lambda r: "-" if r.tokens_per_s is None else format_count(r.tokens_per_s)),
+    rows = [("tokens/s", lambda r: "-" if r.tokens_per_s is None else format_count(r.tokens_per_s)),
             ("final val loss", lambda r: "-" if r.final_val is None else f"{r.final_val:.4f}"),
-            ("steps", lambda r: str(r.steps)))
+            ("steps", lambda r: str(r.steps))]
+    if a.bubble is not None or b.bubble is not None:  # rank 0's pipeline, median over steps
+        rows.append(("pipeline bubble", lambda r: "-" if r.bubble is None else f"{r.bubble:.1%}"))
     for label, getter in rows:
         out.append(f"{label:<16}{getter(a):>22}{getter(b):>22}\n")
     return out

@@ -168,6 +168,20 @@ def test_no_pipeline_is_one_line_and_no_tab():
     assert waiting == "no timeline yet: each pipeline rank reports its actions once per step"
 
 
+def test_compare_gives_the_bubble_of_rank_0s_pipeline():
+    """Each step's 6/22, the median over steps; a run without a pipeline has none, and a comparison of two
+    such runs no row for it."""
+    from nanodist_tui.compare import figures
+    from nanodist_tui.screens.compare import traffic_table
+    from tests.app_helpers import demo_events
+
+    piped, plain = figures(pipeline_run(world=8), "piped"), figures(demo_events(), "plain")
+    assert piped.bubble == pytest.approx(BUBBLE) and plain.bubble is None
+    rows = traffic_table(piped, plain).plain.splitlines()
+    assert f"{'pipeline bubble':<16}{'27.3%':>22}{'-':>22}" in rows
+    assert "pipeline bubble" not in traffic_table(plain, plain).plain
+
+
 # ---------------------------------------------------------------- in the app, fed as a run feeds it
 
 
