@@ -41,6 +41,8 @@ from engine.dtypes import resolve_dtype
 from engine.memory import ledger
 from engine.optim import global_norm_clip_scale, lr_at
 from engine.parallel.data import make_replica
+from engine.parallel.pipeline.rank_model import PipelineModel, pipeline_model
+from engine.parallel.pipeline.step import PipelineStep
 from engine.parallel.tensor import model_layout
 from engine.recompute import apply_checkpointing
 from engine.run import error_log
@@ -69,7 +71,9 @@ class Trainer:
         self.dp_rank, self.dp_size = self.dp_comm.rank, self.dp_comm.world_size
         dense = build_model(cfg, self.dataset)
         self.n_params = count_params(dense)  # the whole model's, before any split
-        self.model = shard_model(dense, cfg, self.groups)
+        # Under pipeline parallelism the model is this rank's stages of it (engine.parallel.pipeline).
+        sample = self.dataset.global_batch(0, "train")[0][:1]  # what a stage balance by time measures
+        self.model = pipeline_model(shard_model(dense, cfg, self.groups), cfg, self.groups, comm, sample)
         self.layout = model_layout(self.model)
         self.dtype = resolve_dtype(cfg.precision.dtype)
         apply_checkpointing(self.model, cfg.memory.checkpointing)
@@ -78,6 +82,11 @@ class Trainer:
         ledger.set_current(self.ledger)
         set_tape_observer(self.ledger)
         self.replica = replica_factory(cfg, self.model, self.dp_comm)
+        # A step's forwards and backwards: the micro-batch loop below, or the pipeline's schedule.
+        self.pipeline: PipelineStep | None = None
+        if isinstance(self.model, PipelineModel):
+            self.pipeline = PipelineStep(cfg, self.model, self.replica, self.groups.pp, self.dp_rank,
+                                         self.dp_size, self.rank, self.dataset.tokens_per_row, self.dtype)
         self.step = 0
         self.tokens_seen = 0
         self.train_time = 0.0  # seconds spent in train_step, for throughput
@@ -112,16 +121,11 @@ class Trainer:
         ledger = self.ledger
         ledger.begin_step(self.step)
         self.layout.tally.clear()
-        loss_sum = 0.0
-        for micro in range(n_micro):
-            x, y = rank_slice(batch, self.dp_rank, self.dp_size, micro, n_micro)
-            self._key_dropout(len(batch[0]), micro, n_micro)
-            self.replica.begin_micro(sync=micro == n_micro - 1)
-            with ledger.in_phase("forward"):
-                loss = self._loss(x, y)
-            loss_sum += float(loss.data)
-            with ledger.in_phase("backward"):
-                self.replica.backward(loss, 1.0 / n_micro)
+        if self.pipeline is None:
+            loss_sum = self._accumulate(batch)
+        else:
+            with ledger.in_phase("forward"):  # the schedule interleaves forwards and backwards
+                loss_sum = self.pipeline.forward_backward(batch, self.step)
         with ledger.in_phase("backward"):
             self.replica.finish_backward()
         self.layer_collectives = self.layout.collectives_per_layer(n_micro)
@@ -139,6 +143,20 @@ class Trainer:
         self.traffic.add(self.comm.meter.snapshot())
         return {"loss": mean_loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": step_time,
                 "tokens": tokens, "skipped": not stepped}
+
+    def _accumulate(self, batch) -> float:
+        """Forward and backward of each of the step's micro-batches in turn; the sum of their losses."""
+        n_micro, loss_sum = self.cfg.train.micro_batches, 0.0
+        for micro in range(n_micro):
+            x, y = rank_slice(batch, self.dp_rank, self.dp_size, micro, n_micro)
+            self._key_dropout(len(batch[0]), micro, n_micro)
+            self.replica.begin_micro(sync=micro == n_micro - 1)
+            with self.ledger.in_phase("forward"):
+                loss = self._loss(x, y)
+            loss_sum += float(loss.data)
+            with self.ledger.in_phase("backward"):
+                self.replica.backward(loss, 1.0 / n_micro)
+        return loss_sum
 
     def _key_dropout(self, rows: int, micro: int, n_micro: int) -> None:
         """Dropout masks follow the global row and the step, not the rank: N ranks draw what one
@@ -189,7 +207,8 @@ class Trainer:
         with no_grad():
             for i in range(self.cfg.train.eval_batches):
                 x, y = rank_slice(self.dataset.global_batch(i, "val"), self.dp_rank, self.dp_size)
-                total += float(self._loss(x, y).data)
+                total += float(self._loss(x, y).data) if self.pipeline is None else \
+                    self.pipeline.eval_loss(x, y)
         return self._mean_over_ranks(total / self.cfg.train.eval_batches)[0]
 
     # ------------------------------------------------------------------ the loop
@@ -258,7 +277,8 @@ class Trainer:
         JSON) and reported by rank 0."""
         mine = [ev.RankStats(step=self.step, rank=self.rank, step_time_s=s["step_time_s"],
                              comm_wait_s=self.replica.comm_wait_s, bytes_sent=self.replica.bytes_sent),
-                *self.ledger.snapshots(self.step, self.rank)]
+                *self.ledger.snapshots(self.step, self.rank),
+                *(self.pipeline.figures(self.step) if self.pipeline is not None else [])]
         if self.world > 1:
             mine.append(ev.Traffic(step=self.step, rank=self.rank, links=self.comm.meter.snapshot()))
         if not self.gather_figures:

@@ -14,6 +14,7 @@ import numpy as np
 
 from engine.comm import TrafficMeter
 from engine.parallel.pipeline.executor import Emulation, Executor, uniform_io
+from engine.parallel.pipeline.schedules import build_schedule
 
 ROWS, WIDTH = 3, 5
 
@@ -84,8 +85,7 @@ def chain_reference(stages: int, micro_batches: int, weight: float) -> tuple[lis
 
 
 def make_schedule(name: str, p: int, m: int, chunks: int = 1):
-    from pp_schedule_stubs import stub_schedule
-    return stub_schedule(name, p, m)
+    return build_schedule(name, p, m, chunks)
 
 
 def run_chain(comm, emit, name: str, m: int, chunks: int, weight: float) -> dict:

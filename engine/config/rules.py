@@ -22,9 +22,11 @@ from engine.config.vocabulary import (
     DIRECTIONS,
     IMPLEMENTED_AXES,
     METRICS,
+    PIPELINE_SCHEDULES,
     PRUNERS,
     SAMPLERS,
     SINKS,
+    STAGE_BALANCES,
     directions_of,
     metrics_of,
 )
@@ -167,6 +169,8 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "parallel.world_size": _between(1, 1024),
     **{f"parallel.{key}": _between(1, 1024) for axis, key in AXES.items() if axis != "dp"},
     "parallel.order": _order,
+    "parallel.schedule": one_of(*PIPELINE_SCHEDULES), "parallel.chunks": _between(1, 64),
+    "parallel.stage_balance": one_of(*STAGE_BALANCES),
     "parallel.zero_stage": _between(min(ZERO_STAGES), max(ZERO_STAGES)),
     "parallel.bucket_cap_mb": _positive,
     "parallel.timeout_s": _between(0, MAX_TIMEOUT_S, open_lo=True),
@@ -228,7 +232,8 @@ def sweep_problem(sweep: SweepConfig) -> KeyedProblem | None:
 def combination_problem(cfg: Config) -> KeyedProblem | None:
     """The first rule across settings that cfg breaks, as (key, problem, fix), or None."""
     m, t, o, p, pr = cfg.model, cfg.train, cfg.optim, cfg.parallel, cfg.precision
-    if problem := unimplemented_problem(p) or mesh_problem(cfg) or tensor_problem(cfg):
+    if problem := (unimplemented_problem(p) or mesh_problem(cfg) or tensor_problem(cfg)
+                   or pipeline_problem(cfg)):
         return problem
     dp = Mesh.of(p).dp
     split = dp * t.micro_batches
@@ -357,6 +362,44 @@ def tensor_problem(cfg: Config) -> KeyedProblem | None:
         return ("parallel.algorithm", f"{toml_repr(p.algorithm)} runs over the whole world, and with tensor "
                 f"{t} gradients are reduced over the data-parallel group",
                 f"use one of {', '.join(map(toml_repr, ON_ANY_GROUP))}")
+    return None
+
+
+def pipeline_problem(cfg: Config) -> KeyedProblem | None:
+    """What pipeline parallelism (parallel.pipeline > 1) cannot cut or schedule, or cannot run beside."""
+    m, p = cfg.model, cfg.parallel
+    stages = p.pipeline * p.chunks
+    if p.pipeline == 1:
+        return None if p.chunks == 1 else (
+            "parallel.chunks", f"{p.chunks} chunks split a pipeline rank's layers, but parallel.pipeline = 1",
+            "set parallel.pipeline > 1, or chunks = 1")
+    if m.kind == "mlp":
+        return ("parallel.pipeline", "cuts a GPT's transformer blocks into stages; the mlp model has none",
+                'set model.kind = "gpt", or parallel.pipeline = 1')
+    if (p.chunks > 1) != (p.schedule == "interleaved"):
+        return ("parallel.chunks", f"{p.chunks} with schedule {toml_repr(p.schedule)}: only \"interleaved\" "
+                "runs several chunks per rank, and it needs 2 or more",
+                'set chunks = 1, or schedule = "interleaved" with chunks >= 2')
+    if stages > m.n_layer:
+        return ("parallel.chunks", f"pipeline {p.pipeline} x chunks {p.chunks} = {stages} stages for "
+                f"model.n_layer {m.n_layer} blocks: every stage needs one", "use fewer stages or more layers")
+    if p.zero_stage >= 2:
+        return ("parallel.zero_stage", f"ZeRO-{p.zero_stage} reduces (stage 2) or gathers (stage 3) inside "
+                "the replica's own backward and forward, and a pipeline stage runs its backwards in its "
+                "schedule's order outside them", "use zero_stage 0 or 1 with parallel.pipeline > 1")
+    if p.sequence_parallel:
+        return ("parallel.sequence_parallel", "with pipeline > 1 is not implemented yet (the stage "
+                "boundaries would carry s/t of the sequence)",
+                "set sequence_parallel = false, or parallel.pipeline = 1")
+    if p.hybrid or p.algorithm not in ON_ANY_GROUP:
+        return ("parallel.hybrid" if p.hybrid else "parallel.algorithm", "runs over the whole world, and "
+                f"with pipeline {p.pipeline} gradients are reduced over the data-parallel group",
+                f"set hybrid = false and algorithm to one of {', '.join(map(toml_repr, ON_ANY_GROUP))}")
+    from engine.parallel.pipeline.schedules import build_schedule  # here: the schedules import config
+    try:
+        build_schedule(p.schedule, p.pipeline, cfg.train.micro_batches, p.chunks)
+    except ValueError as exc:
+        return ("train.micro_batches", str(exc), "change train.micro_batches or parallel.schedule")
     return None
 
 

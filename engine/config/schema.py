@@ -14,7 +14,16 @@ from typing import Any
 from engine.comm.collectives import ALGORITHMS
 from engine.comm.launch import BACKENDS
 from engine.config.rules import choices_doc
-from engine.config.vocabulary import DIRECTIONS, METRICS, PARAM_TYPES, PRUNERS, SAMPLERS, SINKS
+from engine.config.vocabulary import (
+    DIRECTIONS,
+    METRICS,
+    PARAM_TYPES,
+    PIPELINE_SCHEDULES,
+    PRUNERS,
+    SAMPLERS,
+    SINKS,
+    STAGE_BALANCES,
+)
 from engine.data import DATA_KINDS
 from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS
@@ -108,6 +117,11 @@ class ParallelConfig:
     tensor: int = _f(1, "tensor-parallel degree: ranks splitting each layer's weight matrices; must divide "
                      "model.n_head")
     pipeline: int = _f(1, "pipeline-parallel degree: stages, each a run of consecutive blocks")
+    schedule: str = _f("1f1b", "pipeline schedule (pipeline > 1): " + "; ".join(
+        f'"{k}" ({what})' for k, what in PIPELINE_SCHEDULES.items()))
+    chunks: int = _f(1, 'model chunks (virtual stages) per pipeline rank: schedule "interleaved" only, >= 2')
+    stage_balance: str = _f("params", "how the blocks are cut into pipeline stages: "
+                            f"{choices_doc(STAGE_BALANCES)} (parameter count, or measured forward time)")
     context: int = _f(1, "context-parallel degree: ranks splitting each sequence (ring attention)")
     expert: int = _f(1, "expert-parallel degree: ranks splitting the experts; carved out of the data x "
                      "context ranks (it must divide them), so it does not multiply world_size")

@@ -13,32 +13,40 @@ import pytest
 from engine.comm import run_ranks
 
 ELEMENT_BYTES = helpers.ROWS * helpers.WIDTH * 8
-SCHEDULES = ["gpipe", "1f1b"]
+SCHEDULES = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zb-h1": 1}  # name -> chunks per rank
 
 
 def cases():
     for p in (1, 2, 3, 4):
         for m in sorted({1, p - 1, p, 2 * p, 3 * p + 1} - {0}):
-            for name in SCHEDULES:
-                yield name, p, m
+            for name, v in SCHEDULES.items():
+                try:
+                    helpers.make_schedule(name, p, m, v)
+                except ValueError:  # a shape the schedule refuses, in one line (the checker tests those)
+                    continue
+                yield name, v, p, m
 
 
-@pytest.mark.parametrize("name,p,m", list(cases()))
-def test_losses_and_gradients_equal_one_device(name, p, m):
-    weight = 1.0 / m
-    results = run_ranks(p, "threads", helpers.run_chain, (name, m, 1, weight), timeout_s=30)
-    want_losses, want_grads = helpers.chain_reference(p, m, weight)
-    last = results[-1]
+@pytest.mark.parametrize("name,v,p,m", list(cases()))
+def test_losses_and_gradients_equal_one_device(name, v, p, m):
+    weight, stages = 1.0 / m, p * v
+    results = run_ranks(p, "threads", helpers.run_chain, (name, m, v, weight), timeout_s=30)
+    want_losses, want_grads = helpers.chain_reference(stages, m, weight)
+    last = results[(stages - 1) % p]
     got_losses = [last["losses"][str(j)] for j in range(m)]
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-12, atol=0)
-    assert all(r["losses"] == {} for r in results[:-1])  # only the last stage knows the losses
+    assert all(r["losses"] == {} for r in results if r is not last)  # only the last stage knows the losses
     for r, result in enumerate(results):
-        np.testing.assert_allclose(np.array(result["grads"][str(r)]), want_grads[r], rtol=1e-12, atol=1e-15)
-        # per micro-batch and boundary: one activation forward (ranks before the last), one gradient back
-        want = {"pp-activation": m * ELEMENT_BYTES} if r < p - 1 else {}
-        want |= {"pp-gradient": m * ELEMENT_BYTES} if r > 0 else {}
+        assert sorted(map(int, result["grads"])) == list(range(r, stages, p))
+        for s, grad in result["grads"].items():
+            np.testing.assert_allclose(np.array(grad), want_grads[int(s)], rtol=1e-12, atol=1e-15)
+        # per micro-batch and boundary: one activation forward, one gradient back
+        sends_act = sum(1 for s in range(r, stages, p) if s < stages - 1 and p > 1)
+        sends_grad = sum(1 for s in range(r, stages, p) if s > 0 and p > 1)
+        want = {"pp-activation": m * ELEMENT_BYTES * sends_act} if sends_act else {}
+        want |= {"pp-gradient": m * ELEMENT_BYTES * sends_grad} if sends_grad else {}
         assert result["sent"] == want
-        assert len(result["timeline"]) == len(helpers.make_schedule(name, p, m).actions[r])
+        assert len(result["timeline"]) == len(helpers.make_schedule(name, p, m, v).actions[r])
 
 
 def test_1f1b_holds_what_the_schedule_says_not_every_micro_batch():
@@ -96,13 +104,13 @@ def measured_bubble(timelines: list[list[list]]) -> float:
     return 1 - busy / (len(timelines) * wall)
 
 
-# p = 4, m = 8, equal action times: (p−1)/(m+p−1) for GPipe and 1F1B; (p−1)/(v·m+p−1) interleaved (v = 2);
-# (p−1)/(3m+p−1) ZB-H1
-FORMULAS = {"gpipe": (3 / 11, 1), "1f1b": (3 / 11, 1)}
+# p = 4, m = 8, equal action times (F = I = W, B = I + W): (p−1)/(m+p−1) for GPipe and 1F1B, (p−1)/(v·m+p−1)
+# interleaved (v = 2), (p−1)/(3m+p−1) ZB-H1 — written out here, not read from the schedules' own figures
+FORMULAS = {"gpipe": (3 / 11, 1), "1f1b": (3 / 11, 1), "interleaved": (3 / 19, 2), "zb-h1": (3 / 27, 1)}
 
 
 @pytest.mark.parametrize("name", list(FORMULAS))
 def test_emulated_bubble_is_the_formula(name):
     formula, chunks = FORMULAS[name]
-    results = run_ranks(4, "threads", helpers.run_emulated, (name, 8, chunks, 0.01), timeout_s=30)
+    results = run_ranks(4, "threads", helpers.run_emulated, (name, 8, chunks, 0.02), timeout_s=60)
     assert measured_bubble([r["timeline"] for r in results]) == pytest.approx(formula, abs=0.02)

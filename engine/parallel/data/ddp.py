@@ -67,6 +67,10 @@ class DataParallel(Replica):
         while self._next < len(self.buckets) and self._ready[self._next] == self._expected[self._next]:
             self._launch(self._next)
 
+    def reduce_accumulated(self) -> None:
+        self.flat.zero_stale()
+        self.begin_micro(sync=True)  # finish_backward issues every bucket
+
     def _launch(self, b: int) -> None:
         bucket = self.flat.grad_buffer[slice(*self.buckets[b])]
         self._worker.submit(lambda: self.topology.all_reduce(bucket, "avg"))

@@ -101,6 +101,12 @@ class Replica:
     def _finish_communication(self) -> None:
         raise NotImplementedError
 
+    def reduce_accumulated(self) -> None:
+        """Gradients were accumulated outside `backward` (a pipeline stage's backwards, run in its schedule's
+        order, engine.parallel.pipeline.step): reduce them as the last micro-batch's backward would have;
+        finish_backward() then waits for it as usual."""
+        raise NotImplementedError(f"{type(self).__name__} reduces inside its own backward")
+
     def drain_events(self) -> list:
         out, self._events = self._events, []
         return out

@@ -94,6 +94,15 @@ class ZeroReplica(ShardedReplica):
             while self._next < len(self.buckets):
                 self._launch(self._next)
 
+    def reduce_accumulated(self) -> None:
+        """Stage 1: every bucket reduce-scattered now. Stage 2 reduces each micro-batch inside backward."""
+        if self.stage != 1:
+            super().reduce_accumulated()
+        self.flat.zero_stale()
+        self.begin_micro(sync=True)
+        while self._next < len(self.buckets):
+            self._launch(self._next)
+
     def _on_grad_ready(self, p) -> None:
         if not self._sync:
             return  # stage 1, not the last micro-batch: accumulate in the flat gradient buffer

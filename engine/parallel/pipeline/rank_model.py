@@ -1,0 +1,98 @@
+"""A pipeline rank's stages seen as one model, for what wraps a model: the data-parallel replica (its
+parameters, in one flat buffer per rank), checkpoints (named parameters, the dense model's spec) and the
+trainer (train/eval, activation checkpointing, the layout it asks for the loss and the gradient norm).
+
+`PipelineLayout` is the model's layout (engine.parallel.tensor.model_layout) with the pipeline added: the
+replica completes the gradient norm's sum of squares and the fp16 overflow flag over its layout (the
+tensor-parallel group, or nothing for a whole model); this one then completes them over the pipeline group
+too, so every rank of the mesh agrees on the norm and skips the same steps. Everything else is the inner
+layout's.
+
+A tied weight's second copy (the last stage's lm_head.weight) is not one of the model's parameters here: the
+replica neither reduces, counts, updates nor checkpoints it. Its gradient goes to the first stage, whose
+wte.weight is the one device's weight, and it takes that weight's values before every step (step.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.comm.collectives import all_reduce
+from engine.comm.meter import metered_phase
+from engine.comm.objects import broadcast_json
+from engine.nn import GPT, Module
+from engine.parallel.pipeline.split import describe, split_model
+from engine.parallel.pipeline.stage import StageRunner
+from engine.parallel.tensor import model_layout
+from engine.tensor import Parameter
+
+
+class PipelineLayout:
+    """`inner` (a TensorParallelLayout or WholeModel) with the norm and the overflow flag completed over
+    `group`, the pipeline group."""
+
+    def __init__(self, inner, group):
+        self.inner, self.group = inner, group
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def combine_sum_of_squares(self, sharded: float, replicated: float) -> float:
+        total = np.array([self.inner.combine_sum_of_squares(sharded, replicated)], np.float64)
+        with metered_phase(self.group.meter, "pp-norm-all-reduce"):
+            all_reduce(self.group, total, op="sum")
+        return float(total[0])
+
+    def agree_max(self, flags: np.ndarray) -> None:
+        self.inner.agree_max(flags)
+        with metered_phase(self.group.meter, "pp-flag-all-reduce"):
+            all_reduce(self.group, flags, op="max")
+
+
+class PipelineModel:
+    """The stages `runner` holds, cut from `model` (a GPT, tensor-parallel or whole), as one model."""
+
+    def __init__(self, model: GPT, runner: StageRunner, group):
+        self.dense, self.runner = model, runner
+        self.config, self.rng = model.config, model.rng
+        self.tensor_parallel = PipelineLayout(model_layout(model), group)
+
+    def parameters(self) -> list[Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def named_parameters(self) -> list[tuple[str, Parameter]]:
+        """The stages' parameters by dense name, less the tied copies."""
+        copies = {id(tie.params[1]) for tie in self.runner.tied_parameters() if tie.params[1] is not None}
+        return [(name, p) for name, p in self.runner.named_parameters() if id(p) not in copies]
+
+    def train(self, mode: bool = True) -> PipelineModel:
+        self.dense.train(mode)  # the stages are the dense model's layers (and a head's copy)
+        for stage in self.runner.stages.values():
+            stage.train(mode)
+        return self
+
+    def eval(self) -> PipelineModel:
+        return self.train(False)
+
+    def checkpoint_units(self) -> list[Module]:
+        """Every block of the dense model, so a `memory.checkpointing` spec picks the blocks one device's
+        would (the stages share them)."""
+        return self.dense.checkpoint_units()
+
+    def units(self) -> list[Module]:
+        return [u for i in sorted(self.runner.stages) for u in self.runner.stages[i].units()]
+
+
+def pipeline_model(model, cfg, groups, comm, sample: np.ndarray | None = None):
+    """`model` as this rank trains it under cfg.parallel: itself with one pipeline stage, else the
+    PipelineModel of its stages (parallel.pipeline × parallel.chunks virtual stages, cut by
+    parallel.stage_balance; a cut by measured time is rank 0's, so every rank cuts alike). `sample`: the
+    token ids the "time" balance measures the forward on."""
+    p = cfg.parallel
+    if p.pipeline == 1:
+        return model
+    split = split_model(model, p.pipeline * p.chunks, p.stage_balance, sample)
+    if p.stage_balance == "time" and comm.world_size > 1:
+        split = describe(model, broadcast_json(comm, split.block_counts), "time")
+    runner = StageRunner.for_rank(model, split, groups.pp.rank, p.pipeline, loss_fn=model_layout(model).loss)
+    return PipelineModel(model, runner, groups.pp)

@@ -1,0 +1,89 @@
+"""The Trainer with pipeline parallelism trains what one device trains (float64, dropout on, tied embeddings):
+p in {2, 3, 4} stages with every schedule and m in {1, p−1, p, 2p, 3p+1} micro-batches against one device
+accumulating the same m micro-batches — the loss, the gradient norm and the first validation loss of every
+step, every gradient after the data-parallel reduce, and every parameter after 3 clipped AdamW steps; with
+data parallelism (DDP and ZeRO-1), tensor parallelism, activation checkpointing; on processes. A shape a
+schedule cannot run is one line before any rank starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.comm.launch import run_ranks
+from engine.config import ConfigError, from_dict
+from engine.parallel.pipeline.schedules import build_schedule
+from tests.pp_train_helpers import assert_trains_like, pp_config, train_rank
+
+STEPS = 3
+
+
+def _one_device(m: int, **over) -> dict:
+    cfg = pp_config(1, 1, m, **over)
+    return run_ranks(1, "threads", train_rank, args=(cfg, STEPS), timeout_s=60)[0]
+
+
+def _runs(name: str, v: int, p: int, m: int) -> bool:
+    try:
+        build_schedule(name, p, m, v)
+    except ValueError:
+        return False
+    return True
+
+
+CASES = [(name, v, p, m) for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
+         for p in (2, 3, 4) for m in sorted({1, p - 1, p, 2 * p, 3 * p + 1}) if _runs(name, v, p, m)]
+
+
+@pytest.mark.parametrize("name, v, p, m", CASES, ids=[f"{n}-p{p}-m{m}" for n, _, p, m in CASES])
+def test_pipeline_equals_one_device(name, v, p, m):
+    n_layer = max(4, p * v)
+    cfg = pp_config(p, p, m, name, v, model__n_layer=n_layer)
+    ranks = run_ranks(p, "threads", train_rank, args=(cfg, STEPS), timeout_s=120)
+    assert_trains_like(ranks, _one_device(m, model__n_layer=n_layer))
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_pipeline_times_data_parallel(zero):
+    """DP 2 × PP 2: each stage's gradients averaged over its data-parallel pair once per step."""
+    ranks = run_ranks(4, "threads", train_rank, args=(pp_config(4, 2, 3, zero=zero), STEPS), timeout_s=120)
+    assert_trains_like(ranks, _one_device(3, rows=4), grads=zero == 0)  # the same global batch
+
+
+def test_pipeline_times_tensor_times_data_parallel():
+    """DP 2 × PP 2 × TP 2 on 8 threads: the tensor-parallel shards of each stage, joined by name."""
+    cfg = pp_config(8, 2, 2, tensor=2)
+    ranks = run_ranks(8, "threads", train_rank, args=(cfg, STEPS), timeout_s=180)
+    assert_trains_like(ranks, _one_device(2, rows=4), rtol=1e-10)
+
+
+def test_activation_checkpointing_composes():
+    over = {"memory__checkpointing": "blocks"}
+    ranks = run_ranks(2, "threads", train_rank, args=(pp_config(2, 2, 4, **over), STEPS), timeout_s=120)
+    assert_trains_like(ranks, _one_device(4, **over))
+
+
+@pytest.mark.slow
+def test_on_processes():
+    ranks = run_ranks(4, "processes", train_rank, args=(pp_config(4, 2, 4, zero=1), STEPS), timeout_s=180)
+    assert_trains_like(ranks, _one_device(4, rows=4), grads=False)
+
+
+@pytest.mark.parametrize("over, key", [
+    (dict(parallel__schedule="interleaved", parallel__chunks=2, train__micro_batches=1,
+          train__global_batch=2), "train.micro_batches"),
+    (dict(parallel__chunks=2), "parallel.chunks"),
+    (dict(parallel__zero_stage=2), "parallel.zero_stage"),
+    (dict(model__kind="mlp"), "parallel.pipeline"),
+    (dict(parallel__schedule="pipedream"), "parallel.schedule"),
+])
+def test_what_cannot_run_is_one_line(over, key):
+    cfg = pp_config(2, 2, 2)
+    for dotted, value in over.items():
+        section, name = dotted.split("__")
+        cfg[section][name] = value
+    if cfg["model"]["kind"] == "mlp":
+        cfg["model"] = {"kind": "mlp", "widths": [4, 8, 8, 3]}
+        cfg["data"] = {"kind": "synthetic-classification", "n_samples": 256}
+    with pytest.raises(ConfigError) as err:
+        from_dict(cfg)
+    assert err.value.key == key and "\n" not in str(err.value)
