@@ -47,6 +47,7 @@ def test_given_counts():
     split = split_model(model_fn(n_layer=6)(), 3, [3, 2, 1])
     assert split.block_counts == [3, 2, 1] and split.balance == "given"
     assert [list(s.blocks) for s in split.stages] == [[0, 1, 2], [3, 4], [5]]
+    assert [s.label for s in split.stages] == ["embedding, blocks 0-2", "blocks 3-4", "block 5, head"]
 
 
 @pytest.mark.parametrize("tie", [True, False])

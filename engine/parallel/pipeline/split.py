@@ -44,6 +44,14 @@ class StagePart:
     def blocks(self) -> range:
         return range(self.first_block, self.first_block + self.n_blocks)
 
+    @property
+    def label(self) -> str:
+        """What the stage holds, in words: "embedding, blocks 0-1", "block 2", "blocks 3-4, head"."""
+        last = self.first_block + self.n_blocks - 1
+        blocks = f"block {last}" if self.n_blocks == 1 else f"blocks {self.first_block}-{last}"
+        parts = (["embedding"] if self.embedding else []) + [blocks] + (["head"] if self.head else [])
+        return ", ".join(parts)
+
 
 @dataclass(frozen=True)
 class PipelineSplit:

@@ -53,7 +53,6 @@ class StageRunner:
         self.stages: dict[int, GPTStage] = build_stages(model, split, stages)
         self.rng = model_rng(model)
         self.site_offsets = dropout_sites(model, split)
-        self.dtype = model.wte.weight.dtype
         self._ties = _tied_weights(model, split, self.stages)
         self.begin_step([], 1.0)
 
@@ -85,11 +84,11 @@ class StageRunner:
             raise RuntimeError(f"stage {stage}: micro-batch {micro_batch} forward again before its backward")
         x, y = self.batches[micro_batch]
         self.rng.rewind((self.step, self.first_rows[micro_batch], self.site_offsets[stage]))
-        if stage == 0:
-            inp = Tensor(x.astype(self.dtype)) if x.dtype.kind == "f" else x
-        else:
+        inp: Tensor | np.ndarray = x  # stage 0: the token ids
+        if stage > 0:
             if inputs is None:
-                raise ValueError(f"stage {stage} needs its input output for micro-batch {micro_batch}")
+                raise ValueError(f"stage {stage} needs its input: stage {stage - 1}'s output of micro-batch "
+                                 f"{micro_batch}")
             inp = Tensor(inputs, requires_grad=True)
             self._inputs[key] = inp
         out = module(inp)
