@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from engine.config.vocabulary import PIPELINE_SCHEDULES
-from engine.parallel.pipeline.check import check
 from engine.parallel.pipeline import counts
+from engine.parallel.pipeline.check import check
 from engine.parallel.pipeline.ir import Op
 from engine.parallel.pipeline.schedules import ShapeError, build_schedule
 from tests.pp_helpers import NAMES, grid, interleaved_runs, micro_batch_counts
@@ -67,7 +67,8 @@ def test_in_flight_gpipe_m_and_1f1b_min_p_minus_r_m(p, m):
 @pytest.mark.parametrize("p,m", SHAPES)
 def test_zb_h1_holds_no_more_activations_than_1f1b(p, m):
     zb, one_f_one_b = build_schedule("zb-h1", p, m), build_schedule("1f1b", p, m)
-    assert all(z <= o for z, o in zip(counts.peak_in_flight(zb), counts.peak_in_flight(one_f_one_b), strict=True))
+    pairs = zip(counts.peak_in_flight(zb), counts.peak_in_flight(one_f_one_b), strict=True)
+    assert all(z <= o for z, o in pairs)
     # What W still needs stays longer, but never past 1F1B's peak, rank 0's min(p, m).
     assert max(counts.peak_held(zb)) <= max(counts.peak_in_flight(one_f_one_b)) == min(p, m)
 
