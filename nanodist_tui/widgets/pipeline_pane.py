@@ -150,7 +150,7 @@ def bubble_line(chart: StepChart) -> str:
 
 
 def ruler(seconds: float, width: int) -> str:
-    end = f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+    end = f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
     return "0" + end.rjust(width - 1)
 
 

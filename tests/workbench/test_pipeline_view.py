@@ -27,7 +27,7 @@ from nanodist_tui.panes import panes_for
 from nanodist_tui.pipeline_chart import StepStore, bubble_formula, rank_row, step_chart
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.glyphs import ASCII
-from nanodist_tui.widgets.pipeline_pane import PipelinePane
+from nanodist_tui.widgets.pipeline_pane import PipelinePane, ruler
 from tests.app_helpers import SMALL, TEST_PANE_INTERVAL_S, screen_text, wait_for
 from tests.pipeline_helpers import gpipe_step, pipeline_run
 
@@ -143,6 +143,7 @@ def test_the_pane_draws_rows_ruler_bubble_and_legend():
     for entry in (" F  forward   B  backward", "-- send/recv, waiting", "idle: the bubble"):
         assert entry in text
     assert max(len(line) for line in lines) <= 55
+    assert ruler(2.5, 12) == "0     2.50 s"  # a step of a second or more in seconds
 
 
 def test_several_pipelines_show_rank_0s_first_and_step_through():
