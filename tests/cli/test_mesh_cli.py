@@ -124,8 +124,7 @@ def test_a_missing_preset_is_one_line():
     assert_user_error(result, "no-such-preset: no preset with this name")
 
 
-@pytest.mark.parametrize("key, name", [("pipeline", "pipeline"), ("context", "context"),
-                                       ("expert", "expert")])
+@pytest.mark.parametrize("key, name", [("context", "context"), ("expert", "expert")])
 def test_training_with_a_degree_not_built_yet_is_refused(key, name):
     line = (f"--set parallel.{key}=2: parallel.{key}: {name} parallelism ({key} = 2) is not implemented yet "
             f"in this release; set parallel.{key} = 1 (`nanodist-tui mesh` shows the layout it would make)")

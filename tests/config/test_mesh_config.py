@@ -29,7 +29,7 @@ def test_the_defaults_are_one_rank_of_pure_data_parallelism():
     assert p.order == "tp-cp-ep-dp-pp" and p.sequence_parallel is False
 
 
-@pytest.mark.parametrize("key", ["pipeline", "context", "expert"])
+@pytest.mark.parametrize("key", ["context", "expert"])
 def test_a_degree_not_built_yet_is_refused_in_a_run(key):
     err = error_of({"parallel": {"world_size": 4, key: 2}})
     assert str(err) == (f"test.toml: parallel.{key}: {key} parallelism ({key} = 2) is not implemented yet "
@@ -39,14 +39,15 @@ def test_a_degree_not_built_yet_is_refused_in_a_run(key):
 
 
 def test_describing_ends_with_its_block():
-    described({"parallel": {"world_size": 4, "pipeline": 2}})
-    assert error_of({"parallel": {"world_size": 4, "pipeline": 2}}).key == "parallel.pipeline"
+    described({"parallel": {"world_size": 4, "context": 2}})
+    assert error_of({"parallel": {"world_size": 4, "context": 2}}).key == "parallel.context"
 
 
 def test_one_set_says_which_degrees_a_run_may_train(monkeypatch):
-    """The rule reads IMPLEMENTED_AXES alone: naming an axis there lets runs use it (tensor parallelism
-    trains; taken out of the set, it is refused again)."""
+    """The rule reads IMPLEMENTED_AXES alone: naming an axis there lets runs use it (tensor and pipeline
+    parallelism train; taken out of the set, they are refused again)."""
     assert from_dict({"parallel": {"world_size": 4, "tensor": 2}}).parallel.tensor == 2
+    assert from_dict({"parallel": {"world_size": 4, "pipeline": 2}}).parallel.pipeline == 2
     monkeypatch.setattr(config_rules, "IMPLEMENTED_AXES", frozenset({"dp"}))
     assert error_of({"parallel": {"world_size": 4, "tensor": 2}}).key == "parallel.tensor"
     assert error_of({"parallel": {"world_size": 4, "pipeline": 2}}).key == "parallel.pipeline"
@@ -97,6 +98,6 @@ def test_the_batch_splits_over_the_data_parallel_degree():
 
 
 def test_a_sweep_cannot_reach_a_degree_not_built_yet():
-    err = error_of({"parallel": {"world_size": 2}, "sweep": {"space": {"parallel.pipeline": {
+    err = error_of({"parallel": {"world_size": 2}, "sweep": {"space": {"parallel.context": {
         "type": "categorical", "choices": [1, 2]}}}})
-    assert err.key == "sweep.space.parallel.pipeline.choices" and "not implemented yet" in err.problem
+    assert err.key == "sweep.space.parallel.context.choices" and "not implemented yet" in err.problem
