@@ -29,6 +29,7 @@ class RankRow:
     rank: int  # its global rank
     kinds: str  # one character per column: an op of COMPUTE, COMM or IDLE
     labels: str  # one character per column: the micro-batch number inside its block where it fits, else " "
+    odd_chunk: str  # one character per column: "1" where a compute action of an odd model chunk is, else " "
     busy_s: float  # time spent computing
     bubble: float  # share of the makespan this rank did not compute
 
@@ -80,8 +81,9 @@ def bubble_formula(schedule: str, ranks: int, micro_batches: int, chunks: int) -
     return None
 
 
-def rank_row(timeline: PipelineTimeline, span: float, width: int) -> RankRow:
-    kinds, labels = [IDLE] * width, [" "] * width
+def rank_row(timeline: PipelineTimeline, span: float, width: int, ranks: int = 1) -> RankRow:
+    """One rank's columns; `ranks`: its pipeline's (stage s is model chunk s // ranks, interleaved)."""
+    kinds, labels, odd = [IDLE] * width, [" "] * width, [" "] * width
     owner = [-1] * width  # which compute action holds each column (a later one may take a rounded-in column)
     blocks: list[tuple[int, int, str]] = []
     for op, _, _, start, end in timeline.actions:  # communication first: compute is drawn over it
@@ -89,13 +91,14 @@ def rank_row(timeline: PipelineTimeline, span: float, width: int) -> RankRow:
         if op not in COMPUTE:
             for c in range(a, b):
                 kinds[c] = COMM
-    for op, micro_batch, _, start, end in timeline.actions:
+    for op, micro_batch, stage, start, end in timeline.actions:
         if op not in COMPUTE:
             continue
         a = min(column(float(start), span, width), width - 1)
         b = min(max(a + 1, column(float(end), span, width)), width)
         for c in range(a, b):
             kinds[c], owner[c] = op, len(blocks)
+            odd[c] = "1" if int(stage) // max(ranks, 1) % 2 else " "
         blocks.append((a, b, str(micro_batch)))
     for index, (a, b, label) in enumerate(blocks):
         held = [c for c in range(a, b) if owner[c] == index]
@@ -103,7 +106,7 @@ def rank_row(timeline: PipelineTimeline, span: float, width: int) -> RankRow:
             at = held[0] + (len(held) - len(label)) // 2
             labels[at:at + len(label)] = label
     busy = busy_time(timeline)
-    return RankRow(timeline.stage_rank, timeline.rank, "".join(kinds), "".join(labels), busy,
+    return RankRow(timeline.stage_rank, timeline.rank, "".join(kinds), "".join(labels), "".join(odd), busy,
                    1 - busy / span if span > 0 else 0.0)
 
 
@@ -112,7 +115,7 @@ def step_chart(timelines: list[PipelineTimeline], width: int, ranks: int) -> Ste
     events (one each, any order, at least one)."""
     ordered = sorted(timelines, key=lambda t: t.stage_rank)
     span = makespan(ordered)
-    rows = [rank_row(t, span, width) for t in ordered]
+    rows = [rank_row(t, span, width, ranks) for t in ordered]
     first = ordered[0]
     return StepChart(first.step, first.schedule, ranks, first.micro_batches, first.chunks,
                      any(t.emulated for t in ordered), span, rows, measured_bubble(ordered))

@@ -20,7 +20,15 @@ from engine.events import PipelineTimeline
 from engine.run.printable import printable
 from nanodist_tui.mesh_grid import coords_text, rank_coords
 from nanodist_tui.messages import Tick
-from nanodist_tui.pipeline_chart import COMM, COMPUTE, StepChart, StepStore, bubble_formula, step_chart
+from nanodist_tui.pipeline_chart import (
+    COMM,
+    COMPUTE,
+    RankRow,
+    StepChart,
+    StepStore,
+    bubble_formula,
+    step_chart,
+)
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.glyphs import Glyphs, glyphs_of
 from nanodist_tui.widgets.text_view import TextView
@@ -28,6 +36,8 @@ from nanodist_tui.widgets.text_view import TextView
 # op -> (colour, legend); the micro-batch number is written in white over the colour
 OPS = {"F": ("#3b6fd4", "forward"), "B": ("#2f9e5a", "backward"), "I": ("#d9822b", "input grad"),
        "W": ("#8e5bd0", "weight grad")}
+# interleaved: an odd model chunk's blocks in a darker shade (without colour: the letter in lower case)
+DARKER = {"F": "#243f7a", "B": "#1c5e36", "I": "#8a5219", "W": "#573780"}
 IDLE_COLUMN = 7  # " 27.3%" after each row: its idle share
 
 
@@ -108,11 +118,11 @@ class PipelinePane(VerticalScroll):
             if row is None:
                 out.append("no report for this step yet\n", style="dim")
                 continue
-            out.append_text(blocks(row.kinds, row.labels, glyphs))
+            out.append_text(blocks(row, glyphs))
             out.append(f"{row.bubble:7.1%}\n")
         out.append(" " * label + ruler(chart.makespan_s, len(chart.rows[0].kinds)) + "\n", style="dim")
         out.append(wrapped(bubble_line(chart), width) + "\n")
-        out.append_text(legend({k for row in chart.rows for k in row.kinds}, glyphs, width))
+        out.append_text(legend({k for row in chart.rows for k in row.kinds}, glyphs, width, chart.chunks > 1))
         return out
 
     def _which(self, width: int, key: str) -> str:
@@ -154,12 +164,13 @@ def ruler(seconds: float, width: int) -> str:
     return "0" + end.rjust(width - 1)
 
 
-def blocks(kinds: str, labels: str, glyphs: Glyphs) -> Text:
+def blocks(row: RankRow, glyphs: Glyphs) -> Text:
     text = Text()
-    for kind, label in zip(kinds, labels, strict=True):
+    for kind, label, odd in zip(row.kinds, row.labels, row.odd_chunk, strict=True):
         if kind in COMPUTE:
-            fill = kind if glyphs.letters else " "
-            text.append(label if label != " " else fill, style=f"bold white on {OPS[kind][0]}")
+            fill = (kind.lower() if odd == "1" else kind) if glyphs.letters else " "
+            colour = DARKER[kind] if odd == "1" else OPS[kind][0]
+            text.append(label if label != " " else fill, style=f"bold white on {colour}")
         elif kind == COMM:
             text.append(glyphs.line, style="dim")
         else:
@@ -167,10 +178,14 @@ def blocks(kinds: str, labels: str, glyphs: Glyphs) -> Text:
     return text
 
 
-def legend(kinds: set[str], glyphs: Glyphs, width: int) -> Text:
-    """The ops the chart shows, the communication line and the blank, folded to `width`."""
+def legend(kinds: set[str], glyphs: Glyphs, width: int, chunks: bool = False) -> Text:
+    """The ops the chart shows, the communication line and the blank, folded to `width`; with model chunks,
+    how an odd chunk's blocks differ."""
     entries = [(f" {op} ", f"bold white on {colour}", what)
                for op, (colour, what) in OPS.items() if op in kinds]
+    if chunks:
+        odd = " f " if glyphs.letters else "   "
+        entries.append((odd, f"bold white on {DARKER['F']}", "odd model chunk"))
     entries += [(glyphs.line * 2, "dim", "send/recv, waiting"), ("  ", "", "idle: the bubble")]
     out, used = Text(), 0
     for swatch, style, what in entries:

@@ -27,7 +27,7 @@ from nanodist_tui.panes import panes_for
 from nanodist_tui.pipeline_chart import StepStore, bubble_formula, rank_row, step_chart
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.glyphs import ASCII
-from nanodist_tui.widgets.pipeline_pane import PipelinePane, ruler
+from nanodist_tui.widgets.pipeline_pane import PipelinePane, blocks, bubble_line, ruler
 from tests.app_helpers import SMALL, TEST_PANE_INTERVAL_S, screen_text, wait_for
 from tests.pipeline_helpers import gpipe_step, pipeline_run
 
@@ -85,6 +85,18 @@ def test_waiting_is_drawn_but_is_no_compute():
     assert chart.rows[0].kinds == "F" * 16 + "~" * 12 + "B" * 16
     assert chart.rows[3].kinds == "~" * 6 + "F" * 16 + "B" * 16 + " " * 6
     assert chart.measured == pytest.approx(BUBBLE)
+
+
+def test_an_odd_model_chunk_is_told_apart():
+    """Interleaved, 2 ranks x 2 chunks: rank 0 holds stages 0 (chunk 0) and 2 (chunk 1). Its forward of
+    micro-batch 0 through stage 0 fills columns 0-1, through stage 2 columns 2-3: without colour, the odd
+    chunk's letter in lower case."""
+    interleaved = PipelineTimeline(step=1, rank=0, stage_rank=0, schedule="interleaved", micro_batches=1,
+                                   chunks=2, actions=[["F", 0, 0, 0.0, 1.0], ["F", 0, 2, 1.0, 2.0]])
+    chart = step_chart([interleaved], 4, 2)
+    assert chart.rows[0].kinds == "FFFF" and chart.rows[0].odd_chunk == "  11"
+    assert blocks(chart.rows[0], ASCII).plain == "0F0f"
+    assert "(p 2, m 1, v 2; equal action times)" in bubble_line(chart)
 
 
 def test_the_formulas_for_p_4_m_8():
