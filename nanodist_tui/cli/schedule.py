@@ -124,7 +124,7 @@ def text(timeline, report: dict, width: int) -> list[str]:
     flight = [f"peak in flight per rank ({unit} whose activations are held):",
               *packed([f"r{r} {n}" for r, n in enumerate(report["peak_in_flight"])], width, "  ")]
     if report["peak_held_until_w"] != report["peak_in_flight"]:
-        flight += [f"peak not yet done per rank ({unit} whose W is still to run):",
+        flight += [f"peak held until W per rank ({unit} begun whose W has not run):",
                    *packed([f"r{r} {n}" for r, n in enumerate(report["peak_held_until_w"])], width, "  ")]
     msgs = report["messages"]
     lines += flight + [f"messages: {msgs['activation']} activations forward, {msgs['gradient']} gradients "
