@@ -45,6 +45,19 @@ def gpipe_step(p: int, m: int, step: int = 1, rank_of: Callable[[int], int] = la
             for r in range(p)]
 
 
+def simulated_step(schedule: str, p: int, m: int, chunks: int = 1) -> list[PipelineTimeline]:
+    """The engine's own schedule for (p, m, v), played out by its simulator with every action 1 s and free
+    messages, as the PipelineTimeline events an emulated run's ranks would send."""
+    from engine.parallel.pipeline.schedules import build_schedule
+    from engine.parallel.pipeline.simulate import Durations, simulate
+    equal = Durations(forward=1.0, backward=1.0, backward_input=1.0, backward_weight=1.0)
+    played = simulate(build_schedule(schedule, p, m, chunks), equal)
+    rows = [[[s.action.op.value, s.action.micro_batch, s.action.stage, s.start, s.end] for s in spans]
+            for spans in played.spans]
+    return [PipelineTimeline(step=1, rank=r, stage_rank=r, schedule=schedule, micro_batches=m, chunks=chunks,
+                             actions=actions, emulated=True) for r, actions in enumerate(rows)]
+
+
 def pipeline_run(world: int = 4, pp: int = 4, m: int = 8, steps: int = 2) -> list:
     """A run of `world` ranks, `pp` pipeline stages (data parallelism for the rest), GPipe timelines every
     step from every rank, as a recording holds them."""

@@ -29,7 +29,7 @@ from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.glyphs import ASCII
 from nanodist_tui.widgets.pipeline_pane import PipelinePane, blocks, bubble_line, ruler
 from tests.app_helpers import SMALL, TEST_PANE_INTERVAL_S, screen_text, wait_for
-from tests.pipeline_helpers import gpipe_step, pipeline_run
+from tests.pipeline_helpers import gpipe_step, pipeline_run, simulated_step
 
 REPO = Path(__file__).resolve().parents[2]
 BUBBLE = 6 / 22  # GPipe, p 4, m 8: 6 idle slots of 22
@@ -108,6 +108,19 @@ def test_the_formulas_for_p_4_m_8():
     assert [round(bubble_formula(s, 4, 8, 2)[1], 3) for s in ("1f1b", "interleaved", "zb-h1")] == \
         [0.273, 0.158, 0.111]
     assert bubble_formula("someday", 4, 8, 1) is None
+
+
+@pytest.mark.parametrize(("schedule", "chunks", "published"),
+                         [("gpipe", 1, 0.273), ("1f1b", 1, 0.273), ("interleaved", 2, 0.158),
+                          ("zb-h1", 1, 0.111)])
+def test_the_engines_schedules_played_out_measure_the_published_bubble(schedule, chunks, published):
+    """p 4, m 8, equal action times: the engine's schedules as its simulator plays them out, measured by the
+    chart, give the published figures; every rank's row holds 2m (3m for zb-h1) actions' worth of blocks."""
+    chart = step_chart(simulated_step(schedule, 4, 8, chunks), 200, 4)
+    assert round(chart.measured, 3) == published
+    assert chart.measured == pytest.approx(bubble_formula(schedule, 4, 8, chunks)[1])
+    ops = {"zb-h1": "FIW"}.get(schedule, "FB")
+    assert all(set(row.kinds) - {" ", "~"} == set(ops) for row in chart.rows)
 
 
 def test_the_newest_step_every_rank_reported():
