@@ -12,6 +12,12 @@ Under tensor parallelism each rank's state is its own shard of the model (its ow
 then per tensor-parallel coordinate (`tp` in the shard's entry; the manifest's `tensor` is the degree), and
 of the ranks holding the same range of the same coordinate only the lowest writes it.
 
+Under pipeline parallelism a rank's flat state is its stage's run of the model's parameters (the dense
+order, the tied head's copy left out), so its owned range is offset by where that run starts
+(`model.state_window()`; its ZeRO padding clipped off): the stages' ranges tile the whole model's as one
+rank's would, the checkpoint reads as the dense model's, and a run resumes at any pipeline degree, each rank
+taking its stage's run back out. Interleaved stages (several runs per rank) are not saved yet.
+
 Loading consolidates the shards into full, unpadded fp32 master/m/v of the dense model — the same arrays
 whatever world size, stage or tensor degree saved them (reshard.py joins the tensor-parallel shards) — and
 each rank cuts its own tensor-parallel shard back out (any degree; none for a whole model) before
@@ -116,7 +122,10 @@ class Checkpointer:
         that holds `root` is gone: removed or moved mid-run, as the recorder then says and stops the run."""
         comm, replica, rank, step = trainer.comm, trainer.replica, trainer.rank, trainer.step
         tp = trainer.layout.rank  # which tensor-parallel shard this rank's state is (0: the whole model)
-        owners = _gather_ints(comm, [step, int(self.root.parent.is_dir()), tp, *replica.owned_range()])
+        offset, numel = _window(trainer)
+        lo, hi = replica.owned_range()
+        lo, hi = min(lo, numel), min(hi, numel)  # a pipeline stage's padding is not the next stage's state
+        owners = _gather_ints(comm, [step, int(self.root.parent.is_dir()), tp, lo + offset, hi + offset])
         if len(set(owners[:, 0].tolist())) != 1:
             raise RuntimeError(f"ranks reached a checkpoint at different steps: {owners[:, 0].tolist()}")
         if not owners[0, 1]:  # rank 0's view decides, for every rank alike: it writes the manifest
@@ -127,7 +136,7 @@ class Checkpointer:
         state = replica.optimizer_state()  # collective in ZeRO 1-3: every rank calls it
         meta = {"rank": rank, "step": step, "tp": tp, "range": ranges[rank],
                 "optimizer_step": int(state["step"]), "scaler": replica.scaler.state_dict()}
-        arrays = {k: state[k] for k in STATE_KEYS} if ranges[rank] else {}
+        arrays = {k: state[k][:hi - lo] for k in STATE_KEYS} if ranges[rank] else {}
         digest, size = write_shard(folder / shard_name(rank), arrays, meta)
         records = _gather_ints(comm, [size, *np.frombuffer(bytes.fromhex(digest), dtype=np.int64).tolist()])
         if rank == 0:
@@ -165,7 +174,14 @@ def _written_ranges(owned: np.ndarray) -> list[list[int] | None]:
     rank owns the same range of the same tensor-parallel shard (replicated state: ZeRO stage 0, and the
     data-parallel ranks of one shard), in which case None."""
     rows = owned.tolist()
-    return [None if row in rows[:r] else row[1:] for r, row in enumerate(rows)]
+    return [None if row in rows[:r] or row[1] == row[2] else row[1:] for r, row in enumerate(rows)]
+
+
+def _window(trainer) -> tuple[int, int]:
+    """(offset, numel) of the rank's flat state in its tensor-parallel shard of the whole model's: all of it,
+    or under pipeline parallelism its stage's run of parameters (engine.parallel.pipeline.rank_model)."""
+    window = getattr(trainer.model, "state_window", None)
+    return window() if window is not None else (0, trainer.replica.flat.numel)
 
 
 def _gather_ints(comm, values: list[int]) -> np.ndarray:
@@ -277,7 +293,9 @@ def restore(trainer, ckpt: Checkpoint) -> None:
     weights and Adam state via the replica (this rank's tensor-parallel shard of them, at any degree), loss
     scaler (same precision only)."""
     full, layout = ckpt.consolidate(), trainer.layout
-    mine = {k: cut(layout.specs, layout.rank, ckpt.manifest["layout"], full[k]) for k in STATE_KEYS}
+    offset, numel = _window(trainer)
+    mine = {k: cut(layout.specs, layout.rank, ckpt.manifest["layout"], full[k])[offset:offset + numel]
+            for k in STATE_KEYS}
     trainer.replica.load_optimizer_state(mine | {"step": full["step"]})
     meta = ckpt.rank_meta(trainer.rank)
     if ckpt.manifest["precision"] == trainer.cfg.precision.dtype:

@@ -79,6 +79,19 @@ class PipelineModel:
         would (the stages share them)."""
         return self.dense.checkpoint_units()
 
+    def state_window(self) -> tuple[int, int]:
+        """(offset, numel) of this rank's flat state in the whole model's, both in the dense parameter order
+        (tensor-parallel shapes under TP): where a checkpoint puts it. Contiguous with one chunk per rank
+        (the stages cut the blocks in order, the tied copy is left out); ValueError for interleaved
+        stages, whose parameters are not one run of the model's."""
+        sizes = {name: p.data.size for name, p in self.dense.named_parameters()}
+        order, mine = list(sizes), [name for name, _ in self.named_parameters()]
+        first = order.index(mine[0])
+        if order[first:first + len(mine)] != mine:
+            raise ValueError("checkpoints of interleaved pipeline stages (parallel.chunks > 1) are not "
+                             "implemented: a rank's chunks are not one run of the model's parameters")
+        return sum(sizes[n] for n in order[:first]), sum(sizes[n] for n in mine)
+
     def units(self) -> list[Module]:
         return [u for i in sorted(self.runner.stages) for u in self.runner.stages[i].units()]
 
