@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 
+import engine.bench.torch_first  # noqa: F401 - torch before our first product (engine/bench/torch_first.py)
 from engine.comm.launch import run_ranks
 from engine.config import Config, network_emulation, replace, to_dict
 
