@@ -67,15 +67,18 @@ def test_one_rank_never_waits():
         assert simulate(build_schedule(name, 1, 5, v)).bubble == 0.0
 
 
-def test_message_time_adds_to_a_single_micro_batch_chain():
+@pytest.mark.parametrize("eager_sends", [False, True])
+def test_message_time_adds_to_a_single_micro_batch_chain(eager_sends):
     # p = 2, m = 1: F on rank 0, message, F and B on rank 1, message, B on rank 0: 1 + c + 1 + 2 + c + 2
-    timeline = simulate(build_schedule("gpipe", 2, 1), Durations(forward=1.0, backward=2.0, p2p=0.25))
+    # (each receive is posted before its send, so buffering the sends changes nothing)
+    durations = Durations(forward=1.0, backward=2.0, p2p=0.25)
+    timeline = simulate(build_schedule("gpipe", 2, 1), durations, eager_sends=eager_sends)
     assert timeline.makespan == pytest.approx(6.5, rel=1e-12)
 
 
 def test_times_per_stage():
     # p = 2, m = 1: stage 0 F 1 and B 2, stage 1 F 3 and B 6: one chain of 1 + 3 + 6 + 2
-    timeline = simulate(build_schedule("1f1b", 2, 1), Durations(forward=(1.0, 3.0), backward=(2.0, 6.0)))
+    timeline = simulate(build_schedule("1f1b", 2, 1), Durations(forward=(1.0, 3.0), backward=[2.0, 6.0]))
     assert timeline.makespan == 12.0
     assert timeline.busy(0) == 3.0 and timeline.busy(1) == 9.0
     assert timeline.bubble == pytest.approx((12 - 3 + 12 - 9) / (2 * 12), rel=1e-12)

@@ -12,9 +12,11 @@ schedule out with zero durations to find deadlocks) all read this one simulation
 
 from __future__ import annotations
 
+import numbers
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from engine.parallel.pipeline.ir import Action, Op, Schedule
 
@@ -37,7 +39,9 @@ class Durations:
         per_op = {Op.FORWARD: self.forward, Op.BACKWARD: self.backward,
                   Op.BACKWARD_INPUT: self.backward_input, Op.BACKWARD_WEIGHT: self.backward_weight}
         value = per_op[action.op]
-        return float(value) if isinstance(value, int | float) else float(value[action.stage])
+        if isinstance(value, numbers.Real):  # numpy's scalars too
+            return float(value)
+        return float(cast(Sequence[float], value)[action.stage])  # a tuple, list or array per stage
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,9 @@ def simulate(schedule: Schedule, durations: Durations | None = None, eager_sends
     """Every action's start and end on every rank. Raises Deadlock when ranks block for good.
 
     `eager_sends`: a send is done once posted (its bytes buffered, as the threads backend and small TCP
-    messages do) instead of when its receive is posted too; receives still wait for their send. The
-    IR's semantics, which the checker holds every schedule to, is the default (a send waits)."""
+    messages do) instead of when its receive is posted too, and its message arrives `p2p` seconds later;
+    receives still wait for their send. The IR's semantics, which the checker holds every schedule to, is
+    the default (a send waits)."""
     durations = durations or Durations()
     p = schedule.ranks
     steps = [steps_of(acts) for acts in schedule.actions]
@@ -154,7 +159,9 @@ def simulate(schedule: Schedule, durations: Durations | None = None, eager_sends
                     queue = waiting[key]
                     if queue and queue[0][0] != send:
                         _, q, j, q_posted = queue.popleft()
-                        when = max(clock[r], q_posted) + durations.p2p
+                        sent, wanted = (clock[r], q_posted) if send else (q_posted, clock[r])
+                        when = (max(wanted, sent + durations.p2p) if eager_sends  # already on its way
+                                else max(sent, wanted) + durations.p2p)
                         if not (eager_sends and send):
                             deliver(r, i, when)
                         if not (eager_sends and not send):
