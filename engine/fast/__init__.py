@@ -12,6 +12,7 @@ float32 rounding (layer norm's compiled rows), and the tests hold them to it.
     halfconv.py     float16 <-> float32 (and bfloat16) conversions, bit for bit what astype gives
     halfconv_jit.py those conversions as compiled loops (halfconv.py's fast path)
     optim_jit.py    AdamW's update in one pass; the gradient norm's sum of squares in vector lanes
+    blas.py         matrix products on MKL (the optional `mkl` extra) through ctypes, else np.matmul
     thread_pool.py  work split into blocks and shared among the rank's threads
     heap.py         the C allocator's settings for a process that trains
     blas_idle.py    OpenBLAS's idle threads sleep instead of spinning (set before NumPy loads)

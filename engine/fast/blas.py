@@ -68,7 +68,7 @@ class _Mkl:
         version = ctypes.create_string_buffer(256)
         lib.MKL_Get_Version_String(version, len(version))
         text = version.value.decode(errors="replace")
-        self.version = found.group(1) if (found := re.search(r"Version (\S+)", text)) else text.strip()
+        self.version = found.group(1) if (found := re.search(r"Version ([0-9.]+)", text)) else text.strip()
 
 
 def _layout(x: np.ndarray) -> tuple[int, int] | None:
