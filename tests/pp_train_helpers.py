@@ -100,3 +100,28 @@ def assert_trains_like(ranks: list[dict], one: dict, rtol: float = 1e-12, param_
     held = {name for r in ranks for name in r["grads"]}
     assert held == (set(one["grads"]) if grads else set())  # every parameter's gradient compared somewhere
     assert one["norms"][0] > 0.05  # clipping acts (grad_clip 0.05): the norm's agreement matters
+
+
+def overflow_rank(comm, emit, cfg_dict: dict, steps: int, poisoned_rank: int) -> dict:
+    """Rank function: train with an inf put into one rank's gradient (its stage's first parameter) after the
+    first step's reduce; which steps each rank skipped, and its loss scale after them."""
+    from engine.parallel.data import make_replica
+
+    def poisoning(cfg, model, dp_comm):
+        replica = make_replica(cfg, model, dp_comm)
+        finish = replica.finish_backward
+
+        def finish_and_poison():
+            finish()
+            if comm.rank == poisoned_rank and not getattr(replica, "poisoned", False):
+                replica.poisoned = True
+                replica.optimizer.pieces[0].grad[0] = np.inf
+        replica.finish_backward = finish_and_poison
+        return replica
+    trainer = Trainer(from_dict(cfg_dict), comm, replica_factory=poisoning)
+    try:
+        out = [trainer.train_step() for _ in range(steps)]
+        return {"skipped": [s["skipped"] for s in out], "scale": trainer.replica.loss_scale,
+                "finite": bool(all(np.isfinite(s["loss"]) for s in out))}
+    finally:
+        trainer.replica.close()
