@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from engine.config.vocabulary import PIPELINE_SCHEDULES
 from nanodist_tui.cli.errors import UsageError, user_errors
 from nanodist_tui.cli.options import JsonOpt
 
@@ -26,9 +27,9 @@ PpOpt = Annotated[int, typer.Option("--pp", help="pipeline ranks (stages, one pe
                                                   "interleaved)", show_default=False)]
 MicroOpt = Annotated[int, typer.Option("--micro-batches", "-m", help="micro-batches per step",
                                        show_default=False)]
-ScheduleOpt = Annotated[str, typer.Option("--schedule", "-S", help="gpipe | 1f1b | interleaved | zb-h1")]
+ScheduleOpt = Annotated[str, typer.Option("--schedule", help=" | ".join(PIPELINE_SCHEDULES))]
 ChunksOpt = Annotated[int | None, typer.Option(
-    "--chunks", "-v", help="model chunks per rank, interleaved only (default 2)", show_default=False)]
+    "--chunks", help="model chunks per rank, interleaved only (default 2)", show_default=False)]
 WidthOpt = Annotated[int, typer.Option("--width", help="columns of the drawing")]
 
 
@@ -55,7 +56,6 @@ def schedule(pp: PpOpt, micro_batches: MicroOpt, name: ScheduleOpt = "1f1b", chu
 
 def shape_errors(pp: int, micro_batches: int, name: str, chunks: int | None, width: int) -> int:
     """The chunks to use; a UsageError naming the flag for anything the schedules cannot take."""
-    from engine.config.vocabulary import PIPELINE_SCHEDULES
     if name not in PIPELINE_SCHEDULES:
         raise UsageError(f"--schedule {name}: unknown schedule; use one of {', '.join(PIPELINE_SCHEDULES)}")
     if pp < 1:
