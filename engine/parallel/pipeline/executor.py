@@ -11,7 +11,9 @@ other in the same batch never deadlock. What it holds between actions, keyed by 
   grad_out     a stage's input gradient waiting for its SEND_GRAD   dropped once sent
 
 Dropping a sent output is what makes 1F1B's memory bound real: nothing here keeps it (the runner keeps the
-tape, not the array). With one pipeline rank (p = 1) successive stages hand over on the spot.
+tape, not the array). With one pipeline rank (p = 1) successive stages hand over on the spot. The rank's
+memory ledger counts every held array as a communication buffer: a received one from its allocation (the
+message lands in it), a sent one until its exchange has completed.
 
 Received arrays are allocated per message from `io(stage)`: the (shape, dtype) of stage's input, which is
 also its input gradient's (b × s × h in the compute dtype; s/t under sequence parallelism).
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.comm.exchange import exchange
+from engine.memory.ledger import rank_ledger
 from engine.parallel.pipeline.interface import StageRunner
 from engine.parallel.pipeline.ir import Action, Op, Schedule
 
@@ -77,6 +80,7 @@ class Executor:
         self.schedule, self.rank, self.comm, self.io = schedule, rank, comm, io
         self.runner, self.emulation = runner, emulation
         self.last = schedule.stages - 1
+        self.ledger = rank_ledger()
 
     def run(self, start: float | None = None) -> StepResult:
         """One step; `start` (perf_counter) is when the step began (default: now)."""
@@ -115,14 +119,14 @@ class Executor:
         op, s, mb = action.op, action.stage, action.micro_batch
         key = (s, mb)
         if op == Op.FORWARD:
-            inputs = self._held["inputs"].pop(key) if s > 0 else None
+            inputs = self._take("inputs", key) if s > 0 else None
             out = self._forward(s, mb, inputs)
             del inputs
             if s == self.last:
                 return float(out)
             self._hand_on(out, s + 1, ("inputs", (s + 1, mb)), ("outputs", key))
         elif op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            grad = self._held["grad_in"].pop(key) if s < self.last else None
+            grad = self._take("grad_in", key) if s < self.last else None
             grad_in = self._backward(op, s, mb, grad)
             del grad
             if s > 0:
@@ -174,21 +178,31 @@ class Executor:
             else:
                 shape, dtype = self.io(a.stage if a.op == Op.RECV_ACT else a.stage + 1)
                 out = np.empty(shape, dtype)
+                self.ledger.add("comm_buffers", out.nbytes)
                 recvs.append((peer, out))
                 landed.append(("inputs" if a.op == Op.RECV_ACT else "grad_in", key, out))
             if a.op in PHASES:
                 phases.append(PHASES[a.op])
         exchange(self.comm, sends, recvs, phases)
+        for _, sent in sends:
+            self.ledger.sub("comm_buffers", sent.nbytes)
         del sends  # the sent outputs go here: nothing else refers to them
         for kind, key, out in landed:
-            self._keep(kind, key, out)
+            self._keep(kind, key, out, counted=True)
 
-    def _keep(self, kind: str, key: tuple[int, int], array: np.ndarray) -> None:
+    def _take(self, kind: str, key: tuple[int, int]) -> np.ndarray:
+        array = self._held[kind].pop(key)
+        self.ledger.sub("comm_buffers", array.nbytes)
+        return array
+
+    def _keep(self, kind: str, key: tuple[int, int], array: np.ndarray, counted: bool = False) -> None:
         held = self._held[kind]
         if key in held:
             raise RuntimeError(f"pipeline rank {self.rank}: a second {kind} array for stage {key[0]}, "
                                f"micro-batch {key[1]}")
         held[key] = array
+        if not counted:
+            self.ledger.add("comm_buffers", array.nbytes)
         self._peak = max(self._peak, sum(len(v) for v in self._held.values()))
 
     def _zeros(self, stage: int) -> np.ndarray:
