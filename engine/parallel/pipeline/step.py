@@ -9,6 +9,7 @@ One step on a pipeline rank:
      last stage seeds each backward with the loss scale / m, as one device's accumulation does;
   3. the tied weight's gradient is summed on the first stage and the last stage's copy's dropped (the copy
      is no parameter of the replica's: rank_model.py), so the first stage's update is the one device's;
+     the memory ledger counts the copy (parameters) here, and its gradient while it exists;
   4. the data-parallel reduce of this stage's gradients over its data-parallel group, once
      (replica.reduce_accumulated); the trainer then finishes it and, through PipelineLayout, agrees the
      gradient norm and fp16's overflow over every stage.
@@ -26,6 +27,7 @@ import numpy as np
 from engine import events as ev
 from engine.comm.exchange import exchange
 from engine.data import rank_slice, slice_bounds
+from engine.memory.ledger import rank_ledger
 from engine.parallel.pipeline.executor import Executor, uniform_io
 from engine.parallel.pipeline.rank_model import PipelineModel
 from engine.parallel.pipeline.schedules import build_schedule
@@ -48,6 +50,19 @@ class PipelineStep:
         io = uniform_io((rows, seq, self.width), dtype)  # b × s × h, s/t under sequence parallelism
         self.executor = Executor(self.schedule, self.me, group, io, self.runner)
         self.timeline: list[list] = []
+        # the replica holds no tied copy, so the ledger hears of it here (after the replica's holds)
+        self.ledger, self._tied_grad_bytes = rank_ledger(), 0
+        for tie in self.runner.tied_parameters():
+            if tie.params[1] is not None:
+                self.ledger.add("parameters", tie.params[1].data.nbytes)
+                tie.params[1].register_grad_ready_hook(self._tied_grad_ready)
+
+    def _tied_grad_ready(self, p) -> None:
+        """The copy's gradient exists from its first write (the last stage's first weight gradient) to
+        _sum_tied_grads."""
+        if not self._tied_grad_bytes and p.grad is not None:
+            self._tied_grad_bytes = p.grad.nbytes
+            self.ledger.add("gradients", self._tied_grad_bytes)
 
     # ---- training -----------------------------------------------------------------------------------
 
@@ -87,6 +102,8 @@ class PipelineStep:
             first, last = tie.params
             if last is not None:  # the copy's gradient goes to the first stage, and the copy keeps none
                 grad, last.grad = _grad(last), None
+                self.ledger.sub("gradients", self._tied_grad_bytes)
+                self._tied_grad_bytes = 0
                 if first is not None:
                     _grad(first)[...] += grad
                 else:
