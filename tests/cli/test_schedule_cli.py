@@ -72,3 +72,19 @@ def test_the_docs_page_shows_what_the_command_prints():
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args, named):
     assert_user_error(invoke("schedule", *args), named)
+
+
+def test_the_drawing_of_gpipe_on_two_ranks_worked_out_by_hand():
+    from engine.parallel.pipeline.schedules import build_schedule
+    from engine.parallel.pipeline.simulate import Durations, simulate
+    from engine.parallel.pipeline.timeline_text import render
+    # F = 1, B = 2: rank 0 runs F0 F1 at 0..2, waits, B0 B1 at 5..9; rank 1 F0 F1 at 1..3, B0 B1 at 3..7.
+    # 30 columns leave 21 cells for 9 time units: 2 cells each.
+    lines = render(simulate(build_schedule("gpipe", 2, 2), Durations(forward=1.0, backward=2.0)), width=30)
+    assert lines[:3] == ["rank 0 |0>1>......0<<<1<<<|",
+                         "rank 1 |..0>1>0<<<1<<<....|",
+                         "        0                9"]
+    assert max(len(line) for line in lines) <= 30
+    text = " ".join(line.strip() for line in lines[3:])
+    assert "bubble 33.3% simulated (idle compute / ranks x step)" in text  # 6 idle of 2 x 9
+    assert "bubble 33.3% by the formula (p-1)/(m+p-1), p=2 m=2 v=1" in text

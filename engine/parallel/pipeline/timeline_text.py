@@ -15,6 +15,7 @@ still takes one, so at small widths the picture rounds; the figures under it are
 from __future__ import annotations
 
 import string
+import textwrap
 
 from engine.parallel.pipeline.ir import Op
 from engine.parallel.pipeline.schedules import formula_bubble
@@ -71,8 +72,8 @@ def render(timeline: Timeline, width: int = 100) -> list[str]:
     lines = [p + row_cells(timeline, r, cells) + "|" for r, p in enumerate(prefix)]
     end = f"{timeline.makespan:g}"
     lines.append(" " * len(prefix[0]) + "0" + end.rjust(cells - 1))  # the time axis
-    lines.append(LEGEND[:width])
-    lines += bubble_lines(timeline)
+    lines += [short for line in [LEGEND, *bubble_lines(timeline)]
+              for short in textwrap.wrap(line, width, subsequent_indent="  ")]
     return [line.rstrip() for line in lines]
 
 
