@@ -14,9 +14,9 @@ of the ranks holding the same range of the same coordinate only the lowest write
 
 Under pipeline parallelism a rank's flat state is its stage's run of the model's parameters (the dense
 order, the tied head's copy left out), so its owned range is offset by where that run starts
-(`model.state_window()`; its ZeRO padding clipped off): the stages' ranges tile the whole model's as one
-rank's would, the checkpoint reads as the dense model's, and a run resumes at any pipeline degree, each rank
-taking its stage's run back out. Interleaved stages (several runs per rank) are not saved yet.
+(its ZeRO padding clipped off): the stages' ranges tile the whole model's as one rank's would, the
+checkpoint reads as the dense model's, and a run resumes at any pipeline degree, each rank taking its
+stage's run back out (engine.parallel.pipeline.checkpoint_share; interleaved chunks are joined first).
 
 Loading consolidates the shards into full, unpadded fp32 master/m/v of the dense model — the same arrays
 whatever world size, stage or tensor degree saved them (reshard.py joins the tensor-parallel shards) — and
@@ -57,6 +57,7 @@ from engine.checkpoint.reshard import cut, join, local_numel
 from engine.checkpoint.schema import STATE_KEYS, check_shard, pieces, spec_layout
 from engine.comm.collectives import all_gather
 from engine.config.build import vocab_chars
+from engine.parallel.pipeline import checkpoint_share
 
 CHECKPOINTS = "checkpoints"
 
@@ -122,10 +123,8 @@ class Checkpointer:
         that holds `root` is gone: removed or moved mid-run, as the recorder then says and stops the run."""
         comm, replica, rank, step = trainer.comm, trainer.replica, trainer.rank, trainer.step
         tp = trainer.layout.rank  # which tensor-parallel shard this rank's state is (0: the whole model)
-        offset, numel = _window(trainer)
-        lo, hi = replica.owned_range()
-        lo, hi = min(lo, numel), min(hi, numel)  # a pipeline stage's padding is not the next stage's state
-        owners = _gather_ints(comm, [step, int(self.root.parent.is_dir()), tp, lo + offset, hi + offset])
+        start, end, state = checkpoint_share.share(trainer)  # collective in ZeRO 1-3 and pipelines
+        owners = _gather_ints(comm, [step, int(self.root.parent.is_dir()), tp, start, end])
         if len(set(owners[:, 0].tolist())) != 1:
             raise RuntimeError(f"ranks reached a checkpoint at different steps: {owners[:, 0].tolist()}")
         if not owners[0, 1]:  # rank 0's view decides, for every rank alike: it writes the manifest
@@ -133,10 +132,9 @@ class Checkpointer:
         folder = self.root / step_dir_name(step)
         make_dir(folder)
         ranges = _written_ranges(owners[:, 2:])
-        state = replica.optimizer_state()  # collective in ZeRO 1-3: every rank calls it
         meta = {"rank": rank, "step": step, "tp": tp, "range": ranges[rank],
                 "optimizer_step": int(state["step"]), "scaler": replica.scaler.state_dict()}
-        arrays = {k: state[k][:hi - lo] for k in STATE_KEYS} if ranges[rank] else {}
+        arrays = {k: state[k] for k in STATE_KEYS} if ranges[rank] else {}
         digest, size = write_shard(folder / shard_name(rank), arrays, meta)
         records = _gather_ints(comm, [size, *np.frombuffer(bytes.fromhex(digest), dtype=np.int64).tolist()])
         if rank == 0:
@@ -175,13 +173,6 @@ def _written_ranges(owned: np.ndarray) -> list[list[int] | None]:
     data-parallel ranks of one shard), in which case None."""
     rows = owned.tolist()
     return [None if row in rows[:r] or row[1] == row[2] else row[1:] for r, row in enumerate(rows)]
-
-
-def _window(trainer) -> tuple[int, int]:
-    """(offset, numel) of the rank's flat state in its tensor-parallel shard of the whole model's: all of it,
-    or under pipeline parallelism its stage's run of parameters (engine.parallel.pipeline.rank_model)."""
-    window = getattr(trainer.model, "state_window", None)
-    return window() if window is not None else (0, trainer.replica.flat.numel)
 
 
 def _gather_ints(comm, values: list[int]) -> np.ndarray:
@@ -293,9 +284,8 @@ def restore(trainer, ckpt: Checkpoint) -> None:
     weights and Adam state via the replica (this rank's tensor-parallel shard of them, at any degree), loss
     scaler (same precision only)."""
     full, layout = ckpt.consolidate(), trainer.layout
-    offset, numel = _window(trainer)
-    mine = {k: cut(layout.specs, layout.rank, ckpt.manifest["layout"], full[k])[offset:offset + numel]
-            for k in STATE_KEYS}
+    dense = {k: cut(layout.specs, layout.rank, ckpt.manifest["layout"], full[k]) for k in STATE_KEYS}
+    mine = {k: checkpoint_share.mine(trainer, flat) for k, flat in dense.items()}
     trainer.replica.load_optimizer_state(mine | {"step": full["step"]})
     meta = ckpt.rank_meta(trainer.rank)
     if ckpt.manifest["precision"] == trainer.cfg.precision.dtype:

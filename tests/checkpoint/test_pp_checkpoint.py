@@ -1,7 +1,8 @@
 """Checkpoints of pipeline-parallel runs: each stage's rank writes its run of the model's parameters, so the
 checkpoint consolidates to the dense model's arrays. A crash and resume continues bitwise (DP 2 × PP 2,
-ZeRO-1, dropout, tied embeddings); a run saved at PP 2 resumes at PP 1, PP 4 or PP 2 × TP 2 (loading then
-saving gives back the saved bits; training on matches the uninterrupted run within 1e-10 in float64)."""
+ZeRO-1, dropout, tied embeddings; 1F1B and interleaved, whose chunks are joined on one rank); a run saved at
+PP 2 resumes at PP 1, PP 4, PP 2 × TP 2 or interleaved (loading then saving gives back the saved bits;
+training on matches the uninterrupted run within 1e-10 in float64)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,12 +18,19 @@ FP64 = ["precision.dtype=fp64", "model.n_layer=4", "model.dropout=0.1", "model.n
         "train.micro_batches=2"]
 
 
-def test_resume_after_a_crash_continues_bitwise_identically(tmp_path, monkeypatch):
-    _, full = train(tmp_path / "a", *PP2)
-    crashed = crashed_run(tmp_path / "b", monkeypatch, *PP2)
+INTERLEAVED = [*PP2, 'parallel.schedule="interleaved"', "parallel.chunks=2"]
+
+
+@pytest.mark.parametrize("sets", [PP2, INTERLEAVED], ids=["1f1b", "interleaved"])
+def test_resume_after_a_crash_continues_bitwise_identically(tmp_path, monkeypatch, sets):
+    _, full = train(tmp_path / "a", *sets)
+    crashed = crashed_run(tmp_path / "b", monkeypatch, *sets)
     manifest = find_checkpoint(crashed).manifest
     ranges = [e["range"] for e in manifest["shards"]]
-    assert all(ranges) and ranges[0][0] == 0 and max(r[1] for r in ranges) == manifest["numel"]
+    if sets is PP2:  # each rank its ZeRO-1 share of its stage's run: together the whole model
+        assert all(ranges) and ranges[0][0] == 0 and max(r[1] for r in ranges) == manifest["numel"]
+    else:  # chunks are several runs: the first pipeline rank writes them joined
+        assert ranges == [[0, manifest["numel"]], None, None, None]
 
     resumed: list = []
     summary = resume_training(crashed, on_event=resumed.append)
@@ -32,8 +40,10 @@ def test_resume_after_a_crash_continues_bitwise_identically(tmp_path, monkeypatc
 
 @pytest.mark.parametrize("other", [["parallel.world_size=1", "parallel.pipeline=1"],
                                    ["parallel.world_size=4", "parallel.pipeline=4"],
-                                   ["parallel.world_size=4", "parallel.pipeline=2", "parallel.tensor=2"]],
-                         ids=["pp1", "pp4", "pp2-tp2"])
+                                   ["parallel.world_size=4", "parallel.pipeline=2", "parallel.tensor=2"],
+                                   ["parallel.world_size=2", "parallel.pipeline=2", "parallel.chunks=2",
+                                    'parallel.schedule="interleaved"']],
+                         ids=["pp1", "pp4", "pp2-tp2", "interleaved"])
 def test_resume_at_another_pipeline_degree(tmp_path, other):
     saved = [*FP64, "parallel.world_size=2", "parallel.pipeline=2"]
     original, events = train(tmp_path / "a", *saved, "train.steps=8", "checkpoint.every=4")

@@ -53,7 +53,7 @@ class PipelineModel:
     """The stages `runner` holds, cut from `model` (a GPT, tensor-parallel or whole), as one model."""
 
     def __init__(self, model: GPT, runner: StageRunner, group):
-        self.dense, self.runner = model, runner
+        self.dense, self.runner, self.group = model, runner, group
         self.config, self.rng = model.config, model.rng
         self.tensor_parallel = PipelineLayout(model_layout(model), group)
 
@@ -79,18 +79,22 @@ class PipelineModel:
         would (the stages share them)."""
         return self.dense.checkpoint_units()
 
-    def state_window(self) -> tuple[int, int]:
-        """(offset, numel) of this rank's flat state in the whole model's, both in the dense parameter order
-        (tensor-parallel shapes under TP): where a checkpoint puts it. Contiguous with one chunk per rank
-        (the stages cut the blocks in order, the tied copy is left out); ValueError for interleaved
-        stages, whose parameters are not one run of the model's."""
+    def state_windows(self, rank: int | None = None) -> list[tuple[int, int]]:
+        """(offset, numel) of each of pipeline rank `rank`'s stages (default: this rank's) in the whole
+        model's flat state, in the dense parameter order (tensor-parallel shapes under TP): where a
+        checkpoint puts them. A stage's parameters are one run of the model's (the stages cut the blocks in
+        order; the tied copy is left out): one window per chunk, and with one chunk the rank's whole state."""
+        split, ranks = self.runner.split, self.group.world_size
+        rank = self.group.rank if rank is None else rank
         sizes = {name: p.data.size for name, p in self.dense.named_parameters()}
-        order, mine = list(sizes), [name for name, _ in self.named_parameters()]
-        first = order.index(mine[0])
-        if order[first:first + len(mine)] != mine:
-            raise ValueError("checkpoints of interleaved pipeline stages (parallel.chunks > 1) are not "
-                             "implemented: a rank's chunks are not one run of the model's parameters")
-        return sum(sizes[n] for n in order[:first]), sum(sizes[n] for n in mine)
+        order = list(sizes)
+        windows = []
+        for s in range(rank, len(split), ranks):
+            names = [n for n in split.stages[s].parameter_names if n in sizes]  # the tied copy is not
+            first = order.index(names[0])
+            assert order[first:first + len(names)] == names, "a stage's parameters are one run of the model's"
+            windows.append((sum(sizes[n] for n in order[:first]), sum(sizes[n] for n in names)))
+        return windows
 
     def units(self) -> list[Module]:
         return [u for i in sorted(self.runner.stages) for u in self.runner.stages[i].units()]
