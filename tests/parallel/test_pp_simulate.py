@@ -82,6 +82,8 @@ def test_times_per_stage():
     assert timeline.makespan == 12.0
     assert timeline.busy(0) == 3.0 and timeline.busy(1) == 9.0
     assert timeline.bubble == pytest.approx((12 - 3 + 12 - 9) / (2 * 12), rel=1e-12)
+    assert timeline.durations.per_stage(Op.BACKWARD, 2) == (2.0, 6.0)
+    assert timeline.durations.per_stage(Op.BACKWARD_WEIGHT, 2) == (1.0, 1.0)  # one time for every stage
 
 
 @pytest.mark.parametrize("name,p,m,v", [("gpipe", 3, 4, 1), ("1f1b", 4, 6, 1), ("interleaved", 3, 6, 2),

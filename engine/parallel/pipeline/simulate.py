@@ -43,6 +43,10 @@ class Durations:
             return float(value)
         return float(cast(Sequence[float], value)[action.stage])  # a tuple, list or array per stage
 
+    def per_stage(self, op: Op, stages: int) -> tuple[float, ...]:
+        """The seconds of compute `op` on each of `stages` virtual stages, given once or per stage."""
+        return tuple(self.of(Action(op, 0, s)) for s in range(stages))
+
 
 @dataclass(frozen=True)
 class Span:
