@@ -33,7 +33,9 @@ def build(ranks: int, micro_batches: int, chunks: int = 1) -> Schedule:
     m = micro_batches
     for r in range(ranks):
         w = min(ranks - r - 1, m)
-        held_back = r  # W this rank runs late: the further down the pipeline, the longer it waits for I
+        # The later the stage, the more upstream stages wait on its I: rank r keeps r W back, so its
+        # I follow each other as soon as their gradients arrive and its W go where it would idle.
+        held_back = r
         order: list[Compute] = [(Op.FORWARD, mb, r) for mb in range(w)]
         weights: deque[int] = deque()
         for k in range(m - w):
@@ -41,7 +43,7 @@ def build(ranks: int, micro_batches: int, chunks: int = 1) -> Schedule:
             weights.append(k)
             if len(weights) > held_back:
                 order.append((Op.BACKWARD_WEIGHT, weights.popleft(), r))
-        for k in range(m - w, m):
+        for k in range(m - w, m):  # cool-down: each I followed by a W held back, the rest at the end
             order.append((Op.BACKWARD_INPUT, k, r))
             weights.append(k)
             order.append((Op.BACKWARD_WEIGHT, weights.popleft(), r))
