@@ -21,7 +21,7 @@ Imports torch inside functions only: the engine never depends on PyTorch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from engine.bench.ddp_peer import race_in_ranks
 from engine.config import Config
@@ -111,7 +111,7 @@ class TorchPP:
         one_stage = schedule_cls in (pipelining.ScheduleGPipe, pipelining.Schedule1F1B)
         self.schedule = schedule_cls(self.stages[0] if one_stage else self.stages, m,
                                      loss_fn=_mean_cross_entropy)
-        self.opt = torch_adamw(_ParamsOnly(self.params), cfg.optim)
+        self.opt = torch_adamw(cast(Any, _ParamsOnly(self.params)), cfg.optim)
 
     def step(self, i: int) -> float:
         import torch
