@@ -72,8 +72,8 @@ class Trainer:
         dense = build_model(cfg, self.dataset)
         self.n_params = count_params(dense)  # the whole model's, before any split
         # Under pipeline parallelism the model is this rank's stages of it (engine.parallel.pipeline).
-        sample = self.dataset.global_batch(0, "train")[0][:1]  # what a stage balance by time measures
-        self.model = pipeline_model(shard_model(dense, cfg, self.groups), cfg, self.groups, comm, sample)
+        shard = shard_model(dense, cfg, self.groups)
+        self.model = pipeline_model(shard, cfg, self.groups, comm, self.dataset)
         self.layout = model_layout(self.model)
         self.dtype = resolve_dtype(cfg.precision.dtype)
         apply_checkpointing(self.model, cfg.memory.checkpointing)

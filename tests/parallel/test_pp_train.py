@@ -87,3 +87,11 @@ def test_what_cannot_run_is_one_line(over, key):
     with pytest.raises(ConfigError) as err:
         from_dict(cfg)
     assert err.value.key == key and "\n" not in str(err.value)
+
+
+def test_a_cut_by_measured_time_is_rank_0s_on_every_rank():
+    """stage_balance = "time": each rank measures its own times, and every rank cuts as rank 0 did (else
+    stages of one pipeline would disagree on their boundaries); training is still one device's."""
+    cfg = pp_config(4, 2, 2, parallel__stage_balance="time", model__n_layer=6)
+    ranks = run_ranks(4, "threads", train_rank, args=(cfg, STEPS), timeout_s=120)
+    assert_trains_like(ranks, _one_device(2, rows=4, model__n_layer=6))

@@ -100,14 +100,15 @@ class PipelineModel:
         return [u for i in sorted(self.runner.stages) for u in self.runner.stages[i].units()]
 
 
-def pipeline_model(model, cfg, groups, comm, sample: np.ndarray | None = None):
+def pipeline_model(model, cfg, groups, comm, dataset):
     """`model` as this rank trains it under cfg.parallel: itself with one pipeline stage, else the
     PipelineModel of its stages (parallel.pipeline × parallel.chunks virtual stages, cut by
-    parallel.stage_balance; a cut by measured time is rank 0's, so every rank cuts alike). `sample`: the
-    token ids the "time" balance measures the forward on."""
+    parallel.stage_balance; a cut by measured time is rank 0's, so every rank cuts alike: the "time"
+    balance measures the forward on a row of the first batch)."""
     p = cfg.parallel
     if p.pipeline == 1:
         return model
+    sample = dataset.global_batch(0, "train")[0][:1] if p.stage_balance == "time" else None
     split = split_model(model, p.pipeline * p.chunks, p.stage_balance, sample)
     if p.stage_balance == "time" and comm.world_size > 1:
         split = describe(model, broadcast_json(comm, split.block_counts), "time")
