@@ -387,10 +387,6 @@ def pipeline_problem(cfg: Config) -> KeyedProblem | None:
         return ("parallel.zero_stage", f"ZeRO-{p.zero_stage} reduces (stage 2) or gathers (stage 3) inside "
                 "the replica's own backward and forward, and a pipeline stage runs its backwards in its "
                 "schedule's order outside them", "use zero_stage 0 or 1 with parallel.pipeline > 1")
-    if p.sequence_parallel:
-        return ("parallel.sequence_parallel", "with pipeline > 1 is not implemented yet (the stage "
-                "boundaries would carry s/t of the sequence)",
-                "set sequence_parallel = false, or parallel.pipeline = 1")
     if p.hybrid or p.algorithm not in ON_ANY_GROUP:
         return ("parallel.hybrid" if p.hybrid else "parallel.algorithm", "runs over the whole world, and "
                 f"with pipeline {p.pipeline} gradients are reduced over the data-parallel group",

@@ -49,9 +49,11 @@ def test_pipeline_times_data_parallel(zero):
     assert_trains_like(ranks, _one_device(3, rows=4), grads=zero == 0)  # the same global batch
 
 
-def test_pipeline_times_tensor_times_data_parallel():
-    """DP 2 × PP 2 × TP 2 on 8 threads: the tensor-parallel shards of each stage, joined by name."""
-    cfg = pp_config(8, 2, 2, tensor=2)
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_pipeline_times_tensor_times_data_parallel(sp):
+    """DP 2 × PP 2 × TP 2 on 8 threads: the tensor-parallel shards of each stage, joined by name; with
+    sequence parallelism the stages hand on s/t of each sequence."""
+    cfg = pp_config(8, 2, 2, tensor=2, parallel__sequence_parallel=sp)
     ranks = run_ranks(8, "threads", train_rank, args=(cfg, STEPS), timeout_s=180)
     assert_trains_like(ranks, _one_device(2, rows=4), rtol=1e-10)
 

@@ -45,7 +45,8 @@ class PipelineStep:
         self.last = self.schedule.stages - 1
         self.holds_last = self.schedule.rank_of(self.last) == self.me
         rows = t.global_batch // (dp_size * t.micro_batches)
-        seq = tokens_per_row // (model.tensor_parallel.degree if p.sequence_parallel else 1)
+        self.sequence_split = model.tensor_parallel.degree if p.sequence_parallel else 1
+        seq = tokens_per_row // self.sequence_split
         self.width, self.dtype = cfg.model.n_embd, dtype
         io = uniform_io((rows, seq, self.width), dtype)  # b × s × h, s/t under sequence parallelism
         self.executor = Executor(self.schedule, self.me, group, io, self.runner)
@@ -123,7 +124,8 @@ class PipelineStep:
         with no_grad():
             for stage in self.schedule.stages_of(self.me):
                 if stage > 0:  # stage 0 reads the tokens itself
-                    hidden = np.empty((*np.shape(x)[:2], self.width), self.dtype)
+                    rows, tokens = np.shape(x)[:2]
+                    hidden = np.empty((rows, tokens // self.sequence_split, self.width), self.dtype)
                     exchange(self.group, [], [(self._peer(stage - 1), hidden)])
                 out = self.runner.forward(stage, 0, hidden)
                 if stage == self.last:
