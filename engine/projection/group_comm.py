@@ -5,8 +5,9 @@ A group's members come from the mesh's coordinates (Mesh.rank_of): with TP inner
 group of t ranks is t adjacent ranks — one node's when t divides ranks_per_node (the intra-node link); a
 larger one spans nodes, and so does one that t does not divide where it straddles a node's end. The
 data-parallel group (DP × CP) takes every t-th rank, so it spans the nodes with ranks_per_node / t of its
-ranks on each. Every step waits for every group (the gradient reduce joins them), so the group of a kind
-that spans the most nodes is the one costed.
+ranks on each. The pipeline group (pp outermost by default) takes every (world/p)-th rank: its neighbours
+sit on two nodes once the world exceeds one. Every step waits for every group (the gradient reduce joins
+them), so the group of a kind that spans the most nodes is the one costed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from engine.projection.sparse_ring import sparse_all_reduce
 
 
 def group_members(parallel, kind: str, per_node: int) -> list[int]:
-    """The ranks of the group of `kind` ("tp"; "dpcp", the gradient reduce; "world") that spans the most
+    """The ranks of the group of `kind` ("tp"; "pp"; "dpcp", the gradient reduce; "world") that spans the most
     nodes of `per_node` ranks. From the coordinates, not Mesh.members, whose tables for thousands of ranks
     take seconds."""
     mesh = Mesh.of(parallel)
@@ -27,6 +28,9 @@ def group_members(parallel, kind: str, per_node: int) -> list[int]:
     if kind == "tp":
         groups = [[mesh.rank_of(dp=d, pp=p, cp=c, tp=i) for i in range(mesh.tp)]
                   for d in range(mesh.dp) for p in range(mesh.pp) for c in range(mesh.cp)]
+    elif kind == "pp":
+        groups = [[mesh.rank_of(dp=d, pp=i, cp=c, tp=t) for i in range(mesh.pp)]
+                  for d in range(mesh.dp) for c in range(mesh.cp) for t in range(mesh.tp)]
     elif kind == "dpcp":
         groups = [sorted(mesh.rank_of(dp=d, cp=c, pp=p, tp=i) for d in range(mesh.dp) for c in range(mesh.cp))
                   for p in range(mesh.pp) for i in range(mesh.tp)]

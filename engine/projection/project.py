@@ -26,7 +26,7 @@ from engine.projection.machine import Machine, make_machine
 from engine.projection.step import StepBreakdown, predict_step
 
 SCALINGS = ("weak", "strong")
-PROJECTED_AXES = ("dp", "tp")  # the mesh axes (engine.parallel.mesh.AXES) the step model has a term for
+PROJECTED_AXES = ("dp", "tp", "pp")  # the mesh axes (engine.parallel.mesh.AXES) the step model has a term for
 DEFAULT_WORLD_SIZES = tuple(2**k for k in range(13))  # 1 ... 4096
 
 
@@ -116,7 +116,9 @@ def project(cfg: Config, cluster: Cluster, world_sizes=DEFAULT_WORLD_SIZES,
             skipped.append({"world_size": world, "why": f"the cluster has {cluster.max_ranks} ranks"})
             continue
         if world % model_parallel_ranks(cfg.parallel):
-            skipped.append({"world_size": world, "why": f"not a multiple of tensor {cfg.parallel.tensor}"})
+            p = cfg.parallel
+            skipped.append({"world_size": world, "why": f"not a multiple of tensor {p.tensor} x pipeline "
+                                                        f"{p.pipeline} x context {p.context}"})
             continue
         at = at_world_size(cfg, world, scaling)
         if at is None:

@@ -23,6 +23,8 @@ engine.parallel.data.buckets, the estimator's units), as the replicas issue it (
 
 Without `parallel.overlap` every collective is waited for where it is issued.
 
+Pipeline parallelism (p > 1) is pipeline_step.py's: the schedule simulated, and the collectives around it.
+
 Tensor parallelism (tensor_parallel.py): compute split t ways (what it does not split kept whole), its
 collectives run on the training thread inside forward and backward, exposed; the data-parallel group
 above is then the dp = world / t ranks holding the same shard (group_comm.py places it), and its buckets
@@ -69,6 +71,9 @@ class StepBreakdown:
     algorithm: str
     tp_s: float = 0.0  # tensor and sequence parallelism's collectives: all exposed (part of exposed_s)
     tp: dict = field(default_factory=dict)  # TensorParallel.summary(): degree, link, per layer, per step
+    bubble_s: float = 0.0  # pipeline: the mean pipeline rank's idle time in the schedule (part of exposed_s)
+    p2p_s: float = 0.0  # pipeline: what the stage-to-stage messages add to the schedule
+    pp: dict = field(default_factory=dict)  # the pipeline's summary (pipeline_step.py); empty at p = 1
 
     @property
     def comm_share(self) -> float:
@@ -82,6 +87,9 @@ class StepBreakdown:
 def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) -> StepBreakdown:
     """One step of cfg (its world size, stage, precision, micro-batches) on `machine`. `owned_elements`:
     the optimizer's shard (engine.memory.estimator), which sets the update's cost."""
+    if cfg.parallel.pipeline > 1:  # a pipeline rank's step; imported here, as it builds on this module
+        from engine.projection.pipeline_step import predict_pipeline_step
+        return predict_pipeline_step(cfg, machine, flops_of)
     p, dtype, world = cfg.parallel, cfg.precision.dtype, cfg.parallel.world_size
     dp = Mesh.of(p).degree("dpcp")
     micro, rows = cfg.train.micro_batches, cfg.train.global_batch // (dp * cfg.train.micro_batches)
@@ -134,10 +142,10 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) 
 
 class GroupPlan:
     """The groups a stage communicates in: bucket (stages 0-2) or unit (stage 3) sizes in bytes, and the
-    parameter indices each holds."""
+    parameter indices each holds. `shapes`: the parameters (a pipeline stage's), by default all of them."""
 
-    def __init__(self, cfg, vocab: int, world: int):
-        shapes = rank_shapes(cfg, vocab)  # one rank's shard of them under tensor parallelism
+    def __init__(self, cfg, vocab: int, world: int, shapes: list | None = None):
+        shapes = shapes or rank_shapes(cfg, vocab)  # one rank's shard of them under tensor parallelism
         s, stage, cap = itemsize(cfg.precision.dtype), cfg.parallel.zero_stage, cfg.parallel.bucket_cap_mb
         named = [(name, shape) for name, shape, _ in shapes]
         if stage == 0:

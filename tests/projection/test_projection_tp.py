@@ -182,8 +182,7 @@ def test_one_rank_of_tensor_one_has_no_term(tmp_path):
     assert step.tp_s == 0.0 and step.tp == {}
 
 
-@pytest.mark.parametrize("sets, key", [({"parallel": {"pipeline": 2}}, "parallel.pipeline"),
-                                       ({"parallel": {"context": 2}}, "parallel.context")])
+@pytest.mark.parametrize("sets, key", [({"parallel": {"context": 2}}, "parallel.context")])
 def test_degrees_without_a_term_are_refused(sets, key):
     with pytest.raises(ConfigError) as e:
         check_projectable(config(tensor=2, world=8, **sets))

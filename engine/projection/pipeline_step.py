@@ -1,0 +1,105 @@
+"""A pipeline rank's step (parallel.pipeline > 1): the schedule (pipeline.py) and what the engine does around
+it (engine.parallel.pipeline.step, engine.trainer), rank by rank, up to the meetings that join every rank.
+
+For pipeline rank r, with E_r the end of its last action in the simulated schedule (pipeline.py):
+
+    start      the step's bookkeeping (compute.other_s) and, with a tied head on another stage, the first
+               stage's wte sent to the last (one message of V·h parameters, α + nβ on their link): the
+               first forward waits for it, so the whole schedule starts that much later
+    schedule   E_r after the start
+    tied grad  the last stage's copy's gradient sent to the first once both are done (the same message)
+    DP reduce  once per stage, after its last backward (replica.reduce_accumulated): the buckets of the
+               stage's own parameters (GroupPlan over them: DDP all-reduces, ZeRO-1 reduce-scatters) on
+               the data-parallel group, waited for by the training thread: R_r
+    meeting    the gradient norm's sum of squares over the pipeline group (fp16: the overflow flag too),
+               ZeRO-1's over the data-parallel group, TP's over the tensor group: every rank waits for the
+               last one there, at M = max_r(E_r + R_r) + the agreements
+    update     the optimizer over the stage's parameters (÷ dp under ZeRO-1, then its all-gather): U_r
+    loss       the loss and the stop and pause votes, all-reduced over every rank
+
+    step = max_r(M + U_r) + loss + the wait for slower ranks sharing a host (compute.imbalance_s)
+
+A later stage finishes its backwards earlier (in 1F1B the last stage by (p−1)·B), so its reduce hides in
+the drain of the earlier stages; the first stage's does not. The breakdown reports the busiest rank: its
+compute, the rest of the step exposed (the bubble and the messages it waits on included), nothing overlapped
+(the training thread waits for every collective here) and no interference counted.
+"""
+
+from __future__ import annotations
+
+from engine.dtypes import itemsize
+from engine.parallel.mesh import Mesh
+from engine.projection.flops import FlopsOf, backward_events
+from engine.projection.group_comm import GroupComm, group_members
+from engine.projection.machine import Machine
+from engine.projection.pipeline import Pipeline, neighbour_link
+from engine.projection.step import GroupPlan, StepBreakdown
+from engine.projection.tensor_parallel import TensorParallel
+from engine.recompute import checkpointed_blocks
+
+
+def predict_pipeline_step(cfg, machine: Machine, flops_of: FlopsOf) -> StepBreakdown:
+    p, dtype, vocab = cfg.parallel, cfg.precision.dtype, flops_of.vocab
+    dp, per_node = Mesh.of(p).degree("dpcp"), machine.topology.per_node
+    rows = cfg.train.global_batch // (dp * cfg.train.micro_batches)
+    compute, k = machine.compute, machine.ranks_on_host
+    tp = TensorParallel(cfg, vocab, rows, machine)
+    tokens = tp.tokens(rows * flops_of.tokens_per_row)
+    flops = flops_of(tokens)
+    forward_rate = compute.rate("forward", dtype, tokens, k)
+    seconds = (tp.split(flops.forward / forward_rate, "forward"),
+               tp.split(flops.backward / compute.rate("backward", dtype, tokens, k), "backward"),
+               tp.split(flops.block_forward / forward_rate, "block"))
+    ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, cfg.model.n_layer))
+    pipe = Pipeline(cfg, vocab, rows, machine, flops, backward_events(cfg, vocab), seconds, ckpt, tp)
+    n = pipe.degree
+    tied = tied_s(cfg, vocab, machine)
+    other = compute.other_s(dtype, k)
+    ends = [other + tied + pipe.end(r) for r in range(n)]
+    if tied:
+        ends[0] = ends[n - 1] = max(ends[0], ends[n - 1]) + tied
+    dp_comm = GroupComm(machine, group_members(p, "dpcp", per_node))
+    sharded = p.zero_stage > 0 and dp > 1
+    reduce, update, gather = [], [], []
+    for r in range(n):
+        names = set(pipe.stage_names(r))
+        plan = GroupPlan(cfg, vocab, dp, [s for s in pipe.shapes if s[0] in names])
+        half = p.zero_stage > 0
+        reduce.append(sum(dp_comm.half(b, reduce=True)[0] if half else dp_comm.all_reduce(b)[0]
+                          for b in plan.sizes))
+        owned = sum(plan.sizes) // itemsize(dtype) // (dp if sharded else 1)
+        update.append(compute.optimizer_s(owned, dtype, k))
+        gather.append(sum(dp_comm.half(b, reduce=False)[0] for b in plan.sizes) if sharded else 0.0)
+    pp_comm = GroupComm(machine, group_members(p, "pp", per_node))
+    flags = 2 if dtype == "fp16" else 0
+    agree = pp_comm.scalars(1)[0] + (pp_comm.scalars(flags)[0] if flags else 0.0)
+    if sharded:
+        agree += dp_comm.scalars(1)[0] + (dp_comm.scalars(flags)[0] if flags else 0.0)
+    tp_step = sum(map(tp.seconds, tp.per_step))
+    met = max(e + r for e, r in zip(ends, reduce)) + agree + tp_step
+    loss = GroupComm(machine).scalars(3)[0]
+    step = max(met + u + g for u, g in zip(update, gather)) + loss
+    me = pipe.busiest
+    tp_s = pipe.per_rank(me, pipe.tp_forward) + pipe.per_rank(me, pipe.tp_backward) + tp_step
+    busy = pipe.timeline.busy(me) - (tp_s - tp_step)  # the rank's compute, its TP collectives taken out
+    compute_s = other + busy + update[me]
+    imbalance = compute.imbalance_s(compute_s, dtype, k)
+    step += imbalance
+    ties = 2 * tied if me in (0, n - 1) else 0.0
+    comm_s = (pipe.messages(me) * pipe.message_s + ties + reduce[me] + gather[me] + agree + loss + tp_s)
+    return StepBreakdown(
+        step_s=step, compute_s=compute_s, overlapped_s=0.0, exposed_s=step - compute_s,
+        interference_s=0.0, forward_s=pipe.per_rank(me, pipe.forward),
+        backward_s=pipe.per_rank(me, pipe.input) + pipe.per_rank(me, pipe.weight),
+        recompute_s=pipe.per_rank(me, pipe.recompute), optimizer_s=update[me], comm_s=comm_s,
+        imbalance_s=imbalance, algorithm=machine.algorithm, tp_s=tp_s, tp=tp.summary(),
+        bubble_s=pipe.bubble_s, p2p_s=pipe.p2p_s,
+        pp={**pipe.summary(), "rank": me, "tied_s": tied, "reduce_s": reduce, "optimizer_s": update})
+
+
+def tied_s(cfg, vocab: int, machine: Machine) -> float:
+    """One message of the tied weight (V·h) between the first and the last stage (0 when untied)."""
+    if not cfg.model.tie_weights:
+        return 0.0
+    link, _ = neighbour_link(cfg, machine, [(0, cfg.parallel.pipeline - 1)])
+    return link.p2p(vocab * cfg.model.n_embd * itemsize(cfg.precision.dtype))
