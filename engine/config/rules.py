@@ -170,7 +170,7 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     **{f"parallel.{key}": _between(1, 1024) for axis, key in AXES.items() if axis != "dp"},
     "parallel.order": _order,
     "parallel.schedule": one_of(*PIPELINE_SCHEDULES), "parallel.chunks": _between(1, 64),
-    "parallel.stage_balance": one_of(*STAGE_BALANCES),
+    "parallel.stage_balance": one_of(*STAGE_BALANCES), "parallel.pipeline_emulate_ms": _at_least(0),
     "parallel.zero_stage": _between(min(ZERO_STAGES), max(ZERO_STAGES)),
     "parallel.bucket_cap_mb": _positive,
     "parallel.timeout_s": _between(0, MAX_TIMEOUT_S, open_lo=True),
@@ -369,6 +369,9 @@ def pipeline_problem(cfg: Config) -> KeyedProblem | None:
     """What pipeline parallelism (parallel.pipeline > 1) cannot cut or schedule, or cannot run beside."""
     m, p = cfg.model, cfg.parallel
     stages = p.pipeline * p.chunks
+    if p.pipeline == 1 and p.pipeline_emulate_ms:
+        return ("parallel.pipeline_emulate_ms", "emulates a pipeline's compute, but parallel.pipeline = 1",
+                "set parallel.pipeline > 1, or pipeline_emulate_ms = 0")
     if p.pipeline == 1:
         return None if p.chunks == 1 else (
             "parallel.chunks", f"{p.chunks} chunks split a pipeline rank's layers, but parallel.pipeline = 1",

@@ -122,6 +122,9 @@ class ParallelConfig:
     chunks: int = _f(1, 'model chunks (virtual stages) per pipeline rank: schedule "interleaved" only, >= 2')
     stage_balance: str = _f("params", "how the blocks are cut into pipeline stages: "
                             f"{choices_doc(STAGE_BALANCES)} (parameter count, or measured forward time)")
+    pipeline_emulate_ms: float = _f(0.0, "pipeline > 1: each forward and each backward half sleeps this "
+                                    "long instead of computing, so schedules of many stages are timed on few "
+                                    "cores (nothing trains: the gradients are zero); 0 = real compute")
     context: int = _f(1, "context-parallel degree: ranks splitting each sequence (ring attention)")
     expert: int = _f(1, "expert-parallel degree: ranks splitting the experts; carved out of the data x "
                      "context ranks (it must divide them), so it does not multiply world_size")

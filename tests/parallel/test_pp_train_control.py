@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from engine.checkpoint.sharded import find_checkpoint
 from engine.comm.launch import run_ranks
 from engine.parallel.pipeline.schedules import build_schedule
@@ -75,3 +77,18 @@ def test_an_overflow_on_one_stage_is_skipped_by_every_rank():
         assert all(r["skipped"] == [True, False, False] for r in ranks)
         assert len({r["scale"] for r in ranks}) == 1 and ranks[0]["scale"] < 1024.0
         assert all(r["finite"] for r in ranks)
+
+
+def test_an_emulated_run_measures_the_formulas_bubble(tmp_path):
+    """pipeline_emulate_ms: 4 stages on thread ranks, each action a 20 ms sleep; the measured idle share of
+    a step over all ranks is 1F1B's (p−1)/(m+p−1) = 3/11 for m = 8, within 2 points."""
+    sets = ["parallel.world_size=4", "parallel.pipeline=4", "model.n_layer=4", "train.micro_batches=8",
+            "train.global_batch=8", "train.steps=2", "parallel.pipeline_emulate_ms=20"]
+    cfg, doc = tiny_config(tmp_path, *sets)
+    events: list = []
+    run_training(cfg, on_event=events.append, preset_doc=doc)
+    rows = [e.actions for e in events if e.kind == "pipeline_timeline" and e.step == 2]
+    assert len(rows) == 4 and all(e.emulated for e in events if e.kind == "pipeline_timeline")
+    wall = max(row[4] for actions in rows for row in actions)
+    busy = sum(row[4] - row[3] for actions in rows for row in actions if row[0] in ("F", "B", "I", "W"))
+    assert 1 - busy / (4 * wall) == pytest.approx(3 / 11, abs=0.02)

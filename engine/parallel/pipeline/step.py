@@ -20,15 +20,13 @@ the data-parallel ranks of their losses, known to rank 0 without another message
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from engine import events as ev
 from engine.comm.exchange import exchange
 from engine.data import rank_slice, slice_bounds
 from engine.memory.ledger import rank_ledger
-from engine.parallel.pipeline.executor import Executor, uniform_io
+from engine.parallel.pipeline.executor import Emulation, Executor, uniform_io
 from engine.parallel.pipeline.rank_model import PipelineModel
 from engine.parallel.pipeline.schedules import build_schedule
 from engine.tensor import no_grad
@@ -49,7 +47,9 @@ class PipelineStep:
         seq = tokens_per_row // self.sequence_split
         self.width, self.dtype = cfg.model.n_embd, dtype
         io = uniform_io((rows, seq, self.width), dtype)  # b × s × h, s/t under sequence parallelism
-        self.executor = Executor(self.schedule, self.me, group, io, self.runner)
+        seconds = p.pipeline_emulate_ms / 1000
+        self.emulation = Emulation(seconds, seconds, seconds) if seconds else None
+        self.executor = Executor(self.schedule, self.me, group, io, self.runner, self.emulation)
         self.timeline: list[list] = []
         # the replica holds no tied copy, so the ledger hears of it here (after the replica's holds)
         self.ledger, self._tied_grad_bytes = rank_ledger(), 0
@@ -69,16 +69,16 @@ class PipelineStep:
 
     def forward_backward(self, batch, step: int) -> float:
         """Steps 1-4 above; returns the micro-batches' loss sum, weighted as the module says."""
-        start = time.perf_counter()
         rows = len(batch[0])
         micro = [rank_slice(batch, self.dp_rank, self.dp_size, j, self.m) for j in range(self.m)]
         first_rows = [slice_bounds(rows, self.dp_rank, self.dp_size, j, self.m)[0] for j in range(self.m)]
         self._copy_tied_weights()
         self.replica.begin_micro(sync=False)
         self.runner.begin_step(micro, self.replica.loss_scale / self.m, step, first_rows)
-        result = self.executor.run(start)
+        result = self.executor.run()  # the timeline's zero: after the tied copy, where the schedule starts
         self.timeline = result.timeline
-        self._sum_tied_grads()
+        if self.emulation is None:  # emulated, no backward ran: there is no gradient to move
+            self._sum_tied_grads()
         self.replica.reduce_accumulated()
         return self._weighted(sum(result.losses[j] for j in range(self.m)) if self.holds_last else 0.0)
 
@@ -141,7 +141,8 @@ class PipelineStep:
         """This rank's PipelineTimeline of the last step."""
         s = self.schedule
         return [ev.PipelineTimeline(step=step, rank=self.rank, stage_rank=self.me, schedule=s.name,
-                                    micro_batches=s.micro_batches, chunks=s.chunks, actions=self.timeline)]
+                                    micro_batches=s.micro_batches, chunks=s.chunks, actions=self.timeline,
+                                    emulated=self.emulation is not None)]
 
 
 def _grad(p) -> np.ndarray:
