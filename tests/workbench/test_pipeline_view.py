@@ -235,6 +235,9 @@ def test_the_tab_live_switching_pipelines_and_its_footer_key():
             assert "step 2 · gpipe · 4 ranks x 8 micro-batches · emulated compute" in shown
             assert "pipeline 1 of 2 (rank 0's): dp0, ranks 0 2 4 6; g: next pipeline" in shown
             assert "g Next pipeline" in shown.splitlines()[-1]
+            lines = str(pane.view.content).splitlines()  # at 80x24 every line whole in its view
+            assert len(lines) == 11 and max(len(line) for line in lines) <= pane.view.content_region.width
+            assert lines[-1].endswith("idle: the bubble")  # the legend's last entry, not cut off
             await pilot.press("g")
             await wait_for(pilot, lambda: "pipeline 2 of 2: dp1, ranks 1 3 5 7" in screen_text(app))
             await pilot.press("1")
