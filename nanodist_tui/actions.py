@@ -18,7 +18,7 @@ from textual.widgets import TabbedContent
 from engine.run import stop_signals
 from nanodist_tui.replay import ReplayPlayer, faster, slower
 from nanodist_tui.session import JobFn, RunSession
-from nanodist_tui.widgets.pipeline_pane import PipelinePane
+from nanodist_tui.workspace import switchable_pipeline
 
 if TYPE_CHECKING:
     from textual.await_complete import AwaitComplete
@@ -86,14 +86,6 @@ WORKBENCH_ACTIONS = {b.action.partition("(")[0] for b in BINDINGS}
 RUN_ACTIONS = ("stop_training", "toggle_pause")
 ANY_SCREEN = ("quit", "stop_and_quit", "help")  # the app's keys that work over its other screens too
 REPLAY_ACTIONS = ("replay_speed", "seek")
-
-
-def switchable_pipeline(workspace: Workspace | None) -> PipelinePane | None:
-    """The pipeline pane, while its tab is on show and the run has more than one pipeline to step through."""
-    pane = workspace.tabs.get("pipeline") if workspace is not None else None
-    if not isinstance(pane, PipelinePane) or len(pane.pipelines) < 2:
-        return None
-    return pane if workspace is not None and workspace.active_tab == "tab-pipeline" else None
 
 
 class WorkbenchHost(Protocol):

@@ -13,6 +13,7 @@ from textual.widgets import TabbedContent, TabPane
 from nanodist_tui.panes import PaneSpec, panes_for
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.pane import Pane, as_panes
+from nanodist_tui.widgets.pipeline_pane import PipelinePane
 
 OVERVIEW = "overview"
 
@@ -67,3 +68,11 @@ class Workspace(Vertical):
             for key, spec in enumerate(self.specs, 2):
                 with TabPane(f"{key} {spec.title}", id=tab_id(spec.id)):
                     yield self.tabs[spec.id]
+
+
+def switchable_pipeline(workspace: Workspace | None) -> PipelinePane | None:
+    """The pipeline pane, while its tab is on show and the run has more than one pipeline to step through."""
+    pane = workspace.tabs.get("pipeline") if workspace is not None else None
+    if not isinstance(pane, PipelinePane) or len(pane.pipelines) < 2:
+        return None
+    return pane if workspace is not None and workspace.active_tab == "tab-pipeline" else None

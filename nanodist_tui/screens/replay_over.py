@@ -13,14 +13,13 @@ from textual.screen import Screen
 
 from engine.events import RunStarted
 from engine.run.control import RunControl
-from nanodist_tui.actions import switchable_pipeline
 from nanodist_tui.bridge import EventBatcher
 from nanodist_tui.messages import Tick
 from nanodist_tui.replay import ReplayPlayer, faster, slower
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.footer import WorkbenchFooter
 from nanodist_tui.widgets.run_header import RunHeader
-from nanodist_tui.workspace import Workspace
+from nanodist_tui.workspace import Workspace, switchable_pipeline
 
 REDRAW_S = 0.3
 
