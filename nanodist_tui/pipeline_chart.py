@@ -70,15 +70,13 @@ def measured_bubble(timelines: list[PipelineTimeline]) -> float:
 
 def bubble_formula(schedule: str, ranks: int, micro_batches: int, chunks: int) -> tuple[str, float] | None:
     """The bubble the schedule's formula gives as a share of the step (p ranks, m micro-batches, v chunks,
-    equal action times), and the formula as text; None for a schedule it does not cover."""
-    p, m, v = ranks, micro_batches, chunks
-    if schedule in ("gpipe", "1f1b"):
-        return "(p-1)/(m+p-1)", (p - 1) / (m + p - 1)
-    if schedule == "interleaved":
-        return "(p-1)/(v*m+p-1)", (p - 1) / (v * m + p - 1)
-    if schedule == "zb-h1":  # F, I and W of equal time: 3m slots of work per rank
-        return "(p-1)/(3m+p-1)", (p - 1) / (3 * m + p - 1)
-    return None
+    equal action times), and the formula as text (the schedules' own); None for a schedule it does not
+    know (a recording from another release)."""
+    from engine.config.vocabulary import PIPELINE_SCHEDULES
+    from engine.parallel.pipeline.schedules import formula_bubble
+    if schedule not in PIPELINE_SCHEDULES:
+        return None
+    return formula_bubble(schedule, ranks, micro_batches, chunks)
 
 
 def rank_row(timeline: PipelineTimeline, span: float, width: int, ranks: int = 1) -> RankRow:
