@@ -82,6 +82,8 @@ class MemoryEstimate:
     states: dict = field(default_factory=dict)
     by_phase: dict = field(default_factory=dict)  # phase -> categories when its total peaks
     maxima: dict = field(default_factory=dict)  # phase -> each category's own maximum
+    pipeline_rank: int = 0  # under pipeline parallelism, the pipeline rank this estimate is of
+    stages: tuple[int, ...] = ()  # and the virtual stages it holds (engine.memory.pipeline)
 
     def phase(self, name: str) -> dict[str, int]:
         return dict(self.by_phase[name])
@@ -104,13 +106,43 @@ class MemoryEstimate:
 
 def estimate(cfg, vocab: int | None = None) -> MemoryEstimate:
     """Per-rank memory of training `cfg`. `vocab` overrides looking it up (0 = from the data). Under tensor
-    parallelism every rank of the mesh holds the same bytes (engine.memory.tensor_parallel)."""
-    world, stage, dtype = cfg.parallel.world_size, cfg.parallel.zero_stage, cfg.precision.dtype
-    s, ms, low = itemsize(dtype), master_dtype(dtype).itemsize, is_low_precision(dtype)
+    parallelism every rank of the mesh holds the same bytes (engine.memory.tensor_parallel); under pipeline
+    parallelism the ranks differ by stage, and this is the heaviest pipeline rank's estimate
+    (engine.memory.pipeline.estimate_ranks gives each)."""
+    if cfg.parallel.pipeline > 1:
+        from engine.memory.pipeline import estimate_ranks  # it builds on this module's pieces
+        return max(estimate_ranks(cfg, vocab), key=lambda e: sum(e.peak()[1].values()))
+    dtype = cfg.precision.dtype
     micro = cfg.train.global_batch // (Mesh.of(cfg.parallel).dp * cfg.train.micro_batches)
-    shards = shard_count(cfg)
     vocab = (vocab or vocab_size(cfg)) if cfg.model.kind == "gpt" else 0
     shapes = rank_shapes(cfg, vocab)  # this rank's: its tensor-parallel shards
+    rest = model_states(cfg, shapes)
+    timeline = _Timeline(rest.states, rest.scratch)
+    _replay(timeline, cfg, vocab, micro, _transients(shapes, cfg, rest.units))
+    if region := sequence_region_numel(cfg, shapes) * itemsize(dtype):  # SP's gradient sum, after backward
+        timeline.extra.update(gradients=0, comm_buffers=region)
+        timeline.mark("backward")
+    optimizer_phase(timeline, cfg, rest)
+    n_params = count_params(param_shapes(cfg, vocab))  # the whole model's
+    return MemoryEstimate(n_params, cfg.parallel.world_size, cfg.parallel.zero_stage, dtype,
+                          cfg.memory.checkpointing, micro, rest.states, timeline.peaks, timeline.maxima)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """What a rank's replica holds over the parameters `shapes`: model states by category, the AdamW
+    pieces (elements each update covers), stage 3's padded units and the optimizer's scratch bytes."""
+
+    states: dict
+    pieces: list[int]
+    units: list[int]
+    scratch: int
+
+
+def model_states(cfg, shapes) -> ModelStates:
+    """The ZeRO table above over `shapes` (a rank's own parameters, in the replica's order)."""
+    stage, dtype, shards = cfg.parallel.zero_stage, cfg.precision.dtype, shard_count(cfg)
+    s, ms, low = itemsize(dtype), master_dtype(dtype).itemsize, is_low_precision(dtype)
     n = sum(math.prod(shape) for _, shape, _ in shapes)
     pieces, units = _pieces(shapes, cfg, shards, stage)  # elements each AdamW updates; stage-3 units
     owned = sum(pieces)
@@ -121,19 +153,16 @@ def estimate(cfg, vocab: int | None = None) -> MemoryEstimate:
         "adam_m": ms * owned,
         "adam_v": ms * owned,
     }
-    scratch = 2 * ms * min(max(pieces), CHUNK)  # AdamW's, for the whole run
-    timeline = _Timeline(states, scratch)
-    _replay(timeline, cfg, vocab, micro, _transients(shapes, cfg, units))
-    if region := sequence_region_numel(cfg, shapes) * s:  # SP's gradient sum, after the last backward
-        timeline.extra.update(gradients=0, comm_buffers=region)
-        timeline.mark("backward")
-    norm_buf = 8 * min(max(pieces), NORM_CHUNK)  # held while the gradient norm is formed; after it,
-    grad32 = 4 * owned if low else 0  # the fp32 gradient copy of a mixed-precision update
+    return ModelStates(states, pieces, units, 2 * ms * min(max(pieces), CHUNK))  # AdamW's, for the whole run
+
+
+def optimizer_phase(timeline: _Timeline, cfg, rest: ModelStates) -> None:
+    """The optimizer step: the gradient norm passes through one float64 buffer of min(largest piece,
+    NORM_CHUNK) elements; after it, a mixed-precision update makes an fp32 copy of the owned gradients."""
+    norm_buf = 8 * min(max(rest.pieces), NORM_CHUNK)
+    grad32 = 4 * sum(rest.pieces) if is_low_precision(cfg.precision.dtype) else 0
     timeline.peaks["optimizer"] = timeline.maxima["optimizer"] = {
-        **timeline.base, "temporaries": scratch + max(norm_buf, grad32)}
-    n_params = count_params(param_shapes(cfg, vocab))  # the whole model's
-    return MemoryEstimate(n_params, world, stage, dtype, cfg.memory.checkpointing, micro, states,
-                          timeline.peaks, timeline.maxima)
+        **timeline.base, "temporaries": rest.scratch + max(norm_buf, grad32)}
 
 
 def shard_count(cfg) -> int:

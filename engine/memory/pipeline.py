@@ -1,0 +1,208 @@
+"""What pipeline parallelism changes in a rank's memory, for the estimator: per pipeline rank, by its stages.
+
+Model states. Pipeline rank r holds the parameters of its stages (engine.parallel.pipeline.split: the cut
+by parameter count; a cut by measured time is made at launch and cannot be predicted, so the estimate takes
+the parameter cut for it too), laid out by its replica as any model's (the ZeRO table in
+engine.memory.estimator over the rank's own parameters; ZeRO 0 or 1, the stages PP allows). The last stage
+also holds the tied head's copy of wte (parameters), and its gradient from the stage's first weight
+gradient to the end of the schedule.
+
+Activations. A micro-batch's stage s keeps, from its F to its B, the arrays its layers save (the
+estimator's per-block list, cut at the stage's blocks: the embedding's on stage 0, the final LayerNorm,
+logits and loss on the last; the token ids and the targets are views of one global batch array, held once
+however many micro-batches keep them). How many micro-batches are in flight is read off the schedule's own
+action list (engine.parallel.pipeline.schedules), walking rank r's actions: each F adds its stage's bytes,
+each B frees them, and the peak of the rank's total is taken (interleaved stages differ in size). That walk
+gives the published bounds: GPipe m, 1F1B min(p - r, m), interleaved Megatron's warm-up, ZB-H1 at most
+1F1B's. With activation checkpointing a recomputed block keeps its input only, and its B recomputes it in
+full, one block at a time.
+
+Zero bubble. I frees what only the input gradient needs; until W a stage keeps the inputs of its weight
+products (engine.backward_split: a node whose weight product waits keeps its saves): per block ln_1's and
+ln_2's outputs, attention's output and GELU's, and on the last stage ln_f's output. Stage 0 has no input
+gradient to make, so its I runs nothing and it keeps everything until W.
+
+The executor (communication buffers). Each message is one b × s × h array of the compute dtype: a
+received activation from its receive until its F reads it, a stage's output until sent, a received
+gradient until its B reads it, an input gradient until sent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from engine.config.build import count_params, param_shapes, vocab_size
+from engine.dtypes import itemsize, master_dtype
+from engine.memory.estimator import (
+    MemoryEstimate,
+    _gpt_saves,
+    _Timeline,
+    model_states,
+    optimizer_phase,
+)
+from engine.memory.tensor_parallel import TensorSplit, rank_shapes
+from engine.parallel.mesh import Mesh
+from engine.parallel.pipeline.ir import Op
+from engine.parallel.pipeline.schedules import build_schedule
+from engine.parallel.pipeline.split import balanced_counts
+from engine.recompute import checkpointed_blocks
+
+SHARED = ("idx", "targets")  # views of the global batch: one array whatever the micro-batches in flight
+WEIGHT_INPUTS = ("ln_1 out", "attn O", "ln_2 out", "gelu out", "ln_f out")  # kept from I to W
+
+
+def stage_counts(cfg, shapes) -> list[int]:
+    """Blocks per virtual stage: split_model's cut by parameter count, from the rank's own shapes."""
+    weights = [0.0] * (cfg.model.n_layer + 2)  # embedding, blocks, head
+    for name, shape, unit in shapes:
+        slot = 1 + unit if unit is not None else (0 if name.startswith(("wte.", "wpe.")) else -1)
+        weights[slot] += math.prod(shape)
+    if cfg.model.tie_weights:
+        weights[-1] += math.prod(next(shape for name, shape, _ in shapes if name == "wte.weight"))
+    stages = cfg.parallel.pipeline * cfg.parallel.chunks
+    return balanced_counts(weights[1:-1], stages, weights[0], weights[-1])
+
+
+def estimate_ranks(cfg, vocab: int | None = None) -> list[MemoryEstimate]:
+    """One estimate per pipeline rank (rank r of the pipeline group, any data- or tensor-parallel rank)."""
+    p, dtype, m = cfg.parallel, cfg.precision.dtype, cfg.model
+    vocab = vocab or vocab_size(cfg)
+    micro = cfg.train.global_batch // (Mesh.of(p).dp * cfg.train.micro_batches)
+    shapes = rank_shapes(cfg, vocab)
+    counts = stage_counts(cfg, shapes)
+    firsts = [sum(counts[:i]) for i in range(len(counts))]
+    s, f = itemsize(dtype), master_dtype(dtype).itemsize
+    groups = _gpt_saves(micro, m.block_size, m.n_embd, m.n_head, vocab, m.n_layer, cfg.train.global_batch, s,
+                        f, m.dropout, TensorSplit.of(cfg))
+    ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, m.n_layer))
+    schedule = build_schedule(p.schedule, p.pipeline, cfg.train.micro_batches, p.chunks)
+    last = schedule.stages - 1
+    wte = math.prod(next(shape for name, shape, _ in shapes if name == "wte.weight")) * s
+    copy = wte if m.tie_weights else 0  # the last stage's own copy of a tied wte
+    io = micro * m.block_size * m.n_embd * s  # one message: b × s × h (no sequence parallelism under PP)
+    out = []
+    for rank in range(p.pipeline):
+        held = schedule.stages_of(rank)
+        mine = [(n, sh, u) for n, sh, u in shapes if _stage_of(n, u, firsts) in held
+                and not (n == "lm_head.weight" and m.tie_weights)]
+        rest = model_states(cfg, mine)
+        states = {**rest.states, "parameters": rest.states["parameters"] + copy * (last in held)}
+        timeline = _Timeline(states, rest.scratch)
+        stages = {i: _stage_bytes(groups, firsts[i], counts[i], i == 0, i == last, ckpt) for i in held}
+        _walk(timeline, schedule.actions[rank], stages, io, copy * (last in held), last)
+        timeline.mark("backward")  # finish_backward: the gradients' reduce, in place (DDP, ZeRO-1)
+        optimizer_phase(timeline, cfg, rest)
+        out.append(MemoryEstimate(count_params(param_shapes(cfg, vocab)), p.world_size, p.zero_stage, dtype,
+                                  cfg.memory.checkpointing, micro, states, timeline.peaks, timeline.maxima,
+                                  pipeline_rank=rank, stages=tuple(held)))
+    return out
+
+
+def _stage_of(name: str, unit: int | None, firsts: list[int]) -> int:
+    if unit is not None:
+        return max(i for i, first in enumerate(firsts) if first <= unit)
+    return 0 if name.startswith(("wte.", "wpe.")) else len(firsts) - 1
+
+
+@dataclass(frozen=True)
+class _StageBytes:
+    """One stage's bytes per micro-batch: kept from F to B or I (`forward`, and the `shared` global-batch
+    views), kept from I to W (`weight`, `weight_shared`), and the most one micro-batch holds while its B,
+    I or W recomputes a checkpointed block (0: none; `recompute_shared`, what of `shared` is held then)."""
+
+    forward: int
+    shared: dict
+    weight: int
+    weight_shared: dict
+    during_b: int = 0
+    during_i: int = 0
+    during_w: int = 0
+    recompute_shared: dict = field(default_factory=dict)
+
+
+def _weight_part(group: dict) -> dict:
+    return {k: v for k, v in group.items() if k.rsplit(" ", 1)[0] in WEIGHT_INPUTS or k == "ln_f out"}
+
+
+def _size(group: dict) -> int:
+    return sum(v for k, v in group.items() if k not in SHARED)
+
+
+def _stage_bytes(groups, first: int, n: int, embedding: bool, head: bool, ckpt: set) -> _StageBytes:
+    emb, top = (groups[0] if embedding else {}), (groups[-1] if head else {})
+    full = groups[1 + first:1 + first + n]
+    reduced = [dict(list(g.items())[:1]) if first + j in ckpt else g for j, g in enumerate(full)]
+    # after I, a block keeps its weight products' inputs; a checkpointed one the recompute's (its nested
+    # backward is split too) and its own input, which its checkpoint node keeps until W
+    weights = [{**(reduced[j] if first + j in ckpt else {}), **_weight_part(g)} for j, g in enumerate(full)]
+    during_b = during_i = 0
+    for j in range(n):  # B and I run from the last block; block j, checkpointed, is recomputed in full
+        if first + j in ckpt:
+            below = _size(emb) + sum(_size(r) for r in reduced[:j]) + _size(full[j])
+            during_b = max(during_b, below)
+            after = sum(_size(w) for w in weights[j + 1:]) + _size(_weight_part(top))  # blocks done
+            during_i = max(during_i, below + after)
+    kept = {**emb, **{k: v for r in reduced for k, v in r.items()}, **top}
+    shared = {k: v for k, v in kept.items() if k in SHARED}
+    if embedding:  # nothing on stage 0 needs an input gradient: I runs nothing, W is all of B
+        return _StageBytes(_size(kept), shared, _size(kept), shared, during_b, 0, during_b, shared)
+    weight = {**{k: v for w in weights for k, v in w.items()}, **_weight_part(top)}
+    return _StageBytes(_size(kept), shared, _size(weight), {}, during_b, during_i)  # targets: freed by I
+
+
+def _walk(t: _Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: int, last: int) -> None:
+    """Rank's actions in order, as the executor runs them (the trainer counts the whole schedule in its
+    forward phase): activations in flight, the executor's buffers, the tied copy's gradient."""
+    forwarded = dict.fromkeys(stages, 0)  # micro-batches between F and B (or I)
+    weighted = dict.fromkeys(stages, 0)  # between I and W
+
+    def mark(running: int = 0, running_shared: dict | None = None) -> None:
+        """`running`, `running_shared`: what the micro-batch being run holds (it is in no count meanwhile)."""
+        shared = dict(running_shared or {})
+        for i, st in stages.items():
+            shared.update(st.shared if forwarded[i] else {})
+            shared.update(st.weight_shared if weighted[i] else {})
+        t.held = {"in flight": running + sum(shared.values()) + sum(
+            forwarded[i] * st.forward + weighted[i] * st.weight for i, st in stages.items())}
+        t.mark("forward")
+
+    i = 0
+    while i < len(actions):
+        a = actions[i]
+        i += 1
+        if not a.op.is_compute:  # a batch: every receive buffer allocated, then the sends complete
+            batch = [a]
+            while i < len(actions) and not actions[i].op.is_compute:
+                batch.append(actions[i])
+                i += 1
+            t.extra["comm_buffers"] += io * sum(b.op in (Op.RECV_ACT, Op.RECV_GRAD) for b in batch)
+            mark()
+            t.extra["comm_buffers"] -= io * sum(b.op in (Op.SEND_ACT, Op.SEND_GRAD) for b in batch)
+            continue
+        st, s = stages[a.stage], a.stage
+        if a.op == Op.FORWARD:
+            t.extra["comm_buffers"] -= io * (s > 0)  # the received input, read (the tape keeps it)
+            forwarded[s] += 1
+            mark()
+            t.extra["comm_buffers"] += io * (s < last)  # the output, until sent
+        elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+            t.extra["comm_buffers"] -= io * (s < last)  # the received gradient, read
+            forwarded[s] -= 1
+            mark(st.forward, st.shared)
+            if s == last and a.op == Op.BACKWARD:  # the head's weight gradient comes first: the copy's
+                t.extra["gradients"] = copy
+            if a.op == Op.BACKWARD and st.during_b:
+                mark(st.during_b, st.recompute_shared)
+            elif a.op == Op.BACKWARD_INPUT and st.during_i:
+                mark(st.during_i)
+            weighted[s] += a.op == Op.BACKWARD_INPUT
+            t.extra["comm_buffers"] += io * (s > 0)  # the input gradient, until sent
+        else:  # W: the head's weight product first (the copy's gradient), then the rest
+            weighted[s] -= 1
+            t.extra["gradients"] = copy if s == last else t.extra["gradients"]
+            mark(st.weight, st.weight_shared)
+            if st.during_w:
+                mark(st.during_w, st.recompute_shared)
+        mark()
+    t.extra["gradients"] = 0  # summed into the first stage's wte and dropped
