@@ -57,3 +57,17 @@ def test_resume_at_another_pipeline_degree(tmp_path, other):
     assert sorted(step_losses(resumed)) == sorted(expected)
     np.testing.assert_allclose([step_losses(resumed)[s] for s in sorted(expected)],
                                [expected[s] for s in sorted(expected)], rtol=1e-10)
+
+
+def test_a_resumed_run_evaluates_with_the_restored_tied_head(tmp_path):
+    """The last stage's copy of the tied embedding is no optimizer state: a run resumed at PP 2 evaluates,
+    before its first step, with the restored weights, as a one-device resume of the same checkpoint does."""
+    original, _ = train(tmp_path / "a", *FP64, "parallel.world_size=2", "parallel.pipeline=2",
+                        "train.steps=4", "checkpoint.every=4")
+    vals = []
+    for layout in (["parallel.world_size=1", "parallel.pipeline=1"],
+                   ["parallel.world_size=2", "parallel.pipeline=2"]):
+        events: list = []
+        resume_training(original["run_dir"], [*layout, "train.steps=5"], step=4, on_event=events.append)
+        vals.append([e.val_loss for e in events if e.kind == "eval"][0])
+    assert vals[1] == pytest.approx(vals[0], rel=1e-12)

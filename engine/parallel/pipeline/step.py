@@ -2,8 +2,8 @@
 place of its micro-batch loop, `eval_loss(x, y)` in place of one forward, `figures(step)` for its events.
 
 One step on a pipeline rank:
-  1. the tied weight's second copy (the last stage's lm_head.weight) takes the first stage's values, so a
-     copy restored from a checkpoint, or left behind by a skipped step, is always the one device's weight;
+  1. the tied weight's second copy (the last stage's lm_head.weight) takes the first stage's values (so
+     does an evaluation after an update, or after a restore), so the copy is always the one device's weight;
   2. every pipeline rank reads the same m micro-batches of its data-parallel rank's share of the batch
      (the first stage needs the tokens, the last the targets), and the executor runs the schedule; the
      last stage seeds each backward with the loss scale / m, as one device's accumulation does;
@@ -51,6 +51,7 @@ class PipelineStep:
         self.emulation = Emulation(seconds, seconds, seconds) if seconds else None
         self.executor = Executor(self.schedule, self.me, group, io, self.runner, self.emulation)
         self.timeline: list[list] = []
+        self._tied_fresh = False  # the copies hold the first stage's current values (false after any update)
         # the replica holds no tied copy, so the ledger hears of it here (after the replica's holds)
         self.ledger, self._tied_grad_bytes = rank_ledger(), 0
         for tie in self.runner.tied_parameters():
@@ -73,6 +74,7 @@ class PipelineStep:
         micro = [rank_slice(batch, self.dp_rank, self.dp_size, j, self.m) for j in range(self.m)]
         first_rows = [slice_bounds(rows, self.dp_rank, self.dp_size, j, self.m)[0] for j in range(self.m)]
         self._copy_tied_weights()
+        self._tied_fresh = False  # the optimizer's step comes next
         self.replica.begin_micro(sync=False)
         self.runner.begin_step(micro, self.replica.loss_scale / self.m, step, first_rows)
         result = self.executor.run()  # the timeline's zero: after the tied copy, where the schedule starts
@@ -89,6 +91,9 @@ class PipelineStep:
         return self.schedule.rank_of(stage)
 
     def _copy_tied_weights(self) -> None:
+        if self._tied_fresh:
+            return
+        self._tied_fresh = True
         for tie in self.runner.tied_parameters():
             first, last = tie.params
             if first is not None and last is not None:
@@ -118,6 +123,7 @@ class PipelineStep:
 
     def eval_loss(self, x, y) -> float:
         """One forward of (x, y) through every stage in order (no tape), weighted as a step's loss."""
+        self._copy_tied_weights()  # a restored run evaluates before its first step
         self.runner.begin_step([(x, y)], 1.0)
         hidden: np.ndarray | None = None
         loss = 0.0
