@@ -32,8 +32,11 @@ class RunStarted:
     run_dir: str = ""  # the run folder, when the run is recorded
     # phase -> category -> bytes one rank holds at that phase's peak, as the analytic estimator
     # (engine.memory.estimator) predicts from the config: the same for every rank and step, so the launcher
-    # makes it once per run and adds it here; None where no launcher did (a Trainer driven directly)
+    # makes it once per run and adds it here; None where no launcher did (a Trainer driven directly).
+    # Under pipeline parallelism the ranks' stages differ: this is then the heaviest pipeline rank's, and
     memory_estimate: dict | None = None
+    # memory_estimate_per_rank[rank] each rank's own (its pipeline rank's; None without a pipeline)
+    memory_estimate_per_rank: list | None = None
 
 
 @dataclass(frozen=True)

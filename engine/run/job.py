@@ -25,6 +25,8 @@ from engine.config import Config, network_emulation, to_dict
 from engine.config.build import build_dataset, vocab_size
 from engine.data import DATA_KINDS
 from engine.memory.estimator import estimate
+from engine.memory.pipeline import estimate_ranks
+from engine.parallel.mesh import Mesh
 from engine.run import error_log, lineage
 from engine.run.recorder import RecordingError, RunRecorder, new_summary, summarize
 from engine.sinks.runner import SinkSet
@@ -45,7 +47,7 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     stop_event = stop_event or threading.Event()
     # With tcp/mpi each process runs one rank; only rank 0's process records the run.
     lead = process_rank(cfg.parallel.backend) in (None, 0)
-    memory_estimate = _before_ranks(cfg, lead)
+    memory_estimate, per_rank = _before_ranks(cfg, lead)
     if record and lead:
         resolved = preset_doc if preset_doc is not None else to_dict(cfg)
         # a folder that stops taking writes stops the run (checkpointing if the disk still allows)
@@ -69,7 +71,7 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
         results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, train_rank,
                             args=(to_dict(cfg), run_id, checkpoint_dir, str(resume_from or "")),
                             on_event=_relay(bus, memory_estimate, lineage.parent_of(resume_from)
-                                            if resume_from else None),
+                                            if resume_from else None, per_rank),
                             timeout_s=cfg.parallel.timeout_s, stop_event=stop_event,
                             pause_event=pause_event, network=network_emulation(cfg),
                             threads_per_rank=cfg.parallel.threads_per_rank)
@@ -122,29 +124,37 @@ def run_training(cfg: Config, on_event=None, stop_event: threading.Event | None 
     return summary
 
 
-def _before_ranks(cfg: Config, lead: bool) -> dict | None:
+def _before_ranks(cfg: Config, lead: bool) -> tuple[dict | None, list | None]:
     """What is done once per run before any rank starts: check the config against its data (build_dataset:
     ConfigError or DataError, one line) and, in the process that reports the run, make the memory estimate
-    (phase -> category -> bytes per rank) that its RunStarted carries. Every process of a tcp or mpi launch
-    checks, as each builds its own rank's data; only rank 0's reports, so only it estimates."""
+    (phase -> category -> bytes per rank) that its RunStarted carries; under pipeline parallelism also each
+    rank's own (its stages', per global rank), else None. Every process of a tcp or mpi launch checks, as
+    each builds its own rank's data; only rank 0's reports, so only it estimates."""
     # Only token streams are checked against the config (the context, the vocabulary); a classifier's
     # samples are not built here, where nothing would read them. Dropped on return: the ranks build their
     # own (the corpora and synthetic streams are cached per process, so thread ranks reuse this one).
     dataset = build_dataset(cfg) if DATA_KINDS.get(cfg.data.kind) == "lm" else None
     if not lead:
-        return None
-    return estimate(cfg, vocab_size(cfg, dataset) if cfg.model.kind == "gpt" else None).phases()
+        return None, None
+    vocab = vocab_size(cfg, dataset) if cfg.model.kind == "gpt" else None
+    if cfg.parallel.pipeline == 1:
+        return estimate(cfg, vocab).phases(), None
+    per_stage, mesh = estimate_ranks(cfg, vocab), Mesh.of(cfg.parallel)
+    heaviest = max(per_stage, key=lambda e: sum(e.peak()[1].values()))  # what estimate(cfg) gives
+    return heaviest.phases(), [per_stage[mesh.coords(r).pp].phases() for r in range(cfg.parallel.world_size)]
 
 
-def _relay(bus: ev.EventBus, memory_estimate: dict | None, parent: Path | None = None
-           ) -> Callable[[dict], None]:
+def _relay(bus: ev.EventBus, memory_estimate: dict | None, parent: Path | None = None,
+           per_rank: list | None = None) -> Callable[[dict], None]:
     """The ranks' events (JSON dicts) onto the bus as typed events. Rank 0's RunStarted gains the run's
-    memory estimate, so every reader (recorder, workbench, sinks) gets it once, not in each memory event;
-    a run resumed from `parent` (a run folder) is followed by its History (engine.run.lineage)."""
+    memory estimate (and under pipeline parallelism each rank's), so every reader (recorder, workbench,
+    sinks) gets it once, not in each memory event; a run resumed from `parent` (a run folder) is followed
+    by its History (engine.run.lineage)."""
     def relay(d: dict) -> None:
         event = ev.from_json(d)
         if isinstance(event, ev.RunStarted) and memory_estimate is not None:
-            event = dataclasses.replace(event, memory_estimate=memory_estimate)
+            event = dataclasses.replace(event, memory_estimate=memory_estimate,
+                                        memory_estimate_per_rank=per_rank)
         bus.emit(event)
         if isinstance(event, ev.RunStarted) and parent is not None:
             bus.emit(lineage.history(parent, event.first_step))

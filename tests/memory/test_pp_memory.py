@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import from_dict
+from engine import events as ev
+from engine.config import from_dict, to_dict
 from engine.memory.estimator import estimate
 from tests.pp_memory_helpers import estimate_of_rank, measured, mismatches, pp_memory_config, runs
 
@@ -77,3 +78,20 @@ def test_the_run_estimate_is_the_heaviest_pipeline_rank():
     totals = [sum(e.peak()[1].values()) for e in per_rank.values()]
     assert len(set(totals)) > 1  # the stages differ
     assert sum(estimate(from_dict(cfg)).peak()[1].values()) == max(totals)
+
+
+def test_run_started_carries_each_ranks_estimate_and_every_snapshot_equals_it():
+    """The launcher estimates once: RunStarted.memory_estimate the heaviest pipeline rank's, and
+    memory_estimate_per_rank[r] rank r's own, which each of its MemorySnapshot peaks equals (DP 2 x PP 2)."""
+    from engine.run.job import run_training
+    cfg = from_dict(pp_memory_config(2, 4, "zb-h1", world=4, parallel__zero_stage=1))
+    seen: list = []
+    run_training(cfg, on_event=seen.append, record=False)
+    started = next(e for e in seen if isinstance(e, ev.RunStarted))
+    per_rank = started.memory_estimate_per_rank
+    assert per_rank == [e.phases() for e in estimate_of_rank(to_dict(cfg)).values()]
+    assert started.memory_estimate == estimate(cfg).phases() and len({repr(e) for e in per_rank}) == 2
+    snaps = [e for e in seen if isinstance(e, ev.MemorySnapshot)]
+    assert len(snaps) == 2 * 4 * 3  # steps x ranks x phases
+    for s in snaps:
+        assert s.peak == per_rank[s.rank][s.phase], (s.rank, s.phase)
