@@ -108,3 +108,13 @@ def run_emulated(comm, emit, name: str, m: int, chunks: int, unit_s: float) -> d
                         emulation=Emulation(unit_s, unit_s, unit_s))
     comm.barrier()  # the ranks start the step together, as the trainer's steps do
     return {"timeline": executor.run().timeline}
+
+
+def run_broken(comm, emit) -> None:
+    """Rank function: a 2-rank list whose rank 0 sends micro-batch 0's activation before computing it."""
+    from engine.parallel.pipeline.ir import Action, Op, Schedule
+    rank0 = (Action(Op.SEND_ACT, 0, 0, 1), Action(Op.FORWARD, 0, 0), Action(Op.BACKWARD, 0, 0))
+    rank1 = (Action(Op.RECV_ACT, 0, 1, 0), Action(Op.FORWARD, 0, 1), Action(Op.BACKWARD, 0, 1))
+    schedule = Schedule("broken", 2, 1, 1, (rank0, rank1))
+    runner = ChainRunner(2, [comm.rank], 1, 1.0)
+    Executor(schedule, comm.rank, comm, uniform_io((ROWS, WIDTH), np.float64), runner).run()

@@ -114,3 +114,11 @@ def test_emulated_bubble_is_the_formula(name):
     formula, chunks = FORMULAS[name]
     results = run_ranks(4, "threads", helpers.run_emulated, (name, 8, chunks, 0.02), timeout_s=60)
     assert measured_bubble([r["timeline"] for r in results]) == pytest.approx(formula, abs=0.02)
+
+
+def test_a_list_that_sends_what_it_has_not_computed_is_one_clear_failure():
+    from engine.comm import RankFailure
+    line = ("rank 0 failed: RuntimeError: pipeline rank 0: schedule 'broken' needs the outputs array of "
+            "stage 0, micro-batch 0 before it exists")
+    with pytest.raises(RankFailure, match=line):
+        run_ranks(2, "threads", helpers.run_broken, timeout_s=10)

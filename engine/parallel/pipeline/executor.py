@@ -171,10 +171,8 @@ class Executor:
             key, peer = (a.stage, a.micro_batch), a.peer
             if peer is None:
                 raise ValueError(f"pipeline rank {self.rank}: {a} names no peer")
-            if a.op == Op.SEND_ACT:
-                sends.append((peer, self._held["outputs"].pop(key)))
-            elif a.op == Op.SEND_GRAD:
-                sends.append((peer, self._held["grad_out"].pop(key)))
+            if a.op in (Op.SEND_ACT, Op.SEND_GRAD):
+                sends.append((peer, self._pop("outputs" if a.op == Op.SEND_ACT else "grad_out", key)))
             else:
                 shape, dtype = self.io(a.stage if a.op == Op.RECV_ACT else a.stage + 1)
                 out = np.empty(shape, dtype)
@@ -191,9 +189,15 @@ class Executor:
             self._keep(kind, key, out, counted=True)
 
     def _take(self, kind: str, key: tuple[int, int]) -> np.ndarray:
-        array = self._held[kind].pop(key)
+        array = self._pop(kind, key)
         self.ledger.sub("comm_buffers", array.nbytes)
         return array
+
+    def _pop(self, kind: str, key: tuple[int, int]) -> np.ndarray:
+        if key not in self._held[kind]:
+            raise RuntimeError(f"pipeline rank {self.rank}: schedule {self.schedule.name!r} needs the {kind} "
+                               f"array of stage {key[0]}, micro-batch {key[1]} before it exists")
+        return self._held[kind].pop(key)
 
     def _keep(self, kind: str, key: tuple[int, int], array: np.ndarray, counted: bool = False) -> None:
         held = self._held[kind]
