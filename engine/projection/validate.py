@@ -2,12 +2,15 @@
 
 The calibration (calibrate.py) measures compute with ranks that never communicate and the transport with
 bare collectives; every case here is a real training step (engine.trainer) on the processes backend —
-N up to 4, ZeRO 0-3, fp32 and bf16, checkpointing on and off, emulated networks — held out from it.
+N up to 4, ZeRO 0-3, fp32 and bf16, checkpointing on and off, emulated networks, two pipeline stages under
+each schedule — held out from it. A pipeline case's calibration times the whole model at its micro-batch
+(the stages' compute is projected from it: engine.projection.pipeline) and never runs a schedule.
 
 Measured per case: the step period (the whole `train_step`, with the loss average after it), and the
 communication the training thread waits on: the replica's waits for its communication thread plus the
-collectives the training thread runs itself (timed through `_TimedComm`). A run's figures are the lower
-quartiles over its steps (load from other jobs only ever slows a step).
+collectives the training thread runs itself (timed through `_TimedComm`; a pipeline's batched messages too,
+so its bubble, spent waiting for a neighbour's message, counts as waiting, as the projection counts it).
+A run's figures are the lower quartiles over its steps (load from other jobs only ever slows a step).
 
 On a shared machine the load drifts within minutes, so every case is predicted from a calibration taken
 just before it runs — the compute of the case's model in its precision at its micro-batch size with 1 or
@@ -44,6 +47,7 @@ from engine.comm.launch import run_ranks
 from engine.config import Config, network_emulation, replace, to_dict
 from engine.config.build import vocab_size
 from engine.memory.ledger import MODEL_STATES
+from engine.parallel.mesh import Mesh
 from engine.projection.calibrate import LEVELS, Calibration, calibrate
 from engine.projection.clusters import Cluster
 from engine.projection.project import predict
@@ -72,6 +76,14 @@ CASES: tuple[tuple[str, dict], ...] = (
         "parallel.world_size": 4, "parallel.zero_stage": 2, "parallel.ranks_per_node": 2,
         "emulate.inter_latency_us": 1000.0, "emulate.inter_bandwidth_gbps": 2.0}),
 )
+# pipeline parallelism on 2 ranks (dp 1): the simulated schedule, its messages and the per-stage reduce
+PIPELINE_CASES: tuple[tuple[str, dict], ...] = tuple(
+    (f"2 stages, {label}, {m} micro-batches", {"parallel.pipeline": 2, "parallel.schedule": schedule,
+                                                "parallel.chunks": chunks, "train.micro_batches": m})
+    for label, schedule, chunks, m in (("1F1B", "1f1b", 1, 4), ("GPipe", "gpipe", 1, 4),
+                                       ("1F1B", "1f1b", 1, 8), ("interleaved v=2", "interleaved", 2, 4),
+                                       ("ZB-H1", "zb-h1", 1, 4)))
+CASES = CASES + PIPELINE_CASES
 QUICK = (1, 4, 6, 9)  # the cases of a quick validation
 # the cases are data-parallel: a preset's tensor degree is set aside (sequence parallelism first, which
 # needs it), its model kept
@@ -94,11 +106,12 @@ class Outcome:
         return (self.predicted_s - self.measured_s) / self.measured_s
 
 
-def case_configs(base: Config, quick: bool = False) -> list[tuple[str, Config]]:
-    """The held-out cases on top of `base` (ConfigError if the base cannot take one)."""
+def case_configs(base: Config, quick: bool = False, only: str = "") -> list[tuple[str, Config]]:
+    """The held-out cases on top of `base` (ConfigError if the base cannot take one); `only`: those whose
+    label contains it ("stages": the pipeline's)."""
     out = []
     for n, (label, overrides) in enumerate(CASES):
-        if quick and n not in QUICK:
+        if (quick and n not in QUICK) or only not in label:
             continue
         cfg = base
         for key, value in {**BASE, **overrides}.items():
@@ -108,9 +121,9 @@ def case_configs(base: Config, quick: bool = False) -> list[tuple[str, Config]]:
 
 
 def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int = 2, steps: int = 10,
-             warmup: int = 3, on_progress=lambda text: None) -> dict:
+             warmup: int = 3, on_progress=lambda text: None, only: str = "") -> dict:
     """Rounds over every case: calibrate for it, predict it, run it; returns the report (see summarize)."""
-    cases = case_configs(base, quick)
+    cases = case_configs(base, quick, only)
     vocab = vocab_size(cases[0][1]) if base.model.kind == "gpt" else 0
     runs: dict[str, list[dict]] = {label: [] for label, _ in cases}
     calibration = None
@@ -145,7 +158,7 @@ def calibrate_for(cfg: Config, vocab: int) -> Calibration:
     its buckets), in a temporary file. One size only, so it can afford CALIBRATION_STEPS steps: the ranks'
     imbalance is a small difference of two step times, and a short calibration that a burst of load hits
     on one rank would carry that burst into the prediction."""
-    rows = cfg.train.global_batch // (cfg.parallel.world_size * cfg.train.micro_batches)
+    rows = cfg.train.global_batch // (Mesh.of(cfg.parallel).degree("dpcp") * cfg.train.micro_batches)
     level = min(cfg.parallel.world_size, max(LEVELS))
     sliced = cfg.parallel.world_size > len(usable_cores())  # time-slicing: how late ranks meet, what it costs
     with tempfile.TemporaryDirectory() as folder:
@@ -191,6 +204,9 @@ class _TimedComm:
 
     def barrier(self):
         return self._timed(self._comm.barrier)
+
+    def _exchange(self, *args, **kwargs):  # a pipeline's batched sends and receives (engine.comm.exchange)
+        return self._timed(self._comm._exchange, *args, **kwargs)
 
 
 def _validation_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int) -> dict:
