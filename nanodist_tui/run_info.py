@@ -44,6 +44,9 @@ class RunInfo:
     # phase -> category -> bytes per rank, as the estimator predicts (RunStarted.memory_estimate); None when
     # the run did not report one. A dict: left out of the hash, so a RunInfo stays hashable.
     memory_estimate: dict[str, dict[str, int]] | None = field(default=None, hash=False)
+    # under pipeline parallelism each rank's own (RunStarted.memory_estimate_per_rank[rank]: stages differ)
+    memory_estimate_per_rank: list | None = field(default=None, hash=False)
+    chunks: int = 1  # parallel.chunks: virtual stages per pipeline rank (interleaved)
 
     @classmethod
     def from_started(cls, event: RunStarted, replay: bool = False, sweep: bool = False) -> RunInfo:
@@ -60,6 +63,8 @@ class RunInfo:
                    network=event.network, algorithm=setting("parallel", "algorithm"),
                    ranks_per_node=int(setting("parallel", "ranks_per_node")),
                    hybrid=bool(setting("parallel", "hybrid")), memory_estimate=event.memory_estimate,
+                   memory_estimate_per_rank=event.memory_estimate_per_rank,
+                   chunks=int(setting("parallel", "chunks")),
                    tensor=int(setting("parallel", "tensor")), pipeline=int(setting("parallel", "pipeline")),
                    context=int(setting("parallel", "context")), expert=int(setting("parallel", "expert")),
                    order=str(setting("parallel", "order")),

@@ -1,5 +1,7 @@
 """Per-rank memory: the categories at the step's peak as one stacked bar per rank, the run's high-water mark
-on it, and the estimator's figure beside the measurement (MB = 10^6 bytes, as `nanodist-tui memory`)."""
+on it, and the estimator's figure beside the measurement (MB = 10^6 bytes, as `nanodist-tui memory`).
+Under pipeline parallelism each row names its rank's stages and holds it against that rank's own estimate,
+so the stages' imbalance shows."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from rich.text import Text
 
 from engine.events import MemorySnapshot
 from engine.memory.ledger import CATEGORIES, peak_phase
+from engine.parallel.mesh import Mesh
 from engine.run.printable import printable
 from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
@@ -124,9 +127,27 @@ class MemoryPane(TextView):
         return worst
 
     def estimate_of(self, snap: MemorySnapshot) -> dict[str, int] | None:
-        """The estimator's categories for the snapshot's phase: the run's, made once from the config (every
-        rank and step the same), so they come with RunStarted rather than with each snapshot."""
+        """The estimator's categories for the snapshot's phase: the run's, made once from the config, so they
+        come with RunStarted rather than with each snapshot; every rank's the same, but under pipeline
+        parallelism, where each rank has its own (its stages')."""
+        per_rank = self.info.memory_estimate_per_rank
+        if per_rank and 0 <= snap.rank < len(per_rank):
+            return per_rank[snap.rank].get(snap.phase)
         return (self.info.memory_estimate or {}).get(snap.phase)
+
+    def stage_of(self, rank: int) -> str:
+        """Under pipeline parallelism, the stages `rank` holds, out of how many ("stage 1/4", "stages 1,5/8"),
+        so the stages' imbalance reads off the rows; "" without a pipeline."""
+        info = self.info
+        if info.pipeline <= 1:
+            return ""
+        try:
+            pp = Mesh(info.world_size, info.tensor, info.pipeline, info.context, info.expert,
+                      info.order).coords(rank).pp
+        except ValueError:  # a layout the mesh refuses (a hand-made RunStarted): name nothing
+            return ""
+        stages = list(range(pp, info.pipeline * info.chunks, info.pipeline))
+        return f"stage{'s' * (len(stages) > 1)} {','.join(map(str, stages))}/{info.pipeline * info.chunks}"
 
     def render_snapshots(self, width: int) -> Text:
         glyphs = glyphs_of(self)
@@ -155,6 +176,7 @@ class MemoryPane(TextView):
                 out.append(f" est {format_bytes(estimate, 9)} {(peak - estimate) / max(estimate, 1):+6.1%}")
             out.append("\n")
             parts = [f"{style_of(k)[0]} {format_bytes(v)}" for k, v in ordered(s.peak)] + [f"(step {s.step})"]
+            parts = [stage] + parts if (stage := self.stage_of(rank)) else parts
             for line in _wrap(parts, width - LABEL_WIDTH):
                 out.append(" " * LABEL_WIDTH + line + "\n", style="dim")
         everything = sum(total(s.peak) for s in worst.values())
