@@ -2,7 +2,9 @@
 measured by the ledger over a few real training steps (threads backend).
 
 Figures are per rank in MB (10^6 bytes). Each category row is that category's own peak over a step;
-the "peak total" row is the highest simultaneous total (the phase where it happens in brackets).
+the "peak total" row is the highest simultaneous total (the phase where it happens in brackets). Under
+pipeline parallelism the ranks differ by stage: the figures are the heaviest pipeline rank's, and a table
+of every pipeline rank's follows, in bytes (nanodist_tui/cli/memory_stages.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Annotated
 import typer
 
 from nanodist_tui.cli.errors import fail, user_errors
+from nanodist_tui.cli.memory_stages import print_stages, stages_report
 from nanodist_tui.cli.options import PresetOpt, SetOpt, WorldOpt
 from nanodist_tui.cli.running import load_config
 
@@ -68,8 +71,8 @@ def _estimated(cfg) -> dict:
             "peak_total": sum(cats.values()), "peak_phase": phase}
 
 
-def _measured(cfg, steps: int) -> dict | None:
-    """The ledger's figures, or None with the reason when this configuration cannot run yet."""
+def _measured(cfg, steps: int) -> tuple[dict, list[dict]]:
+    """The ledger's figures (the largest of any rank's), and every rank's (bench.memory.measure_rank)."""
     from engine.bench.memory import measure
     from engine.comm.base import RankFailure
     from engine.memory.capacity import check_fits
@@ -81,7 +84,7 @@ def _measured(cfg, steps: int) -> dict | None:
         fail(f"measuring failed: {e}", code=1)
     return {"states": {k: m["at_rest"][k] for k in MODEL_STATES}, "category_peaks": m["category_peaks"],
             "peak_total": m["peak_total"], "peak_phase": m["peak_phase"], "steps": m["steps"],
-            "skipped_steps": m["skipped"]}
+            "skipped_steps": m["skipped"]}, m["ranks"]
 
 
 def _describe(cfg) -> dict:
@@ -91,6 +94,7 @@ def _describe(cfg) -> dict:
     dp = Mesh.of(p).dp  # the ranks a global batch's rows are split over (tensor-parallel ranks share theirs)
     return {"preset": cfg.name, "world_size": p.world_size, "zero_stage": p.zero_stage,
             "bucket_cap_mb": p.bucket_cap_mb, "tensor": p.tensor, "sequence_parallel": p.sequence_parallel,
+            "pipeline": p.pipeline, "schedule": p.schedule, "micro_batches": cfg.train.micro_batches,
             "sharded_over": shard_count(cfg) if p.zero_stage else 1,
             "dtype": cfg.precision.dtype, "checkpointing": cfg.memory.checkpointing,
             "micro_batch_rows": cfg.train.global_batch // (dp * cfg.train.micro_batches)}
@@ -98,7 +102,8 @@ def _describe(cfg) -> dict:
 
 def _breakdown(cfg, measure: bool, steps: int) -> dict:
     report = {**_describe(cfg), "estimate": _estimated(cfg)}
-    report["measured"] = _measured(cfg, steps) if measure else None
+    report["measured"], ranks = _measured(cfg, steps) if measure else (None, None)
+    report["pipeline_ranks"] = stages_report(cfg, ranks)  # None without a pipeline
     return report
 
 
@@ -151,9 +156,9 @@ def _sum(cats: dict | None, keys) -> int | None:
 def _header(r: dict, n_params: int) -> str:
     hybrid = (f" (hybrid: sharded over a node's {r['sharded_over']} ranks)"
               if r["zero_stage"] and r["sharded_over"] != r["world_size"] else "")
-    t = r.get("tensor", 1)
-    layout = (f" = dp {r['world_size'] // t} x tp {t}" + (" with sequence parallelism"
-                                                         if r["sequence_parallel"] else "")) if t > 1 else ""
+    t, pp = r.get("tensor", 1), r.get("pipeline", 1)
+    axes = f" = dp {r['world_size'] // (t * pp)}" + f" x pp {pp}" * (pp > 1) + f" x tp {t}" * (t > 1)
+    layout = (axes + " with sequence parallelism" * bool(r["sequence_parallel"])) if t * pp > 1 else ""
     return (f"{r['preset']}: {n_params:,} parameters, {r['world_size']} rank(s){layout}, "
             f"ZeRO-{r['zero_stage']}{hybrid}, "
             f"{r['dtype']}, checkpointing {r['checkpointing']}, micro-batch {r['micro_batch_rows']} row(s)")
@@ -174,6 +179,9 @@ def _print_breakdown(r: dict) -> None:
           + (f", {_mb(sum(meas['states'].values()))} MB measured" if meas else ""))
     if meas:
         print(_steps_line(meas, "measured"))
+    if r.get("pipeline_ranks"):
+        print("  (under pipeline parallelism: the heaviest pipeline rank's; each one's below)")
+        print_stages(r["pipeline_ranks"], r["schedule"], r["micro_batches"])
 
 
 def _steps_line(meas: dict, what: str) -> str:
