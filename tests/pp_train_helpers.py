@@ -120,8 +120,12 @@ def overflow_rank(comm, emit, cfg_dict: dict, steps: int, poisoned_rank: int) ->
         return replica
     trainer = Trainer(from_dict(cfg_dict), comm, replica_factory=poisoning)
     try:
-        out = [trainer.train_step() for _ in range(steps)]
+        out, named = [], []
+        for _ in range(steps):
+            out.append(trainer.train_step())
+            named += [e.first_param for e in trainer.replica.drain_events() if e.first_param]
         return {"skipped": [s["skipped"] for s in out], "scale": trainer.replica.loss_scale,
-                "finite": bool(all(np.isfinite(s["loss"]) for s in out))}
+                "finite": bool(all(np.isfinite(s["loss"]) for s in out)), "named": named,
+                "held": [n for n, _ in trainer.model.named_parameters()]}
     finally:
         trainer.replica.close()

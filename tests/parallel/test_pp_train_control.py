@@ -71,10 +71,16 @@ def test_every_step_reports_each_ranks_timeline(tmp_path):
 def test_an_overflow_on_one_stage_is_skipped_by_every_rank():
     """ZeRO-1: the flag is agreed over the data-parallel group (the ranks' shards differ), then over the
     pipeline group; ranks 0, 1 hold the first stage, 2, 3 the last (pp is the outermost axis)."""
-    cfg = pp_config(4, 2, 2, zero=1, precision__dtype="fp16", precision__init_scale=1024.0)
+    cfg = pp_config(4, 2, 2, zero=1, precision__dtype="fp16", precision__init_scale=1024.0,
+                    model__n_layer=5)  # stages of unequal parameter counts
     for poisoned in (0, 3):  # a first-stage rank, a last-stage rank
         ranks = run_ranks(4, "threads", overflow_rank, args=(cfg, 3, poisoned), timeout_s=60)
         assert all(r["skipped"] == [True, False, False] for r in ranks)
+        # every rank names the one parameter that overflowed, though only the poisoned rank's stage holds it
+        named = ranks[0]["named"]
+        assert len(named) == 1 and all(r["named"] == named for r in ranks)
+        assert named[0] in ranks[poisoned]["held"]
+        assert named[0] not in ranks[3 - poisoned]["held"]
         assert len({r["scale"] for r in ranks}) == 1 and ranks[0]["scale"] < 1024.0
         assert all(r["finite"] for r in ranks)
 

@@ -132,7 +132,8 @@ class ShardOptimizer:
         if worst[0] == 0:
             return None
         index = int(worst[1]) - 1
-        return _KINDS[int(worst[0])], self.param_names[index] if index >= 0 else "<padding>"
+        names = getattr(self.layout, "parameter_names", self.param_names)  # a pipeline's: the whole model's
+        return _KINDS[int(worst[0])], names[index] if index >= 0 else "<padding>"
 
     # ------------------------------------------------------------------ the update
 

@@ -29,10 +29,13 @@ from engine.tensor import Parameter
 
 class PipelineLayout:
     """`inner` (a TensorParallelLayout or WholeModel) with the norm and the overflow flag completed over
-    `group`, the pipeline group."""
+    `group`, the pipeline group. The overflow's parameter is agreed as an index into the whole model's
+    `parameter_names` (the stages hold different ones), translated from `local_names`, the replica's."""
 
-    def __init__(self, inner, group):
+    def __init__(self, inner, group, local_names: list[str], parameter_names: list[str]):
         self.inner, self.group = inner, group
+        self.parameter_names = parameter_names
+        self._global = [parameter_names.index(name) for name in local_names]
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -44,7 +47,10 @@ class PipelineLayout:
         return float(total[0])
 
     def agree_max(self, flags: np.ndarray) -> None:
+        """[kind code, parameter index + 1]: the index in this rank's parameters becomes the whole model's."""
         self.inner.agree_max(flags)
+        if flags[1] > 0:
+            flags[1] = self._global[int(flags[1]) - 1] + 1
         with metered_phase(self.group.meter, "pp-flag-all-reduce"):
             all_reduce(self.group, flags, op="max")
 
@@ -55,7 +61,8 @@ class PipelineModel:
     def __init__(self, model: GPT, runner: StageRunner, group):
         self.dense, self.runner, self.group = model, runner, group
         self.config, self.rng = model.config, model.rng
-        self.tensor_parallel = PipelineLayout(model_layout(model), group)
+        mine, everything = [n for n, _ in self.named_parameters()], [n for n, _ in model.named_parameters()]
+        self.tensor_parallel = PipelineLayout(model_layout(model), group, mine, everything)
 
     def parameters(self) -> list[Parameter]:
         return [p for _, p in self.named_parameters()]
