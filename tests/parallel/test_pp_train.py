@@ -97,3 +97,17 @@ def test_a_cut_by_measured_time_is_rank_0s_on_every_rank():
     cfg = pp_config(4, 2, 2, parallel__stage_balance="time", model__n_layer=6)
     ranks = run_ranks(4, "threads", train_rank, args=(cfg, STEPS), timeout_s=120)
     assert_trains_like(ranks, _one_device(2, rows=4, model__n_layer=6))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_mixed_precision_trains_within_its_rounding(dtype):
+    """fp16 (loss scaled: the last stage seeds every backward with scale / m) and bf16: DP 2 × PP 2 ZeRO-1
+    against one device of the same precision, within the rounding of the 16-bit activations."""
+    over = {"precision__dtype": dtype}
+    cfg = pp_config(4, 2, 2, zero=1, **over)
+    ranks = run_ranks(4, "threads", train_rank, args=(cfg, STEPS), timeout_s=120)
+    one = _one_device(2, rows=4, **over)
+    for r in ranks:
+        assert not any(r["skipped"])
+        assert r["losses"] == pytest.approx(one["losses"], rel=1e-3)
+        assert r["norms"] == pytest.approx(one["norms"], rel=1e-2)
