@@ -16,11 +16,12 @@ off (DISABLE_VAR=0).
 Results are the product to float32 (float64) round-off, as any BLAS gives it, but not OpenBLAS's bits: the
 two sum in different orders. MKL's sums depend on its thread count for some shapes, like OpenBLAS's.
 
-Threads: MKL runs its threads on TBB, not on its default Intel OpenMP runtime (a user's MKL_THREADING_LAYER
-is kept): libiomp5 exports GNU OpenMP's entry points, and PyTorch's parallel regions in the same process then
-ran on it. MKL starts with the thread count NumPy's BLAS has when it loads (a rank process limits that first:
-engine.comm.cores), and threadpoolctl reaches MKL afterwards like any BLAS it finds, so each rank's limit
-applies to both.
+Threads: MKL runs its threads on GNU OpenMP (the runtime NumPy's and PyTorch's wheels' neighbours use; PyTorch
+brings its own copy, which MKL then shares), else on TBB; never on its default, Intel OpenMP: libiomp5 also
+answers GNU OpenMP's calls, and PyTorch's parallel regions in the same process ran on it, slower. A user's
+MKL_THREADING_LAYER is kept. MKL starts with the thread count NumPy's BLAS has when it loads (a rank
+process limits that first: engine.comm.cores), and threadpoolctl reaches MKL afterwards like any BLAS it
+finds, so each rank's limit applies to both.
 
 PyTorch in the same process: torch's CPU wheel links its own MKL statically and exports those symbols, and
 libmkl_rt loads MKL's libraries into the process's global symbol scope. torch imported after that binds its
@@ -42,8 +43,10 @@ import numpy as np
 
 DISABLE_VAR = "NANODIST_MKL"  # "0" (or "off", "false", "no"): NumPy's BLAS for every product
 _LAYER_VAR = "MKL_THREADING_LAYER"  # a user's choice of MKL's threading runtime is kept
-_THREADING_TBB = 4  # mkl_service.h's MKL_THREADING_TBB
-_TBB = "libtbb.so.12"  # the `tbb` wheel's library, a dependency of the `mkl` wheel
+_LAYER_IDS = {"GNU": 3, "TBB": 4}  # mkl_service.h's MKL_THREADING_GNU, MKL_THREADING_TBB
+# In order of preference: GNU OpenMP (the system's libgomp, or PyTorch's when torch is loaded: the same
+# soname), else TBB (the `tbb` wheel's library, beside MKL's).
+_LAYERS = (("GNU", "libgomp.so.1"), ("TBB", "libtbb.so.12"))
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS's enum values
 _INT_MAX = 2**31 - 1  # libmkl_rt's default interface has 32-bit integers (LP64)
 
@@ -118,17 +121,22 @@ def _numpy_blas_threads() -> int | None:
 
 
 def _threading_layer(lib: ctypes.CDLL, lib_dir: str) -> bool:
-    """MKL's threads on TBB (module docstring says why not its default, Intel OpenMP), unless the user
-    chose a layer (MKL_THREADING_LAYER). False when TBB cannot be loaded: then MKL is not used."""
-    if os.environ.get(_LAYER_VAR):
-        return True
-    try:  # MKL opens libtbb by its soname, which the loader finds only once it is loaded: by path, here
-        ctypes.CDLL(os.path.join(lib_dir, _TBB))
-    except OSError:
-        return False
-    set_layer = lib.MKL_Set_Threading_Layer
-    set_layer.restype, set_layer.argtypes = ctypes.c_int, [ctypes.c_int]
-    return set_layer(_THREADING_TBB) == _THREADING_TBB
+    """MKL's threads on GNU OpenMP, else on TBB, never on its default Intel OpenMP (module docstring);
+    a user's MKL_THREADING_LAYER is kept. False when neither runtime loads: then MKL is not used."""
+    chosen = os.environ.get(_LAYER_VAR, "").strip().upper()
+    for layer, runtime in _LAYERS:
+        if chosen and chosen != layer:
+            continue
+        try:  # MKL opens the runtime by its soname: on the loader's path, or loaded here from the wheel's
+            ctypes.CDLL(runtime if layer == "GNU" else os.path.join(lib_dir, runtime))
+        except OSError:
+            continue
+        if chosen:
+            return True
+        set_layer = lib.MKL_Set_Threading_Layer
+        set_layer.restype, set_layer.argtypes = ctypes.c_int, [ctypes.c_int]
+        return set_layer(_LAYER_IDS[layer]) == _LAYER_IDS[layer]
+    return bool(chosen) and chosen not in _LAYER_IDS  # INTEL or SEQUENTIAL, as the user chose
 
 
 def _load() -> _Mkl | None:
