@@ -3,8 +3,9 @@ measured by the ledger over a few real training steps (threads backend).
 
 Figures are per rank in MB (10^6 bytes). Each category row is that category's own peak over a step;
 the "peak total" row is the highest simultaneous total (the phase where it happens in brackets). Under
-pipeline parallelism the ranks differ by stage: the figures are the heaviest pipeline rank's, and a table
-of every pipeline rank's follows, in bytes (nanodist_tui/cli/memory_stages.py).
+pipeline parallelism the ranks differ by stage: each figure is the largest of any pipeline rank's (as
+--measure takes the largest of any rank's), and a table of every pipeline rank's follows, in bytes
+(nanodist_tui/cli/memory_stages.py).
 """
 
 from __future__ import annotations
@@ -64,10 +65,15 @@ def memory(preset: PresetOpt = "seed-table", sets: SetOpt = None, world_size: Wo
 # ---------------------------------------------------------------------- gathering figures
 
 def _estimated(cfg) -> dict:
+    """Per rank; under pipeline parallelism, as --measure summarises the ledgers, each figure the largest of
+    any pipeline rank's (the peak total and its phase: the heaviest rank's, as estimate() gives it)."""
     from engine.memory.estimator import estimate
+    from engine.memory.pipeline import estimate_ranks
     e = estimate(cfg)
     phase, cats = e.peak()
-    return {"n_params": e.n_params, "states": e.states, "category_peaks": e.category_peaks(),
+    ranks = estimate_ranks(cfg) if cfg.parallel.pipeline > 1 else [e]
+    return {"n_params": e.n_params, "states": {k: max(r.states[k] for r in ranks) for k in e.states},
+            "category_peaks": {k: max(r.category_peaks()[k] for r in ranks) for k in e.category_peaks()},
             "peak_total": sum(cats.values()), "peak_phase": phase}
 
 
@@ -180,7 +186,7 @@ def _print_breakdown(r: dict) -> None:
     if meas:
         print(_steps_line(meas, "measured"))
     if r.get("pipeline_ranks"):
-        print("  (under pipeline parallelism: the heaviest pipeline rank's; each one's below)")
+        print("  (under pipeline parallelism: the largest of any pipeline rank's; each one's below)")
         print_stages(r["pipeline_ranks"], r["schedule"], r["micro_batches"])
 
 

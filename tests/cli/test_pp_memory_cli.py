@@ -27,6 +27,9 @@ def test_each_pipeline_rank_estimated_and_measured_to_the_byte(in_tmp):
         assert r["measured"]["category_peaks"] == r["estimate"]["category_peaks"]
         assert r["measured"]["peak_total"] == r["estimate"]["peak_total"]
     assert report["estimate"]["peak_total"] == max(r["estimate"]["peak_total"] for r in rows)
+    # on top, each figure the largest of any pipeline rank's, estimated as measured
+    assert report["estimate"]["category_peaks"] == report["measured"]["category_peaks"]
+    assert report["estimate"]["states"] == report["measured"]["states"]
     text = _memory("--measure")
     assert "= dp 1 x pp 2" in text and "per pipeline rank, bytes" in text
     lines = text.splitlines()
