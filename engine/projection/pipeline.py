@@ -114,8 +114,13 @@ class Pipeline:
         self.forward, self.input, self.weight = ([0.0] * len(self.counts) for _ in range(3))
         self.recompute, self.tp_forward, self.tp_backward = ([0.0] * len(self.counts) for _ in range(3))
         self._stage_seconds(flops, events, seconds, ckpt, tp)
+        self.play()
+
+    def play(self) -> None:
+        """Simulate the schedule's action list with these times (again, after a change to them), and once
+        more with free messages."""
         self.timeline = simulate(self.schedule, self.durations(self.message_s))
-        self.free = simulate(self.schedule, self.durations(0.0))  # the same step with free messages
+        self.free = simulate(self.schedule, self.durations(0.0))
 
     def _stage_seconds(self, flops: ModelFlops, events: list[BackwardEvent], seconds: tuple[float, ...],
                        ckpt: set, tp: TensorParallel) -> None:

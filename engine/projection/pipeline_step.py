@@ -38,10 +38,10 @@ from engine.projection.tensor_parallel import TensorParallel
 from engine.recompute import checkpointed_blocks
 
 
-def predict_pipeline_step(cfg, machine: Machine, flops_of: FlopsOf) -> StepBreakdown:
+def pipeline_of(cfg, machine: Machine, flops_of: FlopsOf) -> tuple[Pipeline, TensorParallel]:
+    """The pipeline term of cfg on `machine` (simulated), and the TP term its stages carry."""
     p, dtype, vocab = cfg.parallel, cfg.precision.dtype, flops_of.vocab
-    dp, per_node = Mesh.of(p).degree("dpcp"), machine.topology.per_node
-    rows = cfg.train.global_batch // (dp * cfg.train.micro_batches)
+    rows = cfg.train.global_batch // (Mesh.of(p).degree("dpcp") * cfg.train.micro_batches)
     compute, k = machine.compute, machine.ranks_on_host
     tp = TensorParallel(cfg, vocab, rows, machine)
     tokens = tp.tokens(rows * flops_of.tokens_per_row)
@@ -51,7 +51,14 @@ def predict_pipeline_step(cfg, machine: Machine, flops_of: FlopsOf) -> StepBreak
                tp.split(flops.backward / compute.rate("backward", dtype, tokens, k), "backward"),
                tp.split(flops.block_forward / forward_rate, "block"))
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, cfg.model.n_layer))
-    pipe = Pipeline(cfg, vocab, rows, machine, flops, backward_events(cfg, vocab), seconds, ckpt, tp)
+    return Pipeline(cfg, vocab, rows, machine, flops, backward_events(cfg, vocab), seconds, ckpt, tp), tp
+
+
+def predict_pipeline_step(cfg, machine: Machine, flops_of: FlopsOf) -> StepBreakdown:
+    p, dtype, vocab = cfg.parallel, cfg.precision.dtype, flops_of.vocab
+    dp, per_node = Mesh.of(p).degree("dpcp"), machine.topology.per_node
+    compute, k = machine.compute, machine.ranks_on_host
+    pipe, tp = pipeline_of(cfg, machine, flops_of)
     n = pipe.degree
     tied = tied_s(cfg, vocab, machine)
     other = compute.other_s(dtype, k)

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from engine.comm.cores import usable_cores
 from engine.comm.launch import run_ranks
-from engine.config import Config, network_emulation, replace, to_dict
+from engine.config import Config, from_dict, network_emulation, to_dict
 from engine.config.build import vocab_size
 from engine.memory.ledger import MODEL_STATES
 from engine.parallel.mesh import Mesh
@@ -113,9 +113,14 @@ def case_configs(base: Config, quick: bool = False, only: str = "") -> list[tupl
     for n, (label, overrides) in enumerate(CASES):
         if (quick and n not in QUICK) or only not in label:
             continue
-        cfg = base
+        d = to_dict(base)  # every override at once: a pipeline case's schedule needs its chunks beside it
         for key, value in {**BASE, **overrides}.items():
-            cfg = replace(cfg, key, value)
+            *parents, last = key.split(".")
+            node = d
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
+        cfg = from_dict(d, source=f"validation case {label!r}")
         out.append((label, cfg))
     return out
 
