@@ -39,6 +39,9 @@ makespan). With equal stages and free messages this is the published bubble, (pâ
 lengthen it as the dependency graph says. `p2p_s` is what the messages add to the makespan (the makespan
 with them less the makespan without); stage imbalance is the busiest rank's compute over the mean rank's.
 
+Compute emulation (parallel.pipeline_emulate_ms, the executor's Emulation): each F, I and W sleeps that
+long instead of computing (B = I + W), so those are the stage times, whatever the model.
+
 What comes around it (the DP reduce per stage after its last backward, the tied weight, the agreements,
 the optimizer per stage) is pipeline_step.py's.
 """
@@ -114,6 +117,10 @@ class Pipeline:
         self.forward, self.input, self.weight = ([0.0] * len(self.counts) for _ in range(3))
         self.recompute, self.tp_forward, self.tp_backward = ([0.0] * len(self.counts) for _ in range(3))
         self._stage_seconds(flops, events, seconds, ckpt, tp)
+        if emulated := p.pipeline_emulate_ms / 1000:  # every F, I and W sleeps this long instead (executor)
+            stages = len(self.counts)
+            self.forward, self.input, self.weight = ([emulated] * stages for _ in range(3))
+            self.recompute = self.tp_forward = self.tp_backward = [0.0] * stages
         self.play()
 
     def play(self) -> None:

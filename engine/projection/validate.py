@@ -83,7 +83,14 @@ PIPELINE_CASES: tuple[tuple[str, dict], ...] = tuple(
     for label, schedule, chunks, m in (("1F1B", "1f1b", 1, 4), ("GPipe", "gpipe", 1, 4),
                                        ("1F1B", "1f1b", 1, 8), ("interleaved v=2", "interleaved", 2, 4),
                                        ("ZB-H1", "zb-h1", 1, 4)))
-CASES = CASES + PIPELINE_CASES
+# 4 stages on 4 ranks of 2 cores, in compute emulation (each F, I and W sleeps 20 ms; nothing trains): the
+# schedule's shape, its messages and what surrounds it, on more stages than the machine has cores
+EMULATED_CASES: tuple[tuple[str, dict], ...] = tuple(
+    (f"4 stages emulated, {label}, 8 micro-batches", {
+        "parallel.world_size": 4, "parallel.pipeline": 4, "parallel.schedule": schedule,
+        "parallel.pipeline_emulate_ms": 20.0, "train.micro_batches": 8})
+    for label, schedule in (("1F1B", "1f1b"), ("GPipe", "gpipe"), ("ZB-H1", "zb-h1")))
+CASES = CASES + PIPELINE_CASES + EMULATED_CASES
 QUICK = (1, 4, 6, 9)  # the cases of a quick validation
 # the cases are data-parallel: a preset's tensor degree is set aside (sequence parallelism first, which
 # needs it), its model kept

@@ -136,3 +136,11 @@ def test_pipeline_fields_are_empty_at_one_stage_and_pp_is_projected(tmp_path):
     check_projectable(config(2, 4))  # no ConfigError: the pipeline has a term
     two = predict(config(2, 4), cluster(tmp_path), None, VOCAB)[0]
     assert two.pp["degree"] == 2 and two.step_s > two.compute_s > 0
+
+
+def test_compute_emulation_sleeps_the_same_on_every_stage(tmp_path):
+    """pipeline_emulate_ms = 20: every F, I and W sleeps 20 ms, so 1F1B over p = 4, m = 8 with free
+    messages takes (m + p − 1)·(F + B) = 11 × 60 ms, whatever the model."""
+    pipe = pipeline(config(4, 4, "1f1b", 8, pipeline_emulate_ms=20.0), cluster(tmp_path))
+    assert pipe.forward == pipe.input == pipe.weight == [0.02] * 4
+    assert pipe.free.makespan == pytest.approx(11 * 0.06, rel=1e-12)

@@ -201,9 +201,10 @@ def test_this_machine_is_calibrated_on_the_whole_model():
 def test_validation_cases_stay_data_parallel_whatever_the_preset():
     # 4 blocks: the pipeline cases cut up to 4 stages (interleaved, 2 x 2)
     cases = case_configs(config(tensor=2, world=2, sp=True, model={"n_layer": 4}))
-    assert len(cases) == 17
+    assert len(cases) == 20
     assert all((c.parallel.tensor, c.parallel.sequence_parallel) == (1, False) for _, c in cases)
     assert [c.parallel.pipeline for _, c in cases].count(2) == 5
+    assert [c.parallel.pipeline for _, c in cases].count(4) == 3
 
 
 def test_fp16_agrees_its_overflow_flag_over_the_group(tmp_path):
