@@ -68,10 +68,11 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
 def one_rank_config(cfg_dict: dict, dtype: str, rows: int) -> dict:
     """cfg as one rank training `rows` rows per step in `dtype`: no accumulation, no checkpointing, the whole
     model (a tensor-parallel rank's compute is projected from the whole model's curves:
-    engine.projection.tensor_parallel)."""
+    engine.projection.tensor_parallel; a pipeline stage's likewise: engine.projection.pipeline)."""
     d = json.loads(json.dumps(cfg_dict))
     d["parallel"].update(world_size=1, backend="threads", zero_stage=0, ranks_per_node=0, tensor=1,
-                         sequence_parallel=False, pipeline=1, context=1, expert=1)
+                         sequence_parallel=False, pipeline=1, chunks=1, pipeline_emulate_ms=0.0, context=1,
+                         expert=1)
     d.pop("emulate", None)
     d["train"].update(global_batch=rows, micro_batches=1)
     d["precision"]["dtype"] = dtype
