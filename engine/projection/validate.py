@@ -144,9 +144,10 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
         calibration = calibrate_for(cfg, vocab)
         step, mem, _ = predict(cfg, cluster, calibration, vocab)
         run = measure_case(cfg, steps, warmup)
+        states = run["states"][Mesh.of(cfg.parallel).rank_of(pp=mem.pipeline_rank)]  # the rank estimated
         run.update(predicted_s=step.step_s, predicted_share=step.comm_share,
                    predicted_imbalance_share=step.imbalance_s / step.step_s,
-                   memory_exact=all(run["states"][k] == mem.states[k] for k in MODEL_STATES))
+                   memory_exact=all(states[k] == mem.states[k] for k in MODEL_STATES))
         runs[label].append(run)
 
     def median(measured: list[dict], key: str) -> float:
@@ -180,12 +181,14 @@ def calibrate_for(cfg: Config, vocab: int) -> Calibration:
 
 
 def measure_case(cfg: Config, steps: int, warmup: int) -> dict:
-    """One run of a case: {step_s, comm_share, states} (lower quartiles over steps, slowest rank)."""
+    """One run of a case: {step_s, comm_share, states} (lower quartiles over steps, slowest rank; states per
+    rank: a pipeline's ranks hold different stages)."""
     results = run_ranks(cfg.parallel.world_size, cfg.parallel.backend, _validation_rank,
                         (to_dict(cfg), warmup, steps), timeout_s=120.0, network=network_emulation(cfg),
                         threads_per_rank=cfg.parallel.threads_per_rank)
     return {"step_s": max(r["step_s"] for r in results),
-            "comm_share": statistics.mean(r["comm_share"] for r in results), "states": results[0]["states"]}
+            "comm_share": statistics.mean(r["comm_share"] for r in results),
+            "states": [r["states"] for r in results]}
 
 
 class _TimedComm:
