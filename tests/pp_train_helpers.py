@@ -57,6 +57,7 @@ def train_rank(comm, emit, cfg_dict: dict, steps: int) -> dict:
         params = {name: p.data for name, p in trainer.model.named_parameters()}
         return {"losses": [s["loss"] for s in out], "norms": [s["grad_norm"] for s in out],
                 "skipped": [s["skipped"] for s in out], "val": val, "grads": whole(trainer, grads),
+                "per_layer": trainer.layer_collectives,
                 "params": whole(trainer, params)}
     finally:
         trainer.replica.close()

@@ -56,6 +56,11 @@ def test_pipeline_times_tensor_times_data_parallel(sp):
     cfg = pp_config(8, 2, 2, tensor=2, parallel__sequence_parallel=sp)
     ranks = run_ranks(8, "threads", train_rank, args=(cfg, STEPS), timeout_s=180)
     assert_trains_like(ranks, _one_device(2, rows=4), rtol=1e-10)
+    # each stage's blocks ran a tensor-parallel block's collectives (counted over its own blocks)
+    sp_counts = {"sp-fwd-all-gather": 2.0, "sp-fwd-reduce-scatter": 2.0, "sp-bwd-all-gather": 2.0,
+                 "sp-bwd-reduce-scatter": 2.0}
+    per_layer = sp_counts if sp else {"tp-fwd-all-reduce": 2.0, "tp-bwd-all-reduce": 2.0}
+    assert all(r["per_layer"] == per_layer for r in ranks)
 
 
 def test_activation_checkpointing_composes():

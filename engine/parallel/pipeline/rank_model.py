@@ -32,8 +32,8 @@ class PipelineLayout:
     `group`, the pipeline group. The overflow's parameter is agreed as an index into the whole model's
     `parameter_names` (the stages hold different ones), translated from `local_names`, the replica's."""
 
-    def __init__(self, inner, group, local_names: list[str], parameter_names: list[str]):
-        self.inner, self.group = inner, group
+    def __init__(self, inner, group, local_names: list[str], parameter_names: list[str], blocks: int):
+        self.inner, self.group, self.blocks = inner, group, blocks
         self.parameter_names = parameter_names
         self._global = [parameter_names.index(name) for name in local_names]
 
@@ -45,6 +45,12 @@ class PipelineLayout:
         with metered_phase(self.group.meter, "pp-norm-all-reduce"):
             all_reduce(self.group, total, op="sum")
         return float(total[0])
+
+    def collectives_per_layer(self, passes: int = 1) -> dict[str, float]:
+        """Per block, as the inner layout counts them, over the `blocks` this rank's stages run (the inner
+        layout divides by every block of the model)."""
+        counted = self.inner.collectives_per_layer(passes)
+        return {phase: n * getattr(self.inner, "units", 1) / self.blocks for phase, n in counted.items()}
 
     def agree_max(self, flags: np.ndarray) -> None:
         """[kind code, parameter index + 1]: the index in this rank's parameters becomes the whole model's."""
@@ -62,7 +68,8 @@ class PipelineModel:
         self.dense, self.runner, self.group = model, runner, group
         self.config, self.rng = model.config, model.rng
         mine, everything = [n for n, _ in self.named_parameters()], [n for n, _ in model.named_parameters()]
-        self.tensor_parallel = PipelineLayout(model_layout(model), group, mine, everything)
+        blocks = sum(runner.split.stages[s].n_blocks for s in runner.stages)
+        self.tensor_parallel = PipelineLayout(model_layout(model), group, mine, everything, blocks)
 
     def parameters(self) -> list[Parameter]:
         return [p for _, p in self.named_parameters()]
