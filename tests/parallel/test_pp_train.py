@@ -116,3 +116,11 @@ def test_mixed_precision_trains_within_its_rounding(dtype):
         assert not any(r["skipped"])
         assert r["losses"] == pytest.approx(one["losses"], rel=1e-3)
         assert r["norms"] == pytest.approx(one["norms"], rel=1e-2)
+
+
+def test_untied_head_needs_no_copy():
+    """tie_weights = false: the head is the last stage's own parameter; nothing crosses between the first
+    and last stage but the schedule's messages."""
+    over = {"model__tie_weights": False}
+    ranks = run_ranks(3, "threads", train_rank, args=(pp_config(3, 3, 4, **over), STEPS), timeout_s=120)
+    assert_trains_like(ranks, _one_device(4, **over))
