@@ -45,6 +45,14 @@ def swap(comm, emit) -> dict:
     return {"rank": me, "wrong": wrong, "sent": sent}
 
 
+def one_call_at_a_time(comm, emit) -> None:
+    """The same swap as blocking calls: each rank sends its 32 MiB, then receives. Both wait in their send
+    for a receive the other never reaches (what `swap` shows exchange avoids)."""
+    peer = 1 - comm.rank
+    comm.send(peer, payload(comm.rank, peer, 0, BIG))
+    comm.recv(peer, np.empty(BIG))
+
+
 def in_group(comm, emit) -> dict:
     """A batch over a process group of the odd ranks, renumbered: group rank i is world rank 2i + 1. Group
     rank r sends to r + 1 and receives from r - 1 (a ring, all at once), so the translation must be right."""

@@ -44,6 +44,16 @@ def test_swap_on_processes(monkeypatch, shm):
     check_swap(run_ranks(2, "processes", helpers.swap, timeout_s=60))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["shared-memory", "socket"])
+def test_the_same_swap_one_blocking_call_at_a_time_deadlocks(monkeypatch, shm):
+    """What the batch is for: sent one blocking call at a time, the swap above never completes."""
+    from engine.comm import RankFailure
+    monkeypatch.setenv("NANODIST_SHM", shm)
+    with pytest.raises(RankFailure, match="did not answer for 2 s"):
+        run_ranks(2, "processes", helpers.one_call_at_a_time, timeout_s=2)
+
+
 @pytest.mark.parametrize("backend", ["threads", pytest.param("processes", marks=pytest.mark.slow)])
 def test_exchange_over_a_renumbered_group(backend):
     results = run_ranks(4, backend, helpers.in_group, timeout_s=60)
