@@ -12,7 +12,11 @@ one backward gives. A nested backward (a checkpointed block's recompute inside t
 the same way, its weight half run at its node's place in the outer one.
 
 Memory: a node whose weight product waits keeps its saved arrays (the ledger sees them) until the weight
-half; a node that only sends finished gradients on is freed in the input half.
+half; a node that only sends finished gradients on is freed in the input half. What the weight half itself
+holds from the end of the input half to its own end — each deferred product's output gradient, the
+finished gradients waiting to be summed into parameters, whatever `pending` still holds (a stage with no
+input to differentiate keeps its seed) — is reported to the tape's observer (the memory ledger counts it
+as activations) like one more node's saved arrays.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from engine.tensor import (
     Parameter,
     Tensor,
     _accumulate,
+    _node_ids,
     _state,
     _topological,
     _write_leaf_grad,
@@ -36,6 +41,16 @@ class WeightBackward:
 
     def __init__(self, order: list, needed: set, pending: dict, waiting: dict):
         self.order, self.needed, self.pending, self.waiting = order, needed, pending, waiting
+        self.observer, self.id = _state.observer, next(_node_ids)
+        if self.observer is not None:
+            self.observer.on_save(self.id, self._held())
+
+    def _held(self) -> list:
+        held = [entry[0] for entry in self.pending.values()]
+        for sends, _ in self.waiting.values():
+            for _, g in sends:
+                held += g.holding() if isinstance(g, Deferred) else [g]
+        return held
 
     def run(self) -> None:
         pending, waiting = self.pending, self.waiting
@@ -65,6 +80,9 @@ class WeightBackward:
             elif entry is not None:
                 _write_leaf_grad(edge, entry[0], entry[1])
         self.order, self.pending = [], {}
+        if self.observer is not None:
+            observer, self.observer = self.observer, None
+            observer.on_free(self.id)
 
 
 class _Nested(list):

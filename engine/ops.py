@@ -186,8 +186,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
     def backward(g):
         if (weight_a or weight_b) and deferring_weights():
-            ga = defer(lambda: (grad_a(g),), 1)[0] if weight_a else grad_a(g)
-            return ga, (defer(lambda: (grad_b(g),), 1)[0] if weight_b else grad_b(g))
+            ga = defer(lambda: (grad_a(g),), 1, (g,))[0] if weight_a else grad_a(g)
+            return ga, (defer(lambda: (grad_b(g),), 1, (g,))[0] if weight_b else grad_b(g))
         return grad_a(g), grad_b(g)
     return make(out, (a, b), backward, _saved((need_b, a), (need_a, b)))
 
@@ -230,7 +230,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         g2 = lowp.widen(g.reshape(-1, n_out))
         gx = matmul_kernel(g2, get_w(), out_dtype=dtype).reshape(*lead, n_in) if need_x else None
         if deferring_weights():  # the input half of a split backward: the weight products come later
-            return (gx,) + defer(lambda: weight_grads(g2), 1 if b_dtype is None else 2)
+            return (gx,) + defer(lambda: weight_grads(g2), 1 if b_dtype is None else 2, (g2,))
         return (gx,) + weight_grads(g2)
     inputs = (x, weight) if bias is None else (x, weight, bias)
     return make(y.reshape(*lead, n_out), inputs, backward, _saved((need_w, x), (need_x, weight)))

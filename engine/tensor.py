@@ -189,13 +189,19 @@ class Deferred:
     def value(self):
         cell = self._cell
         if callable(cell[0]):
-            cell[0] = cell[0]()  # the tuple of gradients, computed by the first of the group asked
+            cell[0], cell[1] = cell[0](), ()  # the gradients, computed by the first of the group asked
         return cell[0][self._index]
 
+    def holding(self) -> tuple:
+        """The arrays `compute` keeps until it runs (what a split backward's weight half holds: the memory
+        ledger counts them); () once computed."""
+        return self._cell[1]
 
-def defer(compute: Callable[[], tuple], n: int) -> tuple[Deferred, ...]:
-    """n Deferred gradients, the parts of `compute()`'s tuple, computed together on the first value()."""
-    cell: list = [compute]
+
+def defer(compute: Callable[[], tuple], n: int, holds: tuple = ()) -> tuple[Deferred, ...]:
+    """n Deferred gradients, the parts of `compute()`'s tuple, computed together on the first value();
+    `holds`: the arrays compute keeps (besides its op's saved ones) until then."""
+    cell: list = [compute, holds]
     return tuple(Deferred(cell, i) for i in range(n))
 
 

@@ -19,8 +19,11 @@ full, one block at a time.
 
 Zero bubble. I frees what only the input gradient needs; until W a stage keeps the inputs of its weight
 products (engine.backward_split: a node whose weight product waits keeps its saves): per block ln_1's and
-ln_2's outputs, attention's output and GELU's, and on the last stage ln_f's output. Stage 0 has no input
-gradient to make, so its I runs nothing and it keeps everything until W.
+ln_2's outputs, attention's output and GELU's, and on the last stage ln_f's output; and what the weight half
+itself holds: each Linear's output gradient (per block 3 + 1 + 4 + 1 b·s·h, /t for the column-parallel
+ones, fp32 under 16-bit training; the logits' on the last stage), the LayerNorms' finished gradients (and
+under TP the row-parallel biases'). Stage 0 has no input gradient to make, so its I runs nothing and it
+keeps everything, and the gradient it was seeded with, until W.
 
 The executor (communication buffers). Each message is one b × s × h array of the compute dtype: a
 received activation from its receive until its F reads it, a stage's output until sent, a received
@@ -81,6 +84,8 @@ def estimate_ranks(cfg, vocab: int | None = None) -> list[MemoryEstimate]:
     wte = math.prod(next(shape for name, shape, _ in shapes if name == "wte.weight")) * s
     copy = wte if m.tie_weights else 0  # the last stage's own copy of a tied wte
     io = micro * m.block_size * m.n_embd * s  # one message: b × s × h (no sequence parallelism under PP)
+    row_bias = m.n_embd * s if m.bias and p.tensor > 1 else 0
+    weight_half = _Held(max(s, 4) // s, (1 + m.bias) * m.n_embd * s, row_bias, io)
     out = []
     for rank in range(p.pipeline):
         held = schedule.stages_of(rank)
@@ -89,7 +94,8 @@ def estimate_ranks(cfg, vocab: int | None = None) -> list[MemoryEstimate]:
         rest = model_states(cfg, mine)
         states = {**rest.states, "parameters": rest.states["parameters"] + copy * (last in held)}
         timeline = _Timeline(states, rest.scratch)
-        stages = {i: _stage_bytes(groups, firsts[i], counts[i], i == 0, i == last, ckpt) for i in held}
+        stages = {i: _stage_bytes(groups, firsts[i], counts[i], i == 0, i == last, ckpt, weight_half)
+                  for i in held}
         _walk(timeline, schedule.actions[rank], stages, io, copy * (last in held), last)
         timeline.mark("backward")  # finish_backward: the gradients' reduce, in place (DDP, ZeRO-1)
         optimizer_phase(timeline, cfg, rest)
@@ -129,25 +135,49 @@ def _size(group: dict) -> int:
     return sum(v for k, v in group.items() if k not in SHARED)
 
 
-def _stage_bytes(groups, first: int, n: int, embedding: bool, head: bool, ckpt: set) -> _StageBytes:
+@dataclass(frozen=True)
+class _Held:
+    """What a split backward's weight half holds besides saved arrays (engine.backward_split): each Linear's
+    output gradient (`widen`: its bytes per element over the activations', fp32 under 16-bit training), each
+    LayerNorm's finished gradients (`ln` bytes), under tensor parallelism each row-parallel layer's bias
+    gradient (`row_bias`: the bias is added after the reduce, by its own op), and on stage 0, which has no
+    input gradient to make, the received gradient it was seeded with (`seed`)."""
+
+    widen: int
+    ln: int
+    row_bias: int
+    seed: int
+
+    def block(self, group: dict, b: int) -> int:  # c_attn's, c_proj's, the MLP's two; ln_1's and ln_2's
+        products = group[f"qkv {b}"] + group[f"h {b}"] + group[f"fc out {b}"] + group[f"x{b}"]
+        return self.widen * products + 2 * self.ln + 2 * self.row_bias
+
+
+def _stage_bytes(groups, first: int, n: int, embedding: bool, head: bool, ckpt: set, h: _Held) -> _StageBytes:
     emb, top = (groups[0] if embedding else {}), (groups[-1] if head else {})
     full = groups[1 + first:1 + first + n]
     reduced = [dict(list(g.items())[:1]) if first + j in ckpt else g for j, g in enumerate(full)]
-    # after I, a block keeps its weight products' inputs; a checkpointed one the recompute's (its nested
-    # backward is split too) and its own input, which its checkpoint node keeps until W
-    weights = [{**(reduced[j] if first + j in ckpt else {}), **_weight_part(g)} for j, g in enumerate(full)]
+    # after I, a block keeps its weight products' inputs and what h counts; a checkpointed one the
+    # recompute's (its nested backward is split too, and reports its half at its own end) and its own input,
+    # which its checkpoint node keeps until W
+    weights = [{**(reduced[j] if first + j in ckpt else {}), **_weight_part(g), f"grads {first + j}":
+                h.block(g, first + j)} for j, g in enumerate(full)]
+    head_weight = {**_weight_part(top), **({"grads head": h.widen * top["logits"] + h.ln} if head else {})}
     during_b = during_i = 0
     for j in range(n):  # B and I run from the last block; block j, checkpointed, is recomputed in full
         if first + j in ckpt:
-            below = _size(emb) + sum(_size(r) for r in reduced[:j]) + _size(full[j])
-            during_b = max(during_b, below)
-            after = sum(_size(w) for w in weights[j + 1:]) + _size(_weight_part(top))  # blocks done
-            during_i = max(during_i, below + after)
+            below = _size(emb) + sum(_size(r) for r in reduced[:j])
+            during_b = max(during_b, below + _size(full[j]))
+            after = sum(_size(w) - (first + j + 1 + k not in ckpt) * h.block(g, first + j + 1 + k)
+                        for k, (w, g) in enumerate(zip(weights[j + 1:], full[j + 1:])))  # blocks done
+            after += _size(_weight_part(top))  # the outer half reports at its end
+            during_i = max(during_i, below + max(_size(full[j]), _size(weights[j])) + after)
     kept = {**emb, **{k: v for r in reduced for k, v in r.items()}, **top}
     shared = {k: v for k, v in kept.items() if k in SHARED}
     if embedding:  # nothing on stage 0 needs an input gradient: I runs nothing, W is all of B
-        return _StageBytes(_size(kept), shared, _size(kept), shared, during_b, 0, during_b, shared)
-    weight = {**{k: v for w in weights for k, v in w.items()}, **_weight_part(top)}
+        during_w = during_b + h.seed if during_b else 0
+        return _StageBytes(_size(kept), shared, _size(kept) + h.seed, shared, during_b, 0, during_w, shared)
+    weight = {**{k: v for w in weights for k, v in w.items()}, **head_weight}
     return _StageBytes(_size(kept), shared, _size(weight), {}, during_b, during_i)  # targets: freed by I
 
 

@@ -38,6 +38,7 @@ BESIDE = [  # (schedule, p, m, world, overrides)
     ("interleaved", 2, 4, 2, {"memory__checkpointing": "every:2", "model__tie_weights": False}),
     ("zb-h1", 3, 6, 3, {"memory__checkpointing": "blocks", "precision__dtype": "fp32"}),
     ("zb-h1", 4, 4, 4, {"memory__checkpointing": "every:2", "model__dropout": 0.0}),
+    ("zb-h1", 2, 4, 4, {"tensor": 2, "precision__dtype": "bf16", "memory__checkpointing": "blocks"}),
 ]
 
 
