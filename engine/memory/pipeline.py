@@ -13,9 +13,10 @@ logits and loss on the last; the token ids and the targets are views of one glob
 however many micro-batches keep them). How many micro-batches are in flight is read off the schedule's own
 action list (engine.parallel.pipeline.schedules), walking rank r's actions: each F adds its stage's bytes,
 each B frees them, and the peak of the rank's total is taken (interleaved stages differ in size). That walk
-gives the published bounds: GPipe m, 1F1B min(p - r, m), interleaved Megatron's warm-up, ZB-H1 at most
-1F1B's. With activation checkpointing a recomputed block keeps its input only, and its B recomputes it in
-full, one block at a time.
+gives the published bounds: GPipe m, 1F1B min(p - r, m), interleaved Megatron's warm-up; ZB-H1 1F1B's from
+F to I, and more until W (below). With activation checkpointing a recomputed block keeps its input only,
+and its B recomputes it in full, one block at a time. The trainer runs the whole schedule in the ledger's
+forward phase.
 
 Zero bubble. I frees what only the input gradient needs; until W a stage keeps the inputs of its weight
 products (engine.backward_split: a node whose weight product waits keeps its saves): per block ln_1's and
