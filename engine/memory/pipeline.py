@@ -22,11 +22,12 @@ Zero bubble. I frees what only the input gradient needs; until W a stage keeps t
 products (engine.backward_split: a node whose weight product waits keeps its saves): per block ln_1's and
 ln_2's outputs, attention's output and GELU's, and on the last stage ln_f's output; and what the weight half
 itself holds: each Linear's output gradient (per block 3 + 1 + 4 + 1 b·s·h, /t for the column-parallel
-ones, fp32 under 16-bit training; the logits' on the last stage), the LayerNorms' finished gradients (and
-under TP the row-parallel biases'). Stage 0 has no input gradient to make, so its I runs nothing and it
-keeps everything, and the gradient it was seeded with, until W.
+ones, whole sequences under SP, fp32 under 16-bit training; the logits' on the last stage), the
+LayerNorms' finished gradients (and under TP the row-parallel biases'). Stage 0 has no input gradient to
+make, so its I runs nothing and it keeps everything, and the gradient it was seeded with, until W.
 
-The executor (communication buffers). Each message is one b × s × h array of the compute dtype: a
+The executor (communication buffers). Each message is one b × s × h array of the compute dtype (s/t under
+sequence parallelism, which also sums the LayerNorm region's partial gradients after the backwards): a
 received activation from its receive until its F reads it, a stage's output until sent, a received
 gradient until its B reads it, an input gradient until sent.
 """
@@ -45,7 +46,7 @@ from engine.memory.estimator import (
     model_states,
     optimizer_phase,
 )
-from engine.memory.tensor_parallel import TensorSplit, rank_shapes
+from engine.memory.tensor_parallel import TensorSplit, rank_shapes, sequence_region_numel
 from engine.parallel.mesh import Mesh
 from engine.parallel.pipeline.ir import Op
 from engine.parallel.pipeline.schedules import build_schedule
@@ -84,7 +85,8 @@ def estimate_ranks(cfg, vocab: int | None = None) -> list[MemoryEstimate]:
     last = schedule.stages - 1
     wte = math.prod(next(shape for name, shape, _ in shapes if name == "wte.weight")) * s
     copy = wte if m.tie_weights else 0  # the last stage's own copy of a tied wte
-    io = micro * m.block_size * m.n_embd * s  # one message: b × s × h (no sequence parallelism under PP)
+    split = TensorSplit.of(cfg)
+    io = micro * m.block_size // split.region * m.n_embd * s  # one message: b × s × h (s/t under SP)
     row_bias = m.n_embd * s if m.bias and p.tensor > 1 else 0
     weight_half = _Held(max(s, 4) // s, (1 + m.bias) * m.n_embd * s, row_bias, io)
     out = []
@@ -99,6 +101,9 @@ def estimate_ranks(cfg, vocab: int | None = None) -> list[MemoryEstimate]:
                   for i in held}
         _walk(timeline, schedule.actions[rank], stages, io, copy * (last in held), last)
         timeline.mark("backward")  # finish_backward: the gradients' reduce, in place (DDP, ZeRO-1)
+        if region := sequence_region_numel(cfg, mine) * s:  # then SP's sum of the partial gradients
+            timeline.extra["comm_buffers"] = region
+            timeline.mark("backward")
         optimizer_phase(timeline, cfg, rest)
         out.append(MemoryEstimate(count_params(param_shapes(cfg, vocab)), p.world_size, p.zero_stage, dtype,
                                   cfg.memory.checkpointing, micro, states, timeline.peaks, timeline.maxima,
@@ -150,7 +155,8 @@ class _Held:
     seed: int
 
     def block(self, group: dict, b: int) -> int:  # c_attn's, c_proj's, the MLP's two; ln_1's and ln_2's
-        products = group[f"qkv {b}"] + group[f"h {b}"] + group[f"fc out {b}"] + group[f"x{b}"]
+        # the row-parallel products' outputs are whole (b·s·h, the ln_1 output's size), before SP scatters
+        products = group[f"qkv {b}"] + group[f"fc out {b}"] + 2 * group[f"ln_1 out {b}"]
         return self.widen * products + 2 * self.ln + 2 * self.row_bias
 
 

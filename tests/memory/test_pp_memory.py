@@ -2,8 +2,9 @@
 stages' model states (the last stage's tied copy of wte included), and per phase each category's own
 maximum and the total at the peak — activations in flight as the schedule's action list has them, the
 executor's buffers, the tied copy's gradient — for every schedule, p in {2, 3, 4} and m in {1, p-1, p, 2p},
-in float64 and fp32; with data, tensor and ZeRO-1 beside it, checkpointing and 16-bit training. And, from
-the ledger alone: 1F1B's peak of activations per stage is the same for every m >= p, GPipe's grows with m."""
+in float64 and fp32; with data, tensor (and sequence) parallelism and ZeRO-1 beside it, checkpointing and
+16-bit training. And, from the ledger alone: 1F1B's peak of activations per stage is the same for every
+m >= p, GPipe's grows with m."""
 
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ BESIDE = [  # (schedule, p, m, world, overrides)
     ("zb-h1", 3, 6, 3, {"memory__checkpointing": "blocks", "precision__dtype": "fp32"}),
     ("zb-h1", 4, 4, 4, {"memory__checkpointing": "every:2", "model__dropout": 0.0}),
     ("zb-h1", 2, 4, 4, {"tensor": 2, "precision__dtype": "bf16", "memory__checkpointing": "blocks"}),
+    ("zb-h1", 2, 2, 4, {"tensor": 2, "parallel__sequence_parallel": True}),  # boundaries carry s/t
+    ("1f1b", 2, 4, 8, {"tensor": 2, "parallel__sequence_parallel": True, "parallel__zero_stage": 1,
+                       "precision__dtype": "fp16"}),  # DP 2 x PP 2 x TP 2 with SP
 ]
 
 
