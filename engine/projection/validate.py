@@ -220,7 +220,18 @@ class _TimedComm:
     def barrier(self):
         return self._timed(self._comm.barrier)
 
-    def _exchange(self, *args, **kwargs):  # a pipeline's batched sends and receives (engine.comm.exchange)
+    # what a process group (engine.comm.group: the pipeline's, a data-parallel group smaller than the world)
+    # calls on its parent, and a pipeline's batched sends and receives (engine.comm.exchange)
+    def _send(self, *args, **kwargs):
+        return self._timed(self._comm._send, *args, **kwargs)
+
+    def _recv(self, *args, **kwargs):
+        return self._timed(self._comm._recv, *args, **kwargs)
+
+    def _sendrecv(self, *args, **kwargs):
+        return self._timed(self._comm._sendrecv, *args, **kwargs)
+
+    def _exchange(self, *args, **kwargs):
         return self._timed(self._comm._exchange, *args, **kwargs)
 
 
