@@ -46,7 +46,7 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
             = None,
             validate: Annotated[bool, typer.Option("--validate", help="calibrate here, then predict and run "
                                                    "held-out configurations, and compare")] = False,
-            quick: Annotated[bool, typer.Option("--quick", help="--validate on 4 cases, not 12")] = False,
+            quick: Annotated[bool, typer.Option("--quick", help="--validate on 4 cases, not 20")] = False,
             repeats: Annotated[int, typer.Option(min=1, help="--validate: rounds, each calibrating afresh "
                                                  "then running every case (medians)")] = 2,
             calibrate: Annotated[bool, typer.Option("--calibrate", help="measure this machine for the preset "
