@@ -68,6 +68,10 @@ sweep preset="sweep-lr":
 memory-table:
     nanodist-tui memory --preset seed-table --compare --measure
 
-# The projection's validation table of the README (calibrates, then runs 12 held-out configurations).
+# The projection's validation table of the README (calibrates, then runs 20 held-out configurations).
 projection-validate:
     nanodist-tui project --validate --repeats 4
+
+# The validation's pipeline cases alone (docs/projection.md, "Pipeline cases").
+projection-validate-pipeline repeats="3":
+    python -c 'from engine.config.presets import load_preset; from engine.projection.clusters import load_cluster; from engine.projection.validate import validate; from nanodist_tui.cli.project import print_validation; print_validation(validate(load_preset("gpt-mini", {})[0], load_cluster("this-machine"), repeats={{repeats}}, only="stages"), "gpt-mini")'
