@@ -112,15 +112,15 @@ class Pipeline:
         self.message_bytes = rows * seq * m.n_embd * itemsize(cfg.precision.dtype)
         self.link, self.link_name = neighbour_link(cfg, machine)
         self.message_s = self.link.p2p(self.message_bytes)
-        # per virtual stage, one micro-batch: compute of F, I (with a checkpointed block's recompute) and W,
-        # the recompute alone, and the TP collectives inside F and inside the backward
+        # per virtual stage, one micro-batch: the compute of F, I and W, a checkpointed block's recomputed
+        # forward (run in I), and the TP collectives inside F and inside the backward
         self.forward, self.input, self.weight = ([0.0] * len(self.counts) for _ in range(3))
         self.recompute, self.tp_forward, self.tp_backward = ([0.0] * len(self.counts) for _ in range(3))
         self._stage_seconds(flops, events, seconds, ckpt, tp)
         if emulated := p.pipeline_emulate_ms / 1000:  # every F, I and W sleeps this long instead (executor)
             stages = len(self.counts)
             self.forward, self.input, self.weight = ([emulated] * stages for _ in range(3))
-            self.recompute = self.tp_forward = self.tp_backward = [0.0] * stages
+            self.recompute, self.tp_forward, self.tp_backward = ([0.0] * stages for _ in range(3))
         self.play()
 
     def play(self) -> None:

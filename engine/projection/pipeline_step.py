@@ -90,7 +90,8 @@ def predict_pipeline_step(cfg, machine: Machine, flops_of: FlopsOf) -> StepBreak
     tp_s = pipe.per_rank(me, pipe.tp_forward) + pipe.per_rank(me, pipe.tp_backward) + tp_step
     busy = pipe.timeline.busy(me) - (tp_s - tp_step)  # the rank's compute, its TP collectives taken out
     compute_s = other + busy + update[me]
-    imbalance = compute.imbalance_s(compute_s, dtype, k)
+    # the wait for a slower rank scales with what the ranks really compute: not an emulation's sleeps
+    imbalance = compute.imbalance_s(other + update[me] if p.pipeline_emulate_ms else compute_s, dtype, k)
     step += imbalance
     ties = 2 * tied if me in (0, n - 1) else 0.0
     comm_s = (pipe.messages(me) * pipe.message_s + ties + reduce[me] + gather[me] + agree + loss + tp_s)
