@@ -144,3 +144,29 @@ def test_compute_emulation_sleeps_the_same_on_every_stage(tmp_path):
     pipe = pipeline(config(4, 4, "1f1b", 8, pipeline_emulate_ms=20.0), cluster(tmp_path))
     assert pipe.forward == pipe.input == pipe.weight == [0.02] * 4
     assert pipe.free.makespan == pytest.approx(11 * 0.06, rel=1e-12)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_each_stage_reduces_its_own_gradients_after_its_last_backward(tmp_path, tied):
+    """p = 2, m = 1, GPipe, 3 blocks cut [1, 2] (embedding + a block is lighter than 2 blocks + the head's
+    4,288, and [2, 1] heavier still), one node of 4: dp 2 against dp 1, the same rows per micro-batch. Each
+    stage all-reduces its own parameters once its last backward is done, one bucket on a ring of 2: stage 0
+    (wte, wpe, a block: 56,192 fp32 values) 2(α + 112,384β); stage 1 (2 blocks, ln_f and an untied
+    lm_head: 104,256) 2(α + 208,512β), the longer one. Untied, stage 1 is done B0 earlier (rank 0 still
+    runs its backward: a third of 2 × 8.5 us), which outlasts the 1.9 us difference, so the step waits for
+    stage 0's reduce alone. Tied, the last stage first sends the copy's gradient to the first, which takes
+    it only after its own backward: both start reducing together, and the longer reduce (stage 1's, now
+    2(α + 200,192β) without lm_head) sets the step. The loss and votes go over 4 ranks instead of 2: 3
+    values on the engine's ring of 4 travel 3 one-hop steps each half, 6(α + 8β), against 2(α + 12β)."""
+    def cfg(world: int):
+        return from_dict({**SMALL, "model": {**SMALL["model"], "n_layer": 3, "tie_weights": tied},
+                          "train": {"global_batch": 8 * (world // 2), "micro_batches": 1},
+                          "parallel": {"world_size": world, "pipeline": 2, "schedule": "gpipe"}})
+    c = cluster(tmp_path, per_node=4)
+    one, two = (predict(cfg(w), c, None, VOCAB)[0] for w in (2, 4))
+    alpha, beta = 5e-6, 1 / 100e9
+    reduce = [2 * (alpha + 112_384 * beta), 2 * (alpha + (200_192 if tied else 208_512) * beta)]
+    assert two.pp["blocks_per_stage"] == [1, 2]
+    assert two.pp["reduce_s"] == pytest.approx(reduce, rel=1e-12)
+    loss = 6 * (alpha + 8 * beta) - 2 * (alpha + 12 * beta)
+    assert two.step_s - one.step_s == pytest.approx(reduce[1 if tied else 0] + loss, rel=1e-9)
