@@ -16,12 +16,14 @@ off (DISABLE_VAR=0).
 Results are the product to float32 (float64) round-off, as any BLAS gives it, but not OpenBLAS's bits: the
 two sum in different orders. MKL's sums depend on its thread count for some shapes, like OpenBLAS's.
 
-Threads: MKL runs its threads on GNU OpenMP (the runtime NumPy's and PyTorch's wheels' neighbours use; PyTorch
-brings its own copy, which MKL then shares), else on TBB; never on its default, Intel OpenMP: libiomp5 also
-answers GNU OpenMP's calls, and PyTorch's parallel regions in the same process ran on it, slower. A user's
-MKL_THREADING_LAYER is kept. MKL starts with the thread count NumPy's BLAS has when it loads (a rank
-process limits that first: engine.comm.cores), and threadpoolctl reaches MKL afterwards like any BLAS it
-finds, so each rank's limit applies to both.
+Threads: MKL runs its threads on TBB, else on GNU OpenMP; never on its default, Intel OpenMP, whose libiomp5
+also answers GNU OpenMP's calls: PyTorch's parallel regions in the same process ran on it, slower. On GNU
+OpenMP (PyTorch's own copy when torch is loaded) the products alone were as fast, but in a step MKL's workers
+spin after each product on the core the rank's elementwise kernels need (blas_idle.py says the same of
+OpenBLAS's), and that spin is the runtime's, shared with PyTorch: it cannot be turned off for MKL alone. TBB's
+workers sleep soon. A user's MKL_THREADING_LAYER is kept. MKL starts with the thread count NumPy's BLAS has
+when it loads (a rank process limits that first: engine.comm.cores), and threadpoolctl reaches MKL afterwards
+like any BLAS it finds, so each rank's limit applies to both.
 
 PyTorch in the same process: torch's CPU wheel links its own MKL statically and exports those symbols, and
 libmkl_rt loads MKL's libraries into the process's global symbol scope. torch imported after that binds its
@@ -44,9 +46,9 @@ import numpy as np
 DISABLE_VAR = "NANODIST_MKL"  # "0" (or "off", "false", "no"): NumPy's BLAS for every product
 _LAYER_VAR = "MKL_THREADING_LAYER"  # a user's choice of MKL's threading runtime is kept
 _LAYER_IDS = {"GNU": 3, "TBB": 4}  # mkl_service.h's MKL_THREADING_GNU, MKL_THREADING_TBB
-# In order of preference: GNU OpenMP (the system's libgomp, or PyTorch's when torch is loaded: the same
-# soname), else TBB (the `tbb` wheel's library, beside MKL's).
-_LAYERS = (("GNU", "libgomp.so.1"), ("TBB", "libtbb.so.12"))
+# In order of preference: TBB (the `tbb` wheel's library, beside MKL's), else GNU OpenMP (the system's
+# libgomp, or PyTorch's when torch is loaded: the same soname).
+_LAYERS = (("TBB", "libtbb.so.12"), ("GNU", "libgomp.so.1"))
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS's enum values
 _INT_MAX = 2**31 - 1  # libmkl_rt's default interface has 32-bit integers (LP64)
 
@@ -121,7 +123,7 @@ def _numpy_blas_threads() -> int | None:
 
 
 def _threading_layer(lib: ctypes.CDLL, lib_dir: str) -> bool:
-    """MKL's threads on GNU OpenMP, else on TBB, never on its default Intel OpenMP (module docstring);
+    """MKL's threads on TBB, else on GNU OpenMP, never on its default Intel OpenMP (module docstring);
     a user's MKL_THREADING_LAYER is kept. False when neither runtime loads: then MKL is not used."""
     chosen = os.environ.get(_LAYER_VAR, "").strip().upper()
     for layer, runtime in _LAYERS:
