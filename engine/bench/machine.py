@@ -58,8 +58,14 @@ def bf16_arithmetic() -> list[str]:
 
 def blas_libraries() -> list[dict]:
     """Each BLAS threadpoolctl finds loaded: internal_api (openblas, mkl, blis), version, architecture (the
-    kernel set chosen for this CPU, e.g. SkylakeX or Haswell), num_threads, threading_layer."""
+    kernel set chosen for this CPU, e.g. SkylakeX or Haswell), num_threads, threading_layer. MKL, which the
+    engine's products run on with the `mkl` extra (engine/fast/blas.py), loads here if it has not yet, after
+    torch (engine/bench/torch_first.py), so that the list names it."""
     from threadpoolctl import threadpool_info
+
+    import engine.bench.torch_first  # noqa: F401 - before MKL loads
+    from engine.fast import blas
+    blas.backend()
     keys = ("internal_api", "version", "architecture", "num_threads", "threading_layer")
     return [{k: info.get(k) for k in keys} for info in threadpool_info() if info.get("user_api") == "blas"]
 
