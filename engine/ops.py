@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.dropout_rng import DropoutRNG
 from engine.dtypes import LOW_PRECISION, compute_dtype
-from engine.fast import flash, halfconv, heap, kernels, lowp, thread_pool
+from engine.fast import blas, flash, halfconv, heap, kernels, lowp, thread_pool
 from engine.tensor import Parameter, ScatterGrad, Tensor, defer, deferring_weights, make
 
 heap.keep_freed_memory()  # a step's large temporaries are reused, not faulted in again each op
@@ -33,15 +33,16 @@ heap.keep_freed_memory()  # a step's large temporaries are reused, not faulted i
 # ---- helpers ---------------------------------------------------------------------------------------
 
 def matmul_kernel(a: np.ndarray, b: np.ndarray, out_dtype=None) -> np.ndarray:
-    """THE matrix product. NumPy has no BLAS for 16-bit floats (~0.3 GFLOP/s), so those operands
-    are widened exactly to float32 and multiplied there; the product is rounded to `out_dtype`
-    (default: the operands' dtype; float32 keeps it unrounded for a fused epilogue such as a bias)."""
+    """THE matrix product (engine.fast.blas picks the library). NumPy has no BLAS for 16-bit floats
+    (~0.3 GFLOP/s), so those operands are widened exactly to float32 and multiplied there; the product is
+    rounded to `out_dtype` (default: the operands' dtype; float32 keeps it unrounded for a fused epilogue
+    such as a bias)."""
     out_dtype = np.result_type(a.dtype, b.dtype) if out_dtype is None else np.dtype(out_dtype)
     if a.dtype in LOW_PRECISION or b.dtype in LOW_PRECISION or out_dtype in LOW_PRECISION:
         # An fp16 overflow becomes inf (and inf x 0 nan): results the loss scaler finds and skips.
         with np.errstate(over="ignore", invalid="ignore"):
-            return lowp.narrow(np.matmul(lowp.widen(a), lowp.widen(b)), out_dtype)
-    return np.matmul(a, b)
+            return lowp.narrow(blas.gemm(lowp.widen(a), lowp.widen(b)), out_dtype)
+    return blas.gemm(a, b)  # MKL's sgemm where the optional mkl extra is installed, else np.matmul
 
 
 def _sum(x: np.ndarray, axis, keepdims: bool = False) -> np.ndarray:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine import ops
-from engine.fast import halfconv
+from engine.fast import blas, halfconv
 
 BIG = 3 * halfconv._CHUNK + 123  # several passes of the downcast, the last one partial
 
@@ -92,12 +92,13 @@ def test_astype_dispatch():
 @pytest.mark.parametrize("shapes", [((2048, 96), (96, 384), False), ((384, 2048), (2048, 96), True),
                                     ((8, 4, 64, 24), (8, 4, 24, 64), False)])
 def test_fp16_matmul_kernel_is_the_astype_product(shapes):
-    """matmul_kernel through halfconv gives what NumPy's casts around the float32 product give."""
+    """matmul_kernel through halfconv gives what NumPy's casts around the float32 product give (the product
+    on the library the engine's products use: engine.fast.blas, MKL or OpenBLAS, sum in different orders)."""
     (sa, sb, transpose), rng = shapes, np.random.default_rng(2)
     a, b = (rng.standard_normal(s).astype(np.float16) for s in (sa, sb))
     if transpose:  # as linear's backward passes them: views of other arrays
         a, b = np.ascontiguousarray(a.T).T, np.ascontiguousarray(b.T).T
-    want = astype16(np.matmul(a.astype(np.float32), b.astype(np.float32)))
+    want = astype16(blas.gemm(a.astype(np.float32), b.astype(np.float32)))
     assert_same_bits(ops.matmul_kernel(a, b), want)
 
 
