@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 
 from engine.config.build import count_params, param_shapes, vocab_size
 from engine.dtypes import itemsize, master_dtype
-from engine.memory.estimator import (
+from engine.memory.estimate_parts import (
     MemoryEstimate,
-    _gpt_saves,
-    _Timeline,
+    Timeline,
+    gpt_saves,
     model_states,
     optimizer_phase,
 )
@@ -78,7 +78,7 @@ def estimate_ranks(cfg, vocab: int | None = None) -> list[MemoryEstimate]:
     counts = stage_counts(cfg, shapes)
     firsts = [sum(counts[:i]) for i in range(len(counts))]
     s, f = itemsize(dtype), master_dtype(dtype).itemsize
-    groups = _gpt_saves(micro, m.block_size, m.n_embd, m.n_head, vocab, m.n_layer, cfg.train.global_batch, s,
+    groups = gpt_saves(micro, m.block_size, m.n_embd, m.n_head, vocab, m.n_layer, cfg.train.global_batch, s,
                         f, m.dropout, TensorSplit.of(cfg))
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, m.n_layer))
     schedule = build_schedule(p.schedule, p.pipeline, cfg.train.micro_batches, p.chunks)
@@ -96,7 +96,7 @@ def estimate_ranks(cfg, vocab: int | None = None) -> list[MemoryEstimate]:
                 and not (n == "lm_head.weight" and m.tie_weights)]
         rest = model_states(cfg, mine)
         states = {**rest.states, "parameters": rest.states["parameters"] + copy * (last in held)}
-        timeline = _Timeline(states, rest.scratch)
+        timeline = Timeline(states, rest.scratch)
         stages = {i: _stage_bytes(groups, firsts[i], counts[i], i == 0, i == last, ckpt, weight_half)
                   for i in held}
         _walk(timeline, schedule.actions[rank], stages, io, copy * (last in held), last)
@@ -188,7 +188,7 @@ def _stage_bytes(groups, first: int, n: int, embedding: bool, head: bool, ckpt: 
     return _StageBytes(_size(kept), shared, _size(weight), {}, during_b, during_i)  # targets: freed by I
 
 
-def _walk(t: _Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: int, last: int) -> None:
+def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: int, last: int) -> None:
     """Rank's actions in order, as the executor runs them (the trainer counts the whole schedule in its
     forward phase): activations in flight, the executor's buffers, the tied copy's gradient."""
     forwarded = dict.fromkeys(stages, 0)  # micro-batches between F and B (or I)

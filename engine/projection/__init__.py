@@ -12,6 +12,7 @@ runs measured here.
     machine.py      a cluster made concrete for one run: compute plus links (emulated networks included)
     timeline.py     the training thread and the communication thread of one step, replayed
     step.py         the step model: compute, bucket collectives overlapped with backward, ZeRO's gathers
+    step_parts.py   what it is made of and reports: the groups a stage communicates in, a step's breakdown
     tensor_parallel.py  its tensor/sequence-parallel term: the collectives per layer on the TP group's link
                     (all exposed), compute split t ways but for the regions TP does not split
     project.py      a run over world sizes: step split, tokens/s, scaling efficiency, MFU, memory and fit

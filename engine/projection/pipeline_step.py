@@ -33,7 +33,7 @@ from engine.projection.flops import FlopsOf, backward_events
 from engine.projection.group_comm import GroupComm, group_members
 from engine.projection.machine import Machine
 from engine.projection.pipeline import Pipeline, neighbour_link
-from engine.projection.step import GroupPlan, StepBreakdown
+from engine.projection.step_parts import GroupPlan, StepBreakdown
 from engine.projection.tensor_parallel import TensorParallel
 from engine.recompute import checkpointed_blocks
 

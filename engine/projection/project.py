@@ -23,7 +23,8 @@ from engine.projection.calibrate import Calibration
 from engine.projection.clusters import Cluster
 from engine.projection.flops import FlopsOf
 from engine.projection.machine import Machine, make_machine
-from engine.projection.step import StepBreakdown, predict_step
+from engine.projection.step import predict_step
+from engine.projection.step_parts import StepBreakdown
 
 SCALINGS = ("weak", "strong")
 PROJECTED_AXES = ("dp", "tp", "pp")  # the mesh axes (engine.parallel.mesh.AXES) the step model has a term for

@@ -18,7 +18,7 @@ from engine import ops, reference
 from engine.dropout_rng import DropoutRNG
 from engine.dtypes import compute_dtype
 from engine.fast import flash, lowp
-from engine.memory.estimator import _gpt_saves
+from engine.memory.estimate_parts import gpt_saves
 from engine.memory.ledger import Ledger
 from engine.tensor import Parameter, Tensor, no_grad, set_tape_observer
 
@@ -272,6 +272,6 @@ def test_ledger_counts_the_bytes_the_estimator_predicts(t, dropout):
         assert ledger.current["activations"] == 0
     finally:
         set_tape_observer(None)
-    block = _gpt_saves(b, t, c, h, 50, 1, 8, 4, 4, dropout)[1]
+    block = gpt_saves(b, t, c, h, 50, 1, 8, 4, 4, dropout)[1]
     assert kept == block["attn O 0"] + block["attn lse 0"] == b * t * c * 4 + b * h * t * 4
     assert not any(key.startswith(("probs", "attn out")) for key in block)

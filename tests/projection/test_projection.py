@@ -369,7 +369,7 @@ def _groups_of(comm, emit, cfg_dict):
 def test_the_predicted_groups_are_the_engines(stage):
     from engine.comm.launch import run_ranks
     from engine.config import to_dict
-    from engine.projection.step import GroupPlan
+    from engine.projection.step_parts import GroupPlan
     cfg = small_config(parallel={"world_size": 2, "zero_stage": stage, "bucket_cap_mb": 0.05},
                        precision={"dtype": "bf16"})
     built = run_ranks(2, "threads", _groups_of, (to_dict(cfg),))

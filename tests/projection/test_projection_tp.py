@@ -18,7 +18,7 @@ from engine.projection.flops import FlopsOf
 from engine.projection.group_comm import group_members
 from engine.projection.machine import make_machine
 from engine.projection.project import check_projectable, predict, project
-from engine.projection.step import GroupPlan
+from engine.projection.step_parts import GroupPlan
 from engine.projection.timeline import Timeline
 from engine.projection.validate import case_configs
 
