@@ -124,3 +124,28 @@ def test_untied_head_needs_no_copy():
     over = {"model__tie_weights": False}
     ranks = run_ranks(3, "threads", train_rank, args=(pp_config(3, 3, 4, **over), STEPS), timeout_s=120)
     assert_trains_like(ranks, _one_device(4, **over))
+
+
+def _held_parameter_bytes(comm, emit, cfg_dict: dict) -> dict:
+    from engine.config import from_dict as load
+    from engine.trainer import Trainer
+    trainer = Trainer(load(cfg_dict), comm)
+    try:
+        dense = trainer.model.dense
+        stages = {id(p): p for p in trainer.model.runner.parameters()}
+        held = sum(p.data.nbytes for _, p in dense.named_parameters() if id(p) not in stages)
+        mine = sum(p.data.nbytes for p in stages.values())
+        return {"others": held, "mine": mine, "whole": 8 * trainer.n_params}
+    finally:
+        trainer.replica.close()
+
+
+def test_a_rank_keeps_only_its_stages_parameters():
+    """Every rank builds the whole model (each stage starts from one device's initialisation), then drops
+    the other stages' parameters: none of their bytes stay, and the stages together hold the whole model
+    (plus the last stage's copy of the tied embedding)."""
+    cfg = pp_config(world=2, pipeline=2, m=2)
+    ranks = run_ranks(2, "threads", _held_parameter_bytes, (cfg,))
+    assert [r["others"] for r in ranks] == [0, 0]
+    vocab, width = 11, 16  # pp_config's tied embedding: its copy on the last stage
+    assert ranks[0]["mine"] + ranks[1]["mine"] == ranks[0]["whole"] + 8 * vocab * width

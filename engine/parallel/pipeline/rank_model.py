@@ -70,6 +70,8 @@ class PipelineModel:
         mine, everything = [n for n, _ in self.named_parameters()], [n for n, _ in model.named_parameters()]
         blocks = sum(runner.split.stages[s].n_blocks for s in runner.stages)
         self.tensor_parallel = PipelineLayout(model_layout(model), group, mine, everything, blocks)
+        self._sizes = {name: p.data.size for name, p in model.named_parameters()}
+        _release_other_stages(model, runner)
 
     def parameters(self) -> list[Parameter]:
         return [p for _, p in self.named_parameters()]
@@ -100,7 +102,7 @@ class PipelineModel:
         order; the tied copy is left out): one window per chunk, and with one chunk the rank's whole state."""
         split, ranks = self.runner.split, self.group.world_size
         rank = self.group.rank if rank is None else rank
-        sizes = {name: p.data.size for name, p in self.dense.named_parameters()}
+        sizes = self._sizes
         order = list(sizes)
         windows = []
         for s in range(rank, len(split), ranks):
@@ -112,6 +114,16 @@ class PipelineModel:
 
     def units(self) -> list[Module]:
         return [u for i in sorted(self.runner.stages) for u in self.runner.stages[i].units()]
+
+
+def _release_other_stages(model: GPT, runner: StageRunner) -> None:
+    """Every rank built the whole model (so each stage starts from the one device's initialisation); the
+    other stages' parameters are dropped here, so a rank holds its stages' bytes only, as the ledger and
+    the estimator count them. Their modules stay: the blocks' indices are what checkpointing specs name."""
+    kept = {id(p) for p in runner.parameters()}
+    for _, p in model.named_parameters():
+        if id(p) not in kept:
+            p.data, p.grad = np.empty(0, p.data.dtype), None
 
 
 def pipeline_model(model, cfg, groups, comm, dataset):
