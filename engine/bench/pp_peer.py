@@ -50,6 +50,8 @@ def unraced(cfg: Config) -> str | None:
                 "expert 1)")
     if cfg.model.kind != "gpt":
         return "the PyTorch pipeline twin cuts the GPT only, not an MLP model"
+    if p.pipeline_emulate_ms > 0:
+        return "an emulated pipeline (parallel.pipeline_emulate_ms > 0) computes nothing to race"
     if p.schedule == "zb-h1" and p.chunks != 1:
         return "PyTorch's zero-bubble schedule is raced with one stage per rank (parallel.chunks = 1)"
     return None
@@ -59,7 +61,8 @@ def pp_peer(cfg: Config, comm, ours) -> Callable[[int], float]:
     """PyTorch pipelining's step in a rank of the race: the twin of the dense model our trainer started
     from, built again from the seed (ours holds only its stages)."""
     from engine.config.build import build_model
-    return TorchPP(cfg, comm.rank, build_model(cfg, ours.dataset), ours.dataset).step
+    cut = [(s.first_block, s.first_block + s.n_blocks) for s in ours.model.runner.split.stages]
+    return TorchPP(cfg, comm.rank, build_model(cfg, ours.dataset), ours.dataset, cut).step
 
 
 def stage_blocks(cfg: Config, dense_model) -> list[tuple[int, int]]:
@@ -76,7 +79,8 @@ class TorchPP:
     """This rank's PyTorch pipeline peer: its stages of the twin, the schedule, AdamW over its stages'
     parameters, and `step(i)` on global batch i (returns the mean loss on the last stage's rank, else 0)."""
 
-    def __init__(self, cfg: Config, rank: int, dense_model, dataset):
+    def __init__(self, cfg: Config, rank: int, dense_model, dataset,
+                 cut: list[tuple[int, int]] | None = None):
         import torch
         import torch.distributed as dist
         from torch.distributed import pipelining
@@ -96,7 +100,7 @@ class TorchPP:
         pp_group = _group(dist, mesh.groups("pp"), rank)
         self.dp_group = _group(dist, mesh.groups("dp"), rank) if mesh.dp > 1 else None
         self.tied_group = _group(dist, _tied_pairs(mesh), rank) if tied else None
-        ranges = stage_blocks(cfg, dense_model)
+        ranges = cut or stage_blocks(cfg, dense_model)  # ours, where our trainer cut it
         mine = [s for s in range(count) if s % p == coords.pp]
         self.modules = [_stage_module(twin, s, count, ranges[s]) for s in mine]
         self.stages = [pipelining.PipelineStage(m, s, count, torch.device("cpu"), group=pp_group)
@@ -208,3 +212,34 @@ def _group(dist, groups: list[list[int]], rank: int):
 def _tied_pairs(mesh) -> list[list[int]]:
     """(first stage, last stage) of each pipeline: the ranks holding the tied weight's two copies."""
     return [[mesh.rank_of(dp=d, pp=0), mesh.rank_of(dp=d, pp=mesh.pp - 1)] for d in range(mesh.dp)]
+
+
+def twin_losses_rank(comm, emit, cfg_dict: dict, steps: int) -> list[float]:
+    """A rank's losses of the PyTorch pipeline twin's first `steps` steps (0.0 on ranks without the last
+    stage; a rank function for run_ranks on the processes backend): the check against one device."""
+    import torch
+    import torch.distributed as dist
+
+    from engine.bench.ddp_peer import init_gloo
+    from engine.config import from_dict
+    from engine.config.build import build_model, load_dataset
+    cfg = from_dict(cfg_dict, source="<pp twin>")
+    torch.set_num_threads(max(1, comm.threads_per_rank))
+    dataset = load_dataset(cfg)
+    init_gloo(comm)
+    try:
+        peer = TorchPP(cfg, comm.rank, build_model(cfg, dataset), dataset)
+        return [peer.step(i) for i in range(steps)]
+    finally:
+        dist.destroy_process_group()
+
+
+def twin_losses(cfg: Config, steps: int) -> list[list[float]]:
+    """Every rank's losses of the twin's first `steps` steps on cfg's layout (processes backend)."""
+    from engine.comm.launch import run_ranks
+    from engine.config import to_dict
+    if why := unraced(cfg):
+        raise ValueError(why)
+    return run_ranks(cfg.parallel.world_size, "processes", twin_losses_rank, args=(to_dict(cfg), steps),
+                     timeout_s=max(cfg.parallel.timeout_s, 120.0),
+                     threads_per_rank=cfg.parallel.threads_per_rank)

@@ -58,8 +58,8 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
     ours.update(rate(flops, ours["step_s"], peak))
     report = {"preset": cfg.name, "world_size": cfg.parallel.world_size, "machine": host,
               "flops": {"per_step": flops, "convention": FLOPS_CONVENTION}, "ours": ours}
-    # under TP the DP reduce runs on the rank's thread, so nothing overlaps: no overlap variant to time
-    if cfg.parallel.world_size > 1 and cfg.parallel.tensor == 1:
+    # under TP or PP the DP reduce runs on the rank's thread, so nothing overlaps: no overlap variant to time
+    if cfg.parallel.world_size > 1 and cfg.parallel.tensor == 1 and cfg.parallel.pipeline == 1:
         other = replace(cfg, "parallel.overlap", not cfg.parallel.overlap)
         report["overlap_" + ("off" if cfg.parallel.overlap else "on")] = time_ours(other, warmup, steps)
     if compare_checkpointing or cfg.memory.checkpointing != "none":
@@ -84,6 +84,16 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
             peer.update(rate(flops, peer["step_s"], peak))
             if peer["sdpa"]:
                 peer["sdpa"].update(rate(flops, peer["sdpa"]["step_s"], peak))
+    elif cfg.parallel.backend == "processes" and cfg.parallel.pipeline > 1:
+        from engine.bench.pp_peer import race_pp
+        from engine.bench.pp_peer import unraced as pp_unraced
+        if why := pp_unraced(cfg):
+            report["pp_unraced"] = why
+        else:  # ours again, taking turns with PyTorch's pipelining in the same ranks
+            report["pp"] = pp = race_pp(cfg, warmup, steps)
+            if pp:
+                report["ratio"] = pp["ratio"]
+                pp.update(rate(flops, pp["torch_s"], peak))
     elif cfg.parallel.backend == "processes" and cfg.parallel.tensor > 1:
         from engine.bench.tp_peer import race_tp, unraced
         if why := unraced(cfg):
@@ -167,9 +177,17 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
         wait = f"DP comm wait {d['comm_share']:.0%}, " if d["dp"] > 1 else ""  # TP's collectives are inline
         print(f"  ratio ours/PyTorch TP = {report['ratio']:.2f}  (ours {d['ours_s'] * 1e3:.1f} ms, {wait}"
               "timed taking turns with PyTorch TP in the same ranks)")
-    elif "tp_unraced" in report:
-        print(f"  no PyTorch TP figure: {report['tp_unraced']}")
-    elif {"ddp", "tp"} & report.keys() or cfg.parallel.world_size == 1 and not report.get("torch"):
+    elif report.get("pp"):
+        d = report["pp"]
+        print(f"  PyTorch PP {d['torch_s'] * 1e3:8.1f} ms/step   {_rate_words(d)}   (torch {d['torch']}, "
+              f"gloo, torch.distributed.pipelining {d['schedule']}, pp {d['pp']}, {d['micro_batches']} "
+              f"micro-batches, {d['world_size']} processes x {d['threads_per_rank']} thread(s))")
+        print(f"  ratio ours/PyTorch PP = {report['ratio']:.2f}  (ours {d['ours_s'] * 1e3:.1f} ms, timed "
+              "taking turns with PyTorch's pipelining in the same ranks)")
+    elif "tp_unraced" in report or "pp_unraced" in report:
+        kind = "TP" if "tp_unraced" in report else "pipeline"
+        print(f"  no PyTorch {kind} figure: {report.get('tp_unraced') or report['pp_unraced']}")
+    elif {"ddp", "tp", "pp"} & report.keys() or cfg.parallel.world_size == 1 and not report.get("torch"):
         print("  PyTorch not installed: no peer figure (pip install torch==2.13.0)")
 
 
