@@ -247,6 +247,8 @@ def pool_sizes(comm, emit) -> dict:
     from threadpoolctl import threadpool_info
 
     from engine.fast import thread_pool
+    from engine.ops import matmul_kernel
+    matmul_kernel(np.ones((8, 8), np.float32), np.ones((8, 8), np.float32))  # as the rank's products see them
     blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
     return {"rank": comm.rank, "blas": blas, "kernels": thread_pool.threads(),
             "resolved": comm.threads_per_rank,

@@ -43,6 +43,8 @@ import threading
 
 import numpy as np
 
+from engine.fast import thread_pool
+
 DISABLE_VAR = "NANODIST_MKL"  # "0" (or "off", "false", "no"): NumPy's BLAS for every product
 _LAYER_VAR = "MKL_THREADING_LAYER"  # a user's choice of MKL's threading runtime is kept
 _LAYER_IDS = {"GNU": 3, "TBB": 4}  # mkl_service.h's MKL_THREADING_GNU, MKL_THREADING_TBB
@@ -62,6 +64,8 @@ class _Mkl:
         self.get_threads.restype, self.get_threads.argtypes = ctypes.c_int, []
         self.set_threads = lib.MKL_Set_Num_Threads
         self.set_threads.restype, self.set_threads.argtypes = None, [ctypes.c_int]
+        self.set_local = lib.MKL_Set_Num_Threads_Local  # this thread's count, over the global one
+        self.set_local.restype, self.set_local.argtypes = ctypes.c_int, [ctypes.c_int]
         ptr, i = ctypes.c_void_p, ctypes.c_int
         self.gemm = {}
         for dtype, name, scalar in ((np.float32, "cblas_sgemm", ctypes.c_float),
@@ -175,10 +179,26 @@ def _library() -> _Mkl | None:
     return _MKL
 
 
+_sized = threading.local()  # the MKL thread count last set on this thread
+
+
+def _size_for_this_thread(mkl: _Mkl) -> None:
+    """MKL's threads for the calling thread = the rank's thread count (engine.fast.thread_pool, set with the
+    BLAS limits by engine.comm.cores). Thread ranks share one process, and a limit that threadpoolctl sets
+    on MKL is the setting thread's own (MKL_Set_Num_Threads_Local), not the rank threads': each thread sets
+    its own before its first product, and again when the rank's count changes."""
+    n = thread_pool.threads()
+    if getattr(_sized, "n", None) != n:
+        mkl.set_local(n)
+        _sized.n = n
+
+
 def gemm(a: np.ndarray, b: np.ndarray, out_dtype=None) -> np.ndarray:
     """np.matmul(a, b), on MKL for 2-D float32/float64 operands it can take as they lie (module docstring);
     cast to `out_dtype` when given and not already the product's dtype."""
     mkl = _library()
+    if mkl is not None:
+        _size_for_this_thread(mkl)
     out = _mkl_product(mkl, a, b) if mkl is not None else None
     if out is None:
         out = np.matmul(a, b)

@@ -99,7 +99,8 @@ def test_processes_backend_ranks_blas_pool_has_the_configured_size(world, config
     expected = configured or max(1, HOST_CORES // world)
     for r in results:
         assert r["resolved"] == expected
-        assert r["blas"] == [expected], r  # threadpoolctl, asked inside the rank process
+        # threadpoolctl, asked inside the rank process: NumPy's BLAS, and MKL where the mkl extra is installed
+        assert r["blas"] and r["blas"] == [expected] * len(r["blas"]), r
         assert r["kernels"] == expected, r  # engine.fast.thread_pool' pool, the same share
 
 
