@@ -163,3 +163,36 @@ def _ddp_step(ddp, twin, opt, batch, rank: int, world: int, cfg) -> None:
     if cfg.optim.grad_clip:
         torch.nn.utils.clip_grad_norm_(twin.parameters(), cfg.optim.grad_clip)
     opt.step()
+
+
+def twin_losses(cfg: Config, steps: int, twin: str) -> list[list[float]]:
+    """Every rank's losses of a PyTorch twin's first `steps` steps on cfg's layout (processes backend): the
+    check that a peer trains what one device trains. `twin` names its class ("engine.bench.module:Class",
+    built as Class(cfg, rank, dense_model, dataset), with step(i) -> this rank's loss)."""
+    return run_ranks(cfg.parallel.world_size, "processes", _twin_losses_rank,
+                     args=(to_dict(cfg), steps, twin), timeout_s=max(cfg.parallel.timeout_s, 120.0),
+                     threads_per_rank=cfg.parallel.threads_per_rank)
+
+
+def _twin_losses_rank(comm, emit, cfg_dict: dict, steps: int, twin: str) -> list[float]:
+    import importlib
+
+    import torch
+    import torch.distributed as dist
+
+    from engine.config import from_dict
+    from engine.config.build import build_model, load_dataset
+    module, _, name = twin.partition(":")
+    if not module.startswith("engine.bench."):
+        raise ValueError(f"{twin!r} is not a twin of engine.bench")
+    cfg = from_dict(cfg_dict, source="<twin>")
+    torch.set_num_threads(max(1, comm.threads_per_rank))
+    dataset = load_dataset(cfg)
+    init_gloo(comm)
+    try:
+        twin_class = getattr(importlib.import_module(module), name)
+        peer = twin_class(cfg, comm.rank, build_model(cfg, dataset), dataset)
+        return [peer.step(i) for i in range(steps)]
+    finally:
+        dist.destroy_process_group()
+

@@ -214,32 +214,9 @@ def _tied_pairs(mesh) -> list[list[int]]:
     return [[mesh.rank_of(dp=d, pp=0), mesh.rank_of(dp=d, pp=mesh.pp - 1)] for d in range(mesh.dp)]
 
 
-def twin_losses_rank(comm, emit, cfg_dict: dict, steps: int) -> list[float]:
-    """A rank's losses of the PyTorch pipeline twin's first `steps` steps (0.0 on ranks without the last
-    stage; a rank function for run_ranks on the processes backend): the check against one device."""
-    import torch
-    import torch.distributed as dist
-
-    from engine.bench.ddp_peer import init_gloo
-    from engine.config import from_dict
-    from engine.config.build import build_model, load_dataset
-    cfg = from_dict(cfg_dict, source="<pp twin>")
-    torch.set_num_threads(max(1, comm.threads_per_rank))
-    dataset = load_dataset(cfg)
-    init_gloo(comm)
-    try:
-        peer = TorchPP(cfg, comm.rank, build_model(cfg, dataset), dataset)
-        return [peer.step(i) for i in range(steps)]
-    finally:
-        dist.destroy_process_group()
-
-
 def twin_losses(cfg: Config, steps: int) -> list[list[float]]:
     """Every rank's losses of the twin's first `steps` steps on cfg's layout (processes backend)."""
-    from engine.comm.launch import run_ranks
-    from engine.config import to_dict
+    from engine.bench.ddp_peer import twin_losses as losses_of
     if why := unraced(cfg):
         raise ValueError(why)
-    return run_ranks(cfg.parallel.world_size, "processes", twin_losses_rank, args=(to_dict(cfg), steps),
-                     timeout_s=max(cfg.parallel.timeout_s, 120.0),
-                     threads_per_rank=cfg.parallel.threads_per_rank)
+    return losses_of(cfg, steps, "engine.bench.pp_peer:TorchPP")

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.bench.ddp_peer import init_gloo, race_in_ranks
-from engine.config import Config, to_dict
+from engine.bench.ddp_peer import race_in_ranks
+from engine.config import Config
 
 
 def race_tp(cfg: Config, warmup: int = 5, steps: int = 20) -> dict | None:
@@ -223,29 +223,8 @@ class TorchTP:
                              self.dp, self.cfg, lr)
 
 
-def twin_losses_rank(comm, emit, cfg_dict: dict, steps: int) -> list[float]:
-    """A rank's losses of the PyTorch TP twin's first `steps` steps (a rank function for run_ranks on the
-    processes backend): the correctness check against our dense single-device run."""
-    import torch
-    import torch.distributed as dist
-
-    from engine.config import from_dict
-    from engine.config.build import build_model, load_dataset
-    cfg = from_dict(cfg_dict, source="<tp twin>")
-    torch.set_num_threads(max(1, comm.threads_per_rank))
-    dataset = load_dataset(cfg)
-    init_gloo(comm)
-    try:
-        peer = TorchTP(cfg, comm.rank, build_model(cfg, dataset), dataset)
-        return [peer.step(i) for i in range(steps)]
-    finally:
-        dist.destroy_process_group()
-
-
 def twin_losses(cfg: Config, steps: int) -> list[list[float]]:
     """Every rank's losses of the twin's first `steps` steps on cfg's layout (processes backend)."""
-    from engine.comm.launch import run_ranks
+    from engine.bench.ddp_peer import twin_losses as losses_of
     tp_axes(cfg)
-    return run_ranks(cfg.parallel.world_size, "processes", twin_losses_rank, args=(to_dict(cfg), steps),
-                     timeout_s=max(cfg.parallel.timeout_s, 120.0),
-                     threads_per_rank=cfg.parallel.threads_per_rank)
+    return losses_of(cfg, steps, "engine.bench.tp_peer:TorchTP")
