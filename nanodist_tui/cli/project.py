@@ -174,9 +174,25 @@ def print_projection(data: dict, cfg, target) -> None:
         print(f"  {s['world_size']} ranks left out: {s['why']}")
     if tp_column and data["rows"]:
         print("\n".join(tensor_parallel_lines(data["rows"][0])))
+    if p.pipeline > 1 and data["rows"]:
+        print("\n".join(pipeline_lines(data["rows"][0])))
     _print_memory(data["rows"])
     if len(data["rows"]) > 1:
         print(scaling_plot(data["rows"]))
+
+
+def pipeline_lines(row: dict) -> list[str]:
+    """A row's pipeline term in words: the schedule simulated, its bubble beside the formula's, the
+    messages and their link, the stages' balance."""
+    pp = row["pp"]
+    chunks = f", {pp['chunks']} chunks per rank" if pp["chunks"] > 1 else ""
+    return [f"pipeline {pp['degree']} at {row['world_size']} ranks: {pp['schedule']}{chunks}, "
+            f"{pp['micro_batches']} micro-batches, blocks per stage {pp['blocks_per_stage']}",
+            f"  bubble {pp['bubble']:.1%} of the schedule simulated ({row['bubble_s'] * 1e3:.2f} ms), "
+            f"{pp['bubble_published']:.1%} by {pp['bubble_formula']} with equal stages",
+            f"  {pp['messages_per_rank']} messages per rank of {pp['message_bytes'] / MB:.3g} MB on the "
+            f"{pp['link']} link, {pp['message_s'] * 1e3:.3f} ms each, adding {row['p2p_s'] * 1e3:.2f} ms; "
+            f"stage imbalance {pp['stage_imbalance']:.2f}x"]
 
 
 def tensor_parallel_lines(row: dict) -> list[str]:
