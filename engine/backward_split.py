@@ -33,6 +33,7 @@ from engine.tensor import (
     _state,
     _topological,
     _write_leaf_grad,
+    backward_step,
 )
 
 
@@ -67,18 +68,7 @@ class WeightBackward:
                             _accumulate(pending, inp, g, edge.fresh)
                     edge.free()
                 continue
-            entry = pending.pop(edge, None)
-            if isinstance(edge, Node):
-                if edge.backward is None:
-                    raise RuntimeError("backward through a graph already freed (backward ran before)")
-                if entry is not None:
-                    grads = edge.backward(entry[0])
-                    for inp, g in zip(edge.inputs, grads):
-                        if inp is not None and g is not None:
-                            _accumulate(pending, inp, g, edge.fresh)
-                edge.free()
-            elif entry is not None:
-                _write_leaf_grad(edge, entry[0], entry[1])
+            backward_step(edge, pending)
         self.order, self.pending = [], {}
         if self.observer is not None:
             observer, self.observer = self.observer, None

@@ -351,18 +351,24 @@ def run_backward(root, grad: np.ndarray) -> None:
         return
     pending = {root: (grad, False)}
     for edge in _topological(root):
-        entry = pending.pop(edge, None)
-        if isinstance(edge, Node):
-            if edge.backward is None:
-                raise RuntimeError("backward through a graph that was already freed (backward ran before)")
-            if entry is not None:
-                grads = edge.backward(entry[0])
-                for inp, g in zip(edge.inputs, grads):
-                    if inp is not None and g is not None:
-                        _accumulate(pending, inp, g, edge.fresh)
-            edge.free()
-        elif entry is not None:
-            _write_leaf_grad(edge, entry[0], entry[1])
+        backward_step(edge, pending)
+
+
+def backward_step(edge, pending: dict) -> None:
+    """One step of a backward walk: a node runs on the gradient pending for it (if any), passes its inputs'
+    gradients on into `pending`, and frees what it saved; a leaf takes its pending gradient."""
+    entry = pending.pop(edge, None)
+    if isinstance(edge, Node):
+        if edge.backward is None:
+            raise RuntimeError("backward through a graph that was already freed (backward ran before)")
+        if entry is not None:
+            grads = edge.backward(entry[0])
+            for inp, g in zip(edge.inputs, grads):
+                if inp is not None and g is not None:
+                    _accumulate(pending, inp, g, edge.fresh)
+        edge.free()
+    elif entry is not None:
+        _write_leaf_grad(edge, entry[0], entry[1])
 
 
 def _write_leaf_grad(leaf: Tensor, grad: np.ndarray, owned: bool) -> None:
