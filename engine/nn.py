@@ -247,11 +247,7 @@ class GPT(Module):
         return list(self.blocks)
 
     def forward(self, idx) -> Tensor:
-        idx = idx.data if isinstance(idx, Tensor) else np.asarray(idx)
-        t = idx.shape[1]
-        if t > self.block_size:
-            raise ValueError(f"sequence of {t} tokens is longer than block_size {self.block_size}")
-        x = self.drop(self.wte(idx) + self.wpe.weight[:t])
+        x = embed(self.wte, self.wpe, self.drop, self.block_size, idx)
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_f(x))
@@ -280,6 +276,16 @@ class GPT(Module):
         finally:
             self.train(was_training)
         return idx
+
+
+def embed(wte: Module, wpe: Embedding, drop: Module, block_size: int, idx) -> Tensor:
+    """A GPT's input: token plus position embeddings of idx[B, T], dropped out (GPT.forward, and the first
+    stage of a pipeline, which holds these layers without the rest)."""
+    idx = idx.data if isinstance(idx, Tensor) else np.asarray(idx)
+    t = idx.shape[1]
+    if t > block_size:
+        raise ValueError(f"sequence of {t} tokens is longer than block_size {block_size}")
+    return drop(wte(idx) + wpe.weight[:t])
 
 
 def init_params(model: Module, seed: int) -> None:

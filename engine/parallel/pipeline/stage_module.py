@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
-
-from engine.nn import GPT, Module
+from engine.nn import GPT, Module, embed
 from engine.parallel.pipeline.split import PipelineSplit, StagePart
 from engine.tensor import Parameter, Tensor
 
@@ -61,13 +59,9 @@ class GPTStage(Module):
         return named
 
     def forward(self, x) -> Tensor:
-        if self.wte is not None:  # GPT.forward's embedding, word for word
+        if self.wte is not None:  # GPT.forward's embedding
             assert self.wpe is not None and self.drop is not None
-            idx = x.data if isinstance(x, Tensor) else np.asarray(x)
-            t = idx.shape[1]
-            if t > self.block_size:
-                raise ValueError(f"sequence of {t} tokens is longer than block_size {self.block_size}")
-            x = self.drop(self.wte(idx) + self.wpe.weight[:t])
+            x = embed(self.wte, self.wpe, self.drop, self.block_size, x)
         for block in self.blocks:
             x = block(x)
         if self.lm_head is not None:
