@@ -394,12 +394,18 @@ def pipeline_problem(cfg: Config) -> KeyedProblem | None:
         return ("parallel.hybrid" if p.hybrid else "parallel.algorithm", "runs over the whole world, and "
                 f"with pipeline {p.pipeline} gradients are reduced over the data-parallel group",
                 f"set hybrid = false and algorithm to one of {', '.join(map(toml_repr, ON_ANY_GROUP))}")
-    from engine.parallel.pipeline.schedules import build_schedule  # here: the schedules import config
+    from engine.parallel.pipeline.schedules import ShapeError, build_schedule  # here: they import config
     try:
         build_schedule(p.schedule, p.pipeline, cfg.train.micro_batches, p.chunks)
-    except ValueError as exc:
-        return ("train.micro_batches", str(exc), "change train.micro_batches or parallel.schedule")
+    except ShapeError as exc:
+        return (_SCHEDULE_SHAPE_KEYS[exc.parameter], f"{exc.value} with schedule {toml_repr(p.schedule)}: "
+                f"{exc.reason}", f"change {_SCHEDULE_SHAPE_KEYS[exc.parameter]} or parallel.schedule")
     return None
+
+
+# A schedule's ShapeError names its shape parameter; the config key that sets it:
+_SCHEDULE_SHAPE_KEYS = {"micro_batches": "train.micro_batches", "chunks": "parallel.chunks",
+                        "ranks": "parallel.pipeline"}
 
 
 def _mlp_tensor_problem(widths, dropout: float, t: int) -> Problem | None:
