@@ -49,6 +49,7 @@ the optimizer per stage) is pipeline_step.py's.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from engine.dtypes import itemsize
 from engine.memory.tensor_parallel import rank_shapes
@@ -116,6 +117,7 @@ class Pipeline:
         # forward (run in I), and the TP collectives inside F and inside the backward
         self.forward, self.input, self.weight = ([0.0] * len(self.counts) for _ in range(3))
         self.recompute, self.tp_forward, self.tp_backward = ([0.0] * len(self.counts) for _ in range(3))
+        self.tp_issued: list[Counter] = [Counter() for _ in self.counts]  # per stage and micro-batch
         self._stage_seconds(flops, events, seconds, ckpt, tp)
         if emulated := p.pipeline_emulate_ms / 1000:  # every F, I and W sleeps this long instead (executor)
             stages = len(self.counts)
@@ -133,12 +135,17 @@ class Pipeline:
                        ckpt: set, tp: TensorParallel) -> None:
         t_fwd, t_bwd, t_block = seconds
         where, last = stage_of_block(self.counts), len(self.counts) - 1
-        self.tp_forward[0] += sum(map(tp.seconds, tp.embedding_forward))
+
+        def issue(times: list[float], stage: int, collectives: list) -> None:
+            times[stage] += sum(map(tp.seconds, collectives))
+            self.tp_issued[stage].update(collectives)
+
+        issue(self.tp_forward, 0, tp.embedding_forward)
         for k, f in enumerate(flops.unit_forward):
             self.forward[where[k]] += t_fwd * f / flops.forward
-            self.tp_forward[where[k]] += sum(map(tp.seconds, tp.unit_forward.get(k, [])))
+            issue(self.tp_forward, where[k], tp.unit_forward.get(k, []))
         self.forward[last] += t_fwd * (flops.forward - sum(flops.unit_forward)) / flops.forward
-        self.tp_forward[last] += sum(map(tp.seconds, tp.head_forward))
+        issue(self.tp_forward, last, tp.head_forward)
         for event in events:
             s = last if event.layer == "head" else 0 if event.block is None else where[event.block]
             part = event.share * t_bwd
@@ -146,11 +153,10 @@ class Pipeline:
             self.weight[s] += half
             self.input[s] += part - half
             key = (event.block, event.layer)
-            around = tp.before.get(key, []) + tp.after.get(key, [])
-            self.tp_backward[s] += sum(map(tp.seconds, around))
+            issue(self.tp_backward, s, tp.before.get(key, []) + tp.after.get(key, []))
         for k in ckpt:
             self.recompute[where[k]] += t_block
-            self.tp_backward[where[k]] += sum(map(tp.seconds, tp.unit_forward.get(k, [])))
+            issue(self.tp_backward, where[k], tp.unit_forward.get(k, []))
 
     def stage_s(self) -> tuple[list[float], list[float], list[float]]:
         """Per virtual stage, one micro-batch: F, I and W as the schedule runs them (TP collectives and a
@@ -166,6 +172,13 @@ class Pipeline:
     def per_rank(self, rank: int, values: list[float]) -> float:
         """A per-stage figure summed over `rank`'s stages and the step's micro-batches."""
         return self.micro * sum(values[s] for s in self.schedule.stages_of(rank))
+
+    def tp_issued_by(self, rank: int) -> Counter:
+        """The TP collectives `rank`'s stages issue in the step's micro-batches, counted."""
+        issued: Counter = Counter()
+        for s in self.schedule.stages_of(rank):
+            issued.update({c: n * self.micro for c, n in self.tp_issued[s].items()})
+        return issued
 
     def end(self, rank: int) -> float:
         """When pipeline rank `rank`'s last action ends."""

@@ -27,6 +27,8 @@ compute, the rest of the step exposed (the bubble and the messages it waits on i
 
 from __future__ import annotations
 
+from collections import Counter
+
 from engine.dtypes import itemsize
 from engine.parallel.mesh import Mesh
 from engine.projection.flops import FlopsOf, backward_events
@@ -100,7 +102,8 @@ def predict_pipeline_step(cfg, machine: Machine, flops_of: FlopsOf) -> StepBreak
         interference_s=0.0, forward_s=pipe.per_rank(me, pipe.forward),
         backward_s=pipe.per_rank(me, pipe.input) + pipe.per_rank(me, pipe.weight),
         recompute_s=pipe.per_rank(me, pipe.recompute), optimizer_s=update[me], comm_s=comm_s,
-        imbalance_s=imbalance, algorithm=machine.algorithm, tp_s=tp_s, tp=tp.summary(),
+        imbalance_s=imbalance, algorithm=machine.algorithm, tp_s=tp_s,
+        tp=tp.summary(pipe.tp_issued_by(me) + Counter(tp.per_step)),
         bubble_s=pipe.bubble_s, p2p_s=pipe.p2p_s,
         pp={**pipe.summary(), "rank": me, "tied_s": tied, "reduce_s": reduce, "optimizer_s": update})
 

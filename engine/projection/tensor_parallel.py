@@ -236,11 +236,14 @@ class TensorParallel:
         first = 2 if (2, "layers.2") in self.after else 0
         return self.unit_forward[first + 1] + self.after.get((first, f"layers.{first}"), [])
 
-    def summary(self) -> dict:
-        """The TP term as the report shows it (empty at t = 1)."""
+    def summary(self, issued: Counter[Collective] | None = None) -> dict:
+        """The TP term as the report shows it (empty at t = 1): the step's figures add up `issued` (a
+        rank's collectives of one step, counted), by default what this term's replay of the step issued."""
         if not self.active:
             return {}
         assert self.comm is not None
+        if issued is not None:
+            return {**self.summary(), **self._step_figures(issued)}
         topo = self.comm.topology
         layer = self.layer()
         return {"degree": self.degree, "sequence_parallel": self.sp, "nodes": topo.nodes, "rows": self.rows,
@@ -252,3 +255,10 @@ class TensorParallel:
                 "sent_bytes": self.sent,
                 "per_step": [{"kind": c.kind, "phase": c.phase, "bytes": c.nbytes, "count": n}
                              for c, n in self.issued.items()]}
+
+    def _step_figures(self, issued: Counter[Collective]) -> dict:
+        spent = sum(self.seconds(c) * n for c, n in issued.items())
+        return {"step_s": spent, "exposed_s": spent, "collectives": sum(issued.values()),
+                "sent_bytes": sum(c.sent(self.degree) * n for c, n in issued.items()),
+                "per_step": [{"kind": c.kind, "phase": c.phase, "bytes": c.nbytes, "count": n}
+                             for c, n in issued.items()]}

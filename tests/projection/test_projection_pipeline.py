@@ -170,3 +170,18 @@ def test_each_stage_reduces_its_own_gradients_after_its_last_backward(tmp_path, 
     assert two.pp["reduce_s"] == pytest.approx(reduce, rel=1e-12)
     loss = 6 * (alpha + 8 * beta) - 2 * (alpha + 12 * beta)
     assert two.step_s - one.step_s == pytest.approx(reduce[1 if tied else 0] + loss, rel=1e-9)
+
+
+def test_the_tp_term_under_a_pipeline_counts_what_each_rank_issues(tmp_path):
+    """PP 2 x TP 2: the TP summary's step figures are the busiest rank's own collectives (not the empty
+    replay of a step the pipeline never plays), and the two pipeline ranks' stages together issue what one
+    rank of PP 1 x TP 2 issues in its micro-batches (the step's own agreements, issued once per rank by
+    each, aside)."""
+    c, cfg = cluster(tmp_path), config(2, 4, "1f1b", 4, tensor=2)
+    two = predict(cfg, c, None, VOCAB)[0]
+    assert two.tp["step_s"] == pytest.approx(two.tp_s, rel=1e-12) and two.tp["collectives"] > 0
+    flops_of = FlopsOf(cfg, VOCAB)
+    pipe, tp = pipeline_of(cfg, make_machine(c, cfg, 4, None, flops_of), flops_of)
+    in_micro_batches = sum(sum(pipe.tp_issued_by(r).values()) for r in range(2))
+    one = predict(config(1, 2, "1f1b", 4, tensor=2), c, None, VOCAB)[0]
+    assert in_micro_batches == one.tp["collectives"] - len(tp.per_step) > 0
