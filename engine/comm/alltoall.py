@@ -53,8 +53,9 @@ def all_to_all(group: Communicator, sends: Sequence[np.ndarray], phase: str = "a
 
 def all_to_all_even(group: Communicator, buf: np.ndarray, phase: str = "all-to-all",
                     algorithm: str = "pairwise") -> np.ndarray:
-    """buf's N equal blocks along axis 0 (N = group size), block j to member j; returns the blocks received,
-    block j from member j, in one array shaped like buf. No counts travel: every block has len(buf) / N rows."""
+    """buf's N equal blocks along axis 0 (N = group size), block j to member j; returns the blocks
+    received, block j from member j, in one array shaped like buf. No counts travel: every block has
+    len(buf) / N rows."""
     size = group.world_size
     buf = np.asarray(buf)
     if buf.ndim == 0 or len(buf) % size:
@@ -70,7 +71,8 @@ def all_to_all_even(group: Communicator, buf: np.ndarray, phase: str = "all-to-a
 
 def _move(group: Communicator, sends: list[np.ndarray], recvs: list[np.ndarray], phase: str,
           algorithm: str) -> list[np.ndarray]:
-    """Move sends[j] into recvs[j] (preallocated, the right size) on the schedule; empty blocks never travel."""
+    """Move sends[j] into recvs[j] (preallocated, the right size) on the schedule; empty blocks never
+    travel."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown all-to-all algorithm {algorithm!r}; expected one of {ALGORITHMS}")
     size, rank = group.world_size, group.rank
@@ -106,5 +108,6 @@ def _checked(group: Communicator, sends: Sequence[np.ndarray]) -> list[np.ndarra
     for j, arr in enumerate(sends):
         if arr.ndim == 0 or arr.dtype != first.dtype or arr.shape[1:] != first.shape[1:]:
             raise ValueError(f"all-to-all: sends[{j}] is {arr.dtype}{list(arr.shape)} but sends[0] is "
-                             f"{first.dtype}{list(first.shape)}; every array needs one dtype and trailing shape")
+                             f"{first.dtype}{list(first.shape)}; every array needs one dtype and trailing "
+                             "shape")
     return sends

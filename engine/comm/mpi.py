@@ -10,6 +10,8 @@ traffic can never match nanoDist's messages.
 "mpi-native" (collectives.all_reduce(..., algorithm="mpi-native")). MPI has no float16/bfloat16
 reduction, so those are reduced in float32 and rounded back. Its traffic is opaque: the meter
 records the buffer handed to MPI under phase "mpi-native" with dst = -1, not bytes on the wire.
+``native_all_to_all`` is MPI's own Alltoallv, all-to-all's "mpi-native" (alltoall.py), metered alike:
+the bytes handed to MPI for the other ranks, under the caller's phase, dst = -1.
 """
 
 from __future__ import annotations
@@ -79,6 +81,28 @@ class MpiCommunicator(Communicator):
         if self.meter is not None:
             self.meter.record("mpi-native", self.rank, -1, buf.nbytes, time.perf_counter() - start,
                               algorithm="mpi-native")
+
+    def native_all_to_all(self, sends: list[np.ndarray], phase: str) -> list[np.ndarray]:
+        """MPI's own Alltoall of the row counts, then Alltoallv of the rows as raw bytes (alltoall.py's
+        "mpi-native"): recvs[j], the rows rank j sent here."""
+        start = time.perf_counter()
+        counts = np.array([len(arr) for arr in sends], np.int64)
+        got = np.empty_like(counts)
+        self._mpi.Alltoall(counts, got)
+        trailing, dtype = sends[0].shape[1:], sends[0].dtype
+        row = dtype.itemsize * int(np.prod(trailing))
+        out = np.empty(int(got.sum()) * row, np.uint8)
+        self._mpi.Alltoallv([np.concatenate([arr.reshape(-1).view(np.uint8) for arr in sends]),
+                             [int(n) * row for n in counts], MPI.BYTE],
+                            [out, [int(n) * row for n in got], MPI.BYTE])
+        recvs = [part.view(dtype).reshape(int(n), *trailing)
+                 for part, n in zip(np.split(out, np.cumsum(got * row)[:-1]), got)]
+        if self.meter is not None:
+            seconds, others = time.perf_counter() - start, self.world_size - 1
+            for name, nbytes in ((phase + "-sizes", 8 * others),
+                                 (phase, sum(arr.nbytes for j, arr in enumerate(sends) if j != self.rank))):
+                self.meter.record(name, self.rank, -1, nbytes, seconds, algorithm="mpi-native")
+        return recvs
 
     def close(self) -> None:
         if self._mpi != MPI.COMM_NULL:
