@@ -32,6 +32,7 @@ _BUS_FACTORS = {
     "reduce-scatter": lambda n: (n - 1) / n,
     "all-gather": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
+    "all-to-all": lambda n: (n - 1) / n,
 }
 
 LinkKey = tuple[int, int, str, str, str]  # (src, dst, phase, group, algorithm)
@@ -137,7 +138,7 @@ def algbw(size_bytes: int, seconds: float) -> float:
 
 def busbw(collective: str, size_bytes: int, seconds: float, world_size: int) -> float:
     """Bus bandwidth in bytes/s (NCCL-tests): algbw × 2(N−1)/N for all-reduce, × (N−1)/N for
-    reduce-scatter and all-gather, × 1 for broadcast."""
+    reduce-scatter, all-gather and all-to-all, × 1 for broadcast."""
     if collective not in _BUS_FACTORS:
         raise ValueError(f"unknown collective {collective!r}; expected one of {sorted(_BUS_FACTORS)}")
     return algbw(size_bytes, seconds) * _BUS_FACTORS[collective](world_size)
