@@ -14,6 +14,7 @@ import typer
 from nanodist_tui.cli import (
     bench,
     bench_allreduce,
+    bench_alltoall,
     bench_ui,
     memory,
     mesh,
@@ -53,6 +54,7 @@ app.command("schedule")(schedule.schedule)
 app.command("screenshot")(screenshot.screenshot)
 app.add_typer(sweep.app, name="sweep")
 bench.app.command("allreduce")(bench_allreduce.allreduce)
+bench.app.command("alltoall")(bench_alltoall.alltoall)
 bench.app.command("ui")(bench_ui.ui)
 bench.app.command("ui-events")(bench_ui.ui_events)
 bench.app.command("ui-keys")(bench_ui.ui_keys)

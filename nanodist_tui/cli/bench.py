@@ -3,7 +3,8 @@ traffic (bytes per step by group), techniques (the step-time cost of each memory
 (strong and weak, ours and DDP), profile (where a step's milliseconds go) and pruning (the training steps a
 pruner saves a sweep).
 The measuring is engine.bench's; this module parses and prints. `bench allreduce` is bench_allreduce.py,
-`bench ui` and `bench ui-events` bench_ui.py (registered on this group by nanodist_tui.cli)."""
+`bench alltoall` bench_alltoall.py, `bench ui` and `bench ui-events` bench_ui.py (registered on this group
+by nanodist_tui.cli)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from nanodist_tui.cli.options import BackendOpt, JsonOpt, PresetOpt, SetOpt, Wor
 from nanodist_tui.cli.running import load_config
 
 app = typer.Typer(help="Benchmarks: our step vs PyTorch (eager, DDP, TP), our all-reduce algorithms vs each "
-                  "other and gloo, bytes per step by group, scaling, techniques, a per-op profile, sweep "
-                  "pruning.",
+                  "other and gloo, our all-to-all vs gloo's, bytes per step by group, scaling, techniques, a "
+                  "per-op profile, sweep pruning.",
                   no_args_is_help=True)
 
 

@@ -13,7 +13,7 @@ from nanodist_tui.cli.errors import UsageError, fail, user_errors
 from nanodist_tui.cli.options import JsonOpt, node_grid
 
 
-def _parse_size(text: str) -> int:
+def parse_size(text: str) -> int:
     units = {"k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30, "b": 1, "": 1}
     t = text.strip().lower()
     digits = t.rstrip("abcdefghijklmnopqrstuvwxyz")
@@ -29,14 +29,14 @@ def _parse_size(text: str) -> int:
     return int(size)
 
 
-def _fmt_size(n: int) -> str:
+def fmt_size(n: int) -> str:
     for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= factor:
             return f"{n / factor:g} {unit}"
     return f"{n} B"
 
 
-def _check_allreduce(backend: str, world_size: int, sizes: str | None, default) -> list[int]:
+def check_bench_options(backend: str, world_size: int, sizes: str | None, default) -> list[int]:
     """The message sizes, once every option is known to work here; UsageError/LaunchError otherwise."""
     import importlib.util
 
@@ -52,7 +52,7 @@ def _check_allreduce(backend: str, world_size: int, sizes: str | None, default) 
         if importlib.util.find_spec("mpi4py") is None:
             raise UsageError("--backend mpi needs mpi4py: pip install -e '.[mpi]' (mpi4py and MPICH wheels)")
     try:
-        size_list = ([_parse_size(s) for s in sizes.split(",") if s.strip()] if sizes is not None
+        size_list = ([parse_size(s) for s in sizes.split(",") if s.strip()] if sizes is not None
                      else list(default))
     except ValueError as e:
         raise UsageError(f"--sizes: {e}") from None
@@ -61,9 +61,9 @@ def _check_allreduce(backend: str, world_size: int, sizes: str | None, default) 
     available = available_memory()
     # each rank holds its input, the result and the ring's scratch for the largest message
     if available is not None and 3 * world_size * max(size_list) > available:
-        raise UsageError(f"--sizes: {_fmt_size(max(size_list))} on {world_size} ranks needs about "
-                         f"{_fmt_size(3 * world_size * max(size_list))} of memory, this machine has "
-                         f"{_fmt_size(available)} available; use smaller sizes or fewer ranks")
+        raise UsageError(f"--sizes: {fmt_size(max(size_list))} on {world_size} ranks needs about "
+                         f"{fmt_size(3 * world_size * max(size_list))} of memory, this machine has "
+                         f"{fmt_size(available)} available; use smaller sizes or fewer ranks")
     return size_list
 
 
@@ -118,7 +118,7 @@ def allreduce(
     two_level = 1 < ranks_per_node < world_size
     with user_errors():
         default_sizes = LADDER if calibrate else (2**20, 2**24, 2**26)
-        size_list = _check_allreduce(backend, world_size, sizes, default_sizes)
+        size_list = check_bench_options(backend, world_size, sizes, default_sizes)
         algorithms = _algorithms(algorithm, backend, ranks_per_node, two_level)
     path = auto.tuning_path(tuning_file)
     if calibrate:
@@ -197,7 +197,7 @@ def _calibrate(backend, world_size, ranks_per_node, size_list, iters, warmup, pa
 
 
 def _describe(crossovers) -> str:
-    return ", ".join(f"{a} below {_fmt_size(int(b))}" if b != float("inf") else f"{a} above"
+    return ", ".join(f"{a} below {fmt_size(int(b))}" if b != float("inf") else f"{a} above"
                      for b, a in crossovers.rules)
 
 
@@ -211,7 +211,7 @@ def _print_rows(ours: list[dict], gloo: list[dict] | None) -> None:
         head += f"   {'gloo ms':>9} {'busbw':>7}  {'ours/gloo':>9}"
     print(head)
     for i, row in enumerate(ours):
-        line = (f"{_fmt_size(row['size']):>10} {row['time_s'] * 1e3:9.2f} {row['algbw'] / 1e9:7.2f} "
+        line = (f"{fmt_size(row['size']):>10} {row['time_s'] * 1e3:9.2f} {row['algbw'] / 1e9:7.2f} "
                 f"{row['busbw'] / 1e9:7.2f} {'yes' if row['correct'] else 'NO':>3}")
         if gloo:
             g = gloo[i]
@@ -234,7 +234,7 @@ def _print_comparison(rows: list[dict], algorithms: tuple[str, ...], crossovers)
             mark = "" if at[a]["correct"] else " WRONG"
             chosen = f" ({at[a]['chosen']})" if a == "auto" else ""
             cells.append(f"{at[a]['time_s'] * 1e3:.3f}{chosen}{mark}".rjust(15))
-        line = f"{_fmt_size(size):>10} " + " ".join(cells)
+        line = f"{fmt_size(size):>10} " + " ".join(cells)
         if fixed:
             best = min(fixed, key=lambda a: at[a]["time_s"])
             line += f" {best:>13}"
