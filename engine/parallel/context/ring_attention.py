@@ -1,0 +1,163 @@
+"""Ring attention: self-attention over sequences that c ranks hold a slice each of (layout.py), written
+over point-to-point messages around the context-parallel group.
+
+Forward, on every rank at once (c ranks, rank r; `next` = r+1, `prev` = r-1, mod c):
+
+    kv = this rank's keys and values                     (the one copy that travels)
+    for hop in 0 .. c-1:                                 kv now holds rank (r - hop)'s chunks
+        for each of my query chunks x each of kv's key chunks:
+            skip it (causal, key chunk later), or compute the block (blocks.py) and merge it into
+            (out, lse) with the online softmax: lse' = logaddexp(lse, lse_blk), out rescaled to it
+        if hop < c-1: send kv to next, receive prev's into a new buffer (one exchange: both posted together)
+
+Backward passes the keys and values around again (they were not kept: forward keeps only this rank's q, k,
+v, its output and lse, as flash attention does), each with an accumulator of its owner's dK and dV that
+every rank adds its queries' share to; after the c-th hop the accumulator is home:
+
+    for hop in 0 .. c-1:                                 kv, dkv: rank (r - hop)'s
+        each block: dQ_mine += ..., dkv += (dK, dV)
+        hop < c-1: send (kv, dkv) to next, receive prev's;  last hop: send dkv only (to its owner)
+
+Traffic per hop, booked by the meter under the context-parallel group: forward "cp-fwd-kv" (K and V of
+b·s/c tokens: 2·b·(s/c)·h elements), backward "cp-bwd-kv" (the same) and "cp-bwd-kv-grad" (dK, dV in the
+compute dtype); c-1 forward hops, c-1 + c backward.
+
+Precision: blocks are computed and merged in the compute dtype (float32 for 16-bit inputs; K and V travel
+in their own dtype, dK and dV in the compute dtype), rounded once at the end, as the fused attention does.
+Dropout inside attention is not supported here (its masks are keyed by one device's positions).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.comm.base import Communicator
+from engine.comm.exchange import exchange
+from engine.dtypes import compute_dtype
+from engine.fast import lowp
+from engine.parallel.context import blocks
+from engine.parallel.context.layout import SequenceLayout, block_kind
+from engine.tensor import Tensor, make
+
+PHASES = {"forward": "cp-fwd-kv", "backward": "cp-bwd-kv", "grad": "cp-bwd-kv-grad"}
+
+
+@dataclass
+class Ring:
+    """A context-parallel group, how it holds the sequence, and what its attention computed: `work`
+    counts the blocks this rank computed forward ("blocks") and their scores ("scores", a diagonal
+    block's whole square), summed over calls until cleared."""
+    group: Communicator
+    layout: SequenceLayout
+    causal: bool = True
+    work: Counter = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        if self.group.world_size != self.layout.degree:
+            raise ValueError(f"a {self.layout.degree}-way layout on a group of {self.group.world_size}")
+
+    def plan(self, seq_len: int, src: int) -> list[tuple[slice, slice, bool]]:
+        """(my query rows, src's key rows, diagonal?) of every block this rank computes against src's keys,
+        for a local sequence of `seq_len` tokens."""
+        mine, theirs = self.layout.chunks(self.group.rank), self.layout.chunks(src)
+        n = seq_len // len(mine)
+        out = []
+        for i, a in enumerate(mine):
+            for j, b in enumerate(theirs):
+                kind = block_kind(a, b, self.causal)
+                if kind is not None:
+                    out.append((slice(i * n, (i + 1) * n), slice(j * n, (j + 1) * n), kind == "diagonal"))
+        return out
+
+
+def _hop(ring: Ring, arrays: list[np.ndarray], phases: list[str]) -> list[np.ndarray]:
+    """Send `arrays` to the next rank and receive the previous rank's (same shapes), all posted together."""
+    c, r = ring.group.world_size, ring.group.rank
+    received = [np.empty_like(a) for a in arrays]
+    exchange(ring.group, [((r + 1) % c, a) for a in arrays], [((r - 1) % c, a) for a in received], phases)
+    return received
+
+
+def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(out, lse) in the compute dtype of q, k, v [B, H, T_local, D] (views of any strides)."""
+    cdt, c, r = compute_dtype(q.dtype), ring.group.world_size, ring.group.rank
+    qc, kv = lowp.widen(q), np.stack([k, v])
+    out = np.zeros(q.shape[:-1] + v.shape[-1:], cdt)
+    lse = np.full(q.shape[:-1], -np.inf, cdt)
+    for hop in range(c):
+        kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
+        for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
+            o_blk, lse_blk = blocks.forward(qc[:, :, rows], kc[:, :, cols], vc[:, :, cols], diagonal)
+            blocks.merge(out[:, :, rows], lse[:, :, rows], o_blk, lse_blk)
+            ring.work["blocks"] += 1
+            ring.work["scores"] += int(np.prod(lse_blk.shape)) * (cols.stop - cols.start)
+        if hop < c - 1:
+            kv = _hop(ring, [kv], [PHASES["forward"]])[0]
+    return out, lse
+
+
+def ring_backward(ring: Ring, q, k, v, out, lse, g) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dQ, dK, dV) of this rank's q, k, v in the compute dtype, given dL/d out = g and forward's out, lse."""
+    cdt, c, r = compute_dtype(q.dtype), ring.group.world_size, ring.group.rank
+    qc, gc = lowp.widen(q), lowp.widen(g)
+    rows_d = np.einsum("...i,...i->...", gc, lowp.widen(out))
+    dq = np.zeros(q.shape, cdt)
+    kv, dkv = np.stack([k, v]), np.zeros((2, *k.shape), cdt)
+    for hop in range(c):
+        kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
+        for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
+            at = (slice(None), slice(None), rows)
+            dq_blk, dk_blk, dv_blk = blocks.backward(qc[at], kc[:, :, cols], vc[:, :, cols], gc[at],
+                                                     rows_d[at], lse[at], diagonal)
+            dq[at] += dq_blk
+            dkv[0][:, :, cols] += dk_blk
+            dkv[1][:, :, cols] += dv_blk
+        if hop < c - 1:
+            kv, dkv = _hop(ring, [kv, dkv], [PHASES["backward"], PHASES["grad"]])
+        elif c > 1:  # the accumulator now holds the next rank's gradients: one more hop takes them home
+            dkv = _hop(ring, [dkv], [PHASES["grad"]])[0]
+    return dq, dkv[0], dkv[1]
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, ring: Ring) -> Tensor:
+    """Attention of this rank's q, k, v [B, H, T_local, D] over the whole sequences the ring holds (causal
+    or not, as `ring` says); output [B, H, T_local, D] in q's dtype. Keeps q, k, v, the output and lse."""
+    qd, kd, vd = q.data, k.data, v.data
+    out_c, lse = ring_forward(ring, qd, kd, vd)
+    out = lowp.narrow(out_c, qd.dtype)
+
+    def backward(g):
+        grads = ring_backward(ring, qd, kd, vd, out, lse, g)
+        return tuple(lowp.narrow(d, qd.dtype) for d in grads)
+    return make(out, (q, k, v), backward, (qd, kd, vd, out, lse))
+
+
+def _heads(a: np.ndarray, parts: int, n_head: int) -> np.ndarray:
+    """[parts, B, n_head, T, D] view of a C-contiguous [B, T, parts * n_head * D] (the QKV layout)."""
+    b, t, width = a.shape
+    return a.reshape(b, t, parts, n_head, width // (parts * n_head)).transpose(2, 0, 3, 1, 4)
+
+
+def ring_attention_qkv(qkv: Tensor, n_head: int, ring: Ring) -> Tensor:
+    """Ring attention on a QKV projection's output [B, T_local, 3C] -> [B, T_local, C], heads side by side:
+    what a context-parallel block's attention calls in place of engine.ops.causal_attention_qkv, keeping
+    the same arrays (qkv, the output, the lse)."""
+    b, t, width = qkv.shape
+    if width % (3 * n_head):
+        raise ValueError(f"ring_attention_qkv: a last axis of {width} is not 3 x {n_head} heads")
+    x = np.ascontiguousarray(qkv.data)
+    q, k, v = _heads(x, 3, n_head)
+    out_c, lse = ring_forward(ring, q, k, v)
+    out = np.empty((b, t, width // 3), x.dtype)
+    _heads(out, 1, n_head)[0][...] = lowp.narrow(out_c, x.dtype)
+
+    def backward(g):
+        grad = np.empty(x.shape, x.dtype)
+        o4, g4 = _heads(out, 1, n_head)[0], _heads(np.ascontiguousarray(g), 1, n_head)[0]
+        for dst, d in zip(_heads(grad, 3, n_head), ring_backward(ring, q, k, v, o4, lse, g4)):
+            dst[...] = lowp.narrow(d, x.dtype)
+        return (grad,)
+    return make(out, (qkv,), backward, (x, out, lse))
