@@ -21,7 +21,7 @@ from engine.events import (
 )
 from engine.run import throughput
 from engine.run.recorder import read_events
-from nanodist_tui.pipeline_chart import measured_bubble
+from nanodist_tui.bubble_meter import BubbleMeter
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.traffic import phase_bandwidths, rank_traffic
 
@@ -52,8 +52,7 @@ def figures(events: list, name: str) -> RunFigures:
     out = RunFigures(name, info)
     steps: list[StepEnd] = []
     busbw: dict[str, list[float]] = {}
-    pipeline = set(first_pipeline(info))
-    timelines: dict[int, list[PipelineTimeline]] = {}  # step -> rank 0's pipeline's timelines
+    bubbles = BubbleMeter(info)
     for e in events:
         if isinstance(e, History):  # a resumed run: its lineage's curves first (engine.run.lineage)
             out.train += [(step, loss) for step, loss, *_ in e.steps if math.isfinite(loss)]
@@ -76,23 +75,14 @@ def figures(events: list, name: str) -> RunFigures:
             for row in phase_bandwidths(traffic, info.world_size):
                 if math.isfinite(row.busbw):
                     busbw.setdefault(row.phase, []).append(row.busbw)
-        elif isinstance(e, PipelineTimeline) and e.rank in pipeline:
-            timelines.setdefault(e.step, []).append(e)
+        elif isinstance(e, PipelineTimeline):
+            bubbles.add(e)
         elif isinstance(e, RunFinished):
             out.steps = e.steps
     out.phase_busbw = {phase: statistics.median(values) for phase, values in busbw.items()}
     out.tokens_per_s = throughput.of_steps(steps)
-    bubbles = [measured_bubble(t) for t in timelines.values() if len(t) == len(pipeline)]
-    out.bubble = statistics.median(bubbles) if bubbles else None
+    out.bubble = bubbles.median
     return out
-
-
-def first_pipeline(info: RunInfo) -> list[int]:
-    """Rank 0's pipeline group; [] without pipeline parallelism (or with a layout that cannot be)."""
-    try:
-        return info.mesh.members("pp", 0) if info.pipeline > 1 else []
-    except ValueError:
-        return []
 
 
 def smooth(points: list[tuple[int, float]], weight: float) -> list[tuple[int, float]]:

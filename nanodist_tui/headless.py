@@ -20,8 +20,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from engine import events as ev
 from engine.parallel.mesh import DENSE_AXES
 from engine.run.printable import printable
+from nanodist_tui.bubble_meter import BubbleMeter
 from nanodist_tui.describe import describe
 from nanodist_tui.mesh_grid import layout_text
+from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.units import format_bytes
 
 
@@ -63,6 +65,7 @@ class HeadlessPrinter(LinePrinter):
         self.total = 0
         self.last_val: float | None = None
         self.failure_shown = False  # a RunFailed line was printed
+        self.bubbles: BubbleMeter | None = None  # a pipeline's measured bubble, for the summary
 
     def __call__(self, event) -> None:
         handler = getattr(self, f"_on_{event.kind}", None)
@@ -71,6 +74,7 @@ class HeadlessPrinter(LinePrinter):
 
     def _on_run_started(self, e: ev.RunStarted) -> None:
         self.total = e.total_steps
+        self.bubbles = BubbleMeter(RunInfo.from_started(e))
         self._print_event(e)
         if self.live:
             self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
@@ -90,6 +94,15 @@ class HeadlessPrinter(LinePrinter):
         if self._last_line is None or now - self._last_line >= self.interval_s or e.step == self.total:
             self._last_line = now
             self._print(f"step {e.step}/{self.total}  {status}  lr {e.lr:.2e}")
+
+    def _on_pipeline_timeline(self, e: ev.PipelineTimeline) -> None:
+        if self.bubbles is not None:
+            self.bubbles.add(e)
+
+    def summary_lines(self) -> list[str]:
+        """What the printer measured itself, for the summary's end: a pipeline's bubble."""
+        line = self.bubbles.line() if self.bubbles is not None else None
+        return [f"pipeline       {line}"] if line else []
 
     def _on_eval(self, e: ev.Eval) -> None:
         self.last_val = e.val_loss
@@ -150,8 +163,9 @@ def layout_line(layout) -> str:
     return text + (printable(f"  (order {layout['order']})") if several and layout.get("order") else "")
 
 
-def summary_lines(summary: dict) -> list[str]:
-    """The final report of a run, one fact per line."""
+def summary_lines(summary: dict, measured: list[str] | tuple = ()) -> list[str]:
+    """The final report of a run, one fact per line; `measured`: lines of what the reporter measured itself
+    (HeadlessPrinter.summary_lines), before where the run lives."""
     first, last = summary["initial_val_loss"], summary["final_val_loss"]
     drop = 100.0 * (first - last) / first if first else 0.0
     steps = f"{summary['steps']}" + (f" of {summary['total_steps']}" if summary.get("total_steps") else "")
@@ -180,6 +194,7 @@ def summary_lines(summary: dict) -> list[str]:
                      f"{'' if skipped == 1 else 's'} skipped)")
     if summary.get("network"):
         lines.append(f"network        {summary['network']}")
+    lines += measured
     if summary.get("parent"):
         lines.append(f"resumed from   {summary['parent']}")
     if summary.get("run_dir"):

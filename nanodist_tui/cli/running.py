@@ -208,7 +208,7 @@ def run_headless_job(job) -> None:
                 internal_failure(e)
             raise typer.Exit(1) from None
     if summary.get("lead", True):  # else another process (rank 0's, under mpiexec or tcp) reports this run
-        for line in summary_lines(summary):
+        for line in summary_lines(summary, printer.summary_lines()):
             print(printable(line))
     if received:
         raise typer.Exit(128 + received[0])

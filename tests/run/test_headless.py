@@ -3,6 +3,8 @@ import io
 import subprocess
 import sys
 
+import pytest
+
 from rich.console import Console
 
 from engine import events as ev
@@ -159,3 +161,37 @@ def test_the_summary_has_each_ranks_peak_memory_and_the_overflows(tmp_path):
     skipped = sum(e.skipped for e in events if e.kind == "step_end")
     assert (f"overflows      {len(overflows)} (loss-scale overflows; {skipped} step"
             f"{'' if skipped == 1 else 's'} skipped)") in lines
+
+
+def test_a_pipelines_bubble_is_measured_from_its_timelines_and_set_beside_the_formula():
+    """4 ranks, pipeline 2 (dp 2; rank 0's pipeline is ranks 0 and 2 with pp outermost): step 1's bubble is
+    the idle share of its two timelines, ranks 1 and 3 (the other pipeline) are not counted, a step is taken
+    once both of rank 0's pipeline reported it, and the run's figure is the median of the steps."""
+    from tests.pipeline_helpers import gpipe_step
+    printer, out, _ = plain_printer()
+    printer(ev.RunStarted(run_id=RUN_ID, preset="pp", config={"parallel": {"world_size": 4, "pipeline": 2}},
+                          n_params=1, world_size=4, total_steps=3))
+    assert printer.summary_lines() == []
+    busy = gpipe_step(2, 2, step=1, rank_of=lambda r: 2 * r, comm=False)  # GPipe p 2, m 2: bubble 1/3
+    for e in busy:
+        printer(e)
+    # step 2: both ranks compute 0-1 s and 3-4 s of a 4 s step; rank 1 (the other pipeline) a 100 s forward
+    slow = [ev.PipelineTimeline(step=2, rank=r, stage_rank=r // 2, schedule="gpipe", micro_batches=2, chunks=1,
+                                actions=[["F", 0, r // 2, 0.0, 1.0], ["B", 0, r // 2, 3.0, 4.0]], emulated=True)
+            for r in (0, 2)]
+    other = ev.PipelineTimeline(step=2, rank=1, stage_rank=0, schedule="gpipe", micro_batches=2, chunks=1,
+                                actions=[["F", 0, 0, 0.0, 100.0]], emulated=True)
+    printer(other)
+    printer(slow[0])
+    assert printer.bubbles.bubbles == [pytest.approx(1 / 3)]  # step 2 waits for rank 2
+    printer(slow[1])
+    printer(ev.PipelineTimeline(step=3, rank=0, stage_rank=0, schedule="gpipe", micro_batches=2, chunks=1,
+                                actions=[["F", 0, 0, 0.0, 1.0]], emulated=True))  # never completed
+    # step 2: each rank idle 2 of 4 s: 1/2; the run's figure is the median of 1/3 and 1/2
+    assert printer.bubbles.bubbles == [pytest.approx(1 / 3), pytest.approx(1 / 2)]
+    assert printer.summary_lines() == [
+        "pipeline       bubble 41.7% measured (median of 2 steps, compute emulated), 33.3% by (p-1)/(m+p-1): "
+        "gpipe, 2 ranks, 2 micro-batches"]
+    lines = summary_lines({"initial_val_loss": 2.0, "final_val_loss": 1.0, "steps": 2, "tokens_per_s": 1.0,
+                           "wall_s": 1.0, "run_dir": "runs/x"}, printer.summary_lines())
+    assert lines[-2].startswith("pipeline") and lines[-1].startswith("run folder")

@@ -1,0 +1,61 @@
+"""A run's measured pipeline bubble, step by step, from the PipelineTimeline events of rank 0's pipeline:
+what the headless summary prints beside the formula's, and what `compare` sets two runs' side by side.
+
+A step's bubble is pipeline_chart.measured_bubble of its ranks' timelines (the time they did not compute
+over ranks x the step's makespan), taken once every rank of the pipeline has reported the step. The run's
+figure is the median over its steps: robust to the first step's warm-up and to a step a busy machine
+slowed, as the benchmarks' medians are.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from engine.events import PipelineTimeline
+from nanodist_tui.pipeline_chart import bubble_formula, measured_bubble
+from nanodist_tui.run_info import RunInfo
+
+
+def first_pipeline(info: RunInfo) -> list[int]:
+    """Rank 0's pipeline group; [] without pipeline parallelism (or with a layout that cannot be)."""
+    try:
+        return info.mesh.members("pp", 0) if info.pipeline > 1 else []
+    except ValueError:
+        return []
+
+
+class BubbleMeter:
+    """Feed it a run's RunInfo, then its PipelineTimeline events in any order."""
+
+    def __init__(self, info: RunInfo):
+        self.members = set(first_pipeline(info))
+        self.pending: dict[int, list[PipelineTimeline]] = {}  # step -> the timelines reported so far
+        self.bubbles: list[float] = []  # one per complete step
+        self.last: PipelineTimeline | None = None
+
+    def add(self, event: PipelineTimeline) -> None:
+        if event.rank not in self.members:
+            return
+        step = self.pending.setdefault(event.step, [])
+        step.append(event)
+        if len(step) == len(self.members):
+            self.bubbles.append(measured_bubble(self.pending.pop(event.step)))
+            self.last = event
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.bubbles) if self.bubbles else None
+
+    def line(self) -> str | None:
+        """"bubble 21.3% measured (median of 10 steps), 20.0% by (p-1)/(m+p-1): 1f1b, 2 ranks, 4
+        micro-batches"; None before a complete step."""
+        if self.last is None or self.median is None:
+            return None
+        e, p = self.last, len(self.members)
+        steps = f"{len(self.bubbles)} step{'s' if len(self.bubbles) != 1 else ''}"
+        text = f"bubble {self.median:.1%} measured (median of {steps}"
+        text += ", compute emulated)" if e.emulated else ")"
+        if formula := bubble_formula(e.schedule, p, e.micro_batches, e.chunks):
+            text += f", {formula[1]:.1%} by {formula[0]}"
+        chunks = f", {e.chunks} chunks" if e.chunks > 1 else ""
+        return text + f": {e.schedule}, {p} ranks, {e.micro_batches} micro-batches{chunks}"
