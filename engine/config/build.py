@@ -13,6 +13,7 @@ from engine import nn
 from engine.config import check_against_data
 from engine.data import SYNTHETIC_LM_VOCAB, make_dataset
 from engine.dtypes import resolve_dtype
+from engine.moe import is_moe_block, moe_settings
 from engine.parallel.mesh import Mesh, MeshGroups, build_groups
 from engine.parallel.tensor import parallelize
 
@@ -61,7 +62,7 @@ def build_model(cfg, dataset=None, vocab: int | None = None) -> nn.Module:
     else:
         model = nn.GPT(vocab_size=vocab or vocab_size(cfg, dataset), block_size=m.block_size,
                        n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
-                       tie_weights=m.tie_weights, bias=m.bias, dtype=dtype)
+                       tie_weights=m.tie_weights, bias=m.bias, dtype=dtype, moe=moe_settings(m))
     nn.init_params(model, cfg.seed)
     return model
 
@@ -110,13 +111,22 @@ def param_shapes(cfg, vocab: int) -> list[tuple[str, tuple, int | None]]:
         pairs = enumerate(zip(m.widths[:-1], m.widths[1:]))
         return [p for i, (a, b) in pairs for p in linear(f"layers.{i}", a, b, i)]
     c = m.n_embd
+
+    def mlp_shapes(pre, i):  # a dense MLP, or the router and the experts' MLPs (engine.moe)
+        dense = linear(pre + "layers.0", c, 4 * c, i) + linear(pre + "layers.1", 4 * c, c, i)
+        if not is_moe_block(m, i):
+            return dense
+        experts = [(name.replace(pre, f"{pre}experts.mlps.{e}.", 1), shape, unit)
+                   for e in range(m.n_experts) for name, shape, unit in dense]
+        return linear(pre + "router.gate", c, m.n_experts, i, with_bias=False) + experts
+
     shapes: list[tuple[str, tuple, int | None]] = [("wte.weight", (vocab, c), None),
                                                    ("wpe.weight", (m.block_size, c), None)]
     for i in range(m.n_layer):
         pre = f"blocks.{i}."
         shapes += (norm(pre + "ln_1", c, i) + linear(pre + "attn.c_attn", c, 3 * c, i)
                    + linear(pre + "attn.c_proj", c, c, i) + norm(pre + "ln_2", c, i)
-                   + linear(pre + "mlp.layers.0", c, 4 * c, i) + linear(pre + "mlp.layers.1", 4 * c, c, i))
+                   + mlp_shapes(pre + "mlp.", i))
     shapes += norm("ln_f", c, None)
     if not m.tie_weights:
         shapes += linear("lm_head", c, vocab, None, with_bias=False)

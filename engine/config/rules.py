@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from engine.comm.collectives import ALGORITHMS, ON_ANY_GROUP
 from engine.comm.emulation import EMULATION_KEYS
 from engine.comm.launch import BACKENDS, EMULATING_BACKENDS
+from engine.config.rules_context import CONTEXT_RULES, context_problem
+from engine.config.rules_moe import MOE_RULES, moe_problem
 from engine.config.vocabulary import (
     DIRECTIONS,
     IMPLEMENTED_AXES,
@@ -168,7 +170,7 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "parallel.backend": one_of(*BACKENDS),
     "parallel.world_size": _between(1, 1024),
     **{f"parallel.{key}": _between(1, 1024) for axis, key in AXES.items() if axis != "dp"},
-    "parallel.order": _order,
+    "parallel.order": _order, **CONTEXT_RULES,
     "parallel.schedule": one_of(*PIPELINE_SCHEDULES), "parallel.chunks": _between(1, 64),
     "parallel.stage_balance": one_of(*STAGE_BALANCES), "parallel.pipeline_emulate_ms": _at_least(0),
     "parallel.zero_stage": _between(min(ZERO_STAGES), max(ZERO_STAGES)),
@@ -194,6 +196,7 @@ RULES: dict[str, Callable[[Any], Problem | None]] = {
     "sweep.sampler": one_of(*SAMPLERS), "sweep.pruner": one_of(*PRUNERS),
     "sweep.seed": _at_least(0), "sweep.memory_budget_mb": _at_least(0),
     "sweep.prune_startup_trials": _at_least(0), "sweep.prune_warmup_steps": _at_least(0),
+    **MOE_RULES,
 }
 
 
@@ -233,7 +236,9 @@ def combination_problem(cfg: Config) -> KeyedProblem | None:
     """The first rule across settings that cfg breaks, as (key, problem, fix), or None."""
     m, t, o, p, pr = cfg.model, cfg.train, cfg.optim, cfg.parallel, cfg.precision
     if problem := (unimplemented_problem(p) or mesh_problem(cfg) or tensor_problem(cfg)
-                   or pipeline_problem(cfg)):
+                   or pipeline_problem(cfg) or moe_problem(cfg, _DESCRIBING.get())):
+        return problem
+    if problem := context_problem(cfg):
         return problem
     dp = Mesh.of(p).dp
     split = dp * t.micro_batches

@@ -15,6 +15,7 @@ from engine.comm.collectives import ALGORITHMS
 from engine.comm.launch import BACKENDS
 from engine.config.rules import choices_doc
 from engine.config.vocabulary import (
+    CONTEXT_LAYOUTS,
     DIRECTIONS,
     METRICS,
     PARAM_TYPES,
@@ -74,6 +75,14 @@ class ModelConfig:
     tie_weights: bool = _f(True, "share the token embedding with the output layer", only=("gpt",))
     bias: bool = _f(True, "biases in Linear and LayerNorm layers")
     widths: tuple[int, ...] = _f((784, 1024, 1024, 10), "layer widths from inputs to classes", only=("mlp",))
+    n_experts: int = _f(0, "mixture of experts: expert MLPs in each MoE block; 0 = dense", only=("gpt",))
+    top_k: int = _f(2, "experts each token is routed to, 1 <= top_k <= n_experts", only=("gpt",))
+    moe_every: int = _f(1, "blocks 0, moe_every, 2 x moe_every, ... are MoE (1 = every block, 2 = every "
+                        "other)", only=("gpt",))
+    capacity_factor: float = _f(0.0, "tokens an expert takes, as a multiple of an even share (N x top_k / "
+                                "n_experts); later tokens are dropped; 0 = dropless", only=("gpt",))
+    aux_loss_coef: float = _f(0.01, "weight of the load-balancing loss (Switch): n_experts x sum f_i P_i",
+                              only=("gpt",))
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,8 @@ class ParallelConfig:
                                     "long instead of computing, so schedules of many stages are timed on few "
                                     "cores (nothing trains: the gradients are zero); 0 = real compute")
     context: int = _f(1, "context-parallel degree: ranks splitting each sequence (ring attention)")
+    context_layout: str = _f("zigzag", "context > 1: which chunks of a sequence each rank holds: " + "; ".join(
+        f'"{k}" ({what})' for k, what in CONTEXT_LAYOUTS.items()))
     expert: int = _f(1, "expert-parallel degree: ranks splitting the experts; carved out of the data x "
                      "context ranks (it must divide them), so it does not multiply world_size")
     order: str = _f(DEFAULT_ORDER, "the mesh's axes, innermost (adjacent ranks) first, joined by \"-\": "

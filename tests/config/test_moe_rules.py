@@ -1,0 +1,43 @@
+"""What a mixture-of-experts run is refused, each in one line naming its key: settings out of range, expert
+settings on a dense model, top_k above the experts, the parallelisms not built beside experts, and what
+expert parallelism cannot fold (experts that do not split evenly) or run beside."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import ConfigError, from_dict
+
+MOE = {"model": {"n_experts": 4, "top_k": 2}, "parallel": {"world_size": 4}, "train": {"global_batch": 8}}
+
+
+def _with(**over) -> dict:
+    d = {k: dict(v) for k, v in MOE.items()}
+    for key, value in over.items():
+        section, name = key.split("__")
+        d.setdefault(section, {})[name] = value
+    return d
+
+
+@pytest.mark.parametrize("over, key, text", [
+    (dict(model__n_experts=-1), "model.n_experts", "out of range"),
+    (dict(model__top_k=0), "model.top_k", "out of range"),
+    (dict(model__capacity_factor=-0.5), "model.capacity_factor", "out of range"),
+    (dict(model__top_k=5), "model.top_k", "5 experts per token, of model.n_experts 4"),
+    (dict(model__n_experts=0, model__capacity_factor=1.25), "model.capacity_factor",
+     "shapes the experts, and model.n_experts = 0"),
+    (dict(parallel__tensor=2), "parallel.tensor", "tensor parallelism beside experts"),
+    (dict(memory__checkpointing="blocks"), "memory.checkpointing", "recomputing an MoE block"),
+    (dict(model__kind="mlp", data__kind="synthetic-classification"), "model.n_experts",
+     'model.kind = "mlp" does not read it'),
+])
+def test_what_experts_cannot_do_is_one_line(over, key, text):
+    with pytest.raises(ConfigError) as info:
+        from_dict(_with(**over), source="test.toml")
+    err = info.value
+    assert "\n" not in str(err) and err.key == key and text in str(err), str(err)
+
+
+def test_an_moe_model_on_data_parallelism_is_valid():
+    cfg = from_dict(_with(model__moe_every=2, model__capacity_factor=1.25))
+    assert cfg.model.n_experts == 4 and cfg.model.moe_every == 2
