@@ -67,9 +67,8 @@ class DataParallel(Replica):
         while self._next < len(self.buckets) and self._ready[self._next] == self._expected[self._next]:
             self._launch(self._next)
 
-    def reduce_accumulated(self) -> None:
-        self.flat.zero_stale()
-        self.begin_micro(sync=True)  # finish_backward issues every bucket
+    def _reduce_rest(self) -> None:
+        self.flat.zero_stale()  # finish_backward issues the buckets not issued yet
 
     def _launch(self, b: int) -> None:
         bucket = self.flat.grad_buffer[slice(*self.buckets[b])]

@@ -15,6 +15,7 @@ import numpy as np
 
 from engine.loss_scale import make_scaler
 from engine.memory.ledger import rank_ledger
+from engine.parallel.context.plan import context_of
 from engine.parallel.data.flat import FlatLayout
 from engine.parallel.data.shard_optimizer import Piece, ShardOptimizer
 from engine.parallel.data.topology import Topology
@@ -33,9 +34,12 @@ class Replica:
         self.ledger = rank_ledger()  # captured here: the communication thread reports to it too
         self.params = model.parameters()
         self.layout = model_layout(model)  # the tensor-parallel split around this replica, if any
+        # collectives inside forward and backward (tensor-parallel ones, ring attention's hops)
+        self.model_communicates = self.layout.degree > 1 or context_of(model).degree > 1
         self.overlap = cfg.parallel.overlap
         self.comm_wait_s = 0.0
         self._events: list = []
+        self._final: set[int] | None = None  # ids of the armed parameters (reduce_when_final); None: none
 
     def _start(self, cfg, pieces: list[Piece], sharded: bool) -> None:
         """Once the storage is laid out: the optimizer over `pieces`, the loss scaler, the communication
@@ -46,13 +50,23 @@ class Replica:
         self.scaler = make_scaler(cfg.precision)
         # One thread drives a communicator at a time (engine.comm.base), and a tensor-parallel model runs
         # its collectives on the rank's thread, inside forward and backward, over the same transport as
-        # this replica's group. So with a tensor-parallel model the replica's collectives run on the rank's
-        # thread too, where backward reaches them (in the same order on every rank), not on a second one.
-        self._worker = CommWorker(self.rank, inline=self.world == 1 or self.layout.degree > 1)
-        self._remove_hooks = [p.register_grad_ready_hook(self._on_grad_ready) for p in self.params]
+        # this replica's group. So with a tensor-parallel model (or ring attention's hops) the replica's
+        # collectives run on the rank's thread too, where backward reaches them (in the same order on every
+        # rank), not on a second one.
+        self._worker = CommWorker(self.rank, inline=self.world == 1 or self.model_communicates)
+        self._remove_hooks = [p.register_grad_ready_hook(self._grad_ready) for p in self.params]
+
+    def _grad_ready(self, p) -> None:
+        """The hook `_start` installs. While a pipeline arms its parameters (reduce_when_final), only an
+        armed parameter's gradient counts, and once: it is that parameter's last of the step."""
+        if self._final is not None:
+            if id(p) not in self._final:
+                return
+            self._final.remove(id(p))
+        self._on_grad_ready(p)
 
     def _on_grad_ready(self, p) -> None:
-        """The hook `_start` installs: p's gradient is final for this backward. Every replica defines it."""
+        """p's gradient is final for this backward. Every replica defines it."""
         raise NotImplementedError
 
     @property
@@ -101,10 +115,27 @@ class Replica:
     def _finish_communication(self) -> None:
         raise NotImplementedError
 
+    def reduce_when_final(self, params) -> None:
+        """Gradients accumulated outside `backward` (a pipeline stage's backwards, in its schedule's order,
+        engine.parallel.pipeline.final_reduce): the next gradient each of `params` gets is its last of the
+        step. From now on those gradients count towards their buckets, and a bucket whose parameters have
+        all had theirs is reduced at once, in bucket order, as the last micro-batch's backward does; any other
+        parameter's gradient still just accumulates. reduce_accumulated() reduces the rest."""
+        if self._final is None:  # the step's first call: the synchronising backward begins
+            self.begin_micro(sync=True)
+            self._final = set()
+        self._final.update(id(p) for p in params)
+
     def reduce_accumulated(self) -> None:
-        """Gradients were accumulated outside `backward` (a pipeline stage's backwards, run in its schedule's
-        order, engine.parallel.pipeline.step): reduce them as the last micro-batch's backward would have;
-        finish_backward() then waits for it as usual."""
+        """Gradients were accumulated outside `backward`: reduce those reduce_when_final has not, as the last
+        micro-batch's backward would have; finish_backward() then waits for all of it as usual."""
+        if self._final is None:
+            self.begin_micro(sync=True)
+        self._final = None
+        self._reduce_rest()
+
+    def _reduce_rest(self) -> None:
+        """Issue every bucket not issued yet (zeroing the gradients nothing wrote this step first)."""
         raise NotImplementedError(f"{type(self).__name__} reduces inside its own backward")
 
     def drain_events(self) -> list:

@@ -94,12 +94,12 @@ class ZeroReplica(ShardedReplica):
             while self._next < len(self.buckets):
                 self._launch(self._next)
 
-    def reduce_accumulated(self) -> None:
-        """Stage 1: every bucket reduce-scattered now. Stage 2 reduces each micro-batch inside backward."""
+    def _reduce_rest(self) -> None:
+        """Stage 1: every bucket not reduce-scattered yet, now. Stage 2 reduces each micro-batch inside
+        backward."""
         if self.stage != 1:
-            super().reduce_accumulated()
+            super()._reduce_rest()
         self.flat.zero_stale()
-        self.begin_micro(sync=True)
         while self._next < len(self.buckets):
             self._launch(self._next)
 

@@ -15,6 +15,9 @@ tape, not the array). With one pipeline rank (p = 1) successive stages hand over
 memory ledger counts every held array as a communication buffer: a received one from its allocation (the
 message lands in it), a sent one until its exchange has completed.
 
+Hooks. `run(before={i: f})` calls f just before the rank's compute action i: the step arms the data-parallel
+reduce of a chunk's gradients there (final_reduce.py). The executor knows nothing of what a hook does.
+
 Received arrays are allocated per message from `io(stage)`: the (shape, dtype) of stage's input, which is
 also its input gradient's (b × s × h in the compute dtype; s/t under sequence parallelism).
 
@@ -28,7 +31,7 @@ every stage had a core of its own (sleeping burns none).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +42,7 @@ from engine.parallel.pipeline.interface import StageRunner
 from engine.parallel.pipeline.ir import Action, Op, Schedule
 
 IO = Callable[[int], tuple[tuple[int, ...], np.dtype]]  # stage -> (shape, dtype) of its input
+Hooks = Mapping[int, Callable[[], None]]  # an index into a rank's actions -> what to call just before it
 PHASES = {Op.SEND_ACT: "pp-activation", Op.SEND_GRAD: "pp-gradient"}
 
 
@@ -82,15 +86,21 @@ class Executor:
         self.last = schedule.stages - 1
         self.ledger = rank_ledger()
 
-    def run(self, start: float | None = None) -> StepResult:
-        """One step; `start` (perf_counter) is when the step began (default: now)."""
+    def run(self, start: float | None = None, before: Hooks | None = None) -> StepResult:
+        """One step; `start` (perf_counter) is when the step began (default: now). `before[i]`, if given, is
+        called just before the rank's compute action i (an index into its list) runs."""
         t0 = time.perf_counter() if start is None else start
         self._held: dict[str, dict[tuple[int, int], np.ndarray]] = {
             "inputs": {}, "outputs": {}, "grad_in": {}, "grad_out": {}}
         self._peak, losses, timeline = 0, {}, []
         actions = self.schedule.actions[self.rank]
+        before = before or {}
+        if any(not actions[i].op.is_compute for i in before):
+            raise ValueError(f"pipeline rank {self.rank}: a hook before a communication action")
         i = 0
         while i < len(actions):
+            if i in before:
+                before[i]()
             begin = time.perf_counter() - t0
             if actions[i].op.is_compute:
                 loss = self._compute(actions[i])

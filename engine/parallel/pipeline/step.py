@@ -10,8 +10,10 @@ One step on a pipeline rank:
   3. the tied weight's gradient is summed on the first stage and the last stage's copy's dropped (the copy
      is no parameter of the replica's: rank_model.py), so the first stage's update is the one device's;
      the memory ledger counts the copy (parameters) here, and its gradient while it exists;
-  4. the data-parallel reduce of this stage's gradients over its data-parallel group, once
-     (replica.reduce_accumulated); the trainer then finishes it and, through PipelineLayout, agrees the
+  4. the data-parallel reduce of this rank's gradients over its data-parallel group, once: each chunk's
+     buckets are issued during its last weight-gradient action and reduce while the schedule goes on
+     (final_reduce.py); what waited (the tied weight's bucket, and any after it) is issued after the sum
+     (replica.reduce_accumulated). The trainer then finishes it and, through PipelineLayout, agrees the
      gradient norm and fp16's overflow over every stage.
 The loss: the micro-batches' losses are the last stage's. What this returns is their sum times the
 pipeline degree on the last stage and 0 elsewhere, so the trainer's mean over all ranks is the mean over
@@ -27,6 +29,7 @@ from engine.comm.exchange import exchange
 from engine.data import rank_slice, slice_bounds
 from engine.memory.ledger import rank_ledger
 from engine.parallel.pipeline.executor import Emulation, Executor, uniform_io
+from engine.parallel.pipeline.final_reduce import reduce_hooks
 from engine.parallel.pipeline.rank_model import PipelineModel
 from engine.parallel.pipeline.schedules import build_schedule
 from engine.tensor import no_grad
@@ -50,6 +53,7 @@ class PipelineStep:
         seconds = p.pipeline_emulate_ms / 1000
         self.emulation = Emulation(seconds, seconds, seconds) if seconds else None
         self.executor = Executor(self.schedule, self.me, group, io, self.runner, self.emulation)
+        self._reduce_hooks = reduce_hooks(self.schedule, self.me, self.runner, replica)
         self.timeline: list[list] = []
         self._tied_fresh = False  # the copies hold the first stage's current values (false after any update)
         # the replica holds no tied copy, so the ledger hears of it here (after the replica's holds)
@@ -77,7 +81,8 @@ class PipelineStep:
         self._tied_fresh = False  # the optimizer's step comes next
         self.replica.begin_micro(sync=False)
         self.runner.begin_step(micro, self.replica.loss_scale / self.m, step, first_rows)
-        result = self.executor.run()  # the timeline's zero: after the tied copy, where the schedule starts
+        # the timeline's zero: after the tied copy, where the schedule starts
+        result = self.executor.run(before=self._reduce_hooks)
         self.timeline = result.timeline
         if self.emulation is None:  # emulated, no backward ran: there is no gradient to move
             self._sum_tied_grads()
