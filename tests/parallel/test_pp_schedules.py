@@ -1,8 +1,10 @@
 """The four pipeline schedules over a grid of shapes (p = 1..8 ranks, m in {1, p-1, p, 2p, 3p+1, ...},
 v in {1, 2, 3}): valid and deadlock-free by the checker, with the counts their papers publish: 1F1B's
 warm-up of min(p - r - 1, m) forwards, in flight GPipe m, 1F1B min(p - r, m), interleaved Megatron's
-(p - r - 1) * 2 + (v - 1) * p + 1 (micro-batch, chunk) pairs, ZB-H1 no more than 1F1B; one activation
-forward and one gradient backward per micro-batch per stage boundary."""
+(p - r - 1) * 2 + (v - 1) * p + 1 (micro-batch, chunk) pairs (and, when p does not divide m, the real
+micro-batches among as many entries of Megatron's table for m rounded up), ZB-H1 no more than 1F1B; one
+activation forward and one gradient backward per micro-batch per stage boundary. Interleaved over every m
+from 1 to 3p + 1: tests/parallel/test_pp_interleaved_any_m.py."""
 from __future__ import annotations
 
 import pytest
@@ -83,17 +85,31 @@ def test_interleaved_in_flight_as_megatron_states(p, v):
         assert counts.forwards_before_first_backward(schedule) == tuple(min(w + 1, m * v) for w in warmup)
 
 
+@pytest.mark.parametrize("p", range(1, 9))
+@pytest.mark.parametrize("v", [2, 3, 4])
+def test_interleaved_warm_up_for_any_m_is_megatrons_over_m_rounded_up(p, v):
+    # Megatron's table for m' = p * ceil(m / p): entry i is micro-batch (i // (v p)) p + i % p; rank r's
+    # warm-up is its first (p - r - 1) * 2 + (v - 1) * p entries, plus the steady state's first forward,
+    # and micro-batches m .. m' - 1 (the last group's missing ones) are not run.
+    for m in range(1, 3 * p + 2):
+        padded = -(-m // p) * p
+
+        def real(entries: int) -> int:
+            return sum((i // (v * p)) * p + i % p < m for i in range(entries))
+
+        expected = tuple(real(min((p - r - 1) * 2 + (v - 1) * p + 1, v * padded)) for r in range(p))
+        schedule = build_schedule("interleaved", p, m, v)
+        assert counts.forwards_before_first_backward(schedule) == expected, m
+        assert counts.peak_in_flight(schedule) == expected, m
+
+
 @pytest.mark.parametrize("name,p,m,v", REFUSED)
-def test_interleaved_refuses_what_it_cannot_run_in_one_line(name, p, m, v):
+def test_interleaved_refuses_one_chunk_in_one_line(name, p, m, v):
     with pytest.raises(ShapeError) as e:
         build_schedule(name, p, m, v)
     message = str(e.value)
     assert "\n" not in message
-    if v < 2:
-        assert e.value.parameter == "chunks" and "2 or more" in message
-    else:
-        assert e.value.parameter == "micro_batches" and f"multiple of the {p} pipeline ranks" in message
-        assert f"use {p}, {2 * p}, {3 * p}" in message
+    assert v == 1 and e.value.parameter == "chunks" and "2 or more" in message
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1"])

@@ -1,7 +1,9 @@
 """The pipeline schedules, one module each, built by name (engine.config.vocabulary.PIPELINE_SCHEDULES).
 
 Each module has `build(ranks, micro_batches, chunks) -> Schedule`, its published bubble as text (FORMULA)
-and as a number (`bubble`: idle share of the step with equal action times). A shape a schedule cannot run
+and as a number (`bubble`: idle share of the step with equal action times); a module whose formula depends
+on the shape (interleaved, when p does not divide m) says which with `formula(ranks, micro_batches,
+chunks)`. A shape a schedule cannot run
 is a ShapeError (a ValueError) whose message is one line saying what works.
 """
 
@@ -42,4 +44,5 @@ def formula_bubble(name: str, ranks: int, micro_batches: int, chunks: int = 1) -
     """The published bubble of schedule `name` as an idle share of the step (equal action times: F = B for
     gpipe, 1f1b and interleaved, F = I = W for zb-h1), and its formula as text."""
     module = module_of(name)
-    return module.FORMULA, float(module.bubble(ranks, micro_batches, chunks))
+    text = module.formula(ranks, micro_batches, chunks) if hasattr(module, "formula") else module.FORMULA
+    return text, float(module.bubble(ranks, micro_batches, chunks))
