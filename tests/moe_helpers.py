@@ -30,8 +30,18 @@ def make_moe(n_experts: int, top_k: int, capacity_factor: float = 0.0, aux: floa
 def tokens(n: int, seed: int = 0, routing: str = "random", expert: int = 0, moe: MoE | None = None
            ) -> np.ndarray:
     """[n, WIDTH] inputs. routing "random": as drawn; "one": feature 0 is 1 and the router's column 0
-    sends every token to `expert` first (and to expert+1 second); needs `moe`, whose router it edits."""
+    sends every token to `expert` first (and to expert+1 second); "balanced": token t picks t % E first,
+    (t + 1) % E second. Both need `moe`, whose router they edit (the same edit from every seed)."""
     x = np.random.default_rng(seed + 100).standard_normal((n, WIDTH))
+    if routing == "balanced":  # token t picks expert t % E, then (t + 1) % E: every expert n*k/E tokens
+        assert moe is not None
+        gate = moe.router.gate.weight.data
+        e = gate.shape[0]
+        x[:, :e] = 0.0
+        x[np.arange(n), np.arange(n) % e] = 1.0
+        x[np.arange(n), (np.arange(n) + 1) % e] = 0.75
+        gate[:, :e] = 40.0 * np.eye(e)
+        gate[:, e:] = 0.0
     if routing == "one":
         assert moe is not None
         x[:, 0] = 1.0
