@@ -25,7 +25,7 @@ from engine.events import (
     TrialReport,
     TrialStarted,
 )
-from engine.run.recorder import is_interruption
+from engine.run.summary import is_interruption
 
 
 def threads_note(event: RunStarted) -> str:

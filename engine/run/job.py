@@ -28,7 +28,8 @@ from engine.memory.estimator import estimate
 from engine.memory.pipeline import estimate_ranks
 from engine.parallel.mesh import Mesh
 from engine.run import error_log, lineage
-from engine.run.recorder import RecordingError, RunRecorder, new_summary, summarize
+from engine.run.recorder import RecordingError, RunRecorder
+from engine.run.summary import new_summary, summarize
 from engine.sinks.runner import SinkSet
 from engine.trainer import train_rank
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import events as ev
-from engine.run.recorder import is_interruption
+from engine.run.summary import is_interruption
 from engine.sinks import SinkUnavailable, make_sink
 from engine.sinks.scalars import ScalarFolder
 

@@ -11,8 +11,9 @@ import tomlkit
 from engine import config
 from engine import events as ev
 from engine.config import presets
-from engine.run import recorder
-from engine.run.recorder import METRIC_COLUMNS, RunRecorder, is_interruption, list_runs, read_events
+from engine.run import recorder, summary as run_summary
+from engine.run.recorder import METRIC_COLUMNS, RunRecorder, list_runs, read_events
+from engine.run.summary import is_interruption
 
 
 def step(n, loss=2.0, scale=None):
@@ -204,7 +205,7 @@ def test_summary_keeps_each_ranks_bytes_per_group_of_its_last_traffic_step(tmp_p
     rec(ev.Traffic(step=2, rank=1, links=links(("tp0", 1_500_000), ("dp1", 200_000))))
     rec.close()
     summary = json.loads((rec.run_dir / "summary.json").read_text())
-    assert recorder.summary_problem(summary) is None
+    assert run_summary.summary_problem(summary) is None
     assert summary["traffic_per_step"] == {"0": {"tp0": 1_500_000, "dp0": 200_000},
                                            "1": {"tp0": 1_500_000, "dp1": 200_000}}
     lines = summary_lines({**summary, "initial_val_loss": 4.0, "final_val_loss": 2.0, "tokens_per_s": 1.0,

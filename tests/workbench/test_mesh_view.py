@@ -24,7 +24,8 @@ import pytest
 from engine.config import ConfigError, presets
 from engine.events import RankStats, RunFinished, RunStarted, StepEnd, Traffic, to_json
 from engine.parallel.mesh import Mesh
-from engine.run.recorder import RunRecorder, summary_problem
+from engine.run.recorder import RunRecorder
+from engine.run.summary import summary_problem
 from nanodist_tui.headless import summary_lines
 from nanodist_tui.mesh_grid import grid_lines, grid_of, layout_text, rank_coords, rank_formula
 from nanodist_tui.mesh_groups import group_kinds, link_of, meter_members, unknown_groups
