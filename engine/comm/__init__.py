@@ -11,12 +11,14 @@ launcher.
   ring.py halving.py tree.py hierarchical.py   ring, recursive halving-doubling, binomial tree, two-level
   auto.py         algorithm "auto": measured crossovers by message size, the tuning file
   reduction.py    sum / avg / max, segments, the pairwise exchange
+  alltoall.py     all-to-all, even and uneven (counts first), over the batched exchange (exchange.py)
   meter.py        per-rank traffic meter (link = src, dst, phase, group, algorithm); algbw / busbw
   launch.py       run_ranks for every backend; procs.py spawns and supervises rank processes
   progress.py     starved or hung: a waiter's timeout restarts while the rank it waits on makes progress
   codec.py        JSON (with numpy arrays) between the launcher and its rank processes; never pickle
 
-The all-reduce benchmark against torch gloo is engine/bench/allreduce.py.
+The all-reduce benchmark against torch gloo is engine/bench/allreduce.py, the all-to-all one
+engine/bench/alltoall.py.
 """
 
 from engine.comm.base import Communicator, PeerTimeout, ProtocolError, RankFailure, Signals, StopRequested
