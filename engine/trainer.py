@@ -40,6 +40,7 @@ from engine.data import rank_slice, slice_bounds
 from engine.dtypes import resolve_dtype
 from engine.memory import ledger
 from engine.optim import global_norm_clip_scale, lr_at
+from engine.parallel.context.plan import context_of, parallelize_context
 from engine.parallel.data import make_replica
 from engine.parallel.pipeline.rank_model import PipelineModel, pipeline_model
 from engine.parallel.pipeline.step import PipelineStep
@@ -73,6 +74,13 @@ class Trainer:
         self.n_params = count_params(dense)  # the whole model's, before any split
         # Under pipeline parallelism the model is this rank's stages of it (engine.parallel.pipeline).
         shard = shard_model(dense, cfg, self.groups)
+        # Under context parallelism each rank of the CP group holds a slice of every sequence of its rows
+        # (engine.parallel.context); the ranks hold the same weights, so gradients are averaged over the
+        # data x context group, while the rows a rank reads stay its data-parallel group's.
+        shard = parallelize_context(shard, self.groups.cp, cfg.parallel.context_layout)
+        self.context = context_of(shard)
+        self.grad_comm = self.dp_comm if self.context.degree == 1 else (
+            comm if self.groups.dpcp.world_size == comm.world_size else self.groups.dpcp)
         self.model = pipeline_model(shard, cfg, self.groups, comm, self.dataset)
         self.layout = model_layout(self.model)
         self.dtype = resolve_dtype(cfg.precision.dtype)
@@ -81,7 +89,7 @@ class Trainer:
         self.ledger = ledger.Ledger()
         ledger.set_current(self.ledger)
         set_tape_observer(self.ledger)
-        self.replica = replica_factory(cfg, self.model, self.dp_comm)
+        self.replica = replica_factory(cfg, self.model, self.grad_comm)
         # A step's forwards and backwards: the micro-batch loop below, or the pipeline's schedule.
         self.pipeline: PipelineStep | None = None
         if isinstance(self.model, PipelineModel):
@@ -104,6 +112,7 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def _loss(self, x, y) -> Tensor:
+        x, y = self.context.local(x), self.context.local(y)  # this rank's tokens (all of them at CP 1)
         inputs = Tensor(x.astype(self.dtype)) if x.dtype.kind == "f" else x
         return self.layout.loss(self.model(inputs), y)
 

@@ -44,13 +44,18 @@ PARAM_TYPES = ("float", "int", "categorical")
 # The mesh axes a training run may give a degree above 1 (engine.parallel.mesh.AXES names them all):
 # any other is refused in one line (engine.config.rules) until its parallelism is built; the mesh command,
 # which only describes a layout, takes every degree. Add an axis here when the trainer runs it.
-IMPLEMENTED_AXES = frozenset({"dp", "tp", "pp"})
+IMPLEMENTED_AXES = frozenset({"dp", "tp", "pp", "cp"})
 # Pipeline schedules (engine.parallel.pipeline.schedules builds each): name -> what it is.
 PIPELINE_SCHEDULES: dict[str, str] = {
     "gpipe": "all forwards, then all backwards: every micro-batch's activations held at once",
     "1f1b": "one forward, one backward: at most (stages - rank) micro-batches in flight",
     "interleaved": "1F1B over several model chunks per rank: a smaller bubble for more messages",
     "zb-h1": "zero-bubble H1: backward split into input and weight gradients, the weights filling the bubble",
+}
+# How a context-parallel group holds each sequence (engine.parallel.context.layout): name -> what it is.
+CONTEXT_LAYOUTS: dict[str, str] = {
+    "zigzag": "rank r holds chunks r and 2c-1-r of 2c: causal attention's work is the same on every rank",
+    "contiguous": "rank r holds chunk r of c: the last rank computes c times the first's causal work",
 }
 # How stages are cut from the blocks: by parameter count, or by forward time measured on this machine.
 STAGE_BALANCES = ("params", "time")

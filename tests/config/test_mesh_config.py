@@ -29,8 +29,14 @@ def test_the_defaults_are_one_rank_of_pure_data_parallelism():
     assert p.order == "tp-cp-ep-dp-pp" and p.sequence_parallel is False
 
 
+@pytest.fixture
+def cp_and_ep_not_built(monkeypatch):
+    """A release without context and expert parallelism: what the refusal of an axis not built looks like."""
+    monkeypatch.setattr(config_rules, "IMPLEMENTED_AXES", frozenset({"dp", "tp", "pp"}))
+
+
 @pytest.mark.parametrize("key", ["context", "expert"])
-def test_a_degree_not_built_yet_is_refused_in_a_run(key):
+def test_a_degree_not_built_yet_is_refused_in_a_run(key, cp_and_ep_not_built):
     err = error_of({"parallel": {"world_size": 4, key: 2}})
     assert str(err) == (f"test.toml: parallel.{key}: {key} parallelism ({key} = 2) is not implemented yet "
                         f"in this release; set parallel.{key} = 1 (`nanodist-tui mesh` shows the layout it "
@@ -38,7 +44,7 @@ def test_a_degree_not_built_yet_is_refused_in_a_run(key):
     assert getattr(described({"parallel": {"world_size": 4, key: 2}}).parallel, key) == 2
 
 
-def test_describing_ends_with_its_block():
+def test_describing_ends_with_its_block(cp_and_ep_not_built):
     described({"parallel": {"world_size": 4, "context": 2}})
     assert error_of({"parallel": {"world_size": 4, "context": 2}}).key == "parallel.context"
 
@@ -97,7 +103,7 @@ def test_the_batch_splits_over_the_data_parallel_degree():
     assert "over world_size 3 x micro_batches 1" in str(error_of({"parallel": {"world_size": 3}}))
 
 
-def test_a_sweep_cannot_reach_a_degree_not_built_yet():
+def test_a_sweep_cannot_reach_a_degree_not_built_yet(cp_and_ep_not_built):
     err = error_of({"parallel": {"world_size": 2}, "sweep": {"space": {"parallel.context": {
         "type": "categorical", "choices": [1, 2]}}}})
     assert err.key == "sweep.space.parallel.context.choices" and "not implemented yet" in err.problem

@@ -24,11 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# layout name -> what it is (the config's parallel.context_layout takes these names)
-CONTEXT_LAYOUTS: dict[str, str] = {
-    "zigzag": "rank r holds chunks r and 2c-1-r of 2c: causal work balanced exactly",
-    "contiguous": "rank r holds chunk r of c: the last rank computes c times the first's causal work",
-}
+from engine.config.vocabulary import CONTEXT_LAYOUTS  # the layouts' names, written once
 
 
 @dataclass(frozen=True)

@@ -76,15 +76,22 @@ class Ring:
 def _hop(ring: Ring, arrays: list[np.ndarray], phases: list[str]) -> list[np.ndarray]:
     """Send `arrays` to the next rank and receive the previous rank's (same shapes), all posted together."""
     c, r = ring.group.world_size, ring.group.rank
-    received = [np.empty_like(a) for a in arrays]
+    received = [np.empty(a.shape, a.dtype) for a in arrays]
     exchange(ring.group, [((r + 1) % c, a) for a in arrays], [((r - 1) % c, a) for a in received], phases)
     return received
+
+
+def _pair(k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """[2, B, H, T, D]: keys and values side by side in one C-contiguous array, what travels the ring."""
+    kv = np.empty((2, *k.shape), k.dtype)
+    kv[0], kv[1] = k, v
+    return kv
 
 
 def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(out, lse) in the compute dtype of q, k, v [B, H, T_local, D] (views of any strides)."""
     cdt, c, r = compute_dtype(q.dtype), ring.group.world_size, ring.group.rank
-    qc, kv = lowp.widen(q), np.stack([k, v])
+    qc, kv = lowp.widen(q), _pair(k, v)
     out = np.zeros(q.shape[:-1] + v.shape[-1:], cdt)
     lse = np.full(q.shape[:-1], -np.inf, cdt)
     for hop in range(c):
@@ -105,7 +112,7 @@ def ring_backward(ring: Ring, q, k, v, out, lse, g) -> tuple[np.ndarray, np.ndar
     qc, gc = lowp.widen(q), lowp.widen(g)
     rows_d = np.einsum("...i,...i->...", gc, lowp.widen(out))
     dq = np.zeros(q.shape, cdt)
-    kv, dkv = np.stack([k, v]), np.zeros((2, *k.shape), cdt)
+    kv, dkv = _pair(k, v), np.zeros((2, *k.shape), cdt)
     for hop in range(c):
         kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
         for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):

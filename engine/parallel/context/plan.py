@@ -1,0 +1,109 @@
+"""The plan: context parallelism applied to a finished GPT, in place, as tensor parallelism's plan is.
+
+Every rank of a context-parallel group builds the same model (from one seed) and keeps all of it: the
+ranks hold the same weights and split the tokens. Two things in a GPT depend on where a token stands in
+its sequence, and only they change:
+
+    attention        each block's attention runs as ring attention over the group (ring_attention.py):
+                     its QKV and output projections are the block's own (tensor-parallel ones included:
+                     the plan runs after tensor parallelism's, on the local heads)
+    position embedding  the rows of this rank's global positions (layout.py), not 0..t-1
+
+Everything else (embedding, layer norms, MLPs, the head, the loss) works token by token and is untouched.
+The rank's tokens and targets are taken from whole sequences by `ContextParallel.local`, which the trainer
+calls for every batch; a model at degree 1 answers through `WholeSequence` (everything its own).
+Attention dropout is not planned: its masks are keyed by one device's positions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.comm.base import Communicator
+from engine.nn import GPT, CausalSelfAttention, Embedding, Module
+from engine.parallel.context.layout import SequenceLayout
+from engine.parallel.context.ring_attention import Ring, ring_attention_qkv
+from engine.tensor import Tensor
+
+
+class RingSelfAttention(Module):
+    """A block's attention with the ring in place of whole-sequence attention; the same projections (and
+    parameter names) as the CausalSelfAttention it replaces."""
+
+    def __init__(self, attn: CausalSelfAttention, ring: Ring):
+        super().__init__()
+        self.n_head = attn.n_head  # the local heads under tensor parallelism (its plan ran first)
+        self.c_attn, self.c_proj, self.resid_drop = attn.c_attn, attn.c_proj, attn.resid_drop
+        self.ring = ring
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = ring_attention_qkv(self.c_attn(x), self.n_head, self.ring)
+        return self.resid_drop(self.c_proj(y))
+
+
+class SlicePositions(Embedding):
+    """A position embedding that gives a context-parallel rank the rows of its own tokens' positions."""
+
+    def __init__(self, weight, layout: SequenceLayout, rank: int):
+        Module.__init__(self)
+        self.weight, self.layout, self.rank = weight, layout, rank
+
+    def positions(self, t: int) -> Tensor:
+        """Rows of this rank's positions in sequences of t x degree tokens (t: the tokens it holds)."""
+        return self.weight[self.layout.positions(t * self.layout.degree, self.rank)]
+
+
+@dataclass
+class ContextParallel:
+    """What the plan made, as the trainer asks it: the group, the layout, the ring (its work counted)."""
+    group: Communicator
+    layout: SequenceLayout
+    ring: Ring
+
+    @property
+    def degree(self) -> int:
+        return self.group.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    def local(self, a: np.ndarray) -> np.ndarray:
+        """This rank's tokens of every row of `a` [rows, sequence, ...] (tokens or targets)."""
+        return self.layout.local(np.asarray(a), self.group.rank, axis=1)
+
+
+class WholeSequence:
+    """A model that is not context-parallel, asked what ContextParallel is asked."""
+    degree, rank, ring = 1, 0, None
+
+    def local(self, a):
+        return a
+
+
+def parallelize_context(model: Module, group: Communicator, kind: str = "zigzag") -> Module:
+    """Make `model` (a GPT, tensor-parallel or not) this rank's context-parallel form over `group`, laid
+    out by `kind` (layout.CONTEXT_LAYOUTS); a group of one leaves it as it is. Returns the model."""
+    if group.world_size == 1:
+        return model
+    if not isinstance(model, GPT):
+        raise TypeError(f"context parallelism splits a GPT's sequences, not a {type(model).__name__}'s")
+    if model.config["dropout"]:
+        raise ValueError("context parallelism does not plan dropout (masks follow one device's positions)")
+    layout = SequenceLayout(kind, group.world_size)
+    ring = Ring(group, layout, causal=True, work=Counter())
+    for block in model.blocks:
+        block.attn = RingSelfAttention(block.attn, ring)  # type: ignore[assignment]
+    model.wpe = SlicePositions(model.wpe.weight, layout, group.rank)
+    planned: Any = model  # a new attribute, outside the model's own API: read it through context_of
+    planned.context_parallel = ContextParallel(group, layout, ring)
+    return model
+
+
+def context_of(model: Module) -> ContextParallel | WholeSequence:
+    """The model's ContextParallel, or the stand-in for a model that holds whole sequences."""
+    return getattr(model, "context_parallel", None) or WholeSequence()
