@@ -190,8 +190,29 @@ def test_a_pipelines_bubble_is_measured_from_its_timelines_and_set_beside_the_fo
     # step 2: each rank idle 2 of 4 s: 1/2; the run's figure is the median of 1/3 and 1/2
     assert printer.bubbles.bubbles == [pytest.approx(1 / 3), pytest.approx(1 / 2)]
     assert printer.summary_lines() == [
-        "pipeline       bubble 41.7% measured (median of 2 steps, compute emulated), 33.3% by (p-1)/(m+p-1): "
-        "gpipe, 2 ranks, 2 micro-batches"]
+        "pipeline       bubble 41.7% measured (median of 2 steps, compute emulated), 33.3% simulated with its "
+        "action times, 33.3% by (p-1)/(m+p-1): gpipe, 2 ranks, 2 micro-batches"]
     lines = summary_lines({"initial_val_loss": 2.0, "final_val_loss": 1.0, "steps": 2, "tokens_per_s": 1.0,
                            "wall_s": 1.0, "run_dir": "runs/x"}, printer.summary_lines())
     assert lines[-2].startswith("pipeline") and lines[-1].startswith("run folder")
+
+
+@pytest.mark.parametrize("schedule, chunks", [("zb-h1", 1), ("interleaved", 2), ("1f1b", 1)])
+def test_the_simulated_bubble_reads_each_stages_own_action_times(schedule, chunks):
+    """A step the simulator played with unequal times per op and per stage (F 1 s on stage 0 and 3 s
+    elsewhere, I 2 s, W 0.5 s, B 2.5 s): read back from its timelines, the times give the same bubble, where
+    the formula's (equal times) is another."""
+    from engine.parallel.pipeline.schedules import build_schedule, formula_bubble
+    from engine.parallel.pipeline.simulate import Durations, simulate
+    from nanodist_tui.bubble_meter import simulated_bubble
+    p, m = 3, 4
+    stages = p * chunks
+    durations = Durations(forward=[1.0] + [3.0] * (stages - 1), backward=2.5, backward_input=2.0,
+                          backward_weight=0.5)
+    played = simulate(build_schedule(schedule, p, m, chunks), durations)
+    timelines = [ev.PipelineTimeline(step=1, rank=r, stage_rank=r, schedule=schedule, micro_batches=m,
+                                     chunks=chunks, actions=[[s.action.op.value, s.action.micro_batch,
+                                                              s.action.stage, s.start, s.end] for s in spans])
+                 for r, spans in enumerate(played.spans)]
+    assert simulated_bubble(timelines) == pytest.approx(played.bubble, rel=1e-12)
+    assert abs(played.bubble - formula_bubble(schedule, p, m, chunks)[1]) > 0.01
