@@ -1,55 +1,19 @@
-"""A pipeline run as a whole (DP 2 × PP 2, thread ranks): a stop asked for mid-run ends every rank after the
-same step with a checkpoint there, which resumes to the end; a pause holds every rank after the same step;
-an fp16 overflow on one stage's gradient is skipped by every stage alike (the overflow flag agreed over the
-pipeline group); each step reports every rank's PipelineTimeline, one row per action of its schedule."""
+"""A pipeline run as a whole (DP 2 × PP 2, thread ranks): an fp16 overflow on one stage's gradient is
+skipped by every stage alike (the overflow flag agreed over the pipeline group); each step reports every
+rank's PipelineTimeline, one row per action of its schedule. Stop and pause: test_layout_stop_pause.py."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from engine.checkpoint.sharded import find_checkpoint
 from engine.comm.launch import run_ranks
 from engine.parallel.pipeline.schedules import build_schedule
-from engine.run.job import resume_training, run_training
+from engine.run.job import run_training
 from tests.pp_train_helpers import overflow_rank, pp_config
-from tests.run_helpers import step_losses, tiny_config
+from tests.run_helpers import tiny_config
 
 PP = ["parallel.world_size=4", "parallel.pipeline=2", "parallel.zero_stage=1", "model.n_layer=2",
       "train.micro_batches=2", "train.steps=8", "checkpoint.every=0"]
-
-
-def test_a_stop_ends_every_rank_after_the_same_step_and_resumes(tmp_path):
-    cfg, doc = tiny_config(tmp_path, *PP)
-    stop = threading.Event()
-
-    def on_event(e):
-        if e.kind == "step_end" and e.step == 2:
-            stop.set()
-    summary = run_training(cfg, on_event=on_event, stop_event=stop, preset_doc=doc)
-    assert summary["stopped"] and 2 <= summary["steps"] < 8
-    assert find_checkpoint(summary["run_dir"]).step == summary["steps"]
-    resumed: list = []
-    more = resume_training(summary["run_dir"], on_event=resumed.append)
-    assert more["steps"] == 8 and sorted(step_losses(resumed)) == list(range(summary["steps"] + 1, 9))
-
-
-def test_a_pause_holds_every_rank_and_the_run_goes_on(tmp_path):
-    cfg, doc = tiny_config(tmp_path, *PP)
-    pause = threading.Event()
-    events: list = []
-
-    def on_event(e):
-        events.append(e)
-        if e.kind == "step_end" and e.step == 2 and not pause.is_set():
-            pause.set()
-            threading.Timer(0.5, pause.clear).start()
-    summary = run_training(cfg, on_event=on_event, pause_event=pause, preset_doc=doc)
-    assert summary["steps"] == 8 and not summary["stopped"]
-    held = [(e.step, e.paused) for e in events if e.kind == "run_paused"]
-    assert held[0][1] and not held[-1][1] and held[0][0] == held[-1][0] >= 2
-    assert sorted(step_losses(events)) == list(range(1, 9))
 
 
 def test_every_step_reports_each_ranks_timeline(tmp_path):
