@@ -39,9 +39,12 @@ from engine.config.build import (
 from engine.data import rank_slice, slice_bounds
 from engine.dtypes import resolve_dtype
 from engine.memory import ledger
+from engine.moe import add_aux_losses
 from engine.optim import global_norm_clip_scale, lr_at
 from engine.parallel.context.plan import context_of, parallelize_context
 from engine.parallel.data import make_replica
+from engine.parallel.expert.plan import split_experts
+from engine.parallel.expert.replica import with_experts
 from engine.parallel.pipeline.rank_model import PipelineModel, pipeline_model
 from engine.parallel.pipeline.step import PipelineStep
 from engine.parallel.tensor import model_layout
@@ -74,6 +77,8 @@ class Trainer:
         self.n_params = count_params(dense)  # the whole model's, before any split
         # Under pipeline parallelism the model is this rank's stages of it (engine.parallel.pipeline).
         shard = shard_model(dense, cfg, self.groups)
+        # Under expert parallelism each MoE layer keeps this rank's experts (engine.parallel.expert).
+        shard = split_experts(shard, self.groups.ep)
         # Under context parallelism each rank of the CP group holds a slice of every sequence of its rows
         # (engine.parallel.context); the ranks hold the same weights, so gradients are averaged over the
         # data x context group, while the rows a rank reads stay its data-parallel group's.
@@ -89,7 +94,8 @@ class Trainer:
         self.ledger = ledger.Ledger()
         ledger.set_current(self.ledger)
         set_tape_observer(self.ledger)
-        self.replica = replica_factory(cfg, self.model, self.grad_comm)
+        self.replica = with_experts(replica_factory(cfg, self.model, self.grad_comm), cfg, self.model,
+                                    self.groups)
         # A step's forwards and backwards: the micro-batch loop below, or the pipeline's schedule.
         self.pipeline: PipelineStep | None = None
         if isinstance(self.model, PipelineModel):
@@ -164,7 +170,7 @@ class Trainer:
                 loss = self._loss(x, y)
             loss_sum += float(loss.data)
             with self.ledger.in_phase("backward"):
-                self.replica.backward(loss, 1.0 / n_micro)
+                self.replica.backward(add_aux_losses(self.model, loss), 1.0 / n_micro)
         return loss_sum
 
     def _key_dropout(self, rows: int, micro: int, n_micro: int) -> None:
@@ -341,7 +347,10 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
         _log_own_failure(exc, comm.rank, checkpoint_dir)
         raise
     try:
-        if checkpoint_dir:
+        if checkpoint_dir and cfg.parallel.expert > 1 and comm.rank == 0:
+            emit(ev.to_json(ev.Log(level="warning", message="checkpoints of split experts (parallel.expert > "
+                                   "1) are not built yet: this run saves none")))
+        if checkpoint_dir and cfg.parallel.expert == 1:
             trainer.checkpoints = Checkpointer(checkpoint_dir, cfg.checkpoint.every, cfg.checkpoint.keep,
                                                cfg_dict, run_id)
         if resume_from:

@@ -44,7 +44,7 @@ PARAM_TYPES = ("float", "int", "categorical")
 # The mesh axes a training run may give a degree above 1 (engine.parallel.mesh.AXES names them all):
 # any other is refused in one line (engine.config.rules) until its parallelism is built; the mesh command,
 # which only describes a layout, takes every degree. Add an axis here when the trainer runs it.
-IMPLEMENTED_AXES = frozenset({"dp", "tp", "pp", "cp"})
+IMPLEMENTED_AXES = frozenset({"dp", "tp", "pp", "cp", "ep"})
 # Pipeline schedules (engine.parallel.pipeline.schedules builds each): name -> what it is.
 PIPELINE_SCHEDULES: dict[str, str] = {
     "gpipe": "all forwards, then all backwards: every micro-batch's activations held at once",

@@ -28,6 +28,11 @@ def _with(**over) -> dict:
      "shapes the experts, and model.n_experts = 0"),
     (dict(parallel__tensor=2), "parallel.tensor", "tensor parallelism beside experts"),
     (dict(memory__checkpointing="blocks"), "memory.checkpointing", "recomputing an MoE block"),
+    (dict(model__n_experts=0, parallel__expert=2), "parallel.expert", "splits the experts, and model.n_experts"),
+    (dict(model__n_experts=6, parallel__expert=4), "parallel.expert", "cannot share model.n_experts 6"),
+    (dict(parallel__expert=3), "parallel.expert", "3 does not divide the 4 data x context ranks"),
+    (dict(parallel__expert=2, parallel__zero_stage=1), "parallel.zero_stage", "ZeRO-1 shards the experts"),
+    (dict(parallel__expert=2, precision__dtype="bf16"), "precision.dtype", '"bf16" with parallel.expert > 1'),
     (dict(model__kind="mlp", data__kind="synthetic-classification"), "model.n_experts",
      'model.kind = "mlp" does not read it'),
 ])

@@ -20,6 +20,7 @@ from engine.parallel.data.flat import FlatLayout
 from engine.parallel.data.shard_optimizer import Piece, ShardOptimizer
 from engine.parallel.data.topology import Topology
 from engine.parallel.data.worker import CommTask, CommWorker
+from engine.parallel.expert.plan import replicated_parameters
 from engine.parallel.tensor import model_layout
 
 
@@ -32,10 +33,11 @@ class Replica:
         self.comm, self.rank, self.world = comm, comm.rank, comm.world_size
         self.topology = Topology(cfg, comm)  # algorithm, node grid, where ZeRO shards
         self.ledger = rank_ledger()  # captured here: the communication thread reports to it too
-        self.params = model.parameters()
+        self.params = replicated_parameters(model)  # split experts are reduced over their own group
         self.layout = model_layout(model)  # the tensor-parallel split around this replica, if any
         # collectives inside forward and backward (tensor-parallel ones, ring attention's hops)
-        self.model_communicates = self.layout.degree > 1 or context_of(model).degree > 1
+        self.model_communicates = (self.layout.degree > 1 or context_of(model).degree > 1
+                                   or len(self.params) < len(model.parameters()))  # experts' all-to-alls
         self.overlap = cfg.parallel.overlap
         self.comm_wait_s = 0.0
         self._events: list = []

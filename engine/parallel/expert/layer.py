@@ -54,7 +54,8 @@ class ExpertParallelExperts(Module):
                                         COMBINE)
         # rows: source 0's rows of local experts 0..per-1, then source 1's, ...; regroup by expert
         pieces = ops.split(rows, list(arrived.reshape(-1)), axis=0)
-        outputs = [self.mlps[e](ops.concat(pieces[l::per], axis=0)) for l, e in enumerate(self.local)]
+        mine = [mlp for mlp in self.mlps if mlp is not None]  # this rank's experts, in order
+        outputs = [mlp(ops.concat(pieces[l::per], axis=0)) for l, mlp in enumerate(mine)]
         by_source = [ops.split(out, list(arrived[:, l]), axis=0) for l, out in enumerate(outputs)]
         back = ops.concat([by_source[l][s] for s in range(members) for l in range(per)], axis=0)
         returned, _ = exchange_rows(back, recv_rows, self.group, COMBINE, DISPATCH)

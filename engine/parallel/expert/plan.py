@@ -17,6 +17,14 @@ from engine.parallel.expert.layer import ExpertParallelExperts, owned_experts
 from engine.tensor import Parameter
 
 
+def split_experts(model: Module, group: Communicator) -> Module:
+    """`model` as this rank trains it on its EP `group`: with one rank (or no experts) as built, else
+    parallelize_experts."""
+    if group.world_size == 1 or not moe_layers(model):
+        return model
+    return parallelize_experts(model, group)
+
+
 def parallelize_experts(model: Module, group: Communicator) -> Module:
     """Make every MoE layer of `model` hold only this rank's experts of the EP `group`; returns it."""
     layers = moe_layers(model)
