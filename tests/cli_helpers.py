@@ -19,3 +19,10 @@ def assert_user_error(result, named: str) -> None:
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1, result.output
     assert named in lines[0] and "Traceback" not in result.output
+
+
+def bench_step(*args: str) -> str:
+    """`nanodist-tui bench step ARGS`'s stdout, the command having succeeded."""
+    result = invoke("bench", "step", *args)
+    assert result.exit_code == 0, result.output
+    return result.stdout

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.checkpoint.files import checkpoint_dirs
 from engine.checkpoint.sharded import find_checkpoint
 from engine.comm.base import RankFailure
 from engine.config import presets
-from engine.run.job import run_training
+from engine.run.job import resume_training, run_training
 from engine.trainer import Trainer
 
 # about 16k parameters, a 20k-character corpus, one eval batch, one rank (thread ranks, when a test asks for
@@ -82,3 +83,19 @@ def assert_same_state(a: dict, b: dict) -> None:
     for key in ("master", "m", "v"):
         assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
         assert a[key].tobytes() == b[key].tobytes(), f"{key} differs"
+
+
+def assert_resumes_in(run_dir: Path, other: list[str], events: list, step: int = 4, until: int = 8) -> dict:
+    """A run's checkpoint of `step` resumed in another layout (`other`: overrides): loading then saving at
+    once gives back the saved bits, and training on to `until` takes the uninterrupted run's losses
+    (`events`) within 1e-10 (a float64 run). Returns the first resume's summary."""
+    same = resume_training(run_dir, [*other, f"train.steps={step}"], step=step)
+    assert_same_state(state_at(same["run_dir"]), state_at(run_dir, step))
+    resumed: list = []
+    resume_training(run_dir, [*other, f"train.steps={until}"], step=step, on_event=resumed.append)
+    expected = {s: v for s, v in step_losses(events).items() if s > step}
+    got = step_losses(resumed)
+    assert sorted(got) == sorted(expected)
+    np.testing.assert_allclose([got[s] for s in sorted(expected)], [expected[s] for s in sorted(expected)],
+                               rtol=1e-10)
+    return same

@@ -5,12 +5,19 @@ PP 2 resumes at PP 1, PP 4, PP 2 × TP 2 or interleaved (loading then saving giv
 training on matches the uninterrupted run within 1e-10 in float64)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from engine.checkpoint.sharded import find_checkpoint
 from engine.run.job import resume_training
-from tests.run_helpers import assert_same_state, crashed_run, only_run, state_at, step_losses, train
+from tests.run_helpers import (
+    assert_resumes_in,
+    assert_same_state,
+    crashed_run,
+    only_run,
+    state_at,
+    step_losses,
+    train,
+)
 
 PP2 = ["parallel.world_size=4", "parallel.pipeline=2", "parallel.zero_stage=1", "model.dropout=0.1",
        "model.n_layer=4", "train.micro_batches=2"]
@@ -47,16 +54,7 @@ def test_resume_after_a_crash_continues_bitwise_identically(tmp_path, monkeypatc
 def test_resume_at_another_pipeline_degree(tmp_path, other):
     saved = [*FP64, "parallel.world_size=2", "parallel.pipeline=2"]
     original, events = train(tmp_path / "a", *saved, "train.steps=8", "checkpoint.every=4")
-    run_dir = original["run_dir"]
-    same = resume_training(run_dir, [*other, "train.steps=4"], step=4)
-    assert_same_state(state_at(same["run_dir"]), state_at(run_dir, 4))
-
-    resumed: list = []
-    resume_training(run_dir, [*other, "train.steps=8"], step=4, on_event=resumed.append)
-    expected = {s: v for s, v in step_losses(events).items() if s > 4}
-    assert sorted(step_losses(resumed)) == sorted(expected)
-    np.testing.assert_allclose([step_losses(resumed)[s] for s in sorted(expected)],
-                               [expected[s] for s in sorted(expected)], rtol=1e-10)
+    assert_resumes_in(original["run_dir"], other, events)
 
 
 def test_a_resumed_run_evaluates_with_the_restored_tied_head(tmp_path):

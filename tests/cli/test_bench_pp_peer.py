@@ -9,12 +9,8 @@ import json
 import re
 
 import pytest
+from cli_helpers import bench_step
 from extras import needs
-from typer.testing import CliRunner
-
-from nanodist_tui.cli import app
-
-runner = CliRunner()
 
 # two blocks of width 32, 2 heads, context 16, vocabulary 64, batch 4 in 2 micro-batches, 2 stages
 TINY_PP = ["--preset", "pp-2", "--set", "data.kind=synthetic-lm", "--set", "data.max_chars=0",
@@ -26,12 +22,6 @@ TINY_PP = ["--preset", "pp-2", "--set", "data.kind=synthetic-lm", "--set", "data
 @pytest.fixture(autouse=True)
 def _run_in_tmp(in_tmp):
     """Every test here runs in a fresh folder with only the shipped presets."""
-
-
-def bench_step(*args: str) -> str:
-    result = runner.invoke(app, ["bench", "step", *args])
-    assert result.exit_code == 0, result.output
-    return result.stdout
 
 
 @pytest.mark.slow

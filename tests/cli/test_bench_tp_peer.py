@@ -9,12 +9,8 @@ import json
 import re
 
 import pytest
+from cli_helpers import bench_step
 from extras import needs
-from typer.testing import CliRunner
-
-from nanodist_tui.cli import app
-
-runner = CliRunner()
 
 # one block of width 32, 2 heads, context 16, vocabulary 64, batch 4, on 2 ranks of one TP group
 TINY_TP = ["--preset", "gpt-mini", "--set", "data.kind=synthetic-lm", "--set", "data.max_chars=0",
@@ -27,12 +23,6 @@ TINY_TP = ["--preset", "gpt-mini", "--set", "data.kind=synthetic-lm", "--set", "
 @pytest.fixture(autouse=True)
 def _run_in_tmp(in_tmp):
     """Every test here runs in a fresh folder with only the shipped presets."""
-
-
-def bench_step(*args: str) -> str:
-    result = runner.invoke(app, ["bench", "step", *args])
-    assert result.exit_code == 0, result.output
-    return result.stdout
 
 
 @pytest.mark.slow
