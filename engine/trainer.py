@@ -41,7 +41,8 @@ from engine.dtypes import resolve_dtype
 from engine.memory import ledger
 from engine.moe import add_aux_losses
 from engine.optim import global_norm_clip_scale, lr_at
-from engine.parallel.context.plan import context_of, parallelize_context
+from engine.parallel.context.plan import parallelize_context
+from engine.parallel.context.view import context_of
 from engine.parallel.data import make_replica
 from engine.parallel.expert.plan import split_experts
 from engine.parallel.expert.replica import with_experts

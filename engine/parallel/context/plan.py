@@ -10,23 +10,21 @@ its sequence, and only they change:
     position embedding  the rows of this rank's global positions (layout.py), not 0..t-1
 
 Everything else (embedding, layer norms, MLPs, the head, the loss) works token by token and is untouched.
-The rank's tokens and targets are taken from whole sequences by `ContextParallel.local`, which the trainer
-calls for every batch; a model at degree 1 answers through `WholeSequence` (everything its own).
+The rank's tokens and targets are taken from whole sequences by `ContextParallel.local` (view.py), which
+the trainer calls for every batch.
 Attention dropout is not planned: its masks are keyed by one device's positions.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from engine.comm.base import Communicator
 from engine.nn import GPT, CausalSelfAttention, Embedding, Module
 from engine.parallel.context.layout import SequenceLayout
 from engine.parallel.context.ring_attention import Ring, ring_attention_qkv
+from engine.parallel.context.view import ContextParallel
 from engine.tensor import Tensor
 
 
@@ -57,34 +55,6 @@ class SlicePositions(Embedding):
         return self.weight[self.layout.positions(t * self.layout.degree, self.rank)]
 
 
-@dataclass
-class ContextParallel:
-    """What the plan made, as the trainer asks it: the group, the layout, the ring (its work counted)."""
-    group: Communicator
-    layout: SequenceLayout
-    ring: Ring
-
-    @property
-    def degree(self) -> int:
-        return self.group.world_size
-
-    @property
-    def rank(self) -> int:
-        return self.group.rank
-
-    def local(self, a: np.ndarray) -> np.ndarray:
-        """This rank's tokens of every row of `a` [rows, sequence, ...] (tokens or targets)."""
-        return self.layout.local(np.asarray(a), self.group.rank, axis=1)
-
-
-class WholeSequence:
-    """A model that is not context-parallel, asked what ContextParallel is asked."""
-    degree, rank, ring = 1, 0, None
-
-    def local(self, a):
-        return a
-
-
 def parallelize_context(model: Module, group: Communicator, kind: str = "zigzag") -> Module:
     """Make `model` (a GPT, tensor-parallel or not) this rank's context-parallel form over `group`, laid
     out by `kind` (layout.CONTEXT_LAYOUTS); a group of one leaves it as it is. Returns the model."""
@@ -102,8 +72,3 @@ def parallelize_context(model: Module, group: Communicator, kind: str = "zigzag"
     planned: Any = model  # a new attribute, outside the model's own API: read it through context_of
     planned.context_parallel = ContextParallel(group, layout, ring)
     return model
-
-
-def context_of(model: Module) -> ContextParallel | WholeSequence:
-    """The model's ContextParallel, or the stand-in for a model that holds whole sequences."""
-    return getattr(model, "context_parallel", None) or WholeSequence()

@@ -38,6 +38,7 @@ from engine.comm.base import Communicator
 from engine.comm.exchange import exchange
 from engine.dtypes import compute_dtype
 from engine.fast import lowp
+from engine.memory.ledger import rank_ledger
 from engine.parallel.context import blocks
 from engine.parallel.context.layout import SequenceLayout, block_kind
 from engine.tensor import Tensor, make
@@ -74,10 +75,13 @@ class Ring:
 
 
 def _hop(ring: Ring, arrays: list[np.ndarray], phases: list[str]) -> list[np.ndarray]:
-    """Send `arrays` to the next rank and receive the previous rank's (same shapes), all posted together."""
+    """Send `arrays` to the next rank and receive the previous rank's (same shapes), all posted together.
+    The received buffers count as communication buffers while the exchange runs; the caller then drops
+    what it sent and holds them instead (the memory ledger's view: the sent and the received at once)."""
     c, r = ring.group.world_size, ring.group.rank
     received = [np.empty(a.shape, a.dtype) for a in arrays]
-    exchange(ring.group, [((r + 1) % c, a) for a in arrays], [((r - 1) % c, a) for a in received], phases)
+    with rank_ledger().transient("comm_buffers", sum(a.nbytes for a in received)):
+        exchange(ring.group, [((r + 1) % c, a) for a in arrays], [((r - 1) % c, a) for a in received], phases)
     return received
 
 
@@ -94,15 +98,16 @@ def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tup
     qc, kv = lowp.widen(q), _pair(k, v)
     out = np.zeros(q.shape[:-1] + v.shape[-1:], cdt)
     lse = np.full(q.shape[:-1], -np.inf, cdt)
-    for hop in range(c):
-        kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
-        for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
-            o_blk, lse_blk = blocks.forward(qc[:, :, rows], kc[:, :, cols], vc[:, :, cols], diagonal)
-            blocks.merge(out[:, :, rows], lse[:, :, rows], o_blk, lse_blk)
-            ring.work["blocks"] += 1
-            ring.work["scores"] += int(np.prod(lse_blk.shape)) * (cols.stop - cols.start)
-        if hop < c - 1:
-            kv = _hop(ring, [kv], [PHASES["forward"]])[0]
+    with rank_ledger().transient("comm_buffers", kv.nbytes):  # the keys and values that travel
+        for hop in range(c):
+            kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
+            for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
+                o_blk, lse_blk = blocks.forward(qc[:, :, rows], kc[:, :, cols], vc[:, :, cols], diagonal)
+                blocks.merge(out[:, :, rows], lse[:, :, rows], o_blk, lse_blk)
+                ring.work["blocks"] += 1
+                ring.work["scores"] += int(np.prod(lse_blk.shape)) * (cols.stop - cols.start)
+            if hop < c - 1:
+                kv = _hop(ring, [kv], [PHASES["forward"]])[0]
     return out, lse
 
 
@@ -113,19 +118,20 @@ def ring_backward(ring: Ring, q, k, v, out, lse, g) -> tuple[np.ndarray, np.ndar
     rows_d = np.einsum("...i,...i->...", gc, lowp.widen(out))
     dq = np.zeros(q.shape, cdt)
     kv, dkv = _pair(k, v), np.zeros((2, *k.shape), cdt)
-    for hop in range(c):
-        kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
-        for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
-            at = (slice(None), slice(None), rows)
-            dq_blk, dk_blk, dv_blk = blocks.backward(qc[at], kc[:, :, cols], vc[:, :, cols], gc[at],
-                                                     rows_d[at], lse[at], diagonal)
-            dq[at] += dq_blk
-            dkv[0][:, :, cols] += dk_blk
-            dkv[1][:, :, cols] += dv_blk
-        if hop < c - 1:
-            kv, dkv = _hop(ring, [kv, dkv], [PHASES["backward"], PHASES["grad"]])
-        elif c > 1:  # the accumulator now holds the next rank's gradients: one more hop takes them home
-            dkv = _hop(ring, [dkv], [PHASES["grad"]])[0]
+    with rank_ledger().transient("comm_buffers", kv.nbytes + dkv.nbytes):
+        for hop in range(c):
+            kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
+            for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
+                at = (slice(None), slice(None), rows)
+                dq_blk, dk_blk, dv_blk = blocks.backward(qc[at], kc[:, :, cols], vc[:, :, cols], gc[at],
+                                                         rows_d[at], lse[at], diagonal)
+                dq[at] += dq_blk
+                dkv[0][:, :, cols] += dk_blk
+                dkv[1][:, :, cols] += dv_blk
+            if hop < c - 1:
+                kv, dkv = _hop(ring, [kv, dkv], [PHASES["backward"], PHASES["grad"]])
+            elif c > 1:  # the accumulator now holds the next rank's gradients: one more hop takes them home
+                dkv = _hop(ring, [dkv], [PHASES["grad"]])[0]
     return dq, dkv[0], dkv[1]
 
 

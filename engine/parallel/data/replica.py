@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.loss_scale import make_scaler
 from engine.memory.ledger import rank_ledger
-from engine.parallel.context.plan import context_of
+from engine.parallel.context.view import context_of
 from engine.parallel.data.flat import FlatLayout
 from engine.parallel.data.shard_optimizer import Piece, ShardOptimizer
 from engine.parallel.data.topology import Topology
