@@ -60,5 +60,5 @@ def test_fewer_micro_batches_than_ranks():
 def test_the_formula_shown_says_which_one_applies():
     assert formula_bubble("interleaved", 4, 8, 2) == ("(p-1)/(v*m+p-1)", pytest.approx(3 / 19, rel=1e-12))
     text, value = formula_bubble("interleaved", 4, 7, 2)  # d = 1: (3 + 1) / (14 + 3 + 1)
-    assert text == "(p-1+(v-1)d)/(v*m+p-1+(v-1)d), d=(-m) mod p"
+    assert text == "(p-1+(v-1)d)/(v*m+p-1+(v-1)d), d=p-m%p"
     assert value == pytest.approx(4 / 18, rel=1e-12)

@@ -11,7 +11,6 @@ import pytest
 
 from engine.comm.launch import run_ranks
 from engine.config import ConfigError, from_dict
-from engine.parallel.pipeline.schedules import build_schedule
 from tests.pp_train_helpers import assert_trains_like, pp_config, train_rank
 
 STEPS = 3
@@ -22,16 +21,9 @@ def _one_device(m: int, **over) -> dict:
     return run_ranks(1, "threads", train_rank, args=(cfg, STEPS), timeout_s=60)[0]
 
 
-def _runs(name: str, v: int, p: int, m: int) -> bool:
-    try:
-        build_schedule(name, p, m, v)
-    except ValueError:
-        return False
-    return True
-
-
+# every schedule runs every m (interleaved too, when p does not divide m): none of these is left out
 CASES = [(name, v, p, m) for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
-         for p in (2, 3, 4) for m in sorted({1, p - 1, p, 2 * p, 3 * p + 1}) if _runs(name, v, p, m)]
+         for p in (2, 3, 4) for m in sorted({1, p - 1, p, 2 * p, 3 * p + 1})]
 
 
 @pytest.mark.parametrize("name, v, p, m", CASES, ids=[f"{n}-p{p}-m{m}" for n, _, p, m in CASES])
@@ -76,8 +68,7 @@ def test_on_processes():
 
 
 @pytest.mark.parametrize("over, key", [
-    (dict(parallel__schedule="interleaved", parallel__chunks=2, train__micro_batches=1,
-          train__global_batch=2), "train.micro_batches"),
+    (dict(parallel__schedule="interleaved", parallel__chunks=1), "parallel.chunks"),
     (dict(parallel__chunks=2), "parallel.chunks"),
     (dict(parallel__zero_stage=2), "parallel.zero_stage"),
     (dict(model__kind="mlp"), "parallel.pipeline"),

@@ -33,7 +33,7 @@ from engine.parallel.pipeline.schedules.shape import ShapeError
 from engine.parallel.pipeline.schedules.wiring import Compute, Step, wire
 
 FORMULA = "(p-1)/(v*m+p-1)"
-FORMULA_SHORT_GROUP = "(p-1+(v-1)d)/(v*m+p-1+(v-1)d), d=(-m) mod p"  # p does not divide m
+FORMULA_SHORT_GROUP = "(p-1+(v-1)d)/(v*m+p-1+(v-1)d), d=p-m%p"  # p does not divide m: d > 0
 
 
 def missing(ranks: int, micro_batches: int) -> int:

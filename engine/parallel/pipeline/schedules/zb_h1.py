@@ -6,9 +6,15 @@ I, and runs each W later: rank r holds back r of them, so the gradient runs up t
 and the W held back fill the cool-down that 1F1B leaves idle. With F, I and W of equal time the bubble is
 (p - 1) / (3m + p - 1) of the step, a third of 1F1B's bubble time.
 
-Memory: a micro-batch's activations are in use from F to its I (as 1F1B's from F to B: at most
-min(p - r, m) on rank r); what W needs (each layer's input and output gradient) stays until W, so up to
-min(p, m) micro-batches are partly held on every rank: 1F1B's peak (rank 0's p) is not exceeded.
+Memory, counted in micro-batches: a micro-batch's activations are in use from F to its I, as 1F1B's from
+F to B (at most min(p - r, m) on rank r); what its W needs stays until W, and with W held back a rank has
+up to min(p, m) micro-batches begun and not finished, 1F1B's count on rank 0. In bytes ZB-H1 holds more
+than 1F1B, not at most as much (engine.memory.pipeline computes it and the ledger tests hold it to the
+byte): after I a stage keeps its weight products' inputs and each Linear's output gradient (and more for a
+checkpointed block); stage 0, which has no input gradient to make, keeps all its activations and the
+gradient it was seeded with until W. So no rank holds less than under 1F1B, rank 0 holds more, and the
+fullest rank can hold a multiple of 1F1B's fullest, more so with checkpointing (figures in
+docs/pipeline-parallel.md; tests/memory/test_pp_zb_memory.py).
 """
 
 from __future__ import annotations
