@@ -12,18 +12,8 @@ from engine.memory.estimator import MemoryEstimate
 from engine.memory.ledger import CATEGORIES, MODEL_STATES, PHASES
 from engine.memory.pipeline import estimate_ranks
 from engine.parallel.mesh import Mesh
-from engine.parallel.pipeline.schedules import build_schedule
 
 CHUNKS = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zb-h1": 1}
-
-
-def runs(schedule: str, p: int, m: int) -> bool:
-    """Whether `schedule` takes p ranks and m micro-batches (interleaved wants a multiple of p)."""
-    try:
-        build_schedule(schedule, p, m, CHUNKS[schedule])
-    except ValueError:
-        return False
-    return True
 
 
 def pp_memory_config(p: int, m: int, schedule: str, dtype: str = "fp64", world: int | None = None,

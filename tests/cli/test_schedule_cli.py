@@ -13,7 +13,8 @@ from tests.cli_helpers import assert_user_error, invoke
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "pipeline-parallel.md"
 SHAPES = [("gpipe", 4, 8), ("1f1b", 4, 8), ("interleaved", 4, 8), ("zb-h1", 4, 8), ("1f1b", 8, 32),
-          ("zb-h1", 3, 1), ("interleaved", 8, 32), ("interleaved", 4, 7), ("interleaved", 4, 1), ("gpipe", 1, 5)]
+          ("zb-h1", 3, 1), ("interleaved", 8, 32), ("interleaved", 4, 7), ("interleaved", 4, 1),
+          ("gpipe", 1, 5)]
 
 
 @pytest.mark.parametrize("name,p,m", SHAPES)

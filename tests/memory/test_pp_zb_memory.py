@@ -12,7 +12,8 @@ from tests.pp_memory_helpers import pp_memory_config
 
 
 def activation_peaks(p: int, m: int, schedule: str, n_layer: int, checkpointing: str) -> list[int]:
-    cfg = pp_memory_config(p, m, schedule, "fp32", model__n_layer=n_layer, memory__checkpointing=checkpointing)
+    cfg = pp_memory_config(p, m, schedule, "fp32", model__n_layer=n_layer,
+                           memory__checkpointing=checkpointing)
     return [e.category_peaks()["activations"] for e in estimate_ranks(from_dict(cfg))]
 
 

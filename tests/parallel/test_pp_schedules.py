@@ -91,13 +91,12 @@ def test_interleaved_warm_up_for_any_m_is_megatrons_over_m_rounded_up(p, v):
     # Megatron's table for m' = p * ceil(m / p): entry i is micro-batch (i // (v p)) p + i % p; rank r's
     # warm-up is its first (p - r - 1) * 2 + (v - 1) * p entries, plus the steady state's first forward,
     # and micro-batches m .. m' - 1 (the last group's missing ones) are not run.
+    def real(entries: int, m: int) -> int:
+        return sum((i // (v * p)) * p + i % p < m for i in range(entries))
+
     for m in range(1, 3 * p + 2):
         padded = -(-m // p) * p
-
-        def real(entries: int) -> int:
-            return sum((i // (v * p)) * p + i % p < m for i in range(entries))
-
-        expected = tuple(real(min((p - r - 1) * 2 + (v - 1) * p + 1, v * padded)) for r in range(p))
+        expected = tuple(real(min((p - r - 1) * 2 + (v - 1) * p + 1, v * padded), m) for r in range(p))
         schedule = build_schedule("interleaved", p, m, v)
         assert counts.forwards_before_first_backward(schedule) == expected, m
         assert counts.peak_in_flight(schedule) == expected, m

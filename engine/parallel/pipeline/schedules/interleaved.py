@@ -10,15 +10,15 @@ Any m >= 1. A group must hold p micro-batches: its first one comes back to rank 
 passing all p ranks, and a shorter group would have rank 0 wait for it while its neighbours wait, in the
 same message batch, on rank 0 (the deadlock Megatron refuses such an m for). So when p does not divide m,
 the table is built for m' = p * ceil(m / p) micro-batches (Megatron's, for a multiple of p) and the
-d = m' - m the last group lacks are left out of every rank's list: their actions and messages vanish and the steps
-around them stay in Megatron's order, so every message still meets its partner in the batch it did (the
-checker plays p = 2..8, m = 1..3p+1, v = 2..4 out: no deadlock).
+d = m' - m the last group lacks are left out of every rank's list: their actions and messages vanish, the
+steps around them stay in Megatron's order, and every message still meets its partner in the batch it did
+(the checker plays p = 2..8, m = 1..3p+1, v = 2..4 out: no deadlock).
 
-Bubble, F and B of equal time (each 1/v of the rank's work): the step is (v m' + p - 1 - d) (F + B) and
-the share idle is (p - 1 + (v - 1) d) / (v m + p - 1 + (v - 1) d); with p dividing m (d = 0) that is the
-published (p - 1) / (v m + p - 1). Each missing micro-batch shortens the step by one F + B only, not by its
-v: the rest of its group still waits for the ring. Fewer micro-batches than ranks (m < p) is the same
-rule (one short group): (v (p - m) + m - 1) / (v p + m - 1).
+Bubble, every chunk's F taking one time and every chunk's B another (any ratio of B to F): the step is
+(v m' + p - 1 - d) (F + B) and the share idle is (p - 1 + (v - 1) d) / (v m + p - 1 + (v - 1) d); with p
+dividing m (d = 0) that is the published (p - 1) / (v m + p - 1). Each missing micro-batch shortens the
+step by one F + B only, not by its v: the rest of its group still waits for the ring. Fewer micro-batches
+than ranks (m < p) is the same rule (one short group): (v (p - m) + m - 1) / (v p + m - 1).
 
 Warm-up and memory: rank r runs the forwards among the first min((p - r - 1) * 2 + (v - 1) * p, v m')
 entries of the table that are real micro-batches, then its steady state's first forward if that one is
