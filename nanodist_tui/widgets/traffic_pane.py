@@ -114,6 +114,15 @@ class TrafficPane(TextView):
     def _bound(self, out: Text) -> None:
         info = self.info
         mine = self.traffic.get(0) or next(iter(self.traffic.values()))
+        degrees = {"tp": info.tensor, "pp": info.pipeline, "cp": info.context, "ep": info.expert}
+        if splits := {axis: d for axis, d in degrees.items() if d > 1}:
+            # S and N are data parallelism's alone: a split model's ranks each reduce their own shard or
+            # stage over a smaller group, and other groups carry other messages (listed per group below)
+            split = " x ".join(f"{axis} {d}" for axis, d in splits.items())
+            out.append("no ring bound ", style="bold")
+            out.append(f"for a split model ({split}): each rank reduces its own share of the gradients "
+                       f"over its data-parallel group; the bytes per group are below\n", style="dim")
+            return
         bound = ring_bound(info.gradient_bytes, info.world_size, info.zero_stage)
         out.append("sent per rank and step ", style="bold")
         k = ring_factor(info.zero_stage)

@@ -118,3 +118,23 @@ def test_which_ran_where_sums_each_groups_algorithms_over_the_ranks():
                                       "cross0": {"tree": 500}, "cross1": {"tree": 500}}
     old = rank_traffic(traffic(0, 4, (3_000, 0.003), (3_000, 0.001)))  # a recording without the fields
     assert which_ran_where([old]) == {}
+
+
+@pytest.mark.parametrize("degrees, named", [({"pipeline": 2}, "pp 2"),
+                                            ({"tensor": 2, "pipeline": 2}, "tp 2 x pp 2")])
+def test_a_split_model_gets_no_data_parallel_ring_bound(monkeypatch, degrees, named):
+    """2(N-1)/N·S holds for data parallelism alone: under tensor or pipeline parallelism each rank reduces
+    its own shard or stage over a smaller group, so the pane says so instead of a bound that does not
+    apply."""
+    from nanodist_tui.run_info import RunInfo
+    from nanodist_tui.widgets import traffic_pane
+    from nanodist_tui.widgets.traffic_pane import TrafficPane
+    monkeypatch.setattr(traffic_pane, "glyphs_of", lambda widget: UNICODE)  # drawn outside an app
+    world = 2 * max(degrees.values()) if len(degrees) == 1 else 8
+    pane = TrafficPane(RunInfo(preset="t", world_size=world, n_params=1000, **degrees))
+    pane.traffic = {r: rank_traffic(traffic(r, world, (3_000, 0.003), (3_000, 0.001))) for r in range(world)}
+    text = pane.render_traffic(200).plain
+    assert f"no ring bound for a split model ({named})" in text and "vs ring bound" not in text
+    plain = TrafficPane(RunInfo(preset="t", world_size=world, n_params=1000))
+    plain.traffic = pane.traffic
+    assert "vs ring bound" in plain.render_traffic(200).plain
