@@ -61,6 +61,16 @@ def test_1f1b_warms_up_with_min_p_minus_r_minus_1_m_forwards(p, m):
 
 
 @pytest.mark.parametrize("p,m", SHAPES)
+def test_gpipe_warms_up_with_all_m_and_zb_h1_as_1f1b(p, m):
+    # GPipe runs every forward first; ZB-H1 warms up as 1F1B (min(p - r - 1, m)), its first I where 1F1B's
+    # first B is
+    assert counts.forwards_before_first_backward(build_schedule("gpipe", p, m)) == (m,) * p
+    warmups = [min(p - r - 1, m) for r in range(p)]
+    expected = tuple(w + 1 if m > w else w for w in warmups)
+    assert counts.forwards_before_first_backward(build_schedule("zb-h1", p, m)) == expected
+
+
+@pytest.mark.parametrize("p,m", SHAPES)
 def test_in_flight_gpipe_m_and_1f1b_min_p_minus_r_m(p, m):
     assert counts.peak_in_flight(build_schedule("gpipe", p, m)) == (m,) * p
     assert counts.peak_in_flight(build_schedule("1f1b", p, m)) == tuple(min(p - r, m) for r in range(p))
