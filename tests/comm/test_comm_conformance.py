@@ -175,8 +175,9 @@ def test_bandwidth_definitions():
     assert busbw("all-reduce", 1000, 2.0, 4) == 500 * 2 * 3 / 4
     assert busbw("reduce-scatter", 1000, 2.0, 4) == busbw("all-gather", 1000, 2.0, 4) == 500 * 3 / 4
     assert busbw("broadcast", 1000, 2.0, 4) == 500
-    with pytest.raises(ValueError):
-        busbw("all-to-all", 1, 1.0, 2)
+    assert busbw("all-to-all", 1000, 2.0, 4) == 500 * 3 / 4  # NCCL-tests: (N-1)/N of S crosses a link
+    with pytest.raises(ValueError, match="unknown collective 'scatter'"):
+        busbw("scatter", 1, 1.0, 2)
 
 
 def test_shard_bounds_cover_exactly():
