@@ -32,7 +32,7 @@ from nanodist_tui.cli import (
 from nanodist_tui.cli.errors import OneLineErrors
 
 app = typer.Typer(
-    help="nanoDist: see, measure and run data-parallel training. Without a command: the workbench.",
+    help="nanoDist: see, measure and run distributed training. Without a command: the workbench.",
     no_args_is_help=False, add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False,
     cls=OneLineErrors,
 )
