@@ -95,10 +95,10 @@ def optimizer_phase(timeline: Timeline, cfg, rest: ModelStates) -> None:
 
 
 def shard_count(cfg) -> int:
-    """Ranks ZeRO state is split over: the data-parallel group (the world, without tensor parallelism), or
-    under hybrid sharding the ranks of one node."""
+    """Ranks ZeRO state is split over: the data x context group (the ranks that hold the same weights; the
+    world, without tensor or pipeline parallelism), or under hybrid sharding the ranks of one node."""
     p = cfg.parallel
-    return (p.ranks_per_node or p.world_size) if p.hybrid else Mesh.of(p).dp
+    return (p.ranks_per_node or p.world_size) if p.hybrid else Mesh.of(p).degree("dpcp")
 
 
 def _pieces(shapes, cfg, shards: int, stage: int) -> tuple[list[int], list[int]]:

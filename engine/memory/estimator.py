@@ -45,7 +45,9 @@ i.e. 16·BTC·s + BHT·f + 4·BT·f (compare Korthikanti et al.: sbh(34 + 5as/h)
 outside the blocks: the token ids (the global batch array, G·T·8), final LayerNorm, the head's
 input, the logits BTV·s, log-sum-exp BT·f and the targets (G·T·8). With checkpointing a recomputed
 block keeps only its input BTC·s; in backward one block at a time is recomputed in full. The peak
-is found by replaying that order (forward, then backward from the last block).
+is found by replaying that order (forward, then backward from the last block). Under context parallelism
+every activation is over the rank's own s/c tokens, and each block's ring holds its keys and values (and
+their gradients backward) in flight while its attention runs (engine.memory.context).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from dataclasses import dataclass
 
 from engine.config.build import count_params, param_shapes, vocab_size
 from engine.dtypes import itemsize, master_dtype
+from engine.memory.context import ContextSplit, attention_part, before_attention
 from engine.memory.estimate_parts import (
     MemoryEstimate,
     Timeline,
@@ -62,6 +65,12 @@ from engine.memory.estimate_parts import (
     model_states,
     optimizer_phase,
     shard_count,
+)
+from engine.memory.expert import (
+    experts_in_backward_order,
+    moe_block_saves,
+    split_shapes,
+    with_expert_states,
 )
 from engine.memory.pipeline import estimate_ranks
 from engine.memory.tensor_parallel import (
@@ -86,8 +95,9 @@ def estimate(cfg, vocab: int | None = None) -> MemoryEstimate:
     dtype = cfg.precision.dtype
     micro = cfg.train.global_batch // (Mesh.of(cfg.parallel).dp * cfg.train.micro_batches)
     vocab = (vocab or vocab_size(cfg)) if cfg.model.kind == "gpt" else 0
-    shapes = rank_shapes(cfg, vocab)  # this rank's: its tensor-parallel shards
-    rest = model_states(cfg, shapes)
+    # this rank's: its tensor-parallel shards, and apart from them its split experts (engine.memory.expert)
+    shapes, experts = split_shapes(cfg, rank_shapes(cfg, vocab))
+    rest = with_expert_states(model_states(cfg, shapes), cfg, experts)
     timeline = Timeline(rest.states, rest.scratch)
     _replay(timeline, cfg, vocab, micro, _transients(shapes, cfg, rest.units))
     if region := sequence_region_numel(cfg, shapes) * itemsize(dtype):  # SP's gradient sum, after backward
@@ -111,22 +121,25 @@ class _Transients:
     block_grads: int = 0  # stage 3: one block's p.grad arrays
     grads: int = 0  # stages 2-3: the most p.grad bytes held at once (_gradient_flow)
     buffers: int = 0  # stages 2-3: the most packed buffer bytes held at once
+    # stages 2-3: packed bytes in flight as each block's attention backward starts (when a context-parallel
+    # ring holds its buffers too), by block
+    at_attention: tuple[int, ...] = ()
 
 
 def _transients(shapes, cfg, units: list[int]) -> _Transients:
     s, stage = itemsize(cfg.precision.dtype), cfg.parallel.zero_stage
     if stage not in (2, 3):
         return _Transients()
-    grads, buffers = _gradient_flow(shapes, cfg)
+    grads, buffers, at_attention = _gradient_flow(shapes, cfg)
     if stage == 2:
-        return _Transients(grads=grads, buffers=buffers)
+        return _Transients(grads=grads, buffers=buffers, at_attention=at_attention)
     numel: dict = {}
     for _, shape, unit in shapes:
         numel[unit] = numel.get(unit, 0) + math.prod(shape)
     blocks = [numel[u] for u in numel if u is not None] or [0]
     return _Transients(outer=units[0] * s, block=max(units[1:], default=0) * s,
                        prefetch=cfg.parallel.prefetch, block_grads=max(blocks) * s, grads=grads,
-                       buffers=buffers)
+                       buffers=buffers, at_attention=at_attention)
 
 
 def ready_order(shapes, bias_first: frozenset[str] = frozenset()) -> list[int]:
@@ -145,15 +158,16 @@ def ready_order(shapes, bias_first: frozenset[str] = frozenset()) -> list[int]:
     modules = [m[::-1] if shapes[m[0]][0].rpartition(".")[0] in bias_first else m for m in modules]
     embeddings = [m for m in modules if shapes[m[0]][0].rpartition(".")[0] in ("wte", "wpe")]
     rest = [m for m in modules if m not in embeddings]
-    return [i for m in rest[::-1] + embeddings for i in m]
+    return [i for m in experts_in_backward_order(rest[::-1], shapes) + embeddings for i in m]
 
 
-def _gradient_flow(shapes, cfg) -> tuple[int, int]:
-    """(most p.grad bytes, most packed-buffer bytes) a stage-2 or stage-3 rank holds at once in backward,
-    by replaying engine.parallel.data.zero12 / zero3: a parameter's p.grad counts from when it is final until
-    the last bucket (unit) holding it is packed; buckets pack in order once complete, units as they
-    complete; a packed buffer counts until a later pack retires it (two in flight at most, one without
-    overlap) or backward ends."""
+def _gradient_flow(shapes, cfg) -> tuple[int, int, tuple[int, ...]]:
+    """(most p.grad bytes, most packed-buffer bytes) a stage-2 or stage-3 rank holds at once in backward, and
+    the packed bytes in flight as each block's attention backward starts (its output projection's gradients
+    final; none without overlap, as the measured ranks show), by replaying engine.parallel.data.zero12 /
+    zero3: a parameter's p.grad counts from when it is final until the last bucket (unit) holding it is
+    packed; buckets pack in order once complete, units as they complete; a packed buffer counts until a
+    later pack retires it (two in flight at most, one without overlap) or backward ends."""
     s, world, stage = itemsize(cfg.precision.dtype), shard_count(cfg), cfg.parallel.zero_stage
     sizes = [math.prod(shape) * s for _, shape, _ in shapes]
     if stage == 2:
@@ -172,9 +186,13 @@ def _gradient_flow(shapes, cfg) -> tuple[int, int]:
             of_param[i].append(g)
     held = most_held = 0
     packed: list[int] = []  # buffer bytes in the order packed, over every micro-batch
+    order = ready_order(shapes, row_parallel_modules(cfg, shapes))
+    attention = {shapes[i][2]: pos for pos, i in enumerate(order) if ".attn.c_proj." in shapes[i][0]}
+    at_attention = dict.fromkeys(attention, 0)
     for _ in range(cfg.train.micro_batches):
         ready, left, done, next_bucket = [0] * len(groups), [len(of) for of in of_param], set(), 0
-        for i in ready_order(shapes, row_parallel_modules(cfg, shapes)):
+        first = len(packed)  # this micro-batch's first pack
+        for pos, i in enumerate(order):
             held += sizes[i]
             most_held = max(most_held, held)
             for g in of_param[i]:
@@ -191,9 +209,12 @@ def _gradient_flow(shapes, cfg) -> tuple[int, int]:
                 for j in groups[g]:
                     left[j] -= 1
                     held -= sizes[j] if left[j] == 0 else 0
+            for unit in (u for u, at in attention.items() if at == pos and cfg.parallel.overlap):
+                at_attention[unit] = max(at_attention[unit], sum(packed[first:][-2:]))
+    flights = tuple(at_attention[u] for u in sorted(at_attention))
     if not cfg.parallel.overlap:
-        return most_held, max(packed)
-    return most_held, max([packed[0]] + [a + b for a, b in zip(packed, packed[1:])])
+        return most_held, max(packed), flights
+    return most_held, max([packed[0]] + [a + b for a, b in zip(packed, packed[1:])]), flights
 
 
 def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
@@ -209,8 +230,11 @@ def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
         t.drop(list(t.held))
         t.mark("backward")
         return
-    embedding, *blocks, head = gpt_saves(micro, m.block_size, m.n_embd, m.n_head, vocab, m.n_layer, g, s, f,
-                                          m.dropout, split)
+    cp = ContextSplit.of(cfg)  # a context-parallel rank keeps its own tokens' arrays (engine.memory.context)
+    ring_forward, ring_backward = cp.ring_buffers(cfg, micro)
+    embedding, *blocks, head = gpt_saves(micro, cp.tokens(m.block_size), m.n_embd, m.n_head, vocab, m.n_layer,
+                                         cp.id_rows(g, micro), s, f, m.dropout, split)
+    blocks = moe_block_saves(cfg, blocks, micro, cp.tokens(m.block_size), s)
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, m.n_layer))
     loss = {k: head.pop(k) for k in ("logits", "lse", "targets")}  # kept by the loss, after the model
     last = len(blocks) - 1
@@ -219,7 +243,12 @@ def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
     for k, block in enumerate(blocks):
         ahead = z.prefetch * z.block * (k < last)
         t.extra["parameters"] = z.outer + z.block + ahead
-        t.keep({next(iter(block)): next(iter(block.values()))} if k in ckpt else block, "forward")
+        kept = {next(iter(block)): next(iter(block.values()))} if k in ckpt else block
+        if ring_forward:  # the ring's keys and values in flight, once ln_1 and the QKV product kept theirs
+            t.extra["comm_buffers"] = ring_forward
+            t.keep(before_attention(kept, k), "forward")
+            t.extra["comm_buffers"] = 0
+        t.keep(kept, "forward")
         t.extra["parameters"] = z.outer + ahead
     t.keep(head, "forward")
     t.extra["parameters"] = 0
@@ -234,6 +263,11 @@ def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
         t.extra["parameters"] = z.outer + z.block + behind
         if k in ckpt:
             t.keep(blocks[k], "backward")  # recomputed in full while everything before it is held
+        if ring_backward:  # the ring's keys, values and their gradients, once the MLP's arrays are freed
+            t.drop([name for name in blocks[k] if name not in attention_part(blocks[k], k)])
+            t.extra["comm_buffers"] = ring_backward + (z.at_attention[k] if z.at_attention else 0)
+            t.mark("backward")
+            t.extra["comm_buffers"] = 0
         t.drop(blocks[k])
         t.extra.update(gradients=z.block_grads, comm_buffers=z.block)  # the block's gradients packed
         t.mark("backward")
