@@ -37,6 +37,8 @@ bench:
     nanodist-tui bench profile --preset gpt-mini
     nanodist-tui bench allreduce --backend processes --world-size 2 --sizes 16MiB,64MiB --vs-gloo
     nanodist-tui bench allreduce --backend processes --world-size 4 --sizes 16MiB,64MiB --vs-gloo
+    nanodist-tui bench alltoall --backend processes --world-size 2 --algorithm all --uneven --vs-gloo
+    nanodist-tui bench alltoall --backend processes --world-size 4 --algorithm all --uneven --vs-gloo
     nanodist-tui bench techniques --preset gpt-mini --world-size 4
     nanodist-tui bench pruning --preset sweep-lr --trials 20
     nanodist-tui bench ui --preset quickstart
