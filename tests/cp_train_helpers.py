@@ -46,3 +46,14 @@ def grad_rank(comm, emit, cfg_dict: dict) -> dict:
                 "grads": {p.name: np.array(p.grad).tolist() for p in trainer.model.parameters()}}
     finally:
         trainer.replica.close()
+
+
+def traffic_rank(comm, emit, cfg_dict: dict) -> dict:
+    """Rank function: one training step; the bytes this rank sent by (group, phase); its blocks computed."""
+    trainer = Trainer(from_dict(cfg_dict), comm)
+    try:
+        trainer.train_step()
+        sent = {f"{row['group']} {row['phase']}": row["bytes_per_step"] for row in trainer.traffic.per_step()}
+        return {"sent": sent, "blocks": trainer.context.ring.work["blocks"]}
+    finally:
+        trainer.replica.close()
