@@ -160,8 +160,8 @@ class MoE(Module):
 
 def routing_stats(routing: Routing, n_experts: int) -> dict:
     """Tokens each expert took (after drops), the choices dropped, the mean router entropy (nats)."""
-    p = routing.probs.data
-    entropy = float(-(p * np.log(np.maximum(p, np.finfo(p.dtype).tiny))).sum(-1).mean())
+    p = routing.probs.data.astype(np.float64)  # in float64 whatever the training dtype (bf16 has no finfo)
+    entropy = float(-(p * np.log(np.maximum(p, np.finfo(np.float64).tiny))).sum(-1).mean())
     kept = np.bincount(routing.experts[routing.kept], minlength=n_experts)
     return {"tokens_per_expert": kept, "dropped": int((~routing.kept).sum()), "entropy": entropy}
 

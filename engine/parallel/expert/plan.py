@@ -44,7 +44,10 @@ def parallelize_experts(model: Module, group: Communicator) -> Module:
 
 
 def expert_parameters(model: Module) -> list[Parameter]:
-    """The parameters of this rank's split experts (none for a model without expert parallelism)."""
+    """The parameters of this rank's split experts (none for a model without expert parallelism, nor for a
+    pipeline rank's stages, which are not a Module: experts beside a pipeline are refused by the rules)."""
+    if not isinstance(model, Module):
+        return []
     return [p for m in model.modules() if isinstance(m, ExpertParallelExperts) for p in m.parameters()]
 
 
