@@ -41,7 +41,18 @@ def _ep_rank(comm, emit, top_k, routing, capacity_factor) -> dict:
     out = _layer_step(moe, x, comm.rank)
     out["sent"], out["received"] = moe.experts.sent, moe.experts.received
     out["phases"] = {row["phase"] for row in comm.meter.totals()}
+    out["bytes"] = {(row["group"], row["phase"]): 0 for row in comm.meter.totals()}
+    for row in comm.meter.totals():
+        out["bytes"][row["group"], row["phase"]] += row["bytes"]
+    out["rows_to"] = _rows_to(moe, x, comm.world_size)
     return out
+
+
+def _rows_to(moe, x: np.ndarray, members: int) -> list[int]:
+    """Rows this rank's routing sends to each member (its experts' kept choices), from the router alone."""
+    routing = moe.router(Tensor(x))
+    per = N_EXPERTS // members
+    return [int(sum(len(routing.rows_of(e)[0]) for e in range(j * per, (j + 1) * per))) for j in range(members)]
 
 
 def _reference(e: int, top_k: int, routing: str, capacity_factor: float) -> list[dict]:
@@ -93,3 +104,18 @@ def test_a_capacity_drops_the_same_tokens_at_every_degree(e):
         _close(got["y"], want["y"])
         _close(got["x_grad"], want["x_grad"])
     assert sum(r["received"] for r in ranks) == e * TOKENS * 2 - sum(w["dropped"] for w in ref)
+
+
+@pytest.mark.parametrize("e", [2, 4])
+def test_bytes_per_phase_are_the_rows_that_leave_the_rank(e):
+    """Forward dispatch and backward combine-mirror move each row sent to another rank (C float64 each)
+    under "ep-dispatch"; the outputs coming back and the rows' gradients under "ep-combine"; the per-expert
+    counts go first, E/e int64 to each other member, under "ep-dispatch-counts"."""
+    ranks = run_ranks(e, "threads", _ep_rank, args=(2, "random", 0.0), timeout_s=60)
+    width = 8 * ranks[0]["y"].shape[1]
+    for r, got in enumerate(ranks):
+        away = sum(n for j, n in enumerate(got["rows_to"]) if j != r)
+        back = sum(other["rows_to"][r] for j, other in enumerate(ranks) if j != r)
+        assert got["bytes"][("ep0", "ep-dispatch")] == 2 * away * width
+        assert got["bytes"][("ep0", "ep-combine")] == 2 * back * width
+        assert got["bytes"][("ep0", "ep-dispatch-counts")] == (e - 1) * 8 * (N_EXPERTS // e)
