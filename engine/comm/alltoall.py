@@ -9,6 +9,7 @@ router, step by step). So the uneven form first moves the row counts (an all-to-
 peer, metered under phase + "-sizes"), then the payload into arrays allocated from those counts. A peer
 owed zero rows gets no payload message at all (both ends know the count), and the block a member keeps
 for itself is copied, not sent. The even form skips the counts: every block is len(buf) / N rows.
+A label around the call (meter.phase) wins over both phases, as everywhere: name the traffic with `phase`.
 
 Schedules (ALGORITHMS), the meter's algorithm label:
   pairwise     N−1 steps; at step k send to rank+k and receive from rank−k, one exchange per step, so
