@@ -52,7 +52,8 @@ def _rows_to(moe, x: np.ndarray, members: int) -> list[int]:
     """Rows this rank's routing sends to each member (its experts' kept choices), from the router alone."""
     routing = moe.router(Tensor(x))
     per = N_EXPERTS // members
-    return [int(sum(len(routing.rows_of(e)[0]) for e in range(j * per, (j + 1) * per))) for j in range(members)]
+    rows = [len(routing.rows_of(e)[0]) for e in range(N_EXPERTS)]
+    return [sum(rows[j * per:(j + 1) * per]) for j in range(members)]
 
 
 def _reference(e: int, top_k: int, routing: str, capacity_factor: float) -> list[dict]:
