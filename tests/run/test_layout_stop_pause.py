@@ -18,7 +18,7 @@ LAYOUTS = {
     "tp": ["parallel.tensor=2", "parallel.sequence_parallel=true", "model.n_head=4", "parallel.zero_stage=2"],
     "pp": ["parallel.pipeline=2", "parallel.zero_stage=1", "model.n_layer=2", "train.micro_batches=2"],
 }
-SPLIT = {"tp": ("tensor", 2), "pp": ("pipeline", 2)}  # the checkpoint's manifest says how it was split
+SPLIT = {"tp": ("tensor", 2), "pp": ("pipeline", 2)}  # the checkpoint's config says how it was split
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -33,7 +33,7 @@ def test_a_stop_ends_every_rank_after_the_same_step_and_resumes(tmp_path, layout
     assert summary["stopped"] and 2 <= summary["steps"] < 8
     ckpt = find_checkpoint(summary["run_dir"])
     key, degree = SPLIT[layout]
-    assert ckpt.step == summary["steps"] and ckpt.manifest[key] == degree
+    assert ckpt.step == summary["steps"] and ckpt.manifest["config"]["parallel"][key] == degree
     resumed: list = []
     more = resume_training(summary["run_dir"], on_event=resumed.append)
     assert more["steps"] == 8 and sorted(step_losses(resumed)) == list(range(summary["steps"] + 1, 9))

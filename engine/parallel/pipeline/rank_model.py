@@ -81,6 +81,10 @@ class PipelineModel:
         copies = {id(tie.params[1]) for tie in self.runner.tied_parameters() if tie.params[1] is not None}
         return [(name, p) for name, p in self.runner.named_parameters() if id(p) not in copies]
 
+    def modules(self) -> list[Module]:
+        """Every module of this rank's stages (what a plan looks for in a model: MoE layers, experts)."""
+        return [m for stage in self.runner.stages.values() for m in stage.modules()]
+
     def train(self, mode: bool = True) -> PipelineModel:
         self.dense.train(mode)  # the stages are the dense model's layers (and a head's copy)
         for stage in self.runner.stages.values():
