@@ -1,0 +1,38 @@
+"""The moe-4 preset from the command line: `run --preset moe-4` trains (shrunk) and its summary says the
+layout and warns that no checkpoint is saved; `memory --preset moe-4 --measure` measures the model states it
+predicts (the experts 1/4 per rank); a fold expert parallelism cannot make is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cli_helpers import assert_user_error, invoke
+
+SMALL = ["model.n_embd=32", "model.block_size=16", "data.max_chars=20000", "train.steps=2",
+         "train.global_batch=8", "train.eval_every=0", "train.eval_batches=1", "optim.warmup_steps=0"]
+
+
+def _sets(*extra: str) -> list[str]:
+    return [a for s in (*SMALL, *extra) for a in ("--set", s)]
+
+
+def test_run_moe_4_headless(in_tmp):
+    result = invoke("run", "--preset", "moe-4", *_sets())
+    assert result.exit_code == 0, result.output
+    assert "steps          2" in result.output and "dp 4, ep 4" in result.output
+    assert "checkpoints of split experts" in result.output
+
+
+def test_memory_of_moe_4_measures_what_it_predicts(in_tmp):
+    def report(*args) -> dict:
+        result = invoke("memory", "--preset", "moe-4", "--json", *args, *_sets())
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+    split = report("--measure")
+    whole = report(*_sets("parallel.expert=1"))
+    assert split["measured"]["states"] == split["estimate"]["states"]
+    assert sum(split["estimate"]["states"].values()) < 0.5 * sum(whole["estimate"]["states"].values())
+
+
+def test_experts_that_do_not_split_evenly_are_one_line(in_tmp):
+    assert_user_error(invoke("run", "--preset", "moe-4", *_sets("model.n_experts=6")), "parallel.expert")
