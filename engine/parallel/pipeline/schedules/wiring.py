@@ -65,8 +65,11 @@ def wire_timed(name: str, ranks: int, micro_batches: int, chunks: int, orders: S
                reference: Durations) -> Schedule:
     """Rank r computes `orders[r]`; each receive just before its compute, each send in the batch its
     receiver posts at the same moment on the timeline with `reference` times (buffered sends, so nobody
-    waits on a send there). Deadlock-free by construction: with every send where its receive is, waiting
-    sends play out that same timeline."""
+    waits on a send there): before the sender's first compute that starts no earlier. Waiting sends play
+    out that same timeline when the receive is posted at a boundary between two of the sender's computes,
+    as it always is when the compute actions the orders use take one time each (ZB-H1's F = I = W);
+    otherwise the sender posts after the receive and the receiver waits for it. The checker proves each
+    schedule built this way deadlock-free."""
     draft = wire(name, ranks, micro_batches, chunks, [one_by_one(o) for o in orders])
     timeline = simulate(draft, reference, eager_sends=True)
     wanted = {}  # message -> when its receive is posted
