@@ -142,6 +142,26 @@ class PipelineTimeline:
 
 
 @dataclass(frozen=True)
+class ExpertLoad:
+    """What one rank's mixture-of-experts layers routed in `step` (engine.moe), summed over the step's
+    micro-batches; one entry per MoE layer, in forward order:
+        tokens_per_expert  [layer][expert] choices of this rank's tokens that each expert kept
+        received           [layer] rows this rank's experts ran on: under expert parallelism what the EP
+                           group sent it (its load), else the kept choices of its own tokens
+        dropped            [layer] choices beyond an expert's capacity (0 when dropless)
+        entropy            [layer] the router's mean entropy per token, nats (mean over micro-batches)
+        aux_loss           [layer] the load-balancing loss term (mean over micro-batches)"""
+    kind: ClassVar[str] = "expert_load"
+    step: int
+    rank: int
+    tokens_per_expert: list
+    received: list
+    dropped: list
+    entropy: list
+    aux_loss: list
+
+
+@dataclass(frozen=True)
 class LossScaleChange:
     kind: ClassVar[str] = "loss_scale_change"
     step: int
@@ -251,8 +271,8 @@ class SweepFinished:
 
 EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
     RunStarted, History, Phase, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, PipelineTimeline,
-    LossScaleChange, CheckpointSaved, RunPaused, Log, RunFinished, RunFailed, SweepStarted, TrialStarted,
-    TrialReport, TrialFinished, SweepFinished)}
+    ExpertLoad, LossScaleChange, CheckpointSaved, RunPaused, Log, RunFinished, RunFailed, SweepStarted,
+    TrialStarted, TrialReport, TrialFinished, SweepFinished)}
 
 
 class EventError(ValueError):

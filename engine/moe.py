@@ -110,13 +110,16 @@ class Router(Module):
 
 
 class Experts(Module):
-    """The expert MLPs, all on this device: forward(inputs) runs expert e on inputs[e] (its rows)."""
+    """The expert MLPs, all on this device: forward(inputs) runs expert e on inputs[e] (its rows).
+    `received`: the rows the last forward ran on (what a split form says of the rows sent to this rank)."""
 
     def __init__(self, mlps: list[MLP]):
         super().__init__()
         self.mlps = mlps
+        self.received = 0
 
     def forward(self, inputs: list[Tensor]) -> list[Tensor]:
+        self.received = sum(len(x.data) for x in inputs)
         return [mlp(x) for mlp, x in zip(self.mlps, inputs)]
 
 
@@ -134,6 +137,7 @@ class MoE(Module):
         self.aux_loss_coef = aux_loss_coef
         self.aux_loss: Tensor | None = None  # the last forward's load-balancing term
         self.stats: dict = {}                # the last forward's routing figures (routing_stats)
+        self.step_stats: list[dict] = []     # every training forward's, until engine.moe_stats takes them
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
@@ -146,7 +150,10 @@ class MoE(Module):
                     for out, (r, s) in zip(outputs, picked)]
         y = add_rows(len(rows.data), np.concatenate([r for r, _ in picked]), ops.concat(weighted, axis=0))
         self.aux_loss = self._aux_loss(routing)
-        self.stats = routing_stats(routing, e)
+        self.stats = {**routing_stats(routing, e), "received": self.experts.received,
+                      "aux_loss": float(self.aux_loss.data)}
+        if self.training:
+            self.step_stats.append(self.stats)
         return y.reshape(shape)
 
     def _aux_loss(self, routing: Routing) -> Tensor:

@@ -32,6 +32,8 @@ SAMPLES = [
     ev.PipelineTimeline(step=4, rank=0, stage_rank=0, schedule="zb-h1", micro_batches=1, chunks=1,
                         actions=[["F", 0, 0, 0.0, 0.5], ["I", 0, 0, 0.9, 1.4], ["W", 0, 0, 1.4, 1.9]],
                         emulated=True),
+    ev.ExpertLoad(step=3, rank=1, tokens_per_expert=[[5, 3, 0, 8]], received=[16], dropped=[2],
+                  entropy=[1.2], aux_loss=[0.0105]),
     ev.LossScaleChange(step=7, reason="inf", old_scale=65536.0, new_scale=32768.0, first_param="blocks.0.w"),
     ev.LossScaleChange(step=9, reason="growth", old_scale=32768.0, new_scale=65536.0),
     ev.CheckpointSaved(step=10, path="runs/x/ckpt-10"),
@@ -64,7 +66,7 @@ SAMPLES = [
 def test_samples_cover_every_kind_of_the_contract():
     assert {type(e).kind for e in SAMPLES} == set(ev.EVENT_TYPES) == {
         "run_started", "history", "phase", "step_end", "eval", "rank_stats", "traffic", "memory_snapshot",
-        "pipeline_timeline", "loss_scale_change", "checkpoint_saved", "run_paused", "log", "run_finished",
+        "pipeline_timeline", "expert_load", "loss_scale_change", "checkpoint_saved", "run_paused", "log", "run_finished",
         "run_failed", "sweep_started",
         "trial_started", "trial_report", "trial_finished", "sweep_finished"}
 
