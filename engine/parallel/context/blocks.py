@@ -4,7 +4,8 @@ backward, in NumPy, in the compute dtype (float64 stays float64; float32 for flo
 engine.fast.flash computes whole causal self-attention (queries and keys the same positions); a ring rank
 needs blocks of its queries against another rank's keys, whole or causal on the diagonal, and the
 block's log-sum-exp to merge with. A block is small (s/c or s/2c tokens a side), so it is computed as
-one product, not in tiles.
+one product, not in tiles. Operands should be C-contiguous per (batch, head) matrix (the ring makes them so):
+NumPy hands those to BLAS; strided views of a QKV array can take its slow loop instead.
 
     forward   S = q k^T / sqrt(d) (diagonal: the upper triangle masked), m = rowmax S,
               P = exp(S - m), l = rowsum P;  O_blk = P v / l,  lse_blk = m + log l
@@ -15,15 +16,24 @@ one product, not in tiles.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
+
+
+@lru_cache(maxsize=8)
+def _causal_bias(n: int, dtype: np.dtype) -> np.ndarray:
+    """[n, n]: 0 on and below the diagonal, -inf above it (added to a diagonal block's scores: one pass)."""
+    bias = np.triu(np.full((n, n), -np.inf, dtype), 1)
+    bias.flags.writeable = False
+    return bias
 
 
 def _scores(q: np.ndarray, k: np.ndarray, diagonal: bool) -> np.ndarray:
     s = np.matmul(q, k.swapaxes(-1, -2))
     s *= q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
     if diagonal:  # position i sees keys 0..i of the same chunk
-        s[..., np.triu(np.ones(s.shape[-2:], dtype=bool), 1)] = -np.inf
+        s += _causal_bias(s.shape[-1], s.dtype)
     return s
 
 

@@ -95,7 +95,7 @@ def _pair(k: np.ndarray, v: np.ndarray) -> np.ndarray:
 def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(out, lse) in the compute dtype of q, k, v [B, H, T_local, D] (views of any strides)."""
     cdt, c, r = compute_dtype(q.dtype), ring.group.world_size, ring.group.rank
-    qc, kv = lowp.widen(q), _pair(k, v)
+    qc, kv = np.ascontiguousarray(lowp.widen(q)), _pair(k, v)
     out = np.zeros(q.shape[:-1] + v.shape[-1:], cdt)
     lse = np.full(q.shape[:-1], -np.inf, cdt)
     with rank_ledger().transient("comm_buffers", kv.nbytes):  # the keys and values that travel
@@ -114,7 +114,7 @@ def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tup
 def ring_backward(ring: Ring, q, k, v, out, lse, g) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dQ, dK, dV) of this rank's q, k, v in the compute dtype, given dL/d out = g and forward's out, lse."""
     cdt, c, r = compute_dtype(q.dtype), ring.group.world_size, ring.group.rank
-    qc, gc = lowp.widen(q), lowp.widen(g)
+    qc, gc = np.ascontiguousarray(lowp.widen(q)), np.ascontiguousarray(lowp.widen(g))
     rows_d = np.einsum("...i,...i->...", gc, lowp.widen(out))
     dq = np.zeros(q.shape, cdt)
     kv, dkv = _pair(k, v), np.zeros((2, *k.shape), cdt)
