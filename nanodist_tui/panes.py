@@ -16,6 +16,7 @@ from textual.widget import Widget
 
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.curves_pane import CurvesPane
+from nanodist_tui.widgets.expert_pane import ExpertPane
 from nanodist_tui.widgets.log_pane import LogPane
 from nanodist_tui.widgets.loss_plot import LossPlot
 from nanodist_tui.widgets.loss_scale_pane import LossScalePane
@@ -41,6 +42,10 @@ def scales_loss(info: RunInfo) -> bool:
 
 def pipelined(info: RunInfo) -> bool:
     return info.pipeline > 1
+
+
+def has_experts(info: RunInfo) -> bool:
+    return info.n_experts > 0
 
 
 def sweeping(info: RunInfo) -> bool:
@@ -132,6 +137,14 @@ PANES: list[PaneSpec] = [
              "data or tensor parallelism there is one pipeline per replica: rank 0's is shown first, and "
              "g shows the next.",
              applies=pipelined),
+    PaneSpec("experts", "experts", ExpertPane,
+             "A mixture of experts' routing in the latest step every rank reported, per MoE layer: the "
+             "tokens each expert kept (over all ranks; under expert parallelism the EP rank holding it), "
+             "then the rows each rank's experts ran on (what its EP group sent it: its load), max/mean "
+             "load over the experts (1.00 is perfect balance), the choices dropped beyond an expert's "
+             "capacity, the router's mean entropy per token against its ceiling ln E (every expert equally "
+             "likely), and the load-balancing loss.",
+             applies=has_experts),
     # A session pane: for the whole of the workbench's job, a sweep's pane follows its trials (x ends it).
     PaneSpec("sweep", "sweep", lambda info: SweepPane(id="sweep"),
              "A sweep's trials, updated in place: number, state (* marks the best), the metrics, steps, time "

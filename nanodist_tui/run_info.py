@@ -47,6 +47,8 @@ class RunInfo:
     # under pipeline parallelism each rank's own (RunStarted.memory_estimate_per_rank[rank]: stages differ)
     memory_estimate_per_rank: list | None = field(default=None, hash=False)
     chunks: int = 1  # parallel.chunks: virtual stages per pipeline rank (interleaved)
+    n_experts: int = 0  # model.n_experts (0: dense) and which blocks are MoE (model.moe_every)
+    moe_every: int = 1
 
     @classmethod
     def from_started(cls, event: RunStarted, replay: bool = False, sweep: bool = False) -> RunInfo:
@@ -65,6 +67,7 @@ class RunInfo:
                    hybrid=bool(setting("parallel", "hybrid")), memory_estimate=event.memory_estimate,
                    memory_estimate_per_rank=event.memory_estimate_per_rank,
                    chunks=int(setting("parallel", "chunks")),
+                   n_experts=int(setting("model", "n_experts")), moe_every=int(setting("model", "moe_every")),
                    tensor=int(setting("parallel", "tensor")), pipeline=int(setting("parallel", "pipeline")),
                    context=int(setting("parallel", "context")), expert=int(setting("parallel", "expert")),
                    order=str(setting("parallel", "order")),

@@ -24,6 +24,7 @@ from tests.app_helpers import (
     demo_run_folder,
     wait_for,
 )
+from tests.expert_run_helpers import moe_run
 from tests.pipeline_helpers import pipeline_run
 
 # Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
@@ -52,6 +53,19 @@ def test_pipeline_tab(snap_compare, size):
     async def show(pilot) -> None:
         await settle(pilot.app, pilot)
         await settle(pilot.app, pilot, pilot.app.workspace.tab_ids.index("tab-pipeline") + 1)
+
+    assert snap_compare(app, terminal_size=size, run_before=show)
+
+
+@pytest.mark.parametrize("size", [SMALL, SIZE], ids=["80x24", "160x50"])
+def test_experts_tab(snap_compare, size):
+    """A recorded 8-expert top-2 run on EP 4 (tests/expert_run_helpers.py): its last step, a balanced layer
+    and one whose last EP rank receives nothing."""
+    app = replay_app(moe_run())
+
+    async def show(pilot) -> None:
+        await settle(pilot.app, pilot)
+        await settle(pilot.app, pilot, pilot.app.workspace.tab_ids.index("tab-experts") + 1)
 
     assert snap_compare(app, terminal_size=size, run_before=show)
 
