@@ -1,11 +1,14 @@
 """The moe-4 preset from the command line: `run --preset moe-4` trains (shrunk) and its summary says the
-layout and warns that no checkpoint is saved; `memory --preset moe-4 --measure` measures the model states it
-predicts (the experts 1/4 per rank); a fold expert parallelism cannot make is one line, exit 2."""
+layout, warns that no checkpoint is saved, and its recording holds every rank's ExpertLoad of every step;
+`memory --preset moe-4 --measure` measures the model states it predicts (the experts 1/4 per rank); a fold
+expert parallelism cannot make is one line, exit 2."""
 
 from __future__ import annotations
 
 import json
 
+from engine.events import ExpertLoad
+from engine.run.recorder import read_events
 from tests.cli_helpers import assert_user_error, invoke
 
 SMALL = ["model.n_embd=32", "model.block_size=16", "data.max_chars=20000", "train.steps=2",
@@ -21,6 +24,10 @@ def test_run_moe_4_headless(in_tmp):
     assert result.exit_code == 0, result.output
     assert "steps          2" in result.output and "dp 4, ep 4" in result.output
     assert "checkpoints of split experts" in result.output
+    [folder] = (in_tmp / "runs").iterdir()  # the recording a replay reads: every rank's routing, each step
+    loads = [e for e in read_events(folder) if isinstance(e, ExpertLoad)]
+    assert sorted((e.step, e.rank) for e in loads) == [(s, r) for s in (1, 2) for r in range(4)]
+    assert all(len(e.tokens_per_expert) == 2 and len(e.tokens_per_expert[0]) == 8 for e in loads)
 
 
 def test_memory_of_moe_4_measures_what_it_predicts(in_tmp):
