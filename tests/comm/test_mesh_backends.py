@@ -1,7 +1,8 @@
-"""Tensor and pipeline parallelism on the backends whose ranks are started from outside: DP 2 x TP 2 with
-sequence parallelism (the tp-sp-4 preset, shrunk, float64) and DP 2 x PP 2 (the pp-2 preset on 4 ranks,
-1F1B, shrunk, float64) on tcp ranks started by hand (torchrun-style environment) and under `mpiexec -n 4`:
-one run folder, every rank's part in its checkpoint, and the losses of the same layout on thread ranks."""
+"""Tensor, pipeline and context parallelism on the backends whose ranks are started from outside: DP 2 x TP 2
+with sequence parallelism (the tp-sp-4 preset, shrunk, float64), DP 2 x PP 2 (the pp-2 preset on 4 ranks,
+1F1B, shrunk, float64) and CP 2 x TP 2 (the cp-2-long preset on 4 ranks, shrunk, no dropout) on tcp ranks
+started by hand (torchrun-style environment) and under `mpiexec -n 4`: one run folder, every rank's part in
+its checkpoint, and the losses of the same layout on thread ranks."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ from engine.config.presets import load_preset
 from engine.run.job import run_training
 
 pytestmark = pytest.mark.slow
-LAYOUTS = {"tp-sp-4": ["model.n_layer=1"], "pp-2": ["model.n_layer=2", "parallel.world_size=4"]}
+LAYOUTS = {"tp-sp-4": ["model.n_layer=1"], "pp-2": ["model.n_layer=2", "parallel.world_size=4"],
+           "cp-2-long": ["model.n_layer=1", "parallel.world_size=4", "parallel.tensor=2",
+                         "model.dropout=0.0"]}
 SMALL = [ "model.n_embd=32", "model.block_size=16", "data.max_chars=20000",
          "train.steps=3", "train.global_batch=8", "train.eval_every=0", "train.eval_batches=1",
          "optim.warmup_steps=0", 'precision.dtype="fp64"', "model.dropout=0.1"]
 
 
 def _cli(preset: str, backend: str) -> list[str]:
-    args = [a for s in [*LAYOUTS[preset], *SMALL] for a in ("--set", s)]
+    args = [a for s in [*SMALL, *LAYOUTS[preset]] for a in ("--set", s)]
     return [sys.executable, "-m", "nanodist_tui.cli", "run", "--preset", preset, "--backend", backend, *args]
 
 
@@ -42,7 +45,7 @@ def _assert_like_thread_ranks(preset: str, tmp_path, monkeypatch) -> None:
     if preset == "tp-sp-4":
         assert manifest["tensor"] == 2 and [e["tp"] for e in manifest["shards"]] == [0, 1, 0, 1]
     monkeypatch.chdir(tmp_path)
-    cfg, _, _ = load_preset(preset, [*LAYOUTS[preset], *SMALL, 'parallel.backend="threads"',
+    cfg, _, _ = load_preset(preset, [*SMALL, *LAYOUTS[preset], 'parallel.backend="threads"',
                                      f"run.out_dir={tmp_path / 't'}"])
     threads = run_training(cfg)
     assert _losses(run_dir) == pytest.approx(_losses(tmp_path / "t" / threads["run_dir"]), rel=1e-12)

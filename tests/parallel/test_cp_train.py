@@ -84,3 +84,9 @@ def test_16_bit(dtype, rtol):
         np.testing.assert_allclose(r["losses"], one["losses"], rtol=rtol)
         np.testing.assert_allclose(r["norms"], one["norms"], rtol=10 * rtol)
     assert not any(r["skipped"][-1] for r in ranks)
+
+
+def test_on_processes():
+    """CP 2 x TP 2 on rank processes: the hops cross process boundaries (shared-memory pipes)."""
+    ranks = run_ranks(4, "processes", train_rank, args=(cp_config(4, 2, "zigzag", 2), STEPS), timeout_s=120)
+    assert_trains_like(ranks, _one_device())
