@@ -106,3 +106,8 @@ def test_layouts_tile_the_sequence():
     assert SequenceLayout("zigzag", 2).positions(8, 0).tolist() == [0, 1, 6, 7]
     with pytest.raises(ValueError, match="does not cut into 4 equal chunks"):
         SequenceLayout("zigzag", 2).positions(6, 0)
+
+
+def test_the_by_hand_ring_stays_under_150_lines():
+    with open(by_hand_ring.__file__) as f:
+        assert len(f.read().splitlines()) < 150
