@@ -1,36 +1,24 @@
 """Tiny float64 configs and a rank function shared by the tests that train a context-parallel GPT through
 the Trainer (tests/parallel/test_cp_train.py). Rank functions take only JSON arguments.
 
-Shapes: context 8 (zigzag over 2 ranks: 4 chunks of 2 tokens; contiguous: 2 of 4), 4 heads of width 4 (a
-tensor degree of 2 splits them), vocabulary 11, no dropout (context parallelism does not plan it).
+Shapes: tests/tp_train_helpers.py's (context 8: zigzag over 2 ranks cuts 4 chunks of 2 tokens, contiguous 2
+of 4; 4 heads of width 4; vocabulary 11), no dropout (context parallelism does not plan it).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine.config import from_dict, to_dict
+from engine.config import from_dict
 from engine.trainer import Trainer
+from tests.tp_train_helpers import tp_config
 
 
 def cp_config(world: int = 1, context: int = 1, layout: str = "zigzag", tensor: int = 1, zero: int = 0,
               **over) -> dict:
-    """A float64 GPT run of 3 steps, clipped in every step (grad_clip below the tiny model's norm)."""
-    d = {
-        "name": "cp-tiny", "seed": 7,
-        "model": {"kind": "gpt", "n_layer": 2, "n_head": 4, "n_embd": 16, "block_size": 8, "dropout": 0.0,
-                  "bias": True, "vocab_size": 11},
-        "data": {"kind": "synthetic-lm", "n_samples": 256},
-        "train": {"steps": 3, "global_batch": 4, "micro_batches": 1, "eval_every": 0, "eval_batches": 1},
-        "optim": {"lr": 1e-2, "warmup_steps": 1, "grad_clip": 0.05},
-        "parallel": {"world_size": world, "context": context, "context_layout": layout, "tensor": tensor,
-                     "zero_stage": zero, "bucket_cap_mb": 0.002},
-        "precision": {"dtype": "fp64"},
-    }
-    for key, value in over.items():
-        section, name = key.split("__")
-        d.setdefault(section, {})[name] = value
-    return to_dict(from_dict(d))
+    """tp_config's float64 GPT run of 3 clipped steps, without dropout, at context degree `context`."""
+    return tp_config(world, tensor, zero=zero, model__dropout=0.0, parallel__context=context,
+                     parallel__context_layout=layout, **over)
 
 
 def grad_rank(comm, emit, cfg_dict: dict) -> dict:

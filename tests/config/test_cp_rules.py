@@ -23,8 +23,8 @@ def cfg(parallel: dict, **model) -> dict:
     (cfg({"world_size": 4, "tensor": 4, "sequence_parallel": True, "context": 1}, block_size=12), None, None),
     (cfg({"world_size": 8, "tensor": 4, "sequence_parallel": True}, block_size=20),
      "parallel.sequence_parallel", "splits each rank's 10 tokens (block_size 20 / context 2) 4 ways"),
-    ({"model": {"kind": "mlp"}, "data": {"kind": "synthetic-classification"}, "parallel": {"world_size": 2, "context": 2}},
-     "parallel.context", "the mlp model has none"),
+    ({"model": {"kind": "mlp"}, "data": {"kind": "synthetic-classification"},
+      "parallel": {"world_size": 2, "context": 2}}, "parallel.context", "the mlp model has none"),
 ])
 def test_a_layout_context_parallelism_cannot_train_is_one_line(d, key, text):
     if key is None:  # the rule stays silent at context 1

@@ -8,16 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.bench.memory import measure_rank
-from engine.comm.launch import run_ranks
-from engine.config import to_dict
 from engine.memory.estimator import estimate
 from engine.memory.ledger import CATEGORIES, MODEL_STATES
-from tests.memory.test_tp_memory import tiny
-
-
-def measured(cfg):
-    return run_ranks(cfg.parallel.world_size, "threads", measure_rank, args=(to_dict(cfg), 2), timeout_s=60)
+from tests.memory.test_tp_memory import measured, tiny
 
 
 def cp_tiny(world: int, c: int, layout: str = "zigzag", **over):
@@ -38,14 +31,13 @@ def test_estimate_equals_the_ledger_to_the_byte(world, c, layout, t, stage, chec
     cfg = cp_tiny(world, c, layout, parallel__tensor=t, parallel__zero_stage=stage, precision__dtype=dtype,
                   memory__checkpointing="blocks" if checkpointing else "none")
     e = estimate(cfg)
-    predicted = e.category_peaks()
-    assert predicted["comm_buffers"] > 0
+    assert e.category_peaks()["comm_buffers"] > 0
+    predicted = (e.states, e.category_peaks(), e.maxima["forward"]["activations"],
+                 e.maxima["backward"]["activations"])
     for r in measured(cfg):
-        assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
-        peaks = {c: max(m[c] for m in r["maxima"].values()) for c in CATEGORIES}
-        assert peaks == predicted, f"rank {r['rank']}"
-        for phase in ("forward", "backward"):
-            assert r["maxima"][phase]["activations"] == e.maxima[phase]["activations"], phase
+        assert ({k: r["at_rest"][k] for k in MODEL_STATES}, {c: max(m[c] for m in r["maxima"].values())
+                for c in CATEGORIES}, r["maxima"]["forward"]["activations"],
+                r["maxima"]["backward"]["activations"]) == predicted, f"rank {r['rank']}"
 
 
 def test_the_ring_buffers_are_the_keys_and_values_in_flight():

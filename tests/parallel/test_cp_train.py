@@ -10,25 +10,15 @@ import pytest
 
 from engine.comm.launch import run_ranks
 from tests.cp_train_helpers import cp_config, grad_rank
+from tests.parallel.test_tp_train import assert_trains_like
 from tests.tp_train_helpers import train_rank
 
-STEPS, RTOL = 3, 1e-10
+STEPS = 3
 
 
 def _run(world: int, cfg: dict, fn=train_rank, steps: int | None = STEPS) -> list[dict]:
     args = (cfg,) if steps is None else (cfg, steps)
     return run_ranks(world, "threads", fn, args=args, timeout_s=120)
-
-
-def assert_trains_like(ranks: list[dict], one: dict, rtol: float = RTOL) -> None:
-    for r in ranks:
-        np.testing.assert_allclose(r["losses"], one["losses"], rtol=rtol)
-        np.testing.assert_allclose(r["norms"], one["norms"], rtol=rtol)
-        assert r["params"].keys() == one["params"].keys()
-        for name, value in one["params"].items():
-            value = np.asarray(value)
-            np.testing.assert_allclose(r["params"][name], value, rtol=rtol, atol=rtol * np.abs(value).max())
-    assert one["norms"][0] > 0.05  # clipping acts (grad_clip 0.05): the norm's combination matters
 
 
 GRAD_LAYOUTS = [(2, 2, "zigzag"), (2, 2, "contiguous"), (4, 4, "zigzag"), (4, 2, "zigzag")]
@@ -74,7 +64,7 @@ def test_accumulation_and_checkpointing_compose(over):
     assert_trains_like(_run(2, cp_config(2, 2, "zigzag", **over)), _one_device(**over))
 
 
-@pytest.mark.parametrize("dtype, rtol", [("fp16", 1e-4), ("bf16", 1e-3)])
+@pytest.mark.parametrize("dtype, rtol", [("fp16", 1e-3), ("bf16", 1e-2)])
 def test_16_bit(dtype, rtol):
     """In 16 bits the ring merges in float32 and rounds once, as the fused attention does, but the blocks'
     sums run in another order: the losses and norms agree with one device's within the format's rounding."""
