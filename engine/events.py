@@ -162,6 +162,20 @@ class ExpertLoad:
 
 
 @dataclass(frozen=True)
+class ContextWork:
+    """What one rank's ring attention computed in the training forwards of `step` (engine.parallel.context; a
+    recomputed block's included), under `layout` over `degree` ranks: the (query chunk, key chunk) `blocks`
+    and their `scores` (a diagonal block's whole square)."""
+    kind: ClassVar[str] = "context_work"
+    step: int
+    rank: int
+    layout: str
+    degree: int
+    blocks: int
+    scores: int
+
+
+@dataclass(frozen=True)
 class LossScaleChange:
     kind: ClassVar[str] = "loss_scale_change"
     step: int
@@ -271,8 +285,8 @@ class SweepFinished:
 
 EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
     RunStarted, History, Phase, StepEnd, Eval, RankStats, Traffic, MemorySnapshot, PipelineTimeline,
-    ExpertLoad, LossScaleChange, CheckpointSaved, RunPaused, Log, RunFinished, RunFailed, SweepStarted,
-    TrialStarted, TrialReport, TrialFinished, SweepFinished)}
+    ExpertLoad, ContextWork, LossScaleChange, CheckpointSaved, RunPaused, Log, RunFinished, RunFailed,
+    SweepStarted, TrialStarted, TrialReport, TrialFinished, SweepFinished)}
 
 
 class EventError(ValueError):

@@ -44,6 +44,7 @@ from engine.moe_stats import expert_load
 from engine.optim import global_norm_clip_scale, lr_at
 from engine.parallel.context.plan import parallelize_context
 from engine.parallel.context.view import context_of
+from engine.parallel.context.work import context_work
 from engine.parallel.data import make_replica
 from engine.parallel.expert.plan import split_experts
 from engine.parallel.expert.replica import with_experts
@@ -290,14 +291,15 @@ class Trainer:
 
     def _rank_figures(self, s: dict) -> list:
         """This rank's figures of the step: RankStats, a MemorySnapshot per phase, Traffic (and a pipeline
-        rank's PipelineTimeline, an MoE model's ExpertLoad). On a tcp launch,
+        rank's PipelineTimeline, an MoE model's ExpertLoad, ring attention's ContextWork). On a tcp launch,
         where only rank 0's events reach the run's recorder and workbench, every rank's, gathered to all (as
         JSON) and reported by rank 0."""
         mine = [ev.RankStats(step=self.step, rank=self.rank, step_time_s=s["step_time_s"],
                              comm_wait_s=self.replica.comm_wait_s, bytes_sent=self.replica.bytes_sent),
                 *self.ledger.snapshots(self.step, self.rank),
                 *(self.pipeline.figures(self.step) if self.pipeline is not None else []),
-                *expert_load(self.model, self.step, self.rank)]
+                *expert_load(self.model, self.step, self.rank),
+                *context_work(self.model, self.step, self.rank)]
         if self.world > 1:
             mine.append(ev.Traffic(step=self.step, rank=self.rank, links=self.comm.meter.snapshot()))
         if not self.gather_figures:

@@ -45,3 +45,14 @@ def traffic_rank(comm, emit, cfg_dict: dict) -> dict:
         return {"sent": sent, "blocks": trainer.context.ring.work["blocks"]}
     finally:
         trainer.replica.close()
+
+
+def work_rank(comm, emit, cfg_dict: dict) -> list[dict]:
+    """Rank function: a whole run (evaluations at its start and end included); its ContextWork events."""
+    events: list[dict] = []
+    trainer = Trainer(from_dict(cfg_dict), comm, emit=events.append)
+    try:
+        trainer.fit()
+        return [e for e in events if e["kind"] == "context_work" and e["rank"] == comm.rank]
+    finally:
+        trainer.replica.close()

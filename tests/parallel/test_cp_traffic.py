@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from engine.comm.launch import run_ranks
+from engine.parallel.context.layout import SequenceLayout
 from engine.parallel.mesh import Mesh
-from tests.cp_train_helpers import cp_config, traffic_rank
+from tests.cp_train_helpers import cp_config, traffic_rank, work_rank
 
 B, S, H, LAYERS = 4, 8, 16, 2  # cp_config(): global batch 4, context 8, width 16, 2 blocks
 
@@ -34,3 +35,18 @@ def test_ring_bytes_per_group_and_phase(world, c, t, dtype, ckpt):
         reduce_group = "world" if t == 1 else mesh.group_name("dpcp", rank)
         assert any(key.startswith(reduce_group + " ") and "reduce" in key for key in r["sent"]), r["sent"]
         assert r["blocks"] == (2 * c + 1) * LAYERS * (2 if ckpt else 1)  # zigzag: the same on every rank
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_each_rank_reports_its_attention_work_each_step(layout):
+    """One ContextWork per rank and step: the blocks its ring computed in that step's training forwards (two
+    micro-batches; the evaluations left out), and their scores, a diagonal block's whole square."""
+    c, steps, micro = 2, 3, 2
+    cfg = cp_config(c, c, layout, train__steps=steps, train__micro_batches=micro, train__eval_every=1)
+    n = S // (2 * c) if layout == "zigzag" else S // c  # chunk length
+    rows = B // micro  # per micro-batch (one data-parallel rank)
+    for rank, events in enumerate(run_ranks(c, "threads", work_rank, args=(cfg,), timeout_s=120)):
+        blocks = SequenceLayout(layout, c).causal_blocks(rank) * LAYERS * micro
+        assert [(e["step"], e["blocks"], e["layout"], e["degree"]) for e in events] == \
+            [(step, blocks, layout, c) for step in range(1, steps + 1)]
+        assert {e["scores"] for e in events} == {blocks * rows * 4 * n * n}  # 4 heads

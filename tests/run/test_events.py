@@ -34,6 +34,7 @@ SAMPLES = [
                         emulated=True),
     ev.ExpertLoad(step=3, rank=1, tokens_per_expert=[[5, 3, 0, 8]], received=[16], dropped=[2],
                   entropy=[1.2], aux_loss=[0.0105]),
+    ev.ContextWork(step=3, rank=1, layout="zigzag", degree=2, blocks=10, scores=40960),
     ev.LossScaleChange(step=7, reason="inf", old_scale=65536.0, new_scale=32768.0, first_param="blocks.0.w"),
     ev.LossScaleChange(step=9, reason="growth", old_scale=32768.0, new_scale=65536.0),
     ev.CheckpointSaved(step=10, path="runs/x/ckpt-10"),
@@ -66,7 +67,8 @@ SAMPLES = [
 def test_samples_cover_every_kind_of_the_contract():
     assert {type(e).kind for e in SAMPLES} == set(ev.EVENT_TYPES) == {
         "run_started", "history", "phase", "step_end", "eval", "rank_stats", "traffic", "memory_snapshot",
-        "pipeline_timeline", "expert_load", "loss_scale_change", "checkpoint_saved", "run_paused", "log", "run_finished",
+        "pipeline_timeline", "expert_load", "context_work", "loss_scale_change", "checkpoint_saved",
+        "run_paused", "log", "run_finished",
         "run_failed", "sweep_started",
         "trial_started", "trial_report", "trial_finished", "sweep_finished"}
 

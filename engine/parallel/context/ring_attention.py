@@ -92,8 +92,10 @@ def _pair(k: np.ndarray, v: np.ndarray) -> np.ndarray:
     return kv
 
 
-def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(out, lse) in the compute dtype of q, k, v [B, H, T_local, D] (views of any strides)."""
+def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray, count: bool = True
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(out, lse) in the compute dtype of q, k, v [B, H, T_local, D] (views of any strides); `count`: add the
+    blocks computed to ring.work."""
     cdt, c, r = compute_dtype(q.dtype), ring.group.world_size, ring.group.rank
     qc, kv = np.ascontiguousarray(lowp.widen(q)), _pair(k, v)
     out = np.zeros(q.shape[:-1] + v.shape[-1:], cdt)
@@ -104,8 +106,9 @@ def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tup
             for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
                 o_blk, lse_blk = blocks.forward(qc[:, :, rows], kc[:, :, cols], vc[:, :, cols], diagonal)
                 blocks.merge(out[:, :, rows], lse[:, :, rows], o_blk, lse_blk)
-                ring.work["blocks"] += 1
-                ring.work["scores"] += int(np.prod(lse_blk.shape)) * (cols.stop - cols.start)
+                if count:
+                    ring.work["blocks"] += 1
+                    ring.work["scores"] += int(np.prod(lse_blk.shape)) * (cols.stop - cols.start)
             if hop < c - 1:
                 kv = _hop(ring, [kv], [PHASES["forward"]])[0]
     return out, lse
@@ -154,16 +157,16 @@ def _heads(a: np.ndarray, parts: int, n_head: int) -> np.ndarray:
     return a.reshape(b, t, parts, n_head, width // (parts * n_head)).transpose(2, 0, 3, 1, 4)
 
 
-def ring_attention_qkv(qkv: Tensor, n_head: int, ring: Ring) -> Tensor:
+def ring_attention_qkv(qkv: Tensor, n_head: int, ring: Ring, count: bool = True) -> Tensor:
     """Ring attention on a QKV projection's output [B, T_local, 3C] -> [B, T_local, C], heads side by side:
     what a context-parallel block's attention calls in place of engine.ops.causal_attention_qkv, keeping
-    the same arrays (qkv, the output, the lse)."""
+    the same arrays (qkv, the output, the lse); `count` as ring_forward's."""
     b, t, width = qkv.shape
     if width % (3 * n_head):
         raise ValueError(f"ring_attention_qkv: a last axis of {width} is not 3 x {n_head} heads")
     x = np.ascontiguousarray(qkv.data)
     q, k, v = _heads(x, 3, n_head)
-    out_c, lse = ring_forward(ring, q, k, v)
+    out_c, lse = ring_forward(ring, q, k, v, count)
     out = np.empty((b, t, width // 3), x.dtype)
     _heads(out, 1, n_head)[0][...] = lowp.narrow(out_c, x.dtype)
 
