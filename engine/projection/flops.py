@@ -4,7 +4,8 @@ The count is PaLM's (Chowdhery et al., appendix B): a forward pass costs 2 FLOPs
 (each weight multiplies and adds once), backward twice that, so training costs 6·Ψ·tokens; attention adds
 the two T×T products per layer, 2·2·T·C per token forward (QKᵀ and probabilities × V; nanoDist computes
 the full square, causal mask or not), 12·L·T·C per token for training. Under full activation checkpointing
-every block's forward runs twice: 8·Ψ instead of 6·Ψ, the 4/3 factor.
+every block's forward runs twice: 8·Ψ instead of 6·Ψ, the 4/3 factor. A mixture-of-experts block's Ψ is
+what one token multiplies (active_params): its router and top_k of its E experts (engine.moe), not all E.
 
 `backward_events` lists backward in the order nanoDist runs it (engine.nn: the head, then the blocks from
 the last, each from its MLP down to its attention's input projection, then the embeddings) as pieces of
@@ -19,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from engine.config.build import param_shapes
+from engine.memory.expert import EXPERTS
 
 
 @dataclass(frozen=True)
@@ -56,12 +58,20 @@ def model_flops(cfg, vocab: int, rows: int) -> ModelFlops:
                   for i in range(len(m.widths) - 1)]
         return ModelFlops(params, rows, sum(layers), tuple(layers), False)
     tokens = rows * m.block_size
-    per_block = sum(math.prod(s) for _, s, unit in shapes if unit == 0)
     attention = 4.0 * m.block_size * m.n_embd * tokens  # QKᵀ and PV, per layer
-    block = 2.0 * per_block * tokens + attention
+    blocks = tuple(2.0 * active_params(cfg, shapes, k) * tokens + attention for k in range(m.n_layer))
     # outside the blocks only the head multiplies: wte (tied) or lm_head; wpe and LayerNorms are adds
     head = 2.0 * vocab * m.n_embd * tokens
-    return ModelFlops(params, tokens, m.n_layer * block + head, (block,) * m.n_layer, True)
+    return ModelFlops(params, tokens, sum(blocks) + head, blocks, True)
+
+
+def active_params(cfg, shapes, block: int) -> float:
+    """Parameters of a block one token multiplies: all of them, but top_k of an MoE block's E experts (with
+    balanced routing; a dropped token multiplies fewer)."""
+    m = cfg.model
+    share = m.top_k / m.n_experts if m.n_experts else 1.0
+    return sum(math.prod(s) * (share if EXPERTS in name else 1.0)
+               for name, s, unit in shapes if unit == block)
 
 
 class FlopsOf:
@@ -131,9 +141,23 @@ def backward_events(cfg, vocab: int) -> list[BackwardEvent]:
             def linear(name: str, norm: str = "", pre: str = pre, k: int = k) -> BackwardEvent:
                 ready = group(pre + name + ".") + (group(pre + norm + ".") if norm else ())
                 return BackwardEvent(weight(pre + name), ready, k, name)
-            events += [linear("mlp.layers.1"), linear("mlp.layers.0", "ln_2"), linear("attn.c_proj"),
+            if pre + "mlp.router.gate.weight" in index:  # an MoE block: its experts' and router's gradients
+                mlp = [moe_event(cfg, k, group(pre + "mlp.") + group(pre + "ln_2."), numel)]
+            else:
+                mlp = [linear("mlp.layers.1"), linear("mlp.layers.0", "ln_2")]
+            events += [*mlp, linear("attn.c_proj"),
                        BackwardEvent(8.0 * t * c, (), k, "attention"),  # attention's two products, backward
                        linear("attn.c_attn", "ln_1")]
         events.append(BackwardEvent(0.0, group("wpe.") + group("wte."), None, "embeddings"))  # last
     total = sum(e.share for e in events) or 1.0
     return [BackwardEvent(e.share / total, e.ready, e.block, e.layer) for e in events]
+
+
+def moe_event(cfg, block: int, ready: tuple[int, ...], numel: dict[str, int]) -> BackwardEvent:
+    """An MoE block's MLP in backward, one piece: the experts' Linears (4 FLOPs per weight per token, for the
+    top_k of E a token reaches) and the router's, after which every one of their gradients is final."""
+    pre, m = f"blocks.{block}.mlp.", cfg.model
+    experts = sum(n for name, n in numel.items() if name.startswith(pre) and EXPERTS in name
+                  and name.endswith(".weight"))
+    return BackwardEvent(4.0 * (experts * m.top_k / m.n_experts + numel[pre + "router.gate.weight"]), ready,
+                         block, "mlp.experts")

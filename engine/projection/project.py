@@ -14,11 +14,10 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from engine.config import Config, ConfigError
+from engine.config import Config
 from engine.config.build import vocab_size
 from engine.dtypes import master_dtype
 from engine.memory.estimator import MemoryEstimate, estimate
-from engine.parallel.mesh import AXES
 from engine.projection.calibrate import Calibration
 from engine.projection.clusters import Cluster
 from engine.projection.flops import FlopsOf
@@ -27,7 +26,6 @@ from engine.projection.step import predict_step
 from engine.projection.step_parts import StepBreakdown
 
 SCALINGS = ("weak", "strong")
-PROJECTED_AXES = ("dp", "tp", "pp")  # the mesh axes (engine.parallel.mesh.AXES) the step model has a term for
 DEFAULT_WORLD_SIZES = tuple(2**k for k in range(13))  # 1 ... 4096
 
 
@@ -79,34 +77,27 @@ def at_world_size(cfg: Config, world: int, scaling: str = "weak") -> Config | No
                                                             ranks_per_node=per_node))
 
 
-def check_projectable(cfg: Config) -> None:
-    """ConfigError (one line, naming the key) for a degree the step model has no term for (what a layout
-    cannot be, the config's rules refuse already)."""
-    p = cfg.parallel
-    for axis, key in AXES.items():
-        if axis not in PROJECTED_AXES and getattr(p, key) > 1:
-            raise ConfigError(f"parallel.{key}", f"{key} parallelism ({key} = {getattr(p, key)}) has no term "
-                              "in the projection yet", f"set parallel.{key} = 1")
-
-
 def model_parallel_ranks(parallel) -> int:
     """Ranks one data-parallel replica spans (tensor x pipeline x context): world sizes are multiples."""
     return parallel.tensor * parallel.pipeline * parallel.context
 
 
 def predict(cfg: Config, cluster: Cluster, calibration: Calibration | None = None, vocab: int | None = None,
-            flops_of: FlopsOf | None = None) -> tuple[StepBreakdown, MemoryEstimate, Machine]:
-    """(step breakdown, memory estimate, machine) of cfg as it stands (its world size) on the cluster."""
+            flops_of: FlopsOf | None = None,
+            expert_imbalance: float | None = None) -> tuple[StepBreakdown, MemoryEstimate, Machine]:
+    """(step breakdown, memory estimate, machine) of cfg as it stands (its world size) on the cluster;
+    `expert_imbalance`: the busiest expert-parallel rank's rows over the mean (engine.projection.expert)."""
     vocab = vocab or (vocab_size(cfg) if cfg.model.kind == "gpt" else 0)
     flops_of = flops_of or FlopsOf(cfg, vocab)
     mem = estimate(cfg, vocab)
     owned = mem.states["adam_m"] // master_dtype(cfg.precision.dtype).itemsize
     machine = make_machine(cluster, cfg, cfg.parallel.world_size, calibration, flops_of)
-    return predict_step(cfg, machine, flops_of, owned), mem, machine
+    return predict_step(cfg, machine, flops_of, owned, expert_imbalance), mem, machine
 
 
 def project(cfg: Config, cluster: Cluster, world_sizes=DEFAULT_WORLD_SIZES,
-            calibration: Calibration | None = None, scaling: str = "weak") -> dict:
+            calibration: Calibration | None = None, scaling: str = "weak",
+            expert_imbalance: float | None = None) -> dict:
     """{"preset", "cluster", "scaling", "rows": [Row ...], "skipped": [world sizes left out, with why]}."""
     vocab = vocab_size(cfg) if cfg.model.kind == "gpt" else 0
     flops_of = FlopsOf(cfg, vocab)
@@ -121,6 +112,11 @@ def project(cfg: Config, cluster: Cluster, world_sizes=DEFAULT_WORLD_SIZES,
             skipped.append({"world_size": world, "why": f"not a multiple of tensor {p.tensor} x pipeline "
                                                         f"{p.pipeline} x context {p.context}"})
             continue
+        dpcp = world // model_parallel_ranks(cfg.parallel) * cfg.parallel.context
+        if dpcp % cfg.parallel.expert:
+            skipped.append({"world_size": world, "why": f"expert {cfg.parallel.expert} does not divide the "
+                                                        f"{dpcp} data x context ranks"})
+            continue
         at = at_world_size(cfg, world, scaling)
         if at is None:
             cell = model_parallel_ranks(cfg.parallel)
@@ -128,7 +124,7 @@ def project(cfg: Config, cluster: Cluster, world_sizes=DEFAULT_WORLD_SIZES,
             skipped.append({"world_size": world, "why": f"global batch {cfg.train.global_batch} does not "
                                                         f"split over {over}"})
             continue
-        step, mem, machine = predict(at, cluster, calibration, vocab, flops_of)
+        step, mem, machine = predict(at, cluster, calibration, vocab, flops_of, expert_imbalance)
         tokens = at.train.global_batch * flops_of.tokens_per_row
         tokens_per_s = tokens / step.step_s
         per_token = flops_of(tokens).training / tokens

@@ -32,13 +32,25 @@ and units are built over one rank's shard of the parameters (engine.memory.tenso
 the estimator's: the plan's cut). With a tensor-parallel
 model nanoDist runs the replica's collectives on the training thread as well (one thread drives a
 communicator at a time), so they are replayed as without `parallel.overlap`: exposed, none prefetched.
+
+Context parallelism (context.py): a rank's b·s/c tokens, its attention the blocks its layout gives the busiest
+rank, ring attention's K/V hops on the training thread inside forward and backward (exposed: the engine
+computes a hop's blocks, then exchanges); a context group's ranks share their rows, so b = global batch /
+(dp · micro-batches), and the gradients are reduced over data × context. Expert parallelism (expert.py): each
+MoE layer's all-to-alls inside forward and backward (exposed), the busiest rank's expert rows λ times the
+mean, then the experts' gradient reduce over the expert-data-parallel group. Under either the replica runs
+inline, as under TP.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from engine.memory.expert import split_shapes
+from engine.memory.tensor_parallel import rank_shapes
 from engine.parallel.mesh import Mesh
+from engine.projection.context import ContextParallel
+from engine.projection.expert import ExpertParallel
 from engine.projection.flops import BackwardEvent, FlopsOf, backward_events
 from engine.projection.group_comm import GroupComm, group_members
 from engine.projection.machine import Machine
@@ -49,18 +61,23 @@ from engine.projection.timeline import Task, Timeline
 from engine.recompute import checkpointed_blocks
 
 
-def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) -> StepBreakdown:
+def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int,
+                 expert_imbalance: float | None = None) -> StepBreakdown:
     """One step of cfg (its world size, stage, precision, micro-batches) on `machine`. `owned_elements`:
-    the optimizer's shard (engine.memory.estimator), which sets the update's cost."""
+    the optimizer's shard (engine.memory.estimator), which sets the update's cost; `expert_imbalance`: the
+    busiest expert-parallel rank's rows over the mean (expert.py; None: its default)."""
     if cfg.parallel.pipeline > 1:  # a pipeline rank's step
         return predict_pipeline_step(cfg, machine, flops_of)
     p, dtype, world = cfg.parallel, cfg.precision.dtype, cfg.parallel.world_size
-    dp = Mesh.of(p).degree("dpcp")
-    micro, rows = cfg.train.micro_batches, cfg.train.global_batch // (dp * cfg.train.micro_batches)
+    mesh = Mesh.of(p)
+    dp = mesh.degree("dpcp")  # the ranks holding the same weights; a context group's ranks share their rows
+    micro, rows = cfg.train.micro_batches, cfg.train.global_batch // (mesh.dp * cfg.train.micro_batches)
     compute, k = machine.compute, machine.ranks_on_host
     tp = TensorParallel(cfg, flops_of.vocab, rows, machine)
-    tokens = tp.tokens(rows * flops_of.tokens_per_row)  # a tensor-parallel rank's share of the work
-    flops = flops_of(tokens)
+    cp = ContextParallel(cfg, rows, machine)
+    ep = ExpertParallel(cfg, flops_of.vocab, rows, machine, expert_imbalance)
+    tokens = tp.tokens(cp.tokens(rows * flops_of.tokens_per_row))  # a TP and CP rank's share of the work
+    flops = ep.flops(cp.flops(flops_of(tokens), cfg.model.block_size, cfg.model.n_embd))  # the busiest's
     forward_rate = compute.rate("forward", dtype, tokens, k)
     t_fwd = tp.split(flops.forward / forward_rate, "forward")
     t_bwd = tp.split(flops.backward / compute.rate("backward", dtype, tokens, k), "backward")
@@ -75,15 +92,18 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) 
     comm = GroupComm(machine, group_members(p, "dpcp", machine.topology.per_node))
     tl.compute(compute.other_s(dtype, k))
     events = backward_events(cfg, flops_of.vocab)
-    plan = GroupPlan(cfg, flops_of.vocab, dp)
+    plan = GroupPlan(cfg, flops_of.vocab, dp, split_shapes(cfg, rank_shapes(cfg, flops_of.vocab))[0])
     program = {0: _data_parallel, 1: _data_parallel, 2: _data_parallel, 3: _zero3}[p.zero_stage]
-    if tp.active:  # the replica's collectives run on the training thread too: nothing overlaps, nothing
-        # is prefetched (engine.parallel.data.replica: one thread drives a communicator at a time)
+    if tp.active or cp.active or ep.active:  # the replica's collectives run on the training thread too:
+        # nothing overlaps, nothing is prefetched (engine.parallel.data.replica: one thread drives a
+        # communicator at a time, and the model's own collectives, hops and all-to-alls use it)
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(p, overlap=False, prefetch=False))
     for m in range(micro):
         program(tl, comm, plan, cfg, events, t_fwd, t_bwd, t_block_fwd, ckpt, sync=m == micro - 1,
-                t_units=t_units, tp=tp)
+                t_units=t_units, tp=tp, inner=(cp, ep))
     tl.wait_all()  # finish_backward
+    for seconds, cpu in ep.reduces():  # the split experts' gradients, after the replicated ones
+        tl.blocking(seconds, cpu)
     tp.issue(tl, tp.per_step)  # the sequence region's gradients summed over the group; the norm's share
     sharded = p.zero_stage > 0 and dp > 1
     if sharded:
@@ -101,22 +121,25 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int) 
         step_s=tl.step_s, compute_s=tl.compute_s, overlapped_s=tl.overlapped_s, exposed_s=tl.exposed_s,
         interference_s=tl.interference_s, forward_s=micro * t_fwd, backward_s=micro * t_bwd,
         recompute_s=micro * len(ckpt) * t_block_fwd, optimizer_s=t_opt, comm_s=tl.comm_s,
-        imbalance_s=tl.imbalance_s, algorithm=machine.algorithm, tp_s=tp.spent_s, tp=tp.summary())
+        imbalance_s=tl.imbalance_s, algorithm=machine.algorithm, tp_s=tp.spent_s, tp=tp.summary(),
+        cp_s=cp.spent_s, cp=cp.summary(), ep_s=ep.spent_s, ep=ep.summary())
 
 
 def _data_parallel(tl: Timeline, comm: GroupComm, plan: GroupPlan, cfg, events: list[BackwardEvent],
                    t_fwd: float, t_bwd: float, t_block: float, ckpt: set, sync: bool, t_units: list[float],
-                   tp: TensorParallel) -> None:
-    """Stages 0-2: one micro-batch's forward and backward with its bucket collectives."""
+                   tp: TensorParallel, inner: tuple) -> None:
+    """Stages 0-2: one micro-batch's forward and backward with its bucket collectives; `inner`: the terms
+    whose messages run inside forward and backward beside TP's (context.py's hops, expert.py's
+    all-to-alls)."""
     stage, overlap = cfg.parallel.zero_stage, cfg.parallel.overlap
     reduces = (sync or stage == 2) and comm.ranks > 1
-    tp.forward(tl, t_fwd, t_units)
+    _forward(tl, tp, inner, t_fwd, t_units)
     issue_early = reduces and (overlap or stage == 2)  # stage 2 packs buckets as they fill, overlap or not
     ready: set[int] = set()
     inflight: list[Task] = []
     issued = 0
     for event, seconds, recomputed in _timed(events, t_bwd, t_block, ckpt):
-        tp.backward(tl, event, seconds, recomputed)
+        _backward(tl, tp, inner, event, seconds, recomputed)
         ready.update(event.ready)
         while issue_early and issued < len(plan.sizes) and ready.issuperset(plan.members[issued]):
             _issue(tl, comm, plan, stage, issued, inflight, overlap)
@@ -124,6 +147,21 @@ def _data_parallel(tl: Timeline, comm: GroupComm, plan: GroupPlan, cfg, events: 
     while reduces and issued < len(plan.sizes):
         _issue(tl, comm, plan, stage, issued, inflight, overlap)
         issued += 1
+
+
+def _forward(tl: Timeline, tp: TensorParallel, inner: tuple, t_fwd: float, t_units: list[float]) -> None:
+    """One micro-batch's forward with its TP collectives, then the CP hops and EP all-to-alls it ran (all
+    on the training thread: where in forward they fall does not change the step)."""
+    tp.forward(tl, t_fwd, t_units)
+    for term in inner:
+        term.forward(tl)
+
+
+def _backward(tl: Timeline, tp: TensorParallel, inner: tuple, event: BackwardEvent, seconds: float,
+              recomputed: bool) -> None:
+    tp.backward(tl, event, seconds, recomputed)
+    for term in inner:
+        term.backward(tl, event.layer, recomputed)
 
 
 def _issue(tl: Timeline, comm: GroupComm, plan: GroupPlan, stage: int, b: int, inflight: list[Task],
@@ -163,13 +201,13 @@ def _timed(events: list[BackwardEvent], t_bwd: float, t_block: float, ckpt: set)
 
 def _zero3(tl: Timeline, comm: GroupComm, plan: GroupPlan, cfg, events: list[BackwardEvent], t_fwd: float,
            t_bwd: float, t_block: float, ckpt: set, sync: bool, t_units: list[float],
-           tp: TensorParallel) -> None:
+           tp: TensorParallel, inner: tuple) -> None:
     """Stage 3: one micro-batch with its unit gathers (forward and backward) and reduce-scatters."""
     timed = list(_timed(events, t_bwd, t_block, ckpt))
     if comm.ranks == 1:
-        tp.forward(tl, t_fwd, t_units)
-        for event, seconds, recomputed in timed:
-            tp.backward(tl, event, seconds, recomputed)
+        _forward(tl, tp, inner, t_fwd, t_units)
+        for item in timed:
+            _backward(tl, tp, inner, *item)
         return
     prefetch, overlap = cfg.parallel.prefetch, cfg.parallel.overlap
     outer = plan.units and plan.units[0] is None
@@ -198,6 +236,8 @@ def _zero3(tl: Timeline, comm: GroupComm, plan: GroupPlan, cfg, events: list[Bac
             tp.issue(tl, tp.unit_forward.get(plan.units[i], []))
     tl.compute(max(0.0, t_fwd - sum(t_units)))  # the head and the loss
     tp.issue(tl, tp.head_forward)
+    for term in inner:
+        term.forward(tl)
     # backward: the outer unit again at the logits, then the blocks from the last, each prefetching the next
     back = ([0] if outer else []) + blocks[::-1]
     outside = [item for item in timed if item[0].block is None]  # the head first, the embeddings last (GPT)
@@ -209,13 +249,13 @@ def _zero3(tl: Timeline, comm: GroupComm, plan: GroupPlan, cfg, events: list[Bac
         unit = plan.units[i]
         if unit is None:
             if outside:
-                tp.backward(tl, *outside[0])
+                _backward(tl, tp, inner, *outside[0])
             continue
         for item in timed:
             if item[0].block == unit:
-                tp.backward(tl, *item)
+                _backward(tl, tp, inner, *item)
         _reduce_into_shard(tl, comm, plan.sizes[i], inflight, overlap)
     for item in outside[1:]:
-        tp.backward(tl, *item)
+        _backward(tl, tp, inner, *item)
     if outer:  # its last gradient (the token embedding's, tied to the head) is final only now
         _reduce_into_shard(tl, comm, plan.sizes[0], inflight, overlap)

@@ -15,6 +15,7 @@ import typer
 
 from nanodist_tui.cli.errors import fail, user_errors
 from nanodist_tui.cli.options import JsonOpt, PresetOpt, SetOpt, WorldOpt
+from nanodist_tui.cli.project_lines import context_parallel_lines, expert_parallel_lines
 from nanodist_tui.cli.running import load_config
 
 MB = 1e6
@@ -59,6 +60,9 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
                 "stdin)")] = None,
             ranks: Annotated[int | None, typer.Option(min=2, help="--nccl-tests: ranks, when the output does "
                                                       "not say")] = None,
+            expert_imbalance: Annotated[float | None, typer.Option(
+                min=1.0, help="expert parallelism: the busiest rank's expert rows over the mean "
+                "(default 1.0, balanced; a capacity factor bounds it)")] = None,
             as_json: JsonOpt = False) -> None:
     """Predict a run on a cluster you do not have, per world size: step split, tokens/s, scaling, MFU and
     memory."""
@@ -77,29 +81,19 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
         if nccl_tests is not None:
             return _fit_nccl(nccl_tests, ranks, as_json)
         with user_errors():
-            cfg = _config(preset, sets, world_size, describes=not (validate or calibrate))
+            cfg = load_config(preset, sets, world_size)[0]
             target = load_cluster(cluster)
             target.require_peak(cfg.precision.dtype)
         if validate:
             return _validate(cfg, quick, repeats, as_json, out)
         if calibrate:
             return _calibrate(cfg, path, as_json)
-        _project(cfg, target, _world_sizes(world_sizes), scaling, path, out, as_json)
+        _project(cfg, target, _world_sizes(world_sizes), scaling, path, out, as_json, expert_imbalance)
     except (CalibrationError, FitError) as e:
         fail(str(e))
 
 
 # ---------------------------------------------------------------------- the projection
-
-def _config(preset: str, sets, world_size, describes: bool):
-    """The config; a projection (not --validate or --calibrate, which run) also refuses the degrees the
-    step model has no term for (check_projectable)."""
-    from engine.projection.project import check_projectable
-    cfg = load_config(preset, sets, world_size)[0]
-    if describes:
-        check_projectable(cfg)
-    return cfg
-
 
 def _calibration_for(cfg, target, path: Path, quiet: bool):
     """The calibration a calibrated cluster needs for cfg, measured now if it is missing."""
@@ -118,9 +112,11 @@ def _calibration_for(cfg, target, path: Path, quiet: bool):
     return calibrate(cfg, vocab, [cfg.precision.dtype], path=path)
 
 
-def _project(cfg, target, world_sizes, scaling: str, path: Path, out: Path | None, as_json: bool) -> None:
+def _project(cfg, target, world_sizes, scaling: str, path: Path, out: Path | None, as_json: bool,
+             expert_imbalance: float | None = None) -> None:
     from engine.projection.project import project
-    report = project(cfg, target, world_sizes, _calibration_for(cfg, target, path, as_json), scaling)
+    report = project(cfg, target, world_sizes, _calibration_for(cfg, target, path, as_json), scaling,
+                     expert_imbalance)
     data = {**report, "rows": [row.as_dict() for row in report["rows"]]}
     default = Path(cfg.run.out_dir) / "projections" / f"{cfg.name}-on-{target.path.stem}.json"
     out = _write_json(data, out or default)
@@ -155,6 +151,8 @@ def print_projection(data: dict, cfg, target) -> None:
     p = cfg.parallel
     tp = f", tensor {p.tensor}" + (" with sequence parallelism" if p.sequence_parallel else "") \
         if p.tensor > 1 else ""
+    tp += f", context {p.context} ({p.context_layout})" if p.context > 1 else ""
+    tp += f", expert {p.expert}" if p.expert > 1 else ""
     print(f"{cfg.name} on {target.name}: ZeRO-{p.zero_stage}, {cfg.precision.dtype}, checkpointing "
           f"{cfg.memory.checkpointing}{tp}, {data['scaling']} scaling, buckets of {p.bucket_cap_mb:g} MiB")
     tp_column = p.tensor > 1  # "tp": the part of "exposed" that is tensor parallelism's collectives
@@ -176,6 +174,10 @@ def print_projection(data: dict, cfg, target) -> None:
         print("\n".join(tensor_parallel_lines(data["rows"][0])))
     if p.pipeline > 1 and data["rows"]:
         print("\n".join(pipeline_lines(data["rows"][0])))
+    if p.context > 1 and data["rows"]:
+        print("\n".join(context_parallel_lines(data["rows"][0])))
+    if data["rows"] and data["rows"][0]["ep"]:
+        print("\n".join(expert_parallel_lines(data["rows"][0])))
     _print_memory(data["rows"])
     if len(data["rows"]) > 1:
         print(scaling_plot(data["rows"]))

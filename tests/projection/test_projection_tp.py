@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from projection_helpers import SMALL
 
-from engine.config import ConfigError, from_dict, to_dict
+from engine.config import from_dict, to_dict
 from engine.config.rules import describing_layout
 from engine.memory.tensor_parallel import rank_shapes
 from engine.projection.clusters import load_cluster
@@ -17,7 +17,7 @@ from engine.projection.compute_calibration import one_rank_config
 from engine.projection.flops import FlopsOf
 from engine.projection.group_comm import group_members
 from engine.projection.machine import make_machine
-from engine.projection.project import check_projectable, predict, project
+from engine.projection.project import predict, project
 from engine.projection.step_parts import GroupPlan
 from engine.projection.timeline import Timeline
 from engine.projection.validate import case_configs
@@ -180,13 +180,6 @@ def test_world_sizes_that_are_not_multiples_of_t_are_left_out(tmp_path):
 def test_one_rank_of_tensor_one_has_no_term(tmp_path):
     step = predict(config(tensor=1, world=4, train={"global_batch": 32}), cluster(tmp_path), None, VOCAB)[0]
     assert step.tp_s == 0.0 and step.tp == {}
-
-
-@pytest.mark.parametrize("sets, key", [({"parallel": {"context": 2}}, "parallel.context")])
-def test_degrees_without_a_term_are_refused(sets, key):
-    with pytest.raises(ConfigError) as e:
-        check_projectable(config(tensor=2, world=8, **sets))
-    assert e.value.key == key and "no term in the projection" in str(e.value)
 
 
 def test_this_machine_is_calibrated_on_the_whole_model():

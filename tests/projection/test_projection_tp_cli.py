@@ -62,7 +62,6 @@ def test_without_tensor_parallelism_the_table_is_as_before(preset, in_tmp):
 
 
 @pytest.mark.parametrize("sets, named", [
-    (["parallel.context=2"], "parallel.context"),  # pipeline has a term (test_projection_pipeline.py)
     (["parallel.tensor=8"], "parallel.tensor"),  # 8 does not divide the 4 heads
     (["parallel.tensor=16"], "parallel.world_size"),  # 8 ranks are not a multiple of 16
 ])
