@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engine.config import from_dict
 from engine.projection.calibrate import VERSION, Calibration
+from engine.projection.clusters import load_cluster
 from engine.projection.flops import model_signature
 
 # 2 blocks of width 64, context 32, vocabulary 65, synthetic data (nothing to load)
@@ -81,3 +82,32 @@ def nccl_table(alpha: float, beta: float, ranks: int, sizes) -> str:
                      f"{us:8.2f} {alg:7.2f} {bus:7.2f}      0")
     lines.append(f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 1.0\n# nranks {ranks}")
     return "\n".join(lines)
+
+
+# a cluster file with nominal figures, for the terms worked out by hand (pipeline, context, expert):
+# 100 TFLOP/s x 0.5 x T/(T + 1024) at T tokens; 5 us and 100 GB/s in a node, inter_us, inter_gbs between
+FIXTURE_CLUSTER = """
+name = "pp test"
+nodes = 8
+ranks_per_node = {per_node}
+[compute]
+peak_tflops_fp32 = 100
+memory_bandwidth_gbs = 1000
+efficiency_max = 0.5
+efficiency_half_tokens = 1024
+[intra]
+bandwidth_gbs = 100
+latency_us = 5
+[inter]
+bandwidth_gbs = {inter_gbs}
+latency_us = {inter_us}
+[collectives]
+algorithm = "engine"
+"""
+
+
+def fixture_cluster(tmp_path, per_node: int = 4, inter_gbs: float = 10, inter_us: float = 20,
+                    name: str = "c"):
+    path = tmp_path / f"{name}.toml"
+    path.write_text(FIXTURE_CLUSTER.format(per_node=per_node, inter_gbs=inter_gbs, inter_us=inter_us))
+    return load_cluster(path)

@@ -7,41 +7,15 @@ from __future__ import annotations
 
 import pytest
 from projection_helpers import SMALL
+from projection_helpers import fixture_cluster as cluster
 
 from engine.config import from_dict
-from engine.projection.clusters import load_cluster
 from engine.projection.flops import FlopsOf
 from engine.projection.machine import make_machine
 from engine.projection.pipeline_step import pipeline_of
 from engine.projection.project import predict
 
 VOCAB = 65
-CLUSTER = """
-name = "pp test"
-nodes = 8
-ranks_per_node = {per_node}
-[compute]
-peak_tflops_fp32 = 100
-memory_bandwidth_gbs = 1000
-efficiency_max = 0.5
-efficiency_half_tokens = 1024
-[intra]
-bandwidth_gbs = 100
-latency_us = 5
-[inter]
-bandwidth_gbs = {inter_gbs}
-latency_us = {inter_us}
-[collectives]
-algorithm = "engine"
-"""
-
-
-def cluster(tmp_path, per_node: int = 4, inter_gbs: float = 10, inter_us: float = 20, name: str = "c"):
-    path = tmp_path / f"{name}.toml"
-    path.write_text(CLUSTER.format(per_node=per_node, inter_gbs=inter_gbs, inter_us=inter_us))
-    return load_cluster(path)
-
-
 def config(pipeline: int = 2, world: int = 2, schedule: str = "1f1b", micro: int = 4, chunks: int = 1,
            layers: int = 4, **parallel):
     """SMALL (h = 64, s = 32, V = 65) with `layers` blocks, 8 rows per micro-batch per data-parallel rank."""
