@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from textual.widget import Widget
 
 from nanodist_tui.run_info import RunInfo
+from nanodist_tui.widgets.context_pane import ContextPane
 from nanodist_tui.widgets.curves_pane import CurvesPane
 from nanodist_tui.widgets.expert_pane import ExpertPane
 from nanodist_tui.widgets.log_pane import LogPane
@@ -42,6 +43,10 @@ def scales_loss(info: RunInfo) -> bool:
 
 def pipelined(info: RunInfo) -> bool:
     return info.pipeline > 1
+
+
+def context_parallel(info: RunInfo) -> bool:
+    return info.context > 1
 
 
 def has_experts(info: RunInfo) -> bool:
@@ -137,6 +142,14 @@ PANES: list[PaneSpec] = [
              "data or tensor parallelism there is one pipeline per replica: rank 0's is shown first, and "
              "g shows the next.",
              applies=pipelined),
+    PaneSpec("context", "context", ContextPane,
+             "Context parallelism's attention work in the latest step every rank reported: per rank the "
+             "(query chunk, key chunk) blocks its ring attention computed in the step's training forwards (a "
+             "recomputed block's too) and their scores (a diagonal block's whole square), a bar against the "
+             "busiest rank, and the busiest over the mean: the step waits for the busiest. Under causal "
+             "attention the contiguous layout's busiest rank does 2c/(c+1) of the mean; zigzag balances it "
+             "exactly (1.00).",
+             applies=context_parallel),
     PaneSpec("experts", "experts", ExpertPane,
              "A mixture of experts' routing in the latest step every rank reported, per MoE layer: the "
              "tokens each expert kept (over all ranks; under expert parallelism the EP rank holding it), "

@@ -24,6 +24,7 @@ from tests.app_helpers import (
     demo_run_folder,
     wait_for,
 )
+from tests.context_run_helpers import context_run
 from tests.expert_run_helpers import moe_run
 from tests.pipeline_helpers import pipeline_run
 
@@ -66,6 +67,19 @@ def test_experts_tab(snap_compare, size):
     async def show(pilot) -> None:
         await settle(pilot.app, pilot)
         await settle(pilot.app, pilot, pilot.app.workspace.tab_ids.index("tab-experts") + 1)
+
+    assert snap_compare(app, terminal_size=size, run_before=show)
+
+
+@pytest.mark.parametrize("size", [SMALL, SIZE], ids=["80x24", "160x50"])
+def test_context_tab(snap_compare, size):
+    """A recorded DP 2 x CP 2 run, contiguous layout (tests/context_run_helpers.py): each rank's blocks and
+    scores, the second rank of each pair twice the first's, busiest/mean 1.33."""
+    app = replay_app(context_run())
+
+    async def show(pilot) -> None:
+        await settle(pilot.app, pilot)
+        await settle(pilot.app, pilot, pilot.app.workspace.tab_ids.index("tab-context") + 1)
 
     assert snap_compare(app, terminal_size=size, run_before=show)
 
