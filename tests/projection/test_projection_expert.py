@@ -1,0 +1,117 @@
+"""The projection's expert-parallel term against figures worked out here by hand, on the fixture cluster
+(100 TFLOP/s × 0.5 × T/(T + 1024) at T tokens; 5 µs and 100 GB/s inside a node, 20 µs and 10 GB/s between;
+the engine's ring): SMALL (2 blocks, h = 64, s = 32, V = 65) with 4 experts in every block, top-2, dropless,
+8 rows per rank (N = 256 tokens).
+
+Per MoE layer a rank dispatches S = N·k·h·4 = 256·2·64·4 = 131,072 bytes: S/e to each member. Every
+all-to-all is pairwise, e − 1 shifts of one message each (α + mβ on the shift's link), its row counts first
+(8 bytes a message); forward runs the expert counts' all-to-all (E/e int64 a peer), dispatch and combine,
+backward their two mirrors: per layer 5 rounds of sizes, 1 of counts and 4 of rows.
+
+FLOPs per token of an MoE block: its attention and LayerNorms' parameters (16,640 + 256), the router's 256
+and top-2 of the 4 experts (each 33,088 parameters: 66,176), twice each, plus attention's 4·s·h = 8,192."""
+
+from __future__ import annotations
+
+import pytest
+from projection_helpers import SMALL
+from projection_helpers import fixture_cluster as cluster
+
+from engine.config import from_dict
+from engine.projection.flops import model_flops
+from engine.projection.project import predict
+
+VOCAB = 65
+MOE = {**SMALL["model"], "n_experts": 4, "top_k": 2}
+
+
+def config(expert: int = 4, world: int = 4, capacity: float = 0.0, **parallel):
+    return from_dict({**SMALL, "model": {**MOE, "capacity_factor": capacity},
+                      "train": {"global_batch": 8 * world},
+                      "parallel": {"world_size": world, "expert": expert, **parallel}})
+
+
+def step_of(cfg, c, imbalance: float | None = None):
+    return predict(cfg, c, None, VOCAB, expert_imbalance=imbalance)[0]
+
+
+def p2p(n: float, inter: bool = False) -> float:
+    return (20e-6 + n / 10e9) if inter else (5e-6 + n / 100e9)
+
+
+def test_an_moe_block_counts_the_experts_a_token_reaches():
+    """Forward per token: 2 blocks × (2 × (16,640 + 256 + 256 + 66,176) + 8,192) + the head's 2·V·h."""
+    flops = model_flops(config(1, 1), VOCAB, 1)
+    assert flops.unit_forward == pytest.approx((2 * 83_328 * 32 + 8_192 * 32,) * 2, rel=1e-12)
+    assert flops.forward == pytest.approx(32 * (2 * (2 * 83_328 + 8_192) + 8_320), rel=1e-12)
+
+
+@pytest.mark.parametrize("expert, per_node, inter", [
+    (4, 4, False),  # 4 ranks in a node
+    (4, 2, True),  # nodes of 2: every shift (1, 2, 3) has a pair on two nodes
+    (2, 2, False),  # EP groups of 2 consecutive ranks: one node
+])
+def test_the_all_to_alls_are_pairwise_shifts_on_the_ep_group_link(tmp_path, expert, per_node, inter):
+    e = expert
+    step = step_of(config(e, 4), cluster(tmp_path, per_node=per_node))
+    sizes = (e - 1) * p2p(8, inter)
+    counts = (e - 1) * p2p(8 * 4 // e, inter)
+    rows = (e - 1) * p2p(131_072 / e, inter)
+    assert step.ep["layer_forward_s"] == pytest.approx(sizes + counts + 2 * (sizes + rows), rel=1e-12)
+    assert step.ep["layer_backward_s"] == pytest.approx(2 * (sizes + rows), rel=1e-12)
+    assert step.ep_s == pytest.approx(2 * (5 * sizes + counts + 4 * rows), rel=1e-12)  # 2 MoE layers
+    assert step.ep["link"] == ("inter-node" if inter else "intra-node")
+    assert step.ep["sent_bytes_per_all_to_all"] == 131_072 * (e - 1) / e
+    assert step.ep["all_to_alls"] == 2 * 5  # counts, dispatch, combine, 2 mirrors, per layer
+
+
+def test_ep_outside_dp_strides_the_group_over_nodes(tmp_path):
+    """Order tp-cp-dp-ep-pp: an EP group of 2 is every other member of the 4 data ranks, ranks 0 and 2,
+    on two nodes of 2."""
+    step = step_of(config(2, 4, order="tp-cp-dp-ep-pp"), cluster(tmp_path, per_node=2))
+    assert step.ep["link"] == "inter-node"
+    assert step.ep["layer_backward_s"] == pytest.approx(2 * (p2p(8, True) + p2p(65_536, True)), rel=1e-12)
+
+
+def test_the_max_loaded_rank_sets_the_step(tmp_path):
+    """λ = 1.5: the busiest rank's experts take 1.5 × N·k rows, so its received blocks are 1.5 × S/e and
+    its experts' forward 0.5 × 2 × 66,176 FLOPs a token more per MoE layer (256 tokens at 1e13 FLOP/s)."""
+    c = cluster(tmp_path)
+    even, skewed = step_of(config(), c), step_of(config(), c, 1.5)
+    assert skewed.ep["imbalance"] == 1.5 and skewed.ep["imbalance_chosen"] == "given"
+    assert skewed.ep["layer_backward_s"] == pytest.approx(2 * 3 * (p2p(8) + p2p(1.5 * 32_768)), rel=1e-12)
+    extra = 2 * 256 * 0.5 * 2 * 66_176 / 1e13
+    assert skewed.forward_s - even.forward_s == pytest.approx(extra, rel=1e-9)
+    assert skewed.backward_s - even.backward_s == pytest.approx(2 * extra, rel=1e-9)
+    assert skewed.step_s > even.step_s
+
+
+@pytest.mark.parametrize("capacity, given, used, bound", [
+    (0.0, None, 1.0, 2.0),  # dropless: the default, balanced; e·min(k, E/e)/k = 4·1/2 = 2 at most
+    (0.0, 3.0, 2.0, 2.0),  # more than every choice on one rank's experts: clipped
+    (1.25, 1.5, 1.25, 1.25),  # a capacity keeps at most 1.25·N·k rows a rank
+])
+def test_how_the_imbalance_is_chosen(tmp_path, capacity, given, used, bound):
+    ep = step_of(config(capacity=capacity), cluster(tmp_path), given).ep
+    assert (ep["imbalance"], ep["imbalance_bound"]) == (used, bound)
+    assert ep["imbalance_chosen"] == ("default" if given is None else "given")
+
+
+def test_the_experts_are_reduced_over_edp_and_held_one_eth_a_rank(tmp_path):
+    """8 ranks, EP 4: edp 2. A rank holds 1 expert of each of the 2 layers: 2 × 33,088 × 4 = 264,704 bytes,
+    all-reduced after backward over its 2 edp ranks, 4 apart (EP groups are 4 consecutive ranks): on two
+    nodes, the engine's ring 2(α + n/2·β) (the fixture reduces for free); then the experts' sum of squares
+    over the EP group, as at 4 ranks, where edp is 1 and nothing else follows. The estimator holds 3/4 of the
+    experts fewer a rank."""
+    c = cluster(tmp_path)
+    step, mem, _ = predict(config(4, 8), c, None, VOCAB)
+    assert step.ep["edp"] == 2 and step.ep["expert_bytes"] == 264_704
+    alone = step_of(config(4, 4), c)
+    assert step.ep["reduce_s"] - alone.ep["reduce_s"] == pytest.approx(2 * p2p(132_352, inter=True), rel=1e-9)
+    local = predict(config(1, 8), c, None, VOCAB)[1]
+    assert local.states["parameters"] - mem.states["parameters"] == 3 * 264_704
+
+
+def test_expert_one_has_no_term(tmp_path):
+    step = step_of(config(1, 4), cluster(tmp_path))
+    assert (step.ep_s, step.ep) == (0.0, {})
