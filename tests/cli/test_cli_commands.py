@@ -40,8 +40,8 @@ def gpt_copy(runs, tmp_path):
 COMMANDS = [[], ["run"], ["memory"], ["presets"], ["presets", "list"], ["presets", "show"],
             ["presets", "new"], ["presets", "diff"], ["runs"], ["replay"], ["compare"], ["screenshot"],
             ["resume"], ["export"], ["sample"],
-            ["bench"], ["bench", "step"], ["bench", "allreduce"], ["bench", "techniques"], ["sweep"],
-            ["sweep", "show"], ["sweep", "export-best"]]
+            ["bench"], ["bench", "step"], ["bench", "allreduce"], ["bench", "alltoall"],
+            ["bench", "techniques"], ["sweep"], ["sweep", "show"], ["sweep", "export-best"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "main")
