@@ -6,12 +6,13 @@
 Each member's arrays share one dtype and trailing shape on every member; their lengths along axis 0 are
 free (the uneven form expert parallelism needs: how many tokens go to each expert is decided by the
 router, step by step). So the uneven form first moves the row counts (an all-to-all of one int64 per
-peer, metered under phase + "-sizes"), then the payload into arrays allocated from those counts. A peer
-owed zero rows gets no payload message at all (both ends know the count), and the block a member keeps
-for itself is copied, not sent. The even form skips the counts: every block is len(buf) / N rows.
+peer, metered under phase + "-sizes", always all at once), then the payload into arrays allocated from
+those counts, on the schedule asked for. A peer owed zero rows gets no payload message at all (both ends
+know the count), and the block a member keeps for itself is copied, not sent. The even form skips the
+counts: every block is len(buf) / N rows.
 A label around the call (meter.phase) wins over both phases, as everywhere: name the traffic with `phase`.
 
-Schedules (ALGORITHMS), the meter's algorithm label:
+Schedules of the payload (ALGORITHMS), the meter's algorithm label:
   pairwise     N−1 steps; at step k send to rank+k and receive from rank−k, one exchange per step, so
                every rank sends to exactly one peer and receives from exactly one peer at a time
   all-at-once  every send and receive posted in one exchange; the transport orders them
@@ -43,11 +44,13 @@ def all_to_all(group: Communicator, sends: Sequence[np.ndarray], phase: str = "a
     dtype and trailing shape on every rank, any length along axis 0 (uneven). First the row counts travel
     (a small all-to-all of integers, metered under phase + "-sizes"), then the payload; returns recvs[j],
     the rows member j sent here."""
-    sends = _checked(group, sends)
+    sends = _checked(group, sends, algorithm)
     if algorithm == "mpi-native":
         return _native(group, sends, phase)
+    # the counts, 8 bytes to each peer, in one round whatever the payload's schedule: at that size only
+    # the number of rounds costs, and pairwise would take N-1 of them
     counts = [np.array([len(arr)], np.int64) for arr in sends]
-    got = _move(group, counts, [np.empty(1, np.int64) for _ in sends], phase + SIZES, algorithm)
+    got = _move(group, counts, [np.empty(1, np.int64) for _ in sends], phase + SIZES, "all-at-once")
     recvs = [np.empty((int(n[0]), *sends[0].shape[1:]), sends[0].dtype) for n in got]
     return _move(group, sends, recvs, phase, algorithm)
 
@@ -62,7 +65,7 @@ def all_to_all_even(group: Communicator, buf: np.ndarray, phase: str = "all-to-a
     if buf.ndim == 0 or len(buf) % size:
         raise ValueError(f"all_to_all_even needs an array whose length along axis 0 divides into {size} "
                          f"equal blocks, got shape {buf.shape}")
-    sends = _checked(group, np.split(buf, size))
+    sends = _checked(group, np.split(buf, size), algorithm)
     if algorithm == "mpi-native":
         return np.concatenate(_native(group, sends, phase))
     out = np.empty_like(buf)
@@ -74,8 +77,6 @@ def _move(group: Communicator, sends: list[np.ndarray], recvs: list[np.ndarray],
           algorithm: str) -> list[np.ndarray]:
     """Move sends[j] into recvs[j] (preallocated, the right size) on the schedule; empty blocks never
     travel."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown all-to-all algorithm {algorithm!r}; expected one of {ALGORITHMS}")
     size, rank = group.world_size, group.rank
     recvs[rank][...] = sends[rank]
     steps = [range(1, size)] if algorithm == "all-at-once" else [[k] for k in range(1, size)]
@@ -98,9 +99,12 @@ def _native(group: Communicator, sends: list[np.ndarray], phase: str) -> list[np
     return native(sends, phase)
 
 
-def _checked(group: Communicator, sends: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """One C-contiguous array per member, all of one dtype and trailing shape (checked here for this rank;
-    across ranks the transport's size check catches a mismatch)."""
+def _checked(group: Communicator, sends: Sequence[np.ndarray], algorithm: str) -> list[np.ndarray]:
+    """A known algorithm, and one C-contiguous array per member, all of one dtype and trailing shape
+    (checked here for this rank, before anything is sent; across ranks the transport's size check catches
+    a mismatch)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown all-to-all algorithm {algorithm!r}; expected one of {ALGORITHMS}")
     if len(sends) != group.world_size:
         raise ValueError(f"all-to-all needs one array per member of the group ({group.world_size}), "
                          f"got {len(sends)}")
