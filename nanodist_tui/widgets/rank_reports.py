@@ -36,10 +36,10 @@ class RankReportsPane(VerticalScroll):
         yield self.view
 
     def ingest(self, tick: Tick) -> None:
-        for event in tick.events:
-            if isinstance(event, self.event_type):
-                self.steps.setdefault(event.step, {})[event.rank] = event
-                self._dirty = True
+        reports: list[Any] = [e for e in tick.events if isinstance(e, self.event_type)]
+        for report in reports:
+            self.steps.setdefault(report.step, {})[report.rank] = report
+            self._dirty = True
         for old in sorted(self.steps)[:-KEPT_STEPS]:
             del self.steps[old]
 
