@@ -1,14 +1,16 @@
 """One block of ring attention: a chunk of queries against a chunk of keys and values, forward and
-backward, in NumPy, in the compute dtype (float64 stays float64; float32 for float32 and 16-bit inputs).
+backward, in the compute dtype (float64 stays float64; float32 for float32 and 16-bit inputs).
 
-engine.fast.flash computes whole causal self-attention (queries and keys the same positions); a ring rank
-needs blocks of its queries against another rank's keys, whole or causal on the diagonal, and the
-block's log-sum-exp to merge with. A block is small (s/c or s/2c tokens a side), so it is computed as
-one product, not in tiles. Operands should be C-contiguous per (batch, head) matrix (the ring makes them so):
-NumPy hands those to BLAS; strided views of a QKV array can take its slow loop instead.
+A ring rank needs blocks of its queries against another rank's keys, and each block's log-sum-exp to merge
+with. A diagonal block (a chunk against its own keys) is causal self-attention of the chunk: engine.fast.flash
+computes it, its products only up to the diagonal. A whole block (an earlier chunk's keys, or any block
+without a causal mask) has no mask, which the fused kernel does not offer: it is computed here in NumPy, as
+one product (a block is s/c or s/2c tokens a side), not in tiles. Operands should be C-contiguous per
+(batch, head) matrix (the ring makes them so): NumPy hands those to BLAS; strided views of a QKV array can
+take its slow loop instead.
 
-    forward   S = q k^T / sqrt(d) (diagonal: the upper triangle masked), m = rowmax S,
-              P = exp(S - m), l = rowsum P;  O_blk = P v / l,  lse_blk = m + log l
+    forward   S = q k^T / sqrt(d), m = rowmax S, P = exp(S - m), l = rowsum P;  O_blk = P v / l,
+              lse_blk = m + log l
     backward  with the merged output's lse and D = rowsum(dO * O) (the softmax's row term):
               P = exp(S - lse); dV = P^T dO; dS = P * (dO v^T - D); dQ = dS k / sqrt(d); dK = dS^T q / sqrt(d)
 """
@@ -16,30 +18,25 @@ NumPy hands those to BLAS; strided views of a QKV array can take its slow loop i
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import numpy as np
 
-
-@lru_cache(maxsize=8)
-def _causal_bias(n: int, dtype: np.dtype) -> np.ndarray:
-    """[n, n]: 0 on and below the diagonal, -inf above it (added to a diagonal block's scores: one pass)."""
-    bias = np.triu(np.full((n, n), -np.inf, dtype), 1)
-    bias.flags.writeable = False
-    return bias
+from engine.fast import flash
 
 
-def _scores(q: np.ndarray, k: np.ndarray, diagonal: bool) -> np.ndarray:
+def _scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     s = np.matmul(q, k.swapaxes(-1, -2))
     s *= q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
-    if diagonal:  # position i sees keys 0..i of the same chunk
-        s += _causal_bias(s.shape[-1], s.dtype)
     return s
 
 
 def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, diagonal: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(O_blk [..., Tq, D], lse_blk [..., Tq]) of q [..., Tq, D] against k, v [..., Tk, D]."""
-    s = _scores(q, k, diagonal)
+    """(O_blk [B, H, Tq, D], lse_blk [B, H, Tq]) of q [B, H, Tq, D] against k, v [B, H, Tk, D]."""
+    if diagonal:  # causal self-attention of the chunk: the fused kernel's job, at half the products
+        out, lse = np.empty(q.shape[:-1] + v.shape[-1:], q.dtype), np.empty(q.shape[:-1], q.dtype)
+        flash.forward(q, k, v, out, lse, None, q.dtype.type(1), q.shape[0] * q.shape[1])
+        return out, lse
+    s = _scores(q, k)
     m = s.max(-1, keepdims=True)
     np.subtract(s, m, out=s)
     np.exp(s, out=s)
@@ -58,9 +55,14 @@ def merge(out: np.ndarray, lse: np.ndarray, out_blk: np.ndarray, lse_blk: np.nda
     lse[...] = new
 
 
-def backward(q, k, v, g, rows, lse, diagonal: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dQ, dK, dV) of this block's share of the attention, given dO = g, D = rows and the merged lse."""
-    p = _scores(q, k, diagonal)
+def backward(q, k, v, g, rows, lse, diagonal: bool, out=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dQ, dK, dV) of this block's share of the attention, given dO = g, D = rows and the merged lse (a
+    diagonal block: the merged output `out`, from which the fused kernel takes D itself)."""
+    if diagonal:
+        dq, dk, dv = (np.empty(a.shape, q.dtype) for a in (q, k, v))
+        flash.backward(q, k, v, out, lse, g, dq, dk, dv, None, q.dtype.type(1), q.shape[0] * q.shape[1])
+        return dq, dk, dv
+    p = _scores(q, k)
     p -= lse[..., None]
     np.exp(p, out=p)
     dv = np.matmul(p.swapaxes(-1, -2), g)

@@ -118,7 +118,8 @@ def ring_backward(ring: Ring, q, k, v, out, lse, g) -> tuple[np.ndarray, np.ndar
     """(dQ, dK, dV) of this rank's q, k, v in the compute dtype, given dL/d out = g and forward's out, lse."""
     cdt, c, r = compute_dtype(q.dtype), ring.group.world_size, ring.group.rank
     qc, gc = np.ascontiguousarray(lowp.widen(q)), np.ascontiguousarray(lowp.widen(g))
-    rows_d = np.einsum("...i,...i->...", gc, lowp.widen(out))
+    oc = lowp.widen(out)
+    rows_d = np.einsum("...i,...i->...", gc, oc)
     dq = np.zeros(q.shape, cdt)
     kv, dkv = _pair(k, v), np.zeros((2, *k.shape), cdt)
     with rank_ledger().transient("comm_buffers", kv.nbytes + dkv.nbytes):
@@ -127,7 +128,7 @@ def ring_backward(ring: Ring, q, k, v, out, lse, g) -> tuple[np.ndarray, np.ndar
             for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
                 at = (slice(None), slice(None), rows)
                 dq_blk, dk_blk, dv_blk = blocks.backward(qc[at], kc[:, :, cols], vc[:, :, cols], gc[at],
-                                                         rows_d[at], lse[at], diagonal)
+                                                         rows_d[at], lse[at], diagonal, oc[at])
                 dq[at] += dq_blk
                 dkv[0][:, :, cols] += dk_blk
                 dkv[1][:, :, cols] += dv_blk
