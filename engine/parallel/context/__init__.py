@@ -8,7 +8,10 @@ attention, the one layer that mixes positions, runs as ring attention over the g
     blocks.py        one (query chunk, key chunk) block in NumPy, forward and backward, and the merge
     ring_attention.py  the ring over a real group: K/V hops forward, K/V and dK/dV hops backward
     plan.py          parallelize_context(model, group, layout): a GPT's attention and positions swapped
-                     for their ring forms; the rank's tokens and targets (ContextParallel)
+                     for their ring forms
+    view.py          what the plan made, as the trainer and replicas ask it (context_of: ContextParallel,
+                     the rank's tokens and targets; a stand-in for a model that holds whole sequences)
+    work.py          the ring's blocks and scores of a step, as each rank's ContextWork event
 
 A step on a context-parallel GPT, every rank of the group on the same rows of the batch:
 

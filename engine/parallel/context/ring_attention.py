@@ -25,6 +25,10 @@ compute dtype); c-1 forward hops, c-1 + c backward.
 Precision: blocks are computed and merged in the compute dtype (float32 for 16-bit inputs; K and V travel
 in their own dtype, dK and dV in the compute dtype), rounded once at the end, as the fused attention does.
 Dropout inside attention is not supported here (its masks are keyed by one device's positions).
+
+Memory: the travelling K, V (and backward dK, dV) count as communication buffers in the rank's ledger, the
+received ones too while a hop runs (engine.memory.context predicts them). Work: `Ring.work` counts the blocks
+computed forward and their scores (layout.py says what each rank should compute).
 """
 
 from __future__ import annotations
