@@ -77,3 +77,7 @@ projection-validate:
 # The validation's pipeline cases alone (docs/projection.md, "Pipeline cases").
 projection-validate-pipeline repeats="3":
     python -c 'from engine.config.presets import load_preset; from engine.projection.clusters import load_cluster; from engine.projection.validate import validate; from nanodist_tui.cli.project import print_validation; print_validation(validate(load_preset("gpt-mini", {})[0], load_cluster("this-machine"), repeats={{repeats}}, only="stages"), "gpt-mini")'
+
+# Context and expert parallelism measured against their projection (docs/projection.md, "Context and expert cases").
+projection-validate-layouts repeats="2":
+    python -c 'from engine.config.presets import load_preset; from engine.projection.clusters import load_cluster; from engine.projection.validate_layouts import validate_layouts; from nanodist_tui.cli.project import print_validation; print_validation(validate_layouts(load_preset("gpt-mini", {})[0], load_cluster("this-machine"), repeats={{repeats}}), "gpt-mini")'

@@ -2,7 +2,7 @@
 link, what it costs, and how its compute divides. Inert at t = 1: no collectives, compute unchanged.
 
 The collectives are the plan's (engine.parallel.tensor), each of b·s·h activations in the training dtype
-(b rows per micro-batch, s tokens, h the width):
+(b rows per micro-batch, s tokens, h the width; s/c under context parallelism, a rank's share of each row):
 
     per block  TP       forward 2 all-reduces (g, after attention's and the MLP's row-parallel products);
                         backward 2 all-reduces (f: the column-parallel products' input gradients)
@@ -100,7 +100,9 @@ class TensorParallel:
         self.before: dict[tuple, list[Collective]] = {}
         self.after: dict[tuple, list[Collective]] = {}
         self.per_step: list[Collective] = []
-        self.activation = rows * m.block_size * m.n_embd * itemsize(dtype) if self.gpt else 0
+        # a rank's tokens: the block_size / context it holds of each sequence under context parallelism
+        self.tokens_per_row = m.block_size // p.context if self.gpt else 0
+        self.activation = rows * self.tokens_per_row * m.n_embd * itemsize(dtype)
         self.spent_s, self.count, self.sent = 0.0, 0, 0.0
         self.issued: Counter[Collective] = Counter()  # every collective the step's replay ran, counted
         per_node = machine.topology.per_node
@@ -141,7 +143,7 @@ class TensorParallel:
                 for column in ("mlp.layers.0", "attn.c_attn"):
                     self.after[(k, column)] = [_c("all-reduce", act, "bwd")]
             self.after[(None, "head")] = [_c("all-reduce", act, "bwd")]
-        values = rows * cfg.model.block_size * loss_itemsize
+        values = rows * self.tokens_per_row * loss_itemsize
         self.head_forward = self.head_forward + [Collective("all-reduce", values, "tp-loss-all-reduce")] * 3
 
     def _mlp(self, widths, rows: int, size: int) -> None:

@@ -113,11 +113,12 @@ class Outcome:
         return (self.predicted_s - self.measured_s) / self.measured_s
 
 
-def case_configs(base: Config, quick: bool = False, only: str = "") -> list[tuple[str, Config]]:
+def case_configs(base: Config, quick: bool = False, only: str = "",
+                 cases: tuple | None = None) -> list[tuple[str, Config]]:
     """The held-out cases on top of `base` (ConfigError if the base cannot take one); `only`: those whose
-    label contains it ("stages": the pipeline's)."""
+    label contains it ("stages": the pipeline's); `cases`: other (label, overrides) than CASES."""
     out = []
-    for n, (label, overrides) in enumerate(CASES):
+    for n, (label, overrides) in enumerate(cases or CASES):
         if (quick and n not in QUICK) or only not in label:
             continue
         d = to_dict(base)  # every override at once: a pipeline case's schedule needs its chunks beside it
@@ -133,9 +134,11 @@ def case_configs(base: Config, quick: bool = False, only: str = "") -> list[tupl
 
 
 def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int = 2, steps: int = 10,
-             warmup: int = 3, on_progress=lambda text: None, only: str = "") -> dict:
-    """Rounds over every case: calibrate for it, predict it, run it; returns the report (see summarize)."""
-    cases = case_configs(base, quick, only)
+             warmup: int = 3, on_progress=lambda text: None, only: str = "",
+             cases: tuple | None = None) -> dict:
+    """Rounds over every case (CASES, or `cases`): calibrate for it, predict it, run it; returns the report
+    (see summarize)."""
+    cases = case_configs(base, quick, only, cases)
     vocab = vocab_size(cases[0][1]) if base.model.kind == "gpt" else 0
     runs: dict[str, list[dict]] = {label: [] for label, _ in cases}
     calibration = None

@@ -24,7 +24,7 @@ VOCAB = 65
 
 def config(context: int = 2, world: int = 2, layout: str = "zigzag", dtype: str = "fp32", ckpt: str = "none",
            **parallel):
-    dp = world // context
+    dp = world // (context * parallel.get("tensor", 1))
     return from_dict({**SMALL, "precision": {"dtype": dtype}, "memory": {"checkpointing": ckpt},
                       "train": {"global_batch": 8 * dp},
                       "parallel": {"world_size": world, "context": context, "context_layout": layout,
@@ -105,3 +105,11 @@ def test_the_gradient_reduce_goes_over_data_times_context(tmp_path):
 def test_context_one_has_no_term(tmp_path):
     step = step_of(config(1, 2), cluster(tmp_path))
     assert (step.cp_s, step.cp) == (0.0, {})
+
+
+def test_beside_tensor_parallelism_both_terms_take_the_ranks_tokens(tmp_path):
+    """TP 2 × CP 2 on 4 ranks, 8 rows: a rank holds 16 tokens of each row and 2 of the 4 heads. TP's
+    activations are b·(s/c)·h·4 = 8·16·64·4 = 32,768 bytes; a CP hop's K and V 2·8·16·(64/2)·4 = 32,768."""
+    step = step_of(config(2, 4, tensor=2), cluster(tmp_path))
+    assert {c["bytes"] for c in step.tp["per_layer"]} == {32_768}
+    assert step.cp["kv_bytes"] == 32_768
