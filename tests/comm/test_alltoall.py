@@ -64,10 +64,12 @@ def test_all_to_all_on_threads(group_size, algorithm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shm", ["1", "0"], ids=["shared-memory", "socket"])
-def test_all_to_all_on_processes(monkeypatch, shm):
+@pytest.mark.parametrize("shm, algorithm", [("1", "all-at-once"), ("0", "pairwise")],
+                         ids=["shared-memory", "socket"])
+def test_all_to_all_on_processes(monkeypatch, shm, algorithm):
+    """Both transports of the processes backend, one schedule each (each runs on threads above)."""
     monkeypatch.setenv("NANODIST_SHM", shm)
-    check(run_ranks(4, "processes", helpers.run_cases, (3, "pairwise"), timeout_s=120), 3, "pairwise")
+    check(run_ranks(4, "processes", helpers.run_cases, (3, algorithm), timeout_s=120), 3, algorithm)
 
 
 @pytest.mark.slow
