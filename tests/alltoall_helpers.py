@@ -48,7 +48,7 @@ def members(world_size: int, group_size: int) -> list[int]:
     return list(reversed(range(world_size - group_size, world_size)))
 
 
-def run_cases(comm, emit, group_size: int, algorithm: str = "all-at-once") -> dict:
+def run_cases(comm, emit, group_size: int, algorithm: str = "pairwise") -> dict:
     """Every pattern and dtype on a group of group_size ranks: the receives against the reference, and the
     bytes the meter booked per phase, with the links' global ranks, group and algorithm."""
     comm.meter = TrafficMeter(comm.rank)

@@ -28,7 +28,7 @@ UNEVEN = " uneven"  # suffix of a schedule timed through the uneven form
 
 
 def bench_alltoall(backend: str = "processes", world_size: int = 2, sizes_bytes=(1 << 20, 1 << 24),
-                   iters: int = 20, warmup: int = 3, contestants: tuple[str, ...] = ("all-at-once", GLOO)
+                   iters: int = 20, warmup: int = 3, contestants: tuple[str, ...] = ("pairwise", GLOO)
                    ) -> list[dict]:
     """Rows {size, contestant, time_s, algbw, busbw, correct}, by size then contestant in the order given:
     a schedule of alltoall.ALGORITHMS (the even form), the same name + " uneven" (the uneven form), or

@@ -14,9 +14,10 @@ A label around the call (meter.phase) wins over both phases, as everywhere: name
 
 Schedules of the payload (ALGORITHMS), the meter's algorithm label:
   pairwise     N−1 steps; at step k send to rank+k and receive from rank−k, one exchange per step, so
-               every rank sends to exactly one peer and receives from exactly one peer at a time
-  all-at-once  every send and receive posted in one exchange; the transport orders them. The default:
-               on 4 ranks it was ahead at 64 KiB and 1 MiB, a tie above (docs/benchmarks.md)
+               every rank sends to exactly one peer and receives from exactly one peer at a time. The
+               default: each step's cost is one link's (what engine/projection/expert.py models)
+  all-at-once  every send and receive posted in one exchange; the transport orders them. On 4 ranks on
+               this machine it was ahead at 64 KiB and 1 MiB, a tie above (docs/benchmarks.md)
   mpi-native   MPI's own Alltoallv (mpi backend, world communicator only), for comparison; its traffic
                is opaque, so the meter records what was handed to MPI under the phase with dst = −1
 
@@ -41,7 +42,7 @@ SIZES = "-sizes"  # suffix of the phase the row counts travel under
 
 
 def all_to_all(group: Communicator, sends: Sequence[np.ndarray], phase: str = "all-to-all",
-               algorithm: str = "all-at-once") -> list[np.ndarray]:
+               algorithm: str = "pairwise") -> list[np.ndarray]:
     """sends[j] goes to member j of `group` (sends[group.rank] stays here, copied); every array has the same
     dtype and trailing shape on every rank, any length along axis 0 (uneven). First the row counts travel
     (a small all-to-all of integers, metered under phase + "-sizes"), then the payload; returns recvs[j],
@@ -58,7 +59,7 @@ def all_to_all(group: Communicator, sends: Sequence[np.ndarray], phase: str = "a
 
 
 def all_to_all_even(group: Communicator, buf: np.ndarray, phase: str = "all-to-all",
-                    algorithm: str = "all-at-once") -> np.ndarray:
+                    algorithm: str = "pairwise") -> np.ndarray:
     """buf's N equal blocks along axis 0 (N = group size), block j to member j; returns the blocks
     received, block j from member j, in one array shaped like buf. No counts travel: every block has
     len(buf) / N rows."""
@@ -97,7 +98,7 @@ def _native(group: Communicator, sends: list[np.ndarray], phase: str) -> list[np
     native = getattr(group, "native_all_to_all", None)
     if native is None:
         raise ValueError("algorithm 'mpi-native' needs the mpi backend's world communicator; "
-                         "use algorithm='all-at-once'")
+                         "use algorithm='pairwise'")
     return native(sends, phase)
 
 

@@ -23,7 +23,7 @@ def alltoall(
     warmup: Annotated[int, typer.Option(min=0, help="untimed iterations per size")] = 3,
     algorithm: Annotated[str, typer.Option(help="one or more of pairwise, all-at-once, mpi-native (mpi "
                                            "only), comma-separated, or all; several take turns in one run")]
-    = "all-at-once",
+    = "pairwise",
     uneven: Annotated[bool, typer.Option("--uneven", help="also time each schedule through the uneven form "
                                          "(its row counts travel first), as expert parallelism calls it")]
     = False,

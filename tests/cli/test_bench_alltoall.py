@@ -64,7 +64,7 @@ def test_gloo_races_in_the_same_process_ranks():
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith("all-to-all, processes backend, 2 ranks")
-    assert [line.split()[2] for line in lines[2:]] == ["all-at-once", "gloo"]
+    assert [line.split()[2] for line in lines[2:]] == ["pairwise", "gloo"]
     assert all(" yes " in line for line in lines[2:]) and lines[-1].endswith("1.00x")
 
 
