@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.comm.objects import all_gather_json
 from engine.config import from_dict
 from engine.trainer import Trainer
 from tests.tp_train_helpers import tp_config
@@ -22,16 +23,25 @@ def cp_config(world: int = 1, context: int = 1, layout: str = "zigzag", tensor: 
 
 
 def grad_rank(comm, emit, cfg_dict: dict) -> dict:
-    """Rank function: the first step's loss on this rank and every parameter's gradient once the replica has
-    reduced it (DDP, whole parameters: no tensor parallelism), before any update."""
+    """Rank function: the first step's loss on this rank and every parameter's whole gradient once the
+    replica has reduced it (DDP), before any update: tensor-parallel shards gathered over the world and joined
+    by their ShardSpecs, as dense_params joins the parameters."""
     trainer = Trainer(from_dict(cfg_dict), comm)
     try:
         batch = trainer.dataset.global_batch(0, "train")
         trainer.replica.zero_grad()
         loss = trainer._accumulate(batch)
         trainer.replica.finish_backward()
-        return {"loss": trainer._mean_over_ranks(loss)[0],
-                "grads": {p.name: np.array(p.grad).tolist() for p in trainer.model.parameters()}}
+        layout, params = trainer.layout, trainer.model.parameters()
+        mine = {"tp": layout.rank, "grads": {p.name: np.array(p.grad).tolist() for p in params}}
+        everyone = all_gather_json(comm, mine) if comm.world_size > 1 else [mine]
+        by_tp = {e["tp"]: e["grads"] for e in everyone}
+        grads = {}
+        for name in mine["grads"]:
+            shards = [np.asarray(by_tp[t][name]) for t in sorted(by_tp)]
+            spec = layout.specs.get(name)
+            grads[name] = (shards[0] if spec is None else spec.unshard(shards)).tolist()
+        return {"loss": trainer._mean_over_ranks(loss)[0], "grads": grads}
     finally:
         trainer.replica.close()
 

@@ -1,7 +1,8 @@
 """The Trainer with context parallelism trains what one device trains (float64): CP 2 under both layouts,
-CP 4, DP 2 x CP 2, CP 2 x TP 2 — the first step's loss and every gradient within 1e-12 of one device's, the
-loss and gradient norm of 3 clipped AdamW steps and every parameter after them within 1e-10; with ZeRO,
-activation checkpointing and gradient accumulation; fp16 and bf16 within their rounding."""
+CP 4, DP 2 x CP 2, CP 2 x TP 2 (both layouts) — the first step's loss and every gradient (tensor-parallel
+shards joined) within 1e-12 of one device's, the loss and gradient norm of 3 clipped AdamW steps and every
+parameter after them within 1e-10; with ZeRO, activation checkpointing and gradient accumulation; on rank
+processes; fp16 and bf16 within their rounding."""
 
 from __future__ import annotations
 
@@ -21,14 +22,15 @@ def _run(world: int, cfg: dict, fn=train_rank, steps: int | None = STEPS) -> lis
     return run_ranks(world, "threads", fn, args=args, timeout_s=120)
 
 
-GRAD_LAYOUTS = [(2, 2, "zigzag"), (2, 2, "contiguous"), (4, 4, "zigzag"), (4, 2, "zigzag")]
-GRAD_IDS = [f"w{w}-cp{c}-{k}" for w, c, k in GRAD_LAYOUTS]
+GRAD_LAYOUTS = [(2, 2, "zigzag", 1), (2, 2, "contiguous", 1), (4, 4, "zigzag", 1), (4, 2, "zigzag", 1),
+                (4, 2, "zigzag", 2), (4, 2, "contiguous", 2)]  # (world, context, layout, tensor)
+GRAD_IDS = [f"w{w}-cp{c}-{k}-tp{t}" for w, c, k, t in GRAD_LAYOUTS]
 
 
-@pytest.mark.parametrize("world, c, layout", GRAD_LAYOUTS, ids=GRAD_IDS)
-def test_first_step_loss_and_gradients_equal_one_device(world, c, layout):
+@pytest.mark.parametrize("world, c, layout, t", GRAD_LAYOUTS, ids=GRAD_IDS)
+def test_first_step_loss_and_gradients_equal_one_device(world, c, layout, t):
     one = _run(1, cp_config(model__block_size=16), grad_rank, None)[0]
-    for r in _run(world, cp_config(world, c, layout, model__block_size=16), grad_rank, None):
+    for r in _run(world, cp_config(world, c, layout, t, model__block_size=16), grad_rank, None):
         assert r["loss"] == pytest.approx(one["loss"], rel=1e-12)
         assert r["grads"].keys() == one["grads"].keys()
         for name, g in one["grads"].items():
