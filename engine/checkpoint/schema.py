@@ -30,7 +30,9 @@ STATE_KEYS = ("master", "m", "v")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # model spec fields (the constructors' arguments) -> the check of their values, per model kind
 _GPT_INTS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
-_SPEC_FIELDS = {"gpt": (*_GPT_INTS, "dropout", "tie_weights", "bias"), "mlp": ("widths", "dropout", "bias")}
+_SPEC_FIELDS = {"gpt": (*_GPT_INTS, "dropout", "tie_weights", "bias", "moe"),  # moe: a mixture of experts
+                "mlp": ("widths", "dropout", "bias")}
+_MOE_FIELDS = ("n_experts", "top_k", "every", "capacity_factor", "aux_loss_coef")  # its keys (engine.moe)
 
 
 class CheckpointError(ValueError):
@@ -189,11 +191,24 @@ def check_model_spec(spec: Any, path: Path) -> dict:
         m.flag("tie_weights")
         if spec["n_embd"] % spec["n_head"]:
             m.fail("n_head", f"{spec['n_head']} does not divide n_embd {spec['n_embd']}")
+        if "moe" in spec:
+            _check_moe(_Fields(spec["moe"], path, "model.moe."))
     else:
         widths = m.array("widths")
         if len(widths) < 2 or not all(_is_int(w) and 1 <= w <= 1 << 24 for w in widths):
             m.fail("widths", f"expected at least two whole numbers >= 1, got {widths!r}"[:120])
     return spec
+
+
+def _check_moe(moe: _Fields) -> None:
+    """A mixture-of-experts GPT's settings: its fields, whole and in range."""
+    if unknown := sorted(set(moe.obj) - set(_MOE_FIELDS)):
+        moe.fail(unknown[0], "not a mixture-of-experts setting")
+    experts = moe.whole("n_experts", 1, 1 << 16)
+    moe.whole("top_k", 1, experts)
+    moe.whole("every", 1, 1 << 16)
+    moe.number("capacity_factor", 0.0, 1e6)
+    moe.number("aux_loss_coef", 0.0, 1e6)
 
 
 def check_vocab(vocab: Any, spec: dict, path: Path) -> None:

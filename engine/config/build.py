@@ -116,9 +116,10 @@ def param_shapes(cfg, vocab: int) -> list[tuple[str, tuple, int | None]]:
         dense = linear(pre + "layers.0", c, 4 * c, i) + linear(pre + "layers.1", 4 * c, c, i)
         if not is_moe_block(m, i):
             return dense
+        n_experts = moe_settings(m)["n_experts"]  # type: ignore[index]  # an MoE block has them
         experts = [(name.replace(pre, f"{pre}experts.mlps.{e}.", 1), shape, unit)
-                   for e in range(m.n_experts) for name, shape, unit in dense]
-        return linear(pre + "router.gate", c, m.n_experts, i, with_bias=False) + experts
+                   for e in range(n_experts) for name, shape, unit in dense]
+        return linear(pre + "router.gate", c, n_experts, i, with_bias=False) + experts
 
     shapes: list[tuple[str, tuple, int | None]] = [("wte.weight", (vocab, c), None),
                                                    ("wpe.weight", (m.block_size, c), None)]

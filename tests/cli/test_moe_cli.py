@@ -41,5 +41,19 @@ def test_memory_of_moe_4_measures_what_it_predicts(in_tmp):
     assert sum(split["estimate"]["states"].values()) < 0.5 * sum(whole["estimate"]["states"].values())
 
 
+def test_a_run_with_every_expert_local_checkpoints_resumes_and_exports(in_tmp):
+    """An MoE model's spec (its "moe" settings) in the manifest: the layout checks, a resume continues, the
+    export rebuilds the experts; resuming it into split experts is refused in the run's one failure line."""
+    first = invoke("run", "--preset", "moe-4", *_sets("parallel.expert=1"))
+    assert first.exit_code == 0, first.output
+    [folder] = (in_tmp / "runs").iterdir()
+    resumed = invoke("resume", str(folder), "--no-ui", *_sets("parallel.expert=1", "train.steps=4"))
+    assert resumed.exit_code == 0 and "resumed from" in resumed.output, resumed.output
+    exported = invoke("export", str(folder), "-o", "moe.npz")
+    assert exported.exit_code == 0, exported.output
+    split = invoke("resume", str(folder), "--no-ui", *_sets("parallel.expert=4", "train.steps=6"))
+    assert "resuming into split experts (parallel.expert > 1) is not built yet" in split.output
+
+
 def test_experts_that_do_not_split_evenly_are_one_line(in_tmp):
     assert_user_error(invoke("run", "--preset", "moe-4", *_sets("model.n_experts=6")), "parallel.expert")

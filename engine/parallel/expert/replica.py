@@ -102,7 +102,9 @@ class ExpertReplica:
     def optimizer_state(self) -> dict:
         raise NotImplementedError("checkpoints of split experts (parallel.expert > 1) are not built yet")
 
-    load_optimizer_state = optimizer_state
+    def load_optimizer_state(self, full: dict) -> None:
+        raise NotImplementedError("resuming into split experts (parallel.expert > 1) is not built yet: "
+                                  "resume with parallel.expert = 1")
 
     def close(self) -> None:
         self.dense.close()
