@@ -25,12 +25,13 @@ term; `add_aux_losses(model, loss)` adds every MoE layer's to the loss that is b
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine import ops
-from engine.nn import MLP, Linear, Module
+from engine.nn import GPT, MLP, Linear, Module, init_params
 from engine.tensor import ScatterGrad, Tensor, make
 
 
@@ -111,16 +112,17 @@ class Router(Module):
 
 class Experts(Module):
     """The expert MLPs, all on this device: forward(inputs) runs expert e on inputs[e] (its rows).
-    `received`: the rows the last forward ran on (what a split form says of the rows sent to this rank)."""
+    `received`: the rows the last forward ran on (a split form, engine.parallel.expert, counts the rows the
+    other ranks sent it). `mlps[e]` is None for an expert a split form leaves to another rank."""
 
-    def __init__(self, mlps: list[MLP]):
+    def __init__(self, mlps: Sequence[MLP | None]):
         super().__init__()
-        self.mlps = mlps
+        self.mlps = list(mlps)
         self.received = 0
 
     def forward(self, inputs: list[Tensor]) -> list[Tensor]:
         self.received = sum(len(x.data) for x in inputs)
-        return [mlp(x) for mlp, x in zip(self.mlps, inputs)]
+        return [mlp(x) for mlp, x in zip(self.mlps, inputs) if mlp is not None]
 
 
 class MoE(Module):
@@ -133,7 +135,7 @@ class MoE(Module):
         mlps = [MLP([n_embd, 4 * n_embd, n_embd], 0.0, bias, dtype, rng) for _ in range(n_experts)]
         for mlp in mlps:
             mlp.layers[-1].residual = True
-        self.experts: Module = Experts(mlps)
+        self.experts: Experts = Experts(mlps)
         self.aux_loss_coef = aux_loss_coef
         self.aux_loss: Tensor | None = None  # the last forward's load-balancing term
         self.stats: dict = {}                # the last forward's routing figures (routing_stats)
@@ -163,6 +165,34 @@ class MoE(Module):
         mean_p = routing.probs.sum(axis=0)  # n * P_e
         scale = self.aux_loss_coef * e / n
         return (mean_p * Tensor(share.astype(mean_p.dtype))).sum() * scale
+
+
+class MoEGPT(GPT):
+    """A GPT whose blocks 0, every, 2·every, ... (Megatron's layer frequency) hold an MoE in place of their
+    MLP. `moe`: MoE's settings plus "every"; kept in `config` (what checkpoints and exports rebuild from).
+    Built as a GPT, its chosen blocks' MLPs then swapped (a block's attributes keep their order, so the
+    parameter names and order are the dense layout's with the experts in the MLP's place), named and
+    initialised again."""
+
+    def __init__(self, *args, moe: dict, **kwargs):
+        super().__init__(*args, **kwargs)
+        settings = dict(moe)
+        every = settings.pop("every")
+        c, bias, dtype = self.config["n_embd"], self.config["bias"], self.wte.weight.dtype
+        for i, block in enumerate(self.blocks):
+            if i % every == 0:
+                # called like an MLP; what reads an MLP's layers (the tensor-parallel plan) is refused beside
+                # experts (engine.config.rules_moe)
+                block.mlp = MoE(c, **settings, bias=bias, dtype=dtype, rng=self.rng)  # type: ignore[assignment]
+        self.config["moe"] = dict(moe)
+        self._name_parameters()
+        init_params(self, 0)
+
+
+def build_gpt(**spec) -> GPT:
+    """A GPT from its constructor arguments (a GPT's `config`, as model specs store it): an MoEGPT when
+    they hold "moe"."""
+    return MoEGPT(**spec) if spec.get("moe") else GPT(**spec)
 
 
 def routing_stats(routing: Routing, n_experts: int) -> dict:

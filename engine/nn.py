@@ -207,23 +207,15 @@ class CausalSelfAttention(Module):
 
 
 class Block(Module):
-    """Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)) with a 4x wide MLP, or with
-    `moe` (MoE's settings) a mixture of such MLPs (engine.moe)."""
+    """Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)) with a 4x wide MLP."""
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool, dtype, rng,
-                 moe: dict | None = None):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool, dtype, rng):
         super().__init__()
         self.ln_1 = LayerNorm(n_embd, bias, dtype)
         self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias, dtype, rng)
         self.ln_2 = LayerNorm(n_embd, bias, dtype)
-        if moe:
-            from engine.moe import MoE  # engine.moe builds on this module's MLP: imported when used
-            # Called like an MLP; what reads an MLP's layers (the tensor-parallel plan) is refused beside
-            # experts (engine.config.rules_moe).
-            self.mlp: MLP = MoE(n_embd, **moe, bias=bias, dtype=dtype, rng=rng)  # type: ignore[assignment]
-        else:
-            self.mlp = MLP([n_embd, 4 * n_embd, n_embd], 0.0, bias, dtype, rng)
-            self.mlp.layers[-1].residual = True
+        self.mlp = MLP([n_embd, 4 * n_embd, n_embd], 0.0, bias, dtype, rng)
+        self.mlp.layers[-1].residual = True
         self.drop = Dropout(dropout, rng)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -232,28 +224,20 @@ class Block(Module):
 
 
 class GPT(Module):
-    """GPT-2 style decoder: forward(idx[B, T] int) -> logits[B, T, vocab]. `.rng` keys all dropout.
-    `moe`: mixture-of-experts settings (engine.moe.MoE's, plus "every": blocks 0, every, 2*every, ...
-    are MoE, as Megatron's layer frequency), None for a dense model."""
+    """GPT-2 style decoder: forward(idx[B, T] int) -> logits[B, T, vocab]. `.rng` keys all dropout."""
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
-                 dropout: float = 0.0, tie_weights: bool = True, bias: bool = True, dtype=np.float32,
-                 moe: dict | None = None):
+                 dropout: float = 0.0, tie_weights: bool = True, bias: bool = True, dtype=np.float32):
         super().__init__()
         self.config: dict[str, Any] = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer,
                                            n_head=n_head, n_embd=n_embd, dropout=dropout,
                                            tie_weights=tie_weights, bias=bias)
-        if moe:  # only then: a dense model's config stays what PyTorch twins and exports read
-            self.config["moe"] = dict(moe)
-        moe = dict(moe or {})
-        every = moe.pop("every", 1)
         self.vocab_size, self.block_size, self.n_layer = vocab_size, block_size, n_layer
         self.rng = DropoutRNG(0)
         self.wte = Embedding(vocab_size, n_embd, dtype)
         self.wpe = Embedding(block_size, n_embd, dtype)
         self.drop = Dropout(dropout, self.rng)
-        self.blocks = [Block(n_embd, n_head, dropout, bias, dtype, self.rng, moe if i % every == 0 else None)
-                       for i in range(n_layer)]
+        self.blocks = [Block(n_embd, n_head, dropout, bias, dtype, self.rng) for _ in range(n_layer)]
         self.ln_f = LayerNorm(n_embd, bias, dtype)
         self.lm_head = Linear(n_embd, vocab_size, bias=False, dtype=dtype)
         if tie_weights:

@@ -24,6 +24,7 @@ from engine import nn, paths
 from engine.checkpoint.files import META_KEY, CheckpointError
 from engine.checkpoint.schema import check_model_spec, check_vocab, spec_layout
 from engine.checkpoint.sharded import Checkpoint
+from engine.moe import build_gpt
 from engine.run.atomic_file import atomic_write
 
 FORMAT = "nanodist-model"
@@ -78,7 +79,7 @@ def build(meta: dict, params: dict[str, np.ndarray], source: str = "model") -> n
     kind = spec.pop("kind")
     model: nn.Module
     if kind == "gpt":
-        model = nn.GPT(**spec, dtype=np.float32)
+        model = build_gpt(**spec, dtype=np.float32)  # a mixture of experts too (its spec's "moe")
     else:
         model = nn.MLP(spec["widths"], dropout=spec["dropout"], bias=spec["bias"], dtype=np.float32)
     for name, p in model.named_parameters():

@@ -13,7 +13,7 @@ from engine import nn
 from engine.config import check_against_data
 from engine.data import SYNTHETIC_LM_VOCAB, make_dataset
 from engine.dtypes import resolve_dtype
-from engine.moe import is_moe_block, moe_settings
+from engine.moe import build_gpt, is_moe_block, moe_settings
 from engine.parallel.mesh import Mesh, MeshGroups, build_groups
 from engine.parallel.tensor import parallelize
 
@@ -60,9 +60,10 @@ def build_model(cfg, dataset=None, vocab: int | None = None) -> nn.Module:
     if m.kind == "mlp":
         model = nn.MLP(list(m.widths), dropout=m.dropout, bias=m.bias, dtype=dtype)
     else:
-        model = nn.GPT(vocab_size=vocab or vocab_size(cfg, dataset), block_size=m.block_size,
-                       n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
-                       tie_weights=m.tie_weights, bias=m.bias, dtype=dtype, moe=moe_settings(m))
+        moe = {"moe": settings} if (settings := moe_settings(m)) else {}
+        model = build_gpt(vocab_size=vocab or vocab_size(cfg, dataset), block_size=m.block_size,
+                          n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
+                          tie_weights=m.tie_weights, bias=m.bias, dtype=dtype, **moe)
     nn.init_params(model, cfg.seed)
     return model
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.moe import add_aux_losses, moe_layers
-from engine.nn import GPT
+from engine.moe import MoEGPT, add_aux_losses, moe_layers
 from engine.tensor import Tensor
 from tests.moe_helpers import WIDTH, make_moe, reference_forward, tokens
 from tests.numeric_helpers import numeric_grad
@@ -76,7 +75,7 @@ def test_router_learns_through_the_aux_loss_alone_when_outputs_carry_no_gradient
 
 def test_gpt_blocks_follow_moe_every_and_the_aux_loss_joins_the_loss():
     moe = dict(n_experts=4, top_k=2, every=2, capacity_factor=0.0, aux_loss_coef=0.01)
-    model = GPT(11, 8, 3, 2, 8, dtype=np.float64, moe=moe)
+    model = MoEGPT(11, 8, 3, 2, 8, dtype=np.float64, moe=moe)
     assert [type(b.mlp).__name__ for b in model.blocks] == ["MoE", "MLP", "MoE"]
     idx = np.random.default_rng(0).integers(0, 11, (2, 8))
     logits = model(idx)

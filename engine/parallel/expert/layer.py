@@ -25,7 +25,8 @@ import numpy as np
 
 from engine import ops
 from engine.comm.base import Communicator
-from engine.nn import MLP, Module
+from engine.moe import Experts
+from engine.nn import MLP
 from engine.parallel.expert.exchange import COMBINE, DISPATCH, exchange_counts, exchange_rows
 from engine.tensor import Tensor
 
@@ -36,15 +37,15 @@ def owned_experts(n_experts: int, group_size: int, rank: int) -> range:
     return range(rank * per, (rank + 1) * per)
 
 
-class ExpertParallelExperts(Module):
+class ExpertParallelExperts(Experts):
     """This rank's E/e experts of a layer (`mlps[i]` None for an expert held elsewhere: parameter names stay
     the one-device names) and the all-to-alls that bring each expert its rows from every rank."""
 
     def __init__(self, mlps: list[MLP | None], group: Communicator):
-        super().__init__()
-        self.mlps, self.group = mlps, group
+        super().__init__(mlps)
+        self.group = group
         self.local = owned_experts(len(mlps), group.world_size, group.rank)
-        self.sent = self.received = 0
+        self.sent = 0
 
     def forward(self, inputs: list[Tensor]) -> list[Tensor]:
         members, per = self.group.world_size, len(self.local)

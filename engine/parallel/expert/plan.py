@@ -11,7 +11,7 @@ expert-data-parallel (edp) group, the ranks holding the same experts: their grad
 from __future__ import annotations
 
 from engine.comm.base import Communicator
-from engine.moe import Experts, moe_layers
+from engine.moe import moe_layers
 from engine.nn import Module
 from engine.parallel.expert.layer import ExpertParallelExperts, owned_experts
 from engine.tensor import Parameter
@@ -32,7 +32,7 @@ def parallelize_experts(model: Module, group: Communicator) -> Module:
         raise ValueError("expert parallelism splits the experts of MoE layers, and this model has none")
     for layer in layers:
         experts = layer.experts
-        if not isinstance(experts, Experts):
+        if isinstance(experts, ExpertParallelExperts):
             raise ValueError("this model's experts are split already")
         n = len(experts.mlps)
         if n % group.world_size:
