@@ -19,7 +19,9 @@ swaps `MoE.experts` for a form that runs the experts on other ranks).
 
 The routing decisions (top-k, capacity) are integers, taken on the data; the gradient flows through the
 weights (the gathered P) and through every expert's rows. `MoE.aux_loss` holds the last forward's loss
-term; `add_aux_losses(model, loss)` adds every MoE layer's to the loss that is backpropagated.
+term; `add_aux_losses(model, loss)` adds every MoE layer's to the loss that is backpropagated. `MoEGPT` is a
+GPT with MoE blocks (engine.nn stays dense and knows nothing of this module); `build_gpt` makes either from a
+model spec.
 """
 
 from __future__ import annotations
