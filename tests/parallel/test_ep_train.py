@@ -1,7 +1,8 @@
 """The Trainer with expert parallelism trains what expert parallelism 1 trains (float64, 4 thread ranks of
-data parallelism): EP 2 and 4, top-1 and top-2, dropless and under a capacity — the loss and gradient norm
-of every step and every parameter after 3 clipped AdamW steps within 1e-10, each expert read from the rank
-that holds it, and equal on every rank that holds it; the all-to-alls metered under the EP group."""
+data parallelism): EP 2 and 4, top-1 and top-2, dropless and under a capacity, two micro-batches — the loss
+and gradient norm of every step and every parameter after 3 clipped AdamW steps within 1e-10, each expert
+read from the rank that holds it, and equal on every rank that holds it; the all-to-alls metered under the
+EP group."""
 
 from __future__ import annotations
 
@@ -15,14 +16,15 @@ from engine.trainer import Trainer
 STEPS, RTOL = 3, 1e-10
 
 
-def moe_config(expert: int, top_k: int, capacity_factor: float = 0.0) -> dict:
+def moe_config(expert: int, top_k: int, capacity_factor: float = 0.0, micro_batches: int = 1) -> dict:
     d = {
         "name": "moe-tiny", "seed": 5,
         "model": {"kind": "gpt", "n_layer": 2, "n_head": 2, "n_embd": 8, "block_size": 8, "vocab_size": 11,
                   "n_experts": 4, "top_k": top_k, "moe_every": 1, "capacity_factor": capacity_factor,
                   "aux_loss_coef": 0.1},
         "data": {"kind": "synthetic-lm", "n_samples": 256},
-        "train": {"steps": STEPS, "global_batch": 8, "eval_every": 0, "eval_batches": 1},
+        "train": {"steps": STEPS, "global_batch": 8, "micro_batches": micro_batches, "eval_every": 0,
+                  "eval_batches": 1},
         "optim": {"lr": 1e-2, "warmup_steps": 1, "grad_clip": 0.05},
         "parallel": {"world_size": 4, "expert": expert, "bucket_cap_mb": 0.002},
         "precision": {"dtype": "fp64"},
@@ -41,15 +43,17 @@ def train_rank(comm, emit, cfg_dict: dict) -> dict:
         trainer.replica.close()
 
 
-def _train(expert: int, top_k: int, capacity_factor: float = 0.0) -> list[dict]:
-    cfg = moe_config(expert, top_k, capacity_factor)
+def _train(expert: int, top_k: int, capacity_factor: float = 0.0, micro_batches: int = 1) -> list[dict]:
+    cfg = moe_config(expert, top_k, capacity_factor, micro_batches)
     return run_ranks(4, "threads", train_rank, args=(cfg,), timeout_s=120)
 
 
-@pytest.mark.parametrize("top_k, capacity_factor", [(1, 0.0), (2, 0.0), (2, 1.0)])
+@pytest.mark.parametrize("top_k, capacity_factor, micro_batches", [(1, 0.0, 1), (2, 0.0, 1), (2, 1.0, 1),
+                                                                   (2, 0.0, 2)])
 @pytest.mark.parametrize("expert", [2, 4])
-def test_expert_parallel_training_equals_ep_1(expert, top_k, capacity_factor):
-    one, split = _train(1, top_k, capacity_factor), _train(expert, top_k, capacity_factor)
+def test_expert_parallel_training_equals_ep_1(expert, top_k, capacity_factor, micro_batches):
+    one = _train(1, top_k, capacity_factor, micro_batches)
+    split = _train(expert, top_k, capacity_factor, micro_batches)
     for r in split:
         np.testing.assert_allclose(r["losses"], one[0]["losses"], rtol=RTOL)
         np.testing.assert_allclose(r["norms"], one[0]["norms"], rtol=RTOL)
