@@ -74,6 +74,18 @@ def test_expert_parallel_training_equals_ep_1(expert, top_k, capacity_factor, mi
     assert {("ep0", "ep-dispatch"), ("ep0", "ep-combine")} <= phases
 
 
+def test_strided_ep_groups_train_alike():
+    """ep after dp in parallel.order: the EP groups are every other rank ({0, 2}, {1, 3}), edp the rest."""
+    cfg = moe_config(2, 2)
+    cfg["parallel"]["order"] = "tp-cp-dp-ep-pp"
+    split = run_ranks(4, "threads", train_rank, args=(cfg,), timeout_s=120)
+    one = _train(1, 2)
+    for r in split:
+        np.testing.assert_allclose(r["losses"], one[0]["losses"], rtol=RTOL)
+    phases = {tuple(p) for r in split for p in r["phases"]}
+    assert {("ep0", "ep-dispatch"), ("ep1", "ep-dispatch")} <= phases  # ep0 = {0, 2}, ep1 = {1, 3}
+
+
 def test_on_processes():
     """The all-to-alls over a process transport: EP 2 on 4 rank processes trains what EP 1 on threads does."""
     cfg = moe_config(2, 2)
