@@ -5,18 +5,30 @@ Forward, on every rank at once (c ranks, rank r; `next` = r+1, `prev` = r-1, mod
 
     kv = this rank's keys and values                     (the one copy that travels)
     for hop in 0 .. c-1:                                 kv now holds rank (r - hop)'s chunks
+        hop < c-1: post kv's hop (send to next, receive prev's into a second buffer: hops.py's thread)
         for each of my query chunks x each of kv's key chunks:
             skip it (causal, key chunk later), or compute the block (blocks.py) and merge it into
             (out, lse) with the online softmax: lse' = logaddexp(lse, lse_blk), out rescaled to it
-        if hop < c-1: send kv to next, receive prev's into a new buffer (one exchange: both posted together)
+        hop < c-1: wait for the hop; the received pair is the next kv
+
+So a hop moves while the blocks of the chunk before it are computed: it costs max(its transfer, those blocks),
+not their sum.
 
 Backward passes the keys and values around again (they were not kept: forward keeps only this rank's q, k,
 v, its output and lse, as flash attention does), each with an accumulator of its owner's dK and dV that
 every rank adds its queries' share to; after the c-th hop the accumulator is home:
 
-    for hop in 0 .. c-1:                                 kv, dkv: rank (r - hop)'s
-        each block: dQ_mine += ..., dkv += (dK, dV)
-        hop < c-1: send (kv, dkv) to next, receive prev's;  last hop: send dkv only (to its owner)
+    for hop in 0 .. c-1:                                 kv: rank (r - hop)'s
+        hop < c-1: post kv's hop
+        each block: dQ_mine += ..., its (dK, dV) held
+        wait for the accumulator of kv's owner (hop 0: this rank's own, zeros), add the held (dK, dV) to it
+        in the blocks' order, and post its hop (c > 1) to the next rank; wait for kv's hop
+    wait for the last accumulator hop: this rank's own dK, dV, home
+
+The accumulator of one hop travels during the next hop's blocks, the keys and values ahead of them; only the
+accumulator's last hop home has no blocks beside it. Every sum is taken in the order the blocks come, as
+when each block added at once, so the results do not depend on when the messages move (the held block
+gradients, up to a hop's worth, are temporaries the ledger does not count, like the blocks' scores).
 
 Traffic per hop, booked by the meter under the context-parallel group: forward "cp-fwd-kv" (K and V of
 b·s/c tokens: 2·b·(s/c)·h elements), backward "cp-bwd-kv" (the same) and "cp-bwd-kv-grad" (dK, dV in the
@@ -27,8 +39,8 @@ in their own dtype, dK and dV in the compute dtype), rounded once at the end, as
 Dropout inside attention is not supported here (its masks are keyed by one device's positions).
 
 Memory: the travelling K, V (and backward dK, dV) count as communication buffers in the rank's ledger, the
-received ones too while a hop runs (engine.memory.context predicts them). Work: `Ring.work` counts the blocks
-computed forward and their scores (layout.py says what each rank should compute).
+received ones too from a hop's post to its wait (engine.memory.context predicts them). Work: `Ring.work`
+counts the blocks computed forward and their scores (layout.py says what each rank should compute).
 """
 
 from __future__ import annotations
@@ -39,11 +51,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.comm.base import Communicator
-from engine.comm.exchange import exchange
 from engine.dtypes import compute_dtype
 from engine.fast import lowp
 from engine.memory.ledger import rank_ledger
 from engine.parallel.context import blocks
+from engine.parallel.context.hops import Hops
 from engine.parallel.context.layout import SequenceLayout, block_kind
 from engine.tensor import Tensor, make
 
@@ -78,17 +90,6 @@ class Ring:
         return out
 
 
-def _hop(ring: Ring, arrays: list[np.ndarray], phases: list[str]) -> list[np.ndarray]:
-    """Send `arrays` to the next rank and receive the previous rank's (same shapes), all posted together.
-    The received buffers count as communication buffers while the exchange runs; the caller then drops
-    what it sent and holds them instead (the memory ledger's view: the sent and the received at once)."""
-    c, r = ring.group.world_size, ring.group.rank
-    received = [np.empty(a.shape, a.dtype) for a in arrays]
-    with rank_ledger().transient("comm_buffers", sum(a.nbytes for a in received)):
-        exchange(ring.group, [((r + 1) % c, a) for a in arrays], [((r - 1) % c, a) for a in received], phases)
-    return received
-
-
 def _pair(k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """[2, B, H, T, D]: keys and values side by side in one C-contiguous array, what travels the ring."""
     kv = np.empty((2, *k.shape), k.dtype)
@@ -104,8 +105,9 @@ def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray, count:
     qc, kv = np.ascontiguousarray(lowp.widen(q)), _pair(k, v)
     out = np.zeros(q.shape[:-1] + v.shape[-1:], cdt)
     lse = np.full(q.shape[:-1], -np.inf, cdt)
-    with rank_ledger().transient("comm_buffers", kv.nbytes):  # the keys and values that travel
+    with rank_ledger().transient("comm_buffers", kv.nbytes), Hops(ring.group) as hops:  # the pair held
         for hop in range(c):
+            ahead = hops.post([kv], [PHASES["forward"]]) if hop < c - 1 else None  # moves while kv is computed
             kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
             for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
                 o_blk, lse_blk = blocks.forward(qc[:, :, rows], kc[:, :, cols], vc[:, :, cols], diagonal)
@@ -113,8 +115,8 @@ def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray, count:
                 if count:
                     ring.work["blocks"] += 1
                     ring.work["scores"] += int(np.prod(lse_blk.shape)) * (cols.stop - cols.start)
-            if hop < c - 1:
-                kv = _hop(ring, [kv], [PHASES["forward"]])[0]
+            if ahead is not None:
+                kv = ahead.wait()[0]
     return out, lse
 
 
@@ -126,20 +128,29 @@ def ring_backward(ring: Ring, q, k, v, out, lse, g) -> tuple[np.ndarray, np.ndar
     rows_d = np.einsum("...i,...i->...", gc, oc)
     dq = np.zeros(q.shape, cdt)
     kv, dkv = _pair(k, v), np.zeros((2, *k.shape), cdt)
-    with rank_ledger().transient("comm_buffers", kv.nbytes + dkv.nbytes):
+    with rank_ledger().transient("comm_buffers", kv.nbytes + dkv.nbytes), Hops(ring.group) as hops:
+        back = None  # the accumulator's hop in flight: it brings the one of the keys computed next
         for hop in range(c):
+            ahead = hops.post([kv], [PHASES["backward"]]) if hop < c - 1 else None
             kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
+            held = []  # the blocks' dK, dV, until their accumulator has arrived
             for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
                 at = (slice(None), slice(None), rows)
                 dq_blk, dk_blk, dv_blk = blocks.backward(qc[at], kc[:, :, cols], vc[:, :, cols], gc[at],
                                                          rows_d[at], lse[at], diagonal, oc[at])
                 dq[at] += dq_blk
+                held.append((cols, dk_blk, dv_blk))
+            if back is not None:
+                dkv = back.wait()[0]
+            for cols, dk_blk, dv_blk in held:  # in the blocks' order: the sums of adding each at once
                 dkv[0][:, :, cols] += dk_blk
                 dkv[1][:, :, cols] += dv_blk
-            if hop < c - 1:
-                kv, dkv = _hop(ring, [kv, dkv], [PHASES["backward"], PHASES["grad"]])
-            elif c > 1:  # the accumulator now holds the next rank's gradients: one more hop takes them home
-                dkv = _hop(ring, [dkv], [PHASES["grad"]])[0]
+            if c > 1:  # on to the next rank; after the last block it goes home, to its owner
+                back = hops.post([dkv], [PHASES["grad"]])
+            if ahead is not None:
+                kv = ahead.wait()[0]
+        if back is not None:
+            dkv = back.wait()[0]
     return dq, dkv[0], dkv[1]
 
 
