@@ -114,3 +114,16 @@ def overflow_rank(comm, emit, cfg_dict: dict, steps: int, poisoned_rank: int) ->
                 "finite": bool(all(np.isfinite(s["loss"]) for s in out))}
     finally:
         trainer.replica.close()
+
+
+def assert_trains_like(ranks: list[dict], one: dict, rtol: float = 1e-10) -> None:
+    """Every rank's losses, norms and parameters (float64) equal one device's within `rtol`, clipping having
+    acted (grad_clip 0.05: the norm's combination matters)."""
+    for r in ranks:
+        np.testing.assert_allclose(r["losses"], one["losses"], rtol=rtol)
+        np.testing.assert_allclose(r["norms"], one["norms"], rtol=rtol)
+        assert r["params"].keys() == one["params"].keys()
+        for name, value in one["params"].items():
+            value = np.asarray(value)
+            np.testing.assert_allclose(r["params"][name], value, rtol=rtol, atol=rtol * np.abs(value).max())
+    assert one["norms"][0] > 0.05  # clipping acts (grad_clip 0.05): the norm's combination matters

@@ -10,7 +10,7 @@ import pytest
 
 from engine.memory.estimator import estimate
 from engine.memory.ledger import CATEGORIES, MODEL_STATES
-from tests.memory.test_tp_memory import measured, tiny
+from tests.tp_memory_helpers import measured, tiny
 
 
 def cp_tiny(world: int, c: int, layout: str = "zigzag", **over):

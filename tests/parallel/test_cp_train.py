@@ -11,8 +11,7 @@ import pytest
 
 from engine.comm.launch import run_ranks
 from tests.cp_train_helpers import cp_config, grad_rank
-from tests.parallel.test_tp_train import assert_trains_like
-from tests.tp_train_helpers import train_rank
+from tests.tp_train_helpers import assert_trains_like, train_rank
 
 STEPS = 3
 
