@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import pytest
-
 from rich.console import Console
 
 from engine import events as ev
@@ -176,8 +175,9 @@ def test_a_pipelines_bubble_is_measured_from_its_timelines_and_set_beside_the_fo
     for e in busy:
         printer(e)
     # step 2: both ranks compute 0-1 s and 3-4 s of a 4 s step; rank 1 (the other pipeline) a 100 s forward
-    slow = [ev.PipelineTimeline(step=2, rank=r, stage_rank=r // 2, schedule="gpipe", micro_batches=2, chunks=1,
-                                actions=[["F", 0, r // 2, 0.0, 1.0], ["B", 0, r // 2, 3.0, 4.0]], emulated=True)
+    slow = [ev.PipelineTimeline(step=2, rank=r, stage_rank=r // 2, schedule="gpipe", micro_batches=2,
+                                chunks=1, actions=[["F", 0, r // 2, 0.0, 1.0], ["B", 0, r // 2, 3.0, 4.0]],
+                                emulated=True)
             for r in (0, 2)]
     other = ev.PipelineTimeline(step=2, rank=1, stage_rank=0, schedule="gpipe", micro_batches=2, chunks=1,
                                 actions=[["F", 0, 0, 0.0, 100.0]], emulated=True)
@@ -190,8 +190,8 @@ def test_a_pipelines_bubble_is_measured_from_its_timelines_and_set_beside_the_fo
     # step 2: each rank idle 2 of 4 s: 1/2; the run's figure is the median of 1/3 and 1/2
     assert printer.bubbles.bubbles == [pytest.approx(1 / 3), pytest.approx(1 / 2)]
     assert printer.summary_lines() == [
-        "pipeline       bubble 41.7% measured (median of 2 steps, compute emulated), 33.3% simulated with its "
-        "action times, 33.3% by (p-1)/(m+p-1): gpipe, 2 ranks, 2 micro-batches"]
+        "pipeline       bubble 41.7% measured (median of 2 steps, compute emulated), 33.3% simulated with "
+        "its action times, 33.3% by (p-1)/(m+p-1): gpipe, 2 ranks, 2 micro-batches"]
     lines = summary_lines({"initial_val_loss": 2.0, "final_val_loss": 1.0, "steps": 2, "tokens_per_s": 1.0,
                            "wall_s": 1.0, "run_dir": "runs/x"}, printer.summary_lines())
     assert lines[-2].startswith("pipeline") and lines[-1].startswith("run folder")

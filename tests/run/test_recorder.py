@@ -11,7 +11,8 @@ import tomlkit
 from engine import config
 from engine import events as ev
 from engine.config import presets
-from engine.run import recorder, summary as run_summary
+from engine.run import recorder
+from engine.run import summary as run_summary
 from engine.run.recorder import METRIC_COLUMNS, RunRecorder, list_runs, read_events
 from engine.run.summary import is_interruption
 
