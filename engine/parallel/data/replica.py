@@ -47,7 +47,7 @@ class Replica:
         """Once the storage is laid out: the optimizer over `pieces`, the loss scaler, the communication
         thread (none with one rank: jobs then run inline) and the gradient-ready hooks."""
         self.optimizer = ShardOptimizer(cfg, pieces, self.topology.shard_comm, sharded=sharded,
-                                        param_names=[p.name for p in self.params], ledger=self.ledger,
+                                        param_names=[str(p.name) for p in self.params], ledger=self.ledger,
                                         layout=self.layout)
         self.scaler = make_scaler(cfg.precision)
         # One thread drives a communicator at a time (engine.comm.base), and a tensor-parallel model runs
@@ -115,6 +115,10 @@ class Replica:
         self.optimizer.sum_partial_grads()
 
     def _finish_communication(self) -> None:
+        raise NotImplementedError
+
+    def begin_micro(self, sync: bool) -> None:
+        """Before a micro-batch's backward: `sync` (its gradients are the step's last) lets its buckets go."""
         raise NotImplementedError
 
     def reduce_when_final(self, params) -> None:

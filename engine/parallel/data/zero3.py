@@ -33,6 +33,7 @@ the update: the next forward gathers the new parameters).
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 
@@ -95,8 +96,8 @@ class Zero3Replica(ShardedReplica):
             pre, post = (lambda m, u=u: self._pre(u)), (lambda m, out, u=u: self._post(u, out))
             u.module.forward_pre_hooks.append(pre)
             u.module.forward_post_hooks.append(post)
-            self._remove_hooks += [lambda m=u.module, f=pre: m.forward_pre_hooks.remove(f),
-                                   lambda m=u.module, f=post: m.forward_post_hooks.remove(f)]
+            self._remove_hooks += [partial(u.module.forward_pre_hooks.remove, pre),
+                                   partial(u.module.forward_post_hooks.remove, post)]
 
     def _build_units(self, model, dtype) -> list[_Unit]:
         """Shard every unit: pack it (padded to N), start from rank 0's values, keep part r, free it."""
