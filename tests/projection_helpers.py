@@ -84,14 +84,14 @@ def nccl_table(alpha: float, beta: float, ranks: int, sizes) -> str:
     return "\n".join(lines)
 
 
-# a cluster file with nominal figures, for the terms worked out by hand (pipeline, context, expert):
-# 100 TFLOP/s x 0.5 x T/(T + 1024) at T tokens; 5 us and 100 GB/s in a node, inter_us, inter_gbs between
+# a cluster file with nominal figures, for the terms worked out by hand (pipeline, context, expert): `peak`
+# (100) TFLOP/s x 0.5 x T/(T + 1024) at T tokens; 5 us and 100 GB/s in a node, inter_us, inter_gbs between
 FIXTURE_CLUSTER = """
 name = "pp test"
 nodes = 8
 ranks_per_node = {per_node}
 [compute]
-peak_tflops_fp32 = 100
+peak_tflops_fp32 = {peak}
 memory_bandwidth_gbs = 1000
 efficiency_max = 0.5
 efficiency_half_tokens = 1024
@@ -107,7 +107,8 @@ algorithm = "engine"
 
 
 def fixture_cluster(tmp_path, per_node: int = 4, inter_gbs: float = 10, inter_us: float = 20,
-                    name: str = "c"):
+                    name: str = "c", peak: float = 100):
     path = tmp_path / f"{name}.toml"
-    path.write_text(FIXTURE_CLUSTER.format(per_node=per_node, inter_gbs=inter_gbs, inter_us=inter_us))
+    path.write_text(FIXTURE_CLUSTER.format(per_node=per_node, inter_gbs=inter_gbs, inter_us=inter_us,
+                                           peak=peak))
     return load_cluster(path)

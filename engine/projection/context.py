@@ -12,13 +12,22 @@ and dV in the compute dtype (float32 under 16-bit):
 
 A hop is one batched exchange (engine.comm.exchange): every rank sends to the next and receives from the
 previous at once, each array its own message, so a hop costs Σ (α + n·β) over its arrays on the link of the
-ring's slowest pair (group_comm.shift_link).
+ring's slowest pair (group_comm.shift_link): K = α + n_kv·β, G = α + n_g·β.
 
-No overlap: a rank computes every block it holds against the K and V in hand, and only then posts the
-exchange, and waits for it before the next blocks (ring_attention.py: `_hop` returns when the exchange has
-completed). So the hops run on the training thread between the blocks' computations, exposed, as tensor
-parallelism's collectives are (Timeline.inline); a ring that sent the next chunk while computing this one
-would hide min(hop, blocks) per hop, and nanoDist's does not.
+Overlap, as the engine runs it (ring_attention.py, hops.py): a hop's exchange is posted on a helper thread
+before the blocks of the chunk in hand and waited for after them, one exchange at a time in the order
+posted. With B_h the blocks of hop h (h = 0 .. c − 1), a block's attention takes
+
+    forward    Σ_{h<c−1} max(B_h, K) + B_{c−1}
+    backward   max(B_0, K) + Σ_{0<h<c−1} max(B_h, G + K) + max(B_{c−1}, G) + G
+               (hop h's blocks run beside the previous accumulator's hop and their own K, V's; the
+               accumulator's last hop home has no blocks beside it)
+
+and what exceeds Σ B_h is the hops' exposed part: on the training thread (Timeline.inline); the rest is
+hidden (counted as overlapped communication). B_h is the most any rank computes at hop h (each exchange
+joins neighbours, so a hop waits for the slowest rank's blocks), timed as attention's FLOPs (4·(h/t)·b per
+score forward, twice that backward) at the phase's rate; the CPU the helper thread takes from the blocks
+on a shared host is not counted.
 
 Compute: every layer but attention works on the rank's b·s/c tokens, and the phases are timed at that size
 (compute.rate by size). Attention: the engine computes a (query chunk, key chunk) block whole (the
@@ -40,7 +49,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine.dtypes import compute_dtype, itemsize
-from engine.parallel.context.layout import SequenceLayout
+from engine.parallel.context.layout import SequenceLayout, block_kind
 from engine.projection.flops import ModelFlops
 from engine.projection.group_comm import group_members, shift_link
 from engine.projection.machine import Machine
@@ -55,7 +64,7 @@ class ContextParallel:
         p, m, dtype = cfg.parallel, cfg.model, cfg.precision.dtype
         self.degree, self.rows, self.n_layer = p.context, rows, m.n_layer
         self.active = self.degree > 1
-        self.spent_s, self.hops = 0.0, 0
+        self.spent_s, self.transfer_s, self.hops = 0.0, 0.0, 0
         if not self.active:
             return
         c, s = self.degree, m.block_size
@@ -71,6 +80,23 @@ class ContextParallel:
         self.blocks_busiest, self.blocks_mean = max(blocks), sum(blocks) / c
         chunk = s / self.layout.n_chunks
         self.attention_factor = self.blocks_busiest * chunk * chunk / (s * s / c)
+        # scores (query x key positions per row) of the most any rank computes at each hop
+        self.hop_scores = [max(self._blocks(r, (r - h) % c) for r in range(c)) * chunk * chunk
+                           for h in range(c)]
+        self.flops_per_score = 4.0 * width * rows  # attention's two products, forward, over the rank's heads
+        self.forward_blocks = self.backward_blocks = [0.0] * c
+
+    def _blocks(self, rank: int, src: int) -> int:
+        """Blocks `rank` computes against `src`'s keys (layout.py's causal plan)."""
+        return sum(block_kind(a, b, True) is not None
+                   for a in self.layout.chunks(rank) for b in self.layout.chunks(src))
+
+    def time_blocks(self, forward_rate: float, backward_rate: float) -> None:
+        """B_h of every hop, forward and backward, at the phase's rate (FLOP/s)."""
+        if self.active:
+            work = [self.flops_per_score * n for n in self.hop_scores]
+            self.forward_blocks = [f / forward_rate for f in work]
+            self.backward_blocks = [2 * f / backward_rate for f in work]
 
     # ---- compute ---------------------------------------------------------------------------------------
 
@@ -91,18 +117,36 @@ class ContextParallel:
 
     @property
     def block_forward_s(self) -> float:
-        """One block's forward hops: c − 1 of K and V."""
-        return (self.degree - 1) * self.kv_s if self.active else 0.0
+        """One block's forward hops, the part its blocks do not hide."""
+        if not self.active:
+            return 0.0
+        b = self.forward_blocks
+        return sum(max(0.0, self.kv_s - b[h]) for h in range(self.degree - 1))
 
     @property
     def block_backward_s(self) -> float:
-        """One block's backward hops: c − 1 of K, V and dK, dV, then dK, dV home."""
-        return (self.degree - 1) * (self.kv_s + self.grad_s) + self.grad_s if self.active else 0.0
+        """One block's backward hops, the part its blocks do not hide (the accumulator's last hop home)."""
+        if not self.active:
+            return 0.0
+        b, c, k, g = self.backward_blocks, self.degree, self.kv_s, self.grad_s
+        beside = [k] + [g + k] * (c - 2) + [g]  # what moves during hop h's blocks
+        return sum(max(0.0, m - b[h]) for h, m in enumerate(beside)) + g
+
+    @property
+    def block_forward_transfer_s(self) -> float:
+        """One block's forward hops, hidden or not: c − 1 of K, V."""
+        return (self.degree - 1) * self.kv_s if self.active else 0.0
+
+    @property
+    def block_backward_transfer_s(self) -> float:
+        """One block's backward hops, hidden or not: c − 1 of K, V, c of dK, dV."""
+        return (self.degree - 1) * self.kv_s + self.degree * self.grad_s if self.active else 0.0
 
     def forward(self, tl: Timeline, blocks: int | None = None) -> None:
-        """The forward hops of `blocks` blocks (one micro-batch's: every block) on the training thread."""
+        """The forward hops of `blocks` blocks (one micro-batch's: every block)."""
         blocks = self.n_layer if blocks is None else blocks
-        self._issue(tl, blocks * self.block_forward_s, blocks * (self.degree - 1))
+        self._issue(tl, blocks * self.block_forward_s, blocks * self.block_forward_transfer_s,
+                    blocks * (self.degree - 1))
 
     def backward(self, tl: Timeline, layer: str, recomputed: bool) -> None:
         """A piece of backward's hops: attention's, and a checkpointed block's recomputed forward's."""
@@ -111,12 +155,15 @@ class ContextParallel:
         if recomputed:
             self.forward(tl, 1)
         if layer == "attention":
-            self._issue(tl, self.block_backward_s, self.degree)
+            self._issue(tl, self.block_backward_s, self.block_backward_transfer_s, 2 * self.degree - 1)
 
-    def _issue(self, tl: Timeline, seconds: float, hops: int) -> None:
+    def _issue(self, tl: Timeline, exposed: float, transfer: float, hops: int) -> None:
+        """The exposed part on the training thread; the hidden part counted as communication beside it."""
         if self.active:
-            tl.inline(seconds)
-            self.spent_s += seconds
+            tl.inline(exposed)
+            tl.comm_s += transfer - exposed  # hidden behind the blocks: overlapped communication
+            self.spent_s += exposed
+            self.transfer_s += transfer
             self.hops += hops
 
     # ---- what the report shows --------------------------------------------------------------------------
@@ -128,8 +175,12 @@ class ContextParallel:
         return {"degree": self.degree, "layout": self.layout.kind, "rows": self.rows, "link": self.link,
                 "kv_bytes": self.kv_bytes, "grad_bytes": self.grad_bytes, "kv_s": self.kv_s,
                 "grad_s": self.grad_s, "block_forward_s": self.block_forward_s,
-                "block_backward_s": self.block_backward_s, "hops": self.hops, "step_s": self.spent_s,
-                "exposed_s": self.spent_s, "overlap": "none",
+                "block_backward_s": self.block_backward_s,
+                "block_forward_transfer_s": self.block_forward_transfer_s,
+                "block_backward_transfer_s": self.block_backward_transfer_s,
+                "hop_blocks_forward_s": self.forward_blocks, "hop_blocks_backward_s": self.backward_blocks,
+                "hops": self.hops, "step_s": self.transfer_s, "exposed_s": self.spent_s,
+                "hidden_s": self.transfer_s - self.spent_s,
                 "blocks_busiest": self.blocks_busiest, "blocks_mean": self.blocks_mean,
                 "busiest_over_mean": self.blocks_busiest / self.blocks_mean,
                 "attention_factor": self.attention_factor}

@@ -34,8 +34,8 @@ model nanoDist runs the replica's collectives on the training thread as well (on
 communicator at a time), so they are replayed as without `parallel.overlap`: exposed, none prefetched.
 
 Context parallelism (context.py): a rank's b·s/c tokens, its attention the blocks its layout gives the busiest
-rank, ring attention's K/V hops on the training thread inside forward and backward (exposed: the engine
-computes a hop's blocks, then exchanges); a context group's ranks share their rows, so b = global batch /
+rank, ring attention's K/V hops inside forward and backward, beside the blocks of the chunk in hand (what
+the blocks do not hide is exposed); a context group's ranks share their rows, so b = global batch /
 (dp · micro-batches), and the gradients are reduced over data × context. Expert parallelism (expert.py): each
 MoE layer's all-to-alls inside forward and backward (exposed), the busiest rank's expert rows λ times the
 mean, then the experts' gradient reduce over the expert-data-parallel group. Under either the replica runs
@@ -78,9 +78,10 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int,
     ep = ExpertParallel(cfg, flops_of.vocab, rows, machine, expert_imbalance)
     tokens = tp.tokens(cp.tokens(rows * flops_of.tokens_per_row))  # a TP and CP rank's share of the work
     flops = ep.flops(cp.flops(flops_of(tokens), cfg.model.block_size, cfg.model.n_embd))  # the busiest's
-    forward_rate = compute.rate("forward", dtype, tokens, k)
+    forward_rate, backward_rate = (compute.rate(phase, dtype, tokens, k) for phase in ("forward", "backward"))
+    cp.time_blocks(forward_rate, backward_rate)  # the ring's blocks, which its hops move beside
     t_fwd = tp.split(flops.forward / forward_rate, "forward")
-    t_bwd = tp.split(flops.backward / compute.rate("backward", dtype, tokens, k), "backward")
+    t_bwd = tp.split(flops.backward / backward_rate, "backward")
     t_block_fwd = tp.split(flops.block_forward / forward_rate, "block")
     t_units = [tp.split(f / forward_rate, "block") for f in flops.unit_forward]
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, cfg.model.n_layer)) if cfg.model.kind == "gpt" \

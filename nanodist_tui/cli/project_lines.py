@@ -7,17 +7,20 @@ MB = 1e6
 
 
 def context_parallel_lines(row: dict) -> list[str]:
-    """A row's CP term: the ring's link, a hop's bytes and time per block, the step's hops, the layout's
-    attention work on the busiest rank."""
+    """A row's CP term: the ring's link, a hop's bytes and time per block and what of it the blocks do not
+    hide, the step's hops, the layout's attention work on the busiest rank."""
     cp, c = row["cp"], row["cp"]["degree"]
-    ms = {k: f"{cp[k] * 1e3:.3f} ms" for k in ("kv_s", "block_forward_s", "block_backward_s", "step_s")}
+    keys = ("kv_s", "block_forward_transfer_s", "block_backward_transfer_s", "block_forward_s",
+            "block_backward_s", "step_s", "exposed_s")
+    ms = {k: f"{cp[k] * 1e3:.3f} ms" for k in keys}
     return [f"context parallel {c} ({cp['layout']}) at {row['world_size']} ranks ({cp['rows']} row(s) per "
             f"micro-batch, s/{c} tokens each): the ring on the {cp['link']} link",
             f"  per block forward {c - 1} hop(s) of K, V ({cp['kv_bytes'] / MB:.3g} MB, {ms['kv_s']} each); "
-            f"backward {c - 1} of K, V with dK, dV ({cp['grad_bytes'] / MB:.3g} MB) and one of dK, dV home: "
+            f"backward {c - 1} of K, V and {c} of dK, dV ({cp['grad_bytes'] / MB:.3g} MB): "
+            f"{ms['block_forward_transfer_s']} + {ms['block_backward_transfer_s']}, of it exposed "
             f"{ms['block_forward_s']} + {ms['block_backward_s']}",
-            f"  per step {cp['hops']} hops, {ms['step_s']}, all exposed: the engine computes a hop's blocks, "
-            "then exchanges (no overlap)",
+            f"  per step {cp['hops']} hops, {ms['step_s']}, {ms['exposed_s']} exposed: each hop moves beside "
+            "the blocks of the chunk in hand, the last one home alone",
             f"  attention blocks on the busiest rank {cp['blocks_busiest']} (mean {cp['blocks_mean']:g}, "
             f"busiest/mean {cp['busiest_over_mean']:.2f}); its attention is "
             f"{cp['attention_factor']:.3g}x the full square of its queries"]

@@ -23,7 +23,7 @@ def test_context_parallel_rows_and_lines(in_tmp):
                  "--out", str(in_tmp / "p.json"))
     assert out.exit_code == 0, out.output
     assert "context 2 (contiguous)" in out.stdout and "3 ranks left out" in out.stdout
-    assert "context parallel 2 (contiguous) at 2 ranks" in out.stdout and "no overlap" in out.stdout
+    assert "context parallel 2 (contiguous) at 2 ranks" in out.stdout and "beside the blocks" in out.stdout
     assert "busiest/mean 1.33" in out.stdout  # 2c/(c + 1) at c = 2
     rows = json.loads((in_tmp / "p.json").read_text())["rows"]
     assert [r["world_size"] for r in rows] == [2, 16]
