@@ -11,11 +11,12 @@ tokens, N = b·s, width h, the training dtype's itemsize), per MoE layer and mic
     backward  the combine's mirror (the outputs' gradients to the experts), the dispatch's mirror (the inputs'
               gradients back): two more all-to-alls, each sizes then rows
 
-Every all-to-all is engine.comm.alltoall's pairwise one: e − 1 steps, at step j each rank sends its block to
-the member j on and receives from the member j back, one batched exchange, so a step costs α + m·β for its
-m-byte block on the link of that shift's slowest pair (group_comm.shift_link), and an even payload
-Σ_j (α + S/e·β): (e − 1)α + (e − 1)/e·Sβ inside a node. The uneven form sends the row counts first (one
-int64 per peer, Σ_j (α + 8β)). All on the training thread, inside forward and backward: exposed.
+Every all-to-all is engine.comm.alltoall's: the row counts first, one int64 to every peer in one round (all
+posted at once: α + (e − 1)·8·β on the group's slowest link), then the payload pairwise: e − 1 steps, at
+step j each rank sends its block to the member j on and receives from the member j back, one batched
+exchange, so a step costs α + m·β for its m-byte block on the link of that shift's slowest pair
+(group_comm.shift_link), and an even payload Σ_j (α + S/e·β) = (e − 1)α + (e − 1)/e·Sβ inside a node. All
+on the training thread, inside forward and backward: exposed.
 
 The max-loaded rank sets the step. With balanced routing every rank's experts receive N·k rows (e·N·k
 over the group, each rank's E/e experts their share), and every rank's blocks are S/e. A load-imbalance
@@ -80,7 +81,8 @@ class ExpertParallel:
         self.link = "intra-node" if inside else "inter-node"
         busiest = self.imbalance * self.payload / e
         self.rows_s = self._pairwise(busiest)
-        self.sizes_s = self._pairwise(COUNT_BYTES)
+        slowest = machine.topology.intra if self.link == "intra-node" else machine.topology.inter
+        self.sizes_s = slowest.p2p((e - 1) * COUNT_BYTES)  # one round, every peer's count at once
         self.counts_s = self._pairwise(COUNT_BYTES * n_experts // e)
         self.layer_forward_s = self.sizes_s + self.counts_s + 2 * (self.sizes_s + self.rows_s)
         self.layer_backward_s = 2 * (self.sizes_s + self.rows_s)

@@ -4,9 +4,10 @@ the engine's ring): SMALL (2 blocks, h = 64, s = 32, V = 65) with 4 experts in e
 8 rows per rank (N = 256 tokens).
 
 Per MoE layer a rank dispatches S = N·k·h·4 = 256·2·64·4 = 131,072 bytes: S/e to each member. Every
-all-to-all is pairwise, e − 1 shifts of one message each (α + mβ on the shift's link), its row counts first
-(8 bytes a message); forward runs the expert counts' all-to-all (E/e int64 a peer), dispatch and combine,
-backward their two mirrors: per layer 5 rounds of sizes, 1 of counts and 4 of rows.
+all-to-all sends its row counts first, 8 bytes to every peer in one round (α + (e − 1)·8·β on the group's
+slowest link), then its payload pairwise, e − 1 shifts of one message each (α + mβ on the shift's link);
+forward runs the expert counts' all-to-all (E/e int64 a peer), dispatch and combine, backward their two
+mirrors: per layer 5 rounds of sizes, 1 all-to-all of counts and 4 of rows.
 
 FLOPs per token of an MoE block: its attention and LayerNorms' parameters (16,640 + 256), the router's 256
 and top-2 of the 4 experts (each 33,088 parameters: 66,176), twice each, plus attention's 4·s·h = 8,192."""
@@ -54,7 +55,7 @@ def test_an_moe_block_counts_the_experts_a_token_reaches():
 def test_the_all_to_alls_are_pairwise_shifts_on_the_ep_group_link(tmp_path, expert, per_node, inter):
     e = expert
     step = step_of(config(e, 4), cluster(tmp_path, per_node=per_node))
-    sizes = (e - 1) * p2p(8, inter)
+    sizes = p2p((e - 1) * 8, inter)
     counts = (e - 1) * p2p(8 * 4 // e, inter)
     rows = (e - 1) * p2p(131_072 / e, inter)
     assert step.ep["layer_forward_s"] == pytest.approx(sizes + counts + 2 * (sizes + rows), rel=1e-12)
@@ -79,7 +80,8 @@ def test_the_max_loaded_rank_sets_the_step(tmp_path):
     c = cluster(tmp_path)
     even, skewed = step_of(config(), c), step_of(config(), c, 1.5)
     assert skewed.ep["imbalance"] == 1.5 and skewed.ep["imbalance_chosen"] == "given"
-    assert skewed.ep["layer_backward_s"] == pytest.approx(2 * 3 * (p2p(8) + p2p(1.5 * 32_768)), rel=1e-12)
+    rows = 3 * p2p(1.5 * 32_768)  # 3 shifts of 1.5·S/e
+    assert skewed.ep["layer_backward_s"] == pytest.approx(2 * (p2p(3 * 8) + rows), rel=1e-12)
     extra = 2 * 256 * 0.5 * 2 * 66_176 / 1e13
     assert skewed.forward_s - even.forward_s == pytest.approx(extra, rel=1e-9)
     assert skewed.backward_s - even.backward_s == pytest.approx(2 * extra, rel=1e-9)
