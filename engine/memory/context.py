@@ -7,12 +7,15 @@ attention keeps: q, k, v, the output and lse of its own tokens, never another ra
 and targets are the rank's own slices, new arrays of b·s/c each (at c = 1 they are views of the global
 batch, which the ledger counts whole).
 
-In flight (communication buffers), while a block's attention runs its ring (engine.parallel.context):
+In flight (communication buffers), while a block's attention runs its ring (engine.parallel.context). A hop
+runs during the blocks (double buffering): its receive buffers are held beside what it sends, from its post
+to its wait, so longer than when a hop ran after the blocks, but never more of them at once:
 
     forward    the travelling keys and values 2·b·(s/c)·(h/t) elements of the training dtype, and during
                a hop the received ones as well: 2 x that at the most
     backward   the keys and values again plus their gradients' accumulator (the compute dtype: float32 for
-               16-bit training), and the received pair during a hop: 2 x (both) at the most
+               16-bit training), and the received ones during a hop: 2 x (both) at the most (the keys and
+               values of the next hop arrive while the accumulator of the last one is still on its way)
 
 The ring runs once per block forward (again for a recomputed block) and once backward; between blocks it
 holds nothing.
