@@ -1,6 +1,6 @@
-"""Ring attention overlaps its hops with the blocks: a hop's exchange is in flight while the blocks of the chunk
-before it are computed, forward (keys and values) and backward (keys and values, and their gradients'
-accumulator), so a pass costs about max(hop, block) per hop, not hop + block.
+"""Ring attention overlaps its hops with the blocks: a hop's exchange is in flight while the blocks of the
+chunk before it are computed, forward (keys and values) and backward (keys and values, and their
+gradients' accumulator), so a pass costs about max(hop, block) per hop, not hop + block.
 
 Both halves are stood in for by sleeps, which take no CPU and so hold under a loaded machine: every block
 sleeps BLOCK_S before it computes, and every exchange of the threads transport sleeps LINK_S before it moves

@@ -84,9 +84,9 @@ class Hops:
 
         def enter() -> ExitStack:
             stack = ExitStack()
-            if phase != DEFAULT_PHASE:
+            if meter is not None and phase != DEFAULT_PHASE:
                 stack.enter_context(meter.phase(phase))
-            if algorithm != DEFAULT_ALGORITHM:
+            if meter is not None and algorithm != DEFAULT_ALGORITHM:
                 stack.enter_context(meter.algorithm(algorithm))
             return stack
         return enter

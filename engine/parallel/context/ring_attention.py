@@ -105,9 +105,10 @@ def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray, count:
     qc, kv = np.ascontiguousarray(lowp.widen(q)), _pair(k, v)
     out = np.zeros(q.shape[:-1] + v.shape[-1:], cdt)
     lse = np.full(q.shape[:-1], -np.inf, cdt)
-    with rank_ledger().transient("comm_buffers", kv.nbytes), Hops(ring.group) as hops:  # the pair held
+    with rank_ledger().transient("comm_buffers", kv.nbytes), Hops(ring.group) as hops:  # the pair in hand
         for hop in range(c):
-            ahead = hops.post([kv], [PHASES["forward"]]) if hop < c - 1 else None  # moves while kv is computed
+            # the next pair moves while this one is computed on
+            ahead = hops.post([kv], [PHASES["forward"]]) if hop < c - 1 else None
             kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
             for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
                 o_blk, lse_blk = blocks.forward(qc[:, :, rows], kc[:, :, cols], vc[:, :, cols], diagonal)
