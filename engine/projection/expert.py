@@ -114,21 +114,20 @@ class ExpertParallel:
 
     def forward(self, tl: Timeline) -> None:
         """One micro-batch's forward all-to-alls, every MoE layer's: counts, dispatch, combine."""
-        self._issue(tl, len(self.layers) * self.layer_forward_s if self.active else 0.0, 3)
+        if self.active:
+            self._issue(tl, len(self.layers) * self.layer_forward_s, 3 * len(self.layers))
 
     def backward(self, tl: Timeline, layer: str, recomputed: bool = False) -> None:
         """An MoE block's MLP backward: the combine's and the dispatch's mirrors (an MoE block is never
         recomputed: engine.config refuses checkpointing beside experts)."""
         if self.active and layer == "mlp.experts":
-            tl.inline(self.layer_backward_s)
-            self.spent_s += self.layer_backward_s
-            self.all_to_alls += 2
+            self._issue(tl, self.layer_backward_s, 2)
 
-    def _issue(self, tl: Timeline, seconds: float, per_layer: int) -> None:
-        if self.active:
-            tl.inline(seconds)
-            self.spent_s += seconds
-            self.all_to_alls += per_layer * len(self.layers)
+    def _issue(self, tl: Timeline, seconds: float, count: int) -> None:
+        """On the training thread: exposed."""
+        tl.inline(seconds)
+        self.spent_s += seconds
+        self.all_to_alls += count
 
     def reduces(self) -> list[tuple[float, float]]:
         """(seconds, CPU seconds) of what follows backward: the experts' gradients all-reduced over edp, their
