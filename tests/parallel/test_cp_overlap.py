@@ -6,7 +6,8 @@ Both halves are stood in for by sleeps, which take no CPU and so hold under a lo
 sleeps BLOCK_S before it computes, and every exchange of the threads transport sleeps LINK_S before it moves
 (an emulated slow link). Recorded timestamps show each exchange running inside a block's time; the wall
 clock of a pass is below the sum of its blocks and hops by at least half a hop. The results stay within
-1e-12 of whole attention (float64) under the delays."""
+1e-12 of whole attention (float64) under the delays. And in a training step beside data or tensor
+parallelism, one thread at a time drives a rank's transport (engine.comm.base's rule), the helper included."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from engine.parallel.context.layout import SequenceLayout
 from engine.parallel.context.ring_attention import Ring, ring_attention
 from engine.tensor import Tensor
 from tests.cp_helpers import full_attention, gather, problem
+from tests.cp_train_helpers import cp_config, traffic_rank
 
 BLOCK_S = LINK_S = 0.2  # the two must overlap; generous beside thread start-up under load
 T = 12  # contiguous, non-causal: one block per hop on every rank
@@ -96,3 +98,45 @@ def test_hops_move_while_the_blocks_compute(c, monkeypatch):
             # its c blocks and its hops_before exchanges one after the other)
             serial = c * BLOCK_S + hops_before * LINK_S
             assert end - start < serial - LINK_S / 2, (r, name, end - start, serial)
+
+
+def _exclusive(calls: list, violations: list, in_use: dict, lock: threading.Lock, fn):
+    """A transport method that notes which thread drives the communicator, and any call made while another
+    thread is inside one."""
+    def driven(self, *args, **kwargs):
+        me = threading.current_thread()
+        with lock:
+            owner, depth = in_use.get(id(self), (me, 0))
+            if owner is not me:
+                violations.append((self.rank, owner.name, me.name))
+            in_use[id(self)] = (me, depth + 1)
+            calls.append(me.name)
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            with lock:
+                owner, depth = in_use[id(self)]
+                if depth == 1:
+                    del in_use[id(self)]
+                else:
+                    in_use[id(self)] = (owner, depth - 1)
+    return driven
+
+
+@pytest.mark.parametrize("tensor", [1, 2], ids=["dp2-cp2-zero1", "cp2-tp2"])
+def test_one_thread_drives_a_transport_at_a_time(tensor, monkeypatch):
+    """A training step with the ring beside data (ZeRO-1) or tensor parallelism: the hops run on the ring's
+    helper thread, and no call reaches a rank's transport while another thread is inside one."""
+    calls: list = []
+    violations: list = []
+    in_use: dict = {}
+    lock = threading.Lock()
+    for name in ("_send", "_recv", "_sendrecv", "_exchange"):
+        monkeypatch.setattr(ThreadCommunicator, name,
+                            _exclusive(calls, violations, in_use, lock, getattr(ThreadCommunicator, name)))
+    cfg = cp_config(4, 2, tensor=tensor, zero=1 if tensor == 1 else 0)
+    ranks = run_ranks(4, "threads", traffic_rank, args=(cfg,), timeout_s=60)
+    assert all(r["blocks"] > 0 for r in ranks)
+    assert violations == []
+    assert any(name.startswith("comm-rank") for name in calls)  # the hops' helper drove some of them
+    assert any(not name.startswith("comm-rank") for name in calls)  # and the rank threads the rest
