@@ -134,7 +134,8 @@ class Embedding(Module):
 
     def positions(self, t: int) -> Tensor:
         """As a GPT's position embedding: the rows of a sequence of t tokens, positions 0..t-1 (a
-        context-parallel rank, which holds a slice of every sequence, swaps in rows of its slice's positions)."""
+        context-parallel rank, which holds a slice of every sequence, swaps in rows of its slice's
+        positions)."""
         return self.weight[:t]
 
 

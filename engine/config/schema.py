@@ -135,8 +135,8 @@ class ParallelConfig:
                                     "long instead of computing, so schedules of many stages are timed on few "
                                     "cores (nothing trains: the gradients are zero); 0 = real compute")
     context: int = _f(1, "context-parallel degree: ranks splitting each sequence (ring attention)")
-    context_layout: str = _f("zigzag", "context > 1: which chunks of a sequence each rank holds: " + "; ".join(
-        f'"{k}" ({what})' for k, what in CONTEXT_LAYOUTS.items()))
+    context_layout: str = _f("zigzag", "context > 1: which chunks of a sequence each rank holds: "
+                             + "; ".join(f'"{k}" ({what})' for k, what in CONTEXT_LAYOUTS.items()))
     expert: int = _f(1, "expert-parallel degree: ranks splitting the experts; carved out of the data x "
                      "context ranks (it must divide them), so it does not multiply world_size")
     order: str = _f(DEFAULT_ORDER, "the mesh's axes, innermost (adjacent ranks) first, joined by \"-\": "

@@ -138,11 +138,11 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
              cases: tuple | None = None) -> dict:
     """Rounds over every case (CASES, or `cases`): calibrate for it, predict it, run it; returns the report
     (see summarize)."""
-    cases = case_configs(base, quick, only, cases)
-    vocab = vocab_size(cases[0][1]) if base.model.kind == "gpt" else 0
-    runs: dict[str, list[dict]] = {label: [] for label, _ in cases}
+    configs = case_configs(base, quick, only, cases)
+    vocab = vocab_size(configs[0][1]) if base.model.kind == "gpt" else 0
+    runs: dict[str, list[dict]] = {label: [] for label, _ in configs}
     calibration = None
-    for repeat, (label, cfg) in ((r, case) for r in range(repeats) for case in round_order(cases, r)):
+    for repeat, (label, cfg) in ((r, case) for r in range(repeats) for case in round_order(configs, r)):
         on_progress(f"round {repeat + 1}/{repeats}: {label}: calibrating, predicting, running")
         calibration = calibrate_for(cfg, vocab)
         step, mem, _ = predict(cfg, cluster, calibration, vocab)

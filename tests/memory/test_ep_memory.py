@@ -25,8 +25,8 @@ VOCAB = 13
 
 def tiny(**over):
     d = {"name": "moe-est", "seed": 1,
-         "model": {"kind": "gpt", "n_layer": 2, "n_head": 2, "n_embd": 8, "block_size": 8, "vocab_size": VOCAB,
-                   "n_experts": 4, "top_k": 2},
+         "model": {"kind": "gpt", "n_layer": 2, "n_head": 2, "n_embd": 8, "block_size": 8,
+                   "vocab_size": VOCAB, "n_experts": 4, "top_k": 2},
          "data": {"kind": "synthetic-lm", "n_samples": 128},
          "train": {"steps": 1, "global_batch": 8, "micro_batches": 1, "eval_every": 0, "eval_batches": 1},
          "parallel": {"bucket_cap_mb": 0.004, "world_size": 4},
@@ -45,7 +45,8 @@ def _peaks(r) -> dict[str, int]:
     return {c: max(m[c] for m in r["maxima"].values()) for c in CATEGORIES}
 
 
-GRID = [(1, 1, 0, "fp32"), (2, 1, 1, "fp64"), (2, 2, 2, "bf16"), (1, 2, 0, "fp16")]  # top_k, every, ZeRO, dtype
+# top_k, every, ZeRO, dtype
+GRID = [(1, 1, 0, "fp32"), (2, 1, 1, "fp64"), (2, 2, 2, "bf16"), (1, 2, 0, "fp16")]
 
 
 @pytest.mark.parametrize("top_k, every, stage, dtype", GRID)
