@@ -28,7 +28,7 @@ every rank adds its queries' share to; after the c-th hop the accumulator is hom
 The accumulator of one hop travels during the next hop's blocks, the keys and values ahead of them; only the
 accumulator's last hop home has no blocks beside it. Every sum is taken in the order the blocks come, as
 when each block added at once, so the results do not depend on when the messages move (the held block
-gradients, up to a hop's worth, are temporaries the ledger does not count, like the blocks' scores).
+gradients of a hop are temporaries the ledger does not count, like the blocks' scores).
 
 Traffic per hop, booked by the meter under the context-parallel group: forward "cp-fwd-kv" (K and V of
 b·s/c tokens: 2·b·(s/c)·h elements), backward "cp-bwd-kv" (the same) and "cp-bwd-kv-grad" (dK, dV in the
