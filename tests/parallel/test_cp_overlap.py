@@ -20,6 +20,7 @@ import pytest
 from engine.comm.launch import run_ranks
 from engine.comm.threads import ThreadCommunicator
 from engine.parallel.context import blocks
+from engine.parallel.context.hops import IDLE_S
 from engine.parallel.context.layout import SequenceLayout
 from engine.parallel.context.ring_attention import Ring, ring_attention
 from engine.tensor import Tensor
@@ -138,5 +139,15 @@ def test_one_thread_drives_a_transport_at_a_time(tensor, monkeypatch):
     ranks = run_ranks(4, "threads", traffic_rank, args=(cfg,), timeout_s=60)
     assert all(r["blocks"] > 0 for r in ranks)
     assert violations == []
-    assert any(name.startswith("comm-rank") for name in calls)  # the hops' helper drove some of them
-    assert any(not name.startswith("comm-rank") for name in calls)  # and the rank threads the rest
+    assert any(name.startswith("cp-hops-rank") for name in calls)  # the hops' helper drove some of them
+    assert any(not name.startswith("cp-hops-rank") for name in calls)  # and the rank threads the rest
+
+
+def test_the_helper_threads_end_when_idle():
+    """A rank's helper is kept between passes and ends IDLE_S after its last hop: a run leaves none behind."""
+    q, k, v, g = problem((1, 2, T, 4), seed=5)
+    run_ranks(2, "threads", _rank, args=([q, k, v, g], {}), timeout_s=60)
+    deadline = time.monotonic() + IDLE_S + 10  # generous: the threads may wait for a core
+    while any(t.name.startswith("cp-hops-rank") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, [t.name for t in threading.enumerate()]
+        time.sleep(0.05)
