@@ -2,7 +2,7 @@
 the blocks of the chunk it holds, as Megatron's and picotron's rings post their isend/irecv before a block
 and wait after it.
 
-    with Hops(ring.group) as hops:            # one helper thread for one forward or one backward
+    with Hops(ring.group) as hops:            # one forward or backward pass, on the rank's helper
         hop = hops.post([kv], [phase])        # receive buffers allocated, the exchange queued
         ... blocks on kv (only read: it is what is being sent) ...
         kv = hop.wait()[0]                    # the previous rank's pair, the next one to compute on
