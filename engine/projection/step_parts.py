@@ -35,7 +35,7 @@ class StepBreakdown:
     bubble_s: float = 0.0  # pipeline: the mean pipeline rank's idle time in the schedule (part of exposed_s)
     p2p_s: float = 0.0  # pipeline: what the stage-to-stage messages add to the schedule
     pp: dict = field(default_factory=dict)  # the pipeline's summary (pipeline_step.py); empty at p = 1
-    cp_s: float = 0.0  # context parallelism's ring hops: all exposed (part of exposed_s)
+    cp_s: float = 0.0  # context parallelism's ring hops: the part its blocks do not hide (of exposed_s)
     cp: dict = field(default_factory=dict)  # ContextParallel.summary() (context.py); empty at c = 1
     ep_s: float = 0.0  # expert parallelism's all-to-alls: all exposed (part of exposed_s)
     ep: dict = field(default_factory=dict)  # ExpertParallel.summary() (expert.py); empty at e = 1
