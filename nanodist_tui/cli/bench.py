@@ -95,6 +95,16 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
             if pp:
                 report["ratio"] = pp["ratio"]
                 pp.update(rate(flops, pp["torch_s"], peak))
+    elif cfg.parallel.backend == "processes" and cfg.parallel.context > 1:
+        from engine.bench.cp_peer import race_cp
+        from engine.bench.cp_peer import unraced as cp_unraced
+        if why := cp_unraced(cfg):
+            report["cp_unraced"] = why
+        else:  # ours again, taking turns with the PyTorch ring-attention twin in the same ranks
+            report["cp"] = cp = race_cp(cfg, warmup, steps)
+            if cp:
+                report["ratio"] = cp["ratio"]
+                cp.update(rate(flops, cp["torch_s"], peak))
     elif cfg.parallel.backend == "processes" and cfg.parallel.tensor > 1:
         from engine.bench.tp_peer import race_tp, unraced
         if why := unraced(cfg):
@@ -185,10 +195,19 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
               f"micro-batches, {d['world_size']} processes x {d['threads_per_rank']} thread(s))")
         print(f"  ratio ours/PyTorch PP = {report['ratio']:.2f}  (ours {d['ours_s'] * 1e3:.1f} ms, timed "
               "taking turns with PyTorch's pipelining in the same ranks)")
-    elif "tp_unraced" in report or "pp_unraced" in report:
-        kind = "TP" if "tp_unraced" in report else "pipeline"
-        print(f"  no PyTorch {kind} figure: {report.get('tp_unraced') or report['pp_unraced']}")
-    elif {"ddp", "tp", "pp"} & report.keys() or cfg.parallel.world_size == 1 and not report.get("torch"):
+    elif report.get("cp"):
+        d = report["cp"]
+        print(f"  PyTorch CP {d['torch_s'] * 1e3:8.1f} ms/step   {_rate_words(d)}   (torch {d['torch']}, "
+              f"gloo, {d['twin']}: ring attention written in torch, {d['layout']} dp {d['dp']} x cp "
+              f"{d['cp']}, "
+              f"{d['world_size']} processes x {d['threads_per_rank']} thread(s))")
+        print(f"  ratio ours/PyTorch CP = {report['ratio']:.2f}  (ours {d['ours_s'] * 1e3:.1f} ms, timed "
+              "taking turns with the PyTorch twin in the same ranks)")
+    elif {"tp_unraced", "pp_unraced", "cp_unraced"} & report.keys():
+        kind, why = next((k, report[f"{k}_unraced"]) for k in ("tp", "pp", "cp") if f"{k}_unraced" in report)
+        print(f"  no PyTorch {dict(tp='TP', pp='pipeline', cp='CP')[kind]} figure: {why}")
+    elif {"ddp", "tp", "pp", "cp"} & report.keys() or (cfg.parallel.world_size == 1
+                                                         and not report.get("torch")):
         print("  PyTorch not installed: no peer figure (pip install torch==2.13.0)")
 
 
