@@ -242,7 +242,10 @@ def _is_basic(index) -> bool:
 
 def _add_rows(buf: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
     """buf[rows[i]] += values[i] with repeats summed; sort + reduceat is ~6x faster than np.add.at.
-    16-bit values are summed in float32 and each row rounded once."""
+    16-bit values are summed in float32 and each row rounded once. No rows (an index that picks nothing,
+    as an expert no token reached has) add nothing."""
+    if rows.size == 0:
+        return
     order = np.argsort(rows, kind="stable")
     sorted_rows = rows[order]
     starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])

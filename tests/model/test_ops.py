@@ -112,6 +112,17 @@ def test_embedding_scatter_adds_repeated_rows():
     check_grads(lambda w: ops.embedding(idx, w), rand(5, 4))
 
 
+def test_an_index_that_picks_no_rows_adds_no_gradient():
+    """A gather of no rows (an expert no token reached) beside one of rows 1, 1 and 3: the weight's gradient
+    is the second alone, counted by hand (the scatter of nothing used to fail on its first row)."""
+    w = Tensor(rand(5, 4), requires_grad=True)
+    nothing, some = ops.embedding(np.array([], dtype=np.int64), w), ops.embedding(np.array([1, 1, 3]), w)
+    (ops.sum(nothing) + ops.sum(some)).backward()
+    expected = np.zeros((5, 4))
+    expected[1], expected[3] = 2.0, 1.0
+    np.testing.assert_array_equal(w.grad, expected)
+
+
 @pytest.mark.parametrize("axis,keepdims",
                          [(None, False), (0, False), (-1, True), ((0, 2), False), ((1,), True)])
 def test_sum_and_mean(axis, keepdims):
