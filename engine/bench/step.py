@@ -63,6 +63,15 @@ def rate(flops: float, step_s: float, peak_gflops: float) -> dict:
     return {"gflops": gflops, "of_peak": gflops / peak_gflops}
 
 
+def moe_unraced(cfg: Config) -> str | None:
+    """Why no PyTorch peer races cfg: a mixture-of-experts GPT has no PyTorch twin yet (torch_peer's twins
+    are dense), on one rank or many; None for a dense model."""
+    if cfg.model.kind == "gpt" and cfg.model.n_experts:
+        return ("no PyTorch twin of a mixture-of-experts GPT is built yet (model.n_experts > 0): "
+                "PyTorch's twins (eager, DDP, TP, PP, CP) are dense")
+    return None
+
+
 SETTLE = 3  # steps after a switch of library that are not timed (see race_torch)
 
 

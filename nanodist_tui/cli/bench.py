@@ -45,7 +45,7 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
     parallel.tensor > 1 on processes. Also what it ran on (CPU, BLAS), the step's FLOPs, and GFLOP/s
     against the measured float32 matmul peak of this machine."""
     from engine.bench import machine
-    from engine.bench.step import FLOPS_CONVENTION, race_torch, rate, step_flops, time_ours
+    from engine.bench.step import FLOPS_CONVENTION, moe_unraced, race_torch, rate, step_flops, time_ours
     from engine.comm.cores import usable_cores
     from engine.config import replace
     from engine.memory.capacity import check_fits
@@ -77,7 +77,9 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
     if cpu_time:
         from engine.bench.cpu_time import cpu_time_race
         report["cpu_time"] = cpu_time_race(cfg, warmup, steps)
-    if cfg.parallel.world_size == 1:
+    if why := moe_unraced(cfg):
+        report["moe_unraced"] = why
+    elif cfg.parallel.world_size == 1:
         peer = race_torch(cfg, warmup, steps)  # ours again, taking turns with PyTorch: a fair ratio
         report["torch"] = peer
         if peer:
@@ -203,9 +205,10 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
               f"{d['world_size']} processes x {d['threads_per_rank']} thread(s))")
         print(f"  ratio ours/PyTorch CP = {report['ratio']:.2f}  (ours {d['ours_s'] * 1e3:.1f} ms, timed "
               "taking turns with the PyTorch twin in the same ranks)")
-    elif {"tp_unraced", "pp_unraced", "cp_unraced"} & report.keys():
-        kind, why = next((k, report[f"{k}_unraced"]) for k in ("tp", "pp", "cp") if f"{k}_unraced" in report)
-        print(f"  no PyTorch {dict(tp='TP', pp='pipeline', cp='CP')[kind]} figure: {why}")
+    elif {"tp_unraced", "pp_unraced", "cp_unraced", "moe_unraced"} & report.keys():
+        names = {"tp": "TP", "pp": "pipeline", "cp": "CP", "moe": "peer"}
+        kind = next(k for k in names if f"{k}_unraced" in report)
+        print(f"  no PyTorch {names[kind]} figure: {report[f'{kind}_unraced']}")
     elif {"ddp", "tp", "pp", "cp"} & report.keys() or (cfg.parallel.world_size == 1
                                                          and not report.get("torch")):
         print("  PyTorch not installed: no peer figure (pip install torch==2.13.0)")
