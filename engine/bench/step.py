@@ -64,11 +64,12 @@ def rate(flops: float, step_s: float, peak_gflops: float) -> dict:
 
 
 def moe_unraced(cfg: Config) -> str | None:
-    """Why no PyTorch peer races cfg: a mixture-of-experts GPT has no PyTorch twin yet (torch_peer's twins
-    are dense), on one rank or many; None for a dense model."""
+    """Why no PyTorch peer races cfg: a mixture-of-experts GPT's only twin is the expert-parallel one
+    (engine/bench/moe_peer.py, processes backend, parallel.expert > 1); the others are dense. None for a
+    dense model."""
     if cfg.model.kind == "gpt" and cfg.model.n_experts:
-        return ("no PyTorch twin of a mixture-of-experts GPT is built yet (model.n_experts > 0): "
-                "PyTorch's twins (eager, DDP, TP, PP, CP) are dense")
+        return ("a mixture-of-experts GPT (model.n_experts > 0) is raced only under expert parallelism on "
+                "processes (parallel.expert > 1, -b processes): PyTorch's other twins are dense")
     return None
 
 

@@ -77,7 +77,17 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
     if cpu_time:
         from engine.bench.cpu_time import cpu_time_race
         report["cpu_time"] = cpu_time_race(cfg, warmup, steps)
-    if why := moe_unraced(cfg):
+    if cfg.parallel.backend == "processes" and cfg.parallel.expert > 1:
+        from engine.bench.moe_peer import race_moe
+        from engine.bench.moe_peer import unraced as ep_unraced
+        if why := ep_unraced(cfg):
+            report["ep_unraced"] = why
+        else:  # ours again, taking turns with the PyTorch expert-parallel twin in the same ranks
+            report["ep"] = ep = race_moe(cfg, warmup, steps)
+            if ep:
+                report["ratio"] = ep["ratio"]
+                ep.update(rate(flops, ep["torch_s"], peak))
+    elif why := moe_unraced(cfg):
         report["moe_unraced"] = why
     elif cfg.parallel.world_size == 1:
         peer = race_torch(cfg, warmup, steps)  # ours again, taking turns with PyTorch: a fair ratio
@@ -205,11 +215,18 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
               f"{d['world_size']} processes x {d['threads_per_rank']} thread(s))")
         print(f"  ratio ours/PyTorch CP = {report['ratio']:.2f}  (ours {d['ours_s'] * 1e3:.1f} ms, timed "
               "taking turns with the PyTorch twin in the same ranks)")
-    elif {"tp_unraced", "pp_unraced", "cp_unraced", "moe_unraced"} & report.keys():
-        names = {"tp": "TP", "pp": "pipeline", "cp": "CP", "moe": "peer"}
+    elif report.get("ep"):
+        d = report["ep"]
+        print(f"  PyTorch EP {d['torch_s'] * 1e3:8.1f} ms/step   {_rate_words(d)}   (torch {d['torch']}, "
+              f"gloo, {d['twin']}: all_to_all_single dispatch, {d['n_experts']} experts top-{d['top_k']}, "
+              f"ep {d['ep']}, {d['world_size']} processes x {d['threads_per_rank']} thread(s))")
+        print(f"  ratio ours/PyTorch EP = {report['ratio']:.2f}  (ours {d['ours_s'] * 1e3:.1f} ms, timed "
+              "taking turns with the PyTorch twin in the same ranks)")
+    elif {"tp_unraced", "pp_unraced", "cp_unraced", "ep_unraced", "moe_unraced"} & report.keys():
+        names = {"tp": "TP", "pp": "pipeline", "cp": "CP", "ep": "EP", "moe": "peer"}
         kind = next(k for k in names if f"{k}_unraced" in report)
         print(f"  no PyTorch {names[kind]} figure: {report[f'{kind}_unraced']}")
-    elif {"ddp", "tp", "pp", "cp"} & report.keys() or (cfg.parallel.world_size == 1
+    elif {"ddp", "tp", "pp", "cp", "ep"} & report.keys() or (cfg.parallel.world_size == 1
                                                          and not report.get("torch")):
         print("  PyTorch not installed: no peer figure (pip install torch==2.13.0)")
 
