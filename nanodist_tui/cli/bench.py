@@ -342,7 +342,8 @@ def profile(preset: PresetOpt = "gpt-mini", sets: SetOpt = None,
             warmup: Annotated[int, typer.Option(help="untimed warm-up steps", min=0)] = 3,
             as_json: JsonOpt = False) -> None:
     """Where each millisecond of one rank's training step goes: per op (forward, backward, optimizer,
-    each exclusive of the ops it calls) and per phase."""
+    each exclusive of the ops it calls) and per phase. A layout that needs several ranks (tensor, pipeline,
+    context, expert) runs on the fewest it needs, as threads, and rank 0 is profiled."""
     from engine.bench.profile import profile_step
     with user_errors():
         cfg, _, _ = load_config(preset, sets, None, None)
@@ -351,7 +352,8 @@ def profile(preset: PresetOpt = "gpt-mini", sets: SetOpt = None,
         print(json.dumps(report, indent=2))
         return
     ph = report["phases"]
-    print(f"preset {report['preset']}: one rank, {report['threads']} thread(s), ms per step (mean of "
+    who = "one rank" if report["ranks"] == 1 else f"rank 0 of {report['ranks']} (threads)"
+    print(f"preset {report['preset']}: {who}, {report['threads']} thread(s), ms per step (mean of "
           f"{steps} steps after {warmup} warm-up)")
     print(f"  step {ph['step']:.1f} = forward {ph['forward']:.1f} + backward {ph['backward']:.1f} + "
           f"optimizer {ph['optimizer']:.1f} + outside phases {report['other']['outside phases']:.1f}; comm "
