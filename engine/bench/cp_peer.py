@@ -27,6 +27,8 @@ Imports torch inside functions only: the engine never depends on PyTorch.
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.bench.ddp_peer import race_in_ranks
 from engine.config import Config
 
@@ -78,7 +80,7 @@ def _hop():
 
     def _exchange(x, send_to: int, recv_from: int):
         out = torch.empty_like(x)
-        ops = [dist.isend(x.contiguous(), send_to), dist.irecv(out, recv_from)]
+        ops: list[Any] = [dist.isend(x.contiguous(), send_to), dist.irecv(out, recv_from)]
         for op in ops:
             op.wait()
         return out
@@ -158,8 +160,9 @@ class TorchCP:
         self.cfg, self.dataset, self.dp_rank, self.dp = cfg, dataset, coords.dp, mesh.dp
         self.layout = SequenceLayout(cfg.parallel.context_layout, mesh.cp)
         self.cp_rank = members.index(rank)
-        self.twin = torch_model_from(dense_model)
-        for block in self.twin.blocks:
+        self.twin: Any = torch_model_from(dense_model)
+        blocks: Any = self.twin.blocks
+        for block in blocks:
             block.attn.forward = RingAttention(block.attn, self.layout, members, self.cp_rank)
         self.opt = torch_adamw(self.twin, cfg.optim)
 
@@ -173,16 +176,11 @@ class TorchCP:
 
     def step(self, i: int) -> float:
         import torch
-        import torch.distributed as dist
         import torch.nn.functional as F
-        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
         from engine.data import rank_slice
-        from engine.optim import lr_at
         cfg, o = self.cfg, self.cfg.optim
-        for group in self.opt.param_groups:
-            group["lr"] = lr_at(i, o.schedule, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps)
-        self.opt.zero_grad(set_to_none=True)
+        start_step(self.opt, cfg, i)
         batch, n_micro, total = self.dataset.global_batch(i, "train"), cfg.train.micro_batches, 0.0
         for micro in range(n_micro):
             rows = rank_slice(batch, self.dp_rank, self.dp, micro, n_micro)
@@ -191,16 +189,33 @@ class TorchCP:
             loss = F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(y).reshape(-1))
             (loss / n_micro).backward()
             total += loss.item()
-        grads = [p.grad for p in self.twin.parameters()]
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat)  # the world is the data x context ranks: all hold the same weights
-        flat /= dist.get_world_size()
-        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            g.copy_(reduced)
+        average_gradients(list(self.twin.parameters()))  # the world is the data x context ranks
         if o.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.twin.parameters(), o.grad_clip)
         self.opt.step()
         return total / n_micro
+
+
+def start_step(opt, cfg: Config, i: int) -> None:
+    """Step i's learning rate of our schedule on every group of `opt`, and its gradients cleared."""
+    from engine.optim import lr_at
+    o = cfg.optim
+    for group in opt.param_groups:
+        group["lr"] = lr_at(i, o.schedule, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps)
+    opt.zero_grad(set_to_none=True)
+
+
+def average_gradients(params: list[Any]) -> None:
+    """The parameters' gradients averaged over every rank of the default group, by one all-reduce of them
+    flattened (the ranks hold the same weights)."""
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    grads = [p.grad for p in params]
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        g.copy_(reduced)
 
 
 def twin_losses(cfg: Config, steps: int) -> list[list[float]]:

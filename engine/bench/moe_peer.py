@@ -17,6 +17,9 @@ same ranks, no tensor, pipeline or context axis), dropless routing. Imports torc
 
 from __future__ import annotations
 
+from typing import Any
+
+from engine.bench.cp_peer import average_gradients, start_step
 from engine.bench.ddp_peer import race_in_ranks
 from engine.config import Config
 
@@ -90,13 +93,14 @@ def _torch_moe(n_embd: int, n_experts: int, top_k: int, coef: float, bias: bool,
             arrived = torch.empty_like(counts)
             dist.all_to_all_single(arrived, counts)  # split sizes first: [source rank, local expert]
             send, got = counts.view(ep, per).sum(1).tolist(), arrived.view(ep, per).sum(1).tolist()
-            rows_in = exchange(rows[order // top_k], got, send, dist.group.WORLD)
+            world: Any = dist.group.WORLD
+            rows_in = exchange(rows[order // top_k], got, send, world)
             pieces = rows_in.split(arrived.tolist())
             local = self.experts.local
             outs = [self.experts.mlps[str(e)](torch.cat(pieces[l::per])) for l, e in enumerate(local)]
             by_source = [o.split(arrived.view(ep, per)[:, l].tolist()) for l, o in enumerate(outs)]
             back = torch.cat([by_source[l][s] for s in range(ep) for l in range(per)])
-            returned = exchange(back, send, got, dist.group.WORLD)
+            returned = exchange(back, send, got, world)
             weighted = returned * weights.reshape(-1)[order].unsqueeze(1)
             y = torch.zeros_like(rows).index_add(0, order // top_k, weighted)
             share = counts.to(probs.dtype) / (n * top_k)
@@ -118,8 +122,8 @@ class TorchEP:
             raise ValueError(why)
         m, ep = cfg.model, cfg.parallel.expert
         spec = {k: v for k, v in model.config.items() if k != "moe"}
-        self.twin = TorchGPT(**spec)
-        self.layers = []
+        self.twin: Any = TorchGPT(**spec)
+        self.layers: list[Any] = []
         for i, block in enumerate(self.twin.blocks):
             if i % m.moe_every == 0:
                 block.mlp = _torch_moe(m.n_embd, m.n_experts, m.top_k, m.aux_loss_coef, m.bias, rank, ep)
@@ -128,8 +132,8 @@ class TorchEP:
         with torch.no_grad():
             for name, p in self.twin.named_parameters():
                 p.copy_(to_torch(ours[name].data))
-        self.experts = [p for n, p in self.twin.named_parameters() if ".experts." in n]
-        self.replicated = [p for n, p in self.twin.named_parameters() if ".experts." not in n]
+        self.experts: list[Any] = [p for n, p in self.twin.named_parameters() if ".experts." in n]
+        self.replicated: list[Any] = [p for n, p in self.twin.named_parameters() if ".experts." not in n]
         self.cfg, self.dataset, self.rank, self.world = cfg, dataset, rank, cfg.parallel.world_size
         self.opt = torch_adamw(self.twin, cfg.optim)
 
@@ -137,14 +141,10 @@ class TorchEP:
         import torch
         import torch.distributed as dist
         import torch.nn.functional as F
-        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
         from engine.data import rank_slice
-        from engine.optim import lr_at
         cfg, o = self.cfg, self.cfg.optim
-        for group in self.opt.param_groups:
-            group["lr"] = lr_at(i, o.schedule, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps)
-        self.opt.zero_grad(set_to_none=True)
+        start_step(self.opt, cfg, i)
         batch, n_micro, total = self.dataset.global_batch(i, "train"), cfg.train.micro_batches, 0.0
         for micro in range(n_micro):
             x, y = rank_slice(batch, self.rank, self.world, micro, n_micro)
@@ -153,11 +153,7 @@ class TorchEP:
             aux = sum(layer.aux for layer in self.layers)
             ((loss + aux) / n_micro).backward()
             total += loss.item()
-        grads = [p.grad for p in self.replicated]
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat)
-        for g, reduced in zip(grads, _unflatten_dense_tensors(flat / self.world, grads)):
-            g.copy_(reduced)
+        average_gradients(self.replicated)
         for p in self.experts:  # already the sum over every rank's tokens: the mean over the data ranks
             p.grad /= self.world
         if o.grad_clip:
