@@ -24,6 +24,12 @@ app = typer.Typer(help="Benchmarks: our step vs PyTorch (eager, DDP, TP), our al
                   no_args_is_help=True)
 
 
+# the PyTorch peer of each parallel axis on processes, by precedence: (module, race function); each module's
+# unraced(cfg) names a layout its twin cannot race
+PEERS = {"ep": ("engine.bench.moe_peer", "race_moe"), "pp": ("engine.bench.pp_peer", "race_pp"),
+         "cp": ("engine.bench.cp_peer", "race_cp"), "tp": ("engine.bench.tp_peer", "race_tp")}
+
+
 @app.command("step")
 def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldOpt = None,
          backend: BackendOpt = None,
@@ -77,16 +83,20 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
     if cpu_time:
         from engine.bench.cpu_time import cpu_time_race
         report["cpu_time"] = cpu_time_race(cfg, warmup, steps)
-    if cfg.parallel.backend == "processes" and cfg.parallel.expert > 1:
-        from engine.bench.moe_peer import race_moe
-        from engine.bench.moe_peer import unraced as ep_unraced
-        if why := ep_unraced(cfg):
-            report["ep_unraced"] = why
-        else:  # ours again, taking turns with the PyTorch expert-parallel twin in the same ranks
-            report["ep"] = ep = race_moe(cfg, warmup, steps)
-            if ep:
-                report["ratio"] = ep["ratio"]
-                ep.update(rate(flops, ep["torch_s"], peak))
+    # a layout with several ranks on processes: ours again, taking turns with a PyTorch peer in the same ranks
+    par = cfg.parallel
+    degrees = {"ep": par.expert, "pp": par.pipeline, "cp": par.context, "tp": par.tensor}
+    axis = next((a for a in PEERS if degrees[a] > 1), None) if par.backend == "processes" else None
+    if axis:
+        import importlib
+        peer_module = importlib.import_module(PEERS[axis][0])
+        if why := peer_module.unraced(cfg):
+            report[f"{axis}_unraced"] = why
+        else:
+            report[axis] = raced = getattr(peer_module, PEERS[axis][1])(cfg, warmup, steps)
+            if raced:
+                report["ratio"] = raced["ratio"]
+                raced.update(rate(flops, raced["torch_s"], peak))
     elif why := moe_unraced(cfg):
         report["moe_unraced"] = why
     elif cfg.parallel.world_size == 1:
@@ -97,35 +107,6 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
             peer.update(rate(flops, peer["step_s"], peak))
             if peer["sdpa"]:
                 peer["sdpa"].update(rate(flops, peer["sdpa"]["step_s"], peak))
-    elif cfg.parallel.backend == "processes" and cfg.parallel.pipeline > 1:
-        from engine.bench.pp_peer import race_pp
-        from engine.bench.pp_peer import unraced as pp_unraced
-        if why := pp_unraced(cfg):
-            report["pp_unraced"] = why
-        else:  # ours again, taking turns with PyTorch's pipelining in the same ranks
-            report["pp"] = pp = race_pp(cfg, warmup, steps)
-            if pp:
-                report["ratio"] = pp["ratio"]
-                pp.update(rate(flops, pp["torch_s"], peak))
-    elif cfg.parallel.backend == "processes" and cfg.parallel.context > 1:
-        from engine.bench.cp_peer import race_cp
-        from engine.bench.cp_peer import unraced as cp_unraced
-        if why := cp_unraced(cfg):
-            report["cp_unraced"] = why
-        else:  # ours again, taking turns with the PyTorch ring-attention twin in the same ranks
-            report["cp"] = cp = race_cp(cfg, warmup, steps)
-            if cp:
-                report["ratio"] = cp["ratio"]
-                cp.update(rate(flops, cp["torch_s"], peak))
-    elif cfg.parallel.backend == "processes" and cfg.parallel.tensor > 1:
-        from engine.bench.tp_peer import race_tp, unraced
-        if why := unraced(cfg):
-            report["tp_unraced"] = why
-        else:  # ours again, taking turns with PyTorch's tensor parallelism in the same ranks
-            report["tp"] = tp = race_tp(cfg, warmup, steps)
-            if tp:
-                report["ratio"] = tp["ratio"]
-                tp.update(rate(flops, tp["torch_s"], peak))
     elif cfg.parallel.backend == "processes":
         from engine.bench.ddp_peer import race_ddp
         ddp = race_ddp(cfg, warmup, steps)  # ours again, taking turns with PyTorch DDP in the same ranks
