@@ -49,7 +49,8 @@ def step(preset: PresetOpt = "gpt-mini", sets: SetOpt = None, world_size: WorldO
     rank (a GPT twice: hand-written attention and scaled_dot_product_attention), DDP (gloo) on
     --world-size N --backend processes, its tensor parallelism (DeviceMesh, parallelize_module, gloo) when
     parallel.tensor > 1 on processes, its pipelining when parallel.pipeline > 1, and twins written in torch
-    of context parallelism (ring attention) and expert parallelism (all-to-all dispatch) on processes. Also what it ran on (CPU, BLAS), the step's FLOPs, and GFLOP/s
+    of context parallelism (ring attention) and expert parallelism (all-to-all dispatch) on processes.
+    Also what it ran on (CPU, BLAS), the step's FLOPs, and GFLOP/s
     against the measured float32 matmul peak of this machine."""
     from engine.bench import machine
     from engine.bench.step import FLOPS_CONVENTION, moe_unraced, race_torch, rate, step_flops, time_ours
