@@ -4,7 +4,7 @@ moe_problem (across settings) runs in its combination_problem.
 
 Pure, like rules.py: a rule returns None or (problem, fix); moe_problem returns (key, problem, fix).
 What this release builds: MoE blocks in a GPT on data parallelism, experts split over parallel.expert
-ranks under DDP (ZeRO stage 0) in fp32 or fp64. Each refusal below names what is missing.
+ranks under ZeRO stages 0-2 in any precision. Each refusal below names what is missing.
 """
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ if TYPE_CHECKING:
 
 # the [model] keys that shape the experts; set without n_experts they would be ignored
 MOE_KEYS = ("top_k", "moe_every", "capacity_factor", "aux_loss_coef")
-EXPERT_PARALLEL_DTYPES = ("fp32", "fp64")  # loss scaling and master weights are not split by expert yet
-_SPELLED_DTYPES = " or ".join(f'"{d}"' for d in EXPERT_PARALLEL_DTYPES)
 
 
 def _whole_at_least(n: int):
@@ -74,14 +72,11 @@ def expert_parallel_problem(cfg: Config) -> tuple[str, str, str] | None:
     if m.n_experts % p.expert:
         return ("parallel.expert", f"{p.expert} ranks cannot share model.n_experts {m.n_experts} evenly",
                 f"use a divisor of {m.n_experts}, or a multiple of {p.expert} experts")
-    if p.zero_stage:
-        return ("parallel.zero_stage", f"ZeRO-{p.zero_stage} shards the experts' state over the "
-                "data-parallel group, and their gradients are reduced over the expert-data-parallel one: "
-                "not built yet",
-                "set parallel.zero_stage = 0 with parallel.expert > 1")
-    if cfg.precision.dtype not in EXPERT_PARALLEL_DTYPES:
-        return ("precision.dtype", f'"{cfg.precision.dtype}" with parallel.expert > 1 is not built yet',
-                f"use {_SPELLED_DTYPES}, or parallel.expert = 1")
+    if p.zero_stage == 3:
+        return ("parallel.zero_stage", "ZeRO-3 gathers a block's parameters over the data-parallel group, "
+                "and its split experts live on the expert-data-parallel one: gathering them there is not "
+                "built yet",
+                "use parallel.zero_stage 0, 1 or 2 with parallel.expert > 1")
     if cfg.checkpoint.every:
         return ("checkpoint.every", "checkpoints of split experts are not built yet",
                 "set checkpoint.every = 0 with parallel.expert > 1")

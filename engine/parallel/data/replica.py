@@ -42,6 +42,9 @@ class Replica:
         self.comm_wait_s = 0.0
         self._events: list = []
         self._final: set[int] | None = None  # ids of the armed parameters (reduce_when_final); None: none
+        # the overflow check of parameters held beside this replica (split experts: engine.parallel.expert),
+        # called with this replica's agreed answer and returning the one for both; None: nothing beside
+        self.overflow_beside: Callable | None = None
 
     def _start(self, cfg, pieces: list[Piece], sharded: bool) -> None:
         """Once the storage is laid out: the optimizer over `pieces`, the loss scaler, the communication
@@ -98,6 +101,8 @@ class Replica:
         step was skipped (the parameters, moments, optimizer step count and, since the trainer then keeps
         its step, the LR schedule stay exactly as they were)."""
         found = self.optimizer.find_overflow(self.scaler)
+        if self.overflow_beside is not None:
+            found = self.overflow_beside(found)
         scale = self.scaler.scale  # the scale this step's gradients carry
         change = self.scaler.update(step, found)
         if change is not None:
