@@ -42,8 +42,9 @@ with them less the makespan without); stage imbalance is the busiest rank's comp
 Compute emulation (parallel.pipeline_emulate_ms, the executor's Emulation): each F, I and W sleeps that
 long instead of computing (B = I + W), so those are the stage times, whatever the model.
 
-What comes around it (the DP reduce per stage after its last backward, the tied weight, the agreements,
-the optimizer per stage) is pipeline_step.py's.
+What comes around it (the DP reduce of each chunk from its last weight-gradient action on, overlapped with
+the rest of the schedule: pipeline_reduce.py; the tied weight, the agreements, the optimizer per stage) is
+pipeline_step.py's.
 """
 
 from __future__ import annotations
@@ -189,15 +190,19 @@ class Pipeline:
 
     def stage_names(self, rank: int) -> list[str]:
         """The parameters of `rank`'s stages (a tied head's copy is no parameter of the replica's)."""
-        where, names = stage_of_block(self.counts), []
+        return [self.shapes[i][0] for i, _ in self.parameters_of(rank)]
+
+    def parameters_of(self, rank: int) -> list[tuple[int, int]]:
+        """(index in `shapes`, virtual stage) of each parameter of `rank`'s stages, in the model's order."""
+        where, out = stage_of_block(self.counts), []
         mine = set(self.schedule.stages_of(rank))
         last = len(self.counts) - 1
-        for name, _, unit in self.shapes:
+        for i, (name, _, unit) in enumerate(self.shapes):
             outside = last if name.startswith(("ln_f.", "lm_head.")) else 0  # the head's, or the embedding's
             stage = where[unit] if unit is not None else outside
             if stage in mine:
-                names.append(name)
-        return names
+                out.append((i, stage))
+        return out
 
     @property
     def busiest(self) -> int:

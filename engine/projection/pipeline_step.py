@@ -8,12 +8,13 @@ For pipeline rank r, with E_r the end of its last action in the simulated schedu
                first forward waits for it, so the whole schedule starts that much later
     schedule   E_r after the start
     tied grad  the last stage's copy's gradient sent to the first once both are done (the same message)
-    DP reduce  once per stage, after its last backward (replica.reduce_accumulated): the buckets of the
-               stage's own parameters (GroupPlan over them: DDP all-reduces, ZeRO-1 reduce-scatters) on
-               the data-parallel group, waited for by the training thread: R_r
+    DP reduce  the buckets of the rank's own parameters (GroupPlan over them: DDP all-reduces, ZeRO-1
+               reduce-scatters) on the data-parallel group, R_r in all: each chunk's leave once its last
+               weight-gradient action is done and reduce on the communication thread beside the rest of
+               the schedule (pipeline_reduce.py); done at D_r ≥ E_r, of which D_r − E_r is waited for
     meeting    the gradient norm's sum of squares over the pipeline group (fp16: the overflow flag too),
                ZeRO-1's over the data-parallel group, TP's over the tensor group: every rank waits for the
-               last one there, at M = max_r(E_r + R_r) + the agreements
+               last one there, at M = max_r D_r + the agreements
     update     the optimizer over the stage's parameters (÷ dp under ZeRO-1, then its all-gather): U_r
     loss       the loss and the stop and pause votes, all-reduced over every rank
 
@@ -21,8 +22,8 @@ For pipeline rank r, with E_r the end of its last action in the simulated schedu
 
 A later stage finishes its backwards earlier (in 1F1B the last stage by (p−1)·B), so its reduce hides in
 the drain of the earlier stages; the first stage's does not. The breakdown reports the busiest rank: its
-compute, the rest of the step exposed (the bubble and the messages it waits on included), nothing overlapped
-(the training thread waits for every collective here) and no interference counted.
+compute, the rest of the step exposed (the bubble and the messages it waits on included), its reduce's
+hidden part as overlapped, and no interference counted.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from engine.projection.flops import FlopsOf, backward_events
 from engine.projection.group_comm import GroupComm, group_members
 from engine.projection.machine import Machine
 from engine.projection.pipeline import Pipeline, neighbour_link
+from engine.projection.pipeline_reduce import bucket_ready, final_ends, reduce_done
 from engine.projection.step_parts import GroupPlan, StepBreakdown
 from engine.projection.tensor_parallel import TensorParallel
 from engine.recompute import checkpointed_blocks
@@ -69,13 +71,24 @@ def predict_pipeline_step(cfg, machine: Machine, flops_of: FlopsOf) -> StepBreak
         ends[0] = ends[n - 1] = max(ends[0], ends[n - 1]) + tied
     dp_comm = GroupComm(machine, group_members(p, "dpcp", per_node))
     sharded = p.zero_stage > 0 and dp > 1
-    reduce, update, gather = [], [], []
+    # the engine overlaps the reduce with the rest of the schedule on the replica's communication thread,
+    # unless nothing writes a gradient (emulation), overlap is off, or the replica has no second thread
+    overlaps = p.overlap and not p.pipeline_emulate_ms and max(p.tensor, p.context, p.expert) == 1
+    reduce, exposed, update, gather = [], [], [], []
     for r in range(n):
-        names = set(pipe.stage_names(r))
-        plan = GroupPlan(cfg, vocab, dp, [s for s in pipe.shapes if s[0] in names])
+        owned_params = pipe.parameters_of(r)
+        plan = GroupPlan(cfg, vocab, dp, [pipe.shapes[i] for i, _ in owned_params])
         half = p.zero_stage > 0
-        reduce.append(sum(dp_comm.half(b, reduce=True)[0] if half else dp_comm.all_reduce(b)[0]
-                          for b in plan.sizes))
+        seconds = [dp_comm.half(b, reduce=True)[0] if half else dp_comm.all_reduce(b)[0] for b in plan.sizes]
+        reduce.append(sum(seconds))
+        held = {j for j, (i, _) in enumerate(owned_params)
+                if cfg.model.tie_weights and pipe.shapes[i][0] == "wte.weight"}  # summed after the schedule
+        if overlaps:  # what outlasts the rest of the rank's schedule is waited for
+            ready = bucket_ready(plan.members, [stage for _, stage in owned_params],
+                                 final_ends(pipe.schedule, pipe.timeline, r), held, ends[r], other + tied)
+            exposed.append(max(0.0, reduce_done(ready, seconds) - ends[r]))
+        else:  # after the rank's end, all of it
+            exposed.append(reduce[r])
         owned = sum(plan.sizes) // itemsize(dtype) // (dp if sharded else 1)
         update.append(compute.optimizer_s(owned, dtype, k))
         gather.append(sum(dp_comm.half(b, reduce=False)[0] for b in plan.sizes) if sharded else 0.0)
@@ -85,7 +98,7 @@ def predict_pipeline_step(cfg, machine: Machine, flops_of: FlopsOf) -> StepBreak
     if sharded:
         agree += dp_comm.scalars(1)[0] + (dp_comm.scalars(flags)[0] if flags else 0.0)
     tp_step = sum(map(tp.seconds, tp.per_step))
-    met = max(e + r for e, r in zip(ends, reduce)) + agree + tp_step
+    met = max(e + x for e, x in zip(ends, exposed)) + agree + tp_step  # the norm waits for every reduce
     loss = GroupComm(machine).scalars(3)[0]
     step = max(met + u + g for u, g in zip(update, gather)) + loss
     me = pipe.busiest
@@ -98,14 +111,15 @@ def predict_pipeline_step(cfg, machine: Machine, flops_of: FlopsOf) -> StepBreak
     ties = 2 * tied if me in (0, n - 1) else 0.0
     comm_s = (pipe.messages(me) * pipe.message_s + ties + reduce[me] + gather[me] + agree + loss + tp_s)
     return StepBreakdown(
-        step_s=step, compute_s=compute_s, overlapped_s=0.0, exposed_s=step - compute_s,
+        step_s=step, compute_s=compute_s, overlapped_s=reduce[me] - exposed[me], exposed_s=step - compute_s,
         interference_s=0.0, forward_s=pipe.per_rank(me, pipe.forward),
         backward_s=pipe.per_rank(me, pipe.input) + pipe.per_rank(me, pipe.weight),
         recompute_s=pipe.per_rank(me, pipe.recompute), optimizer_s=update[me], comm_s=comm_s,
         imbalance_s=imbalance, algorithm=machine.algorithm, tp_s=tp_s,
         tp=tp.summary(pipe.tp_issued_by(me) + Counter(tp.per_step)),
         bubble_s=pipe.bubble_s, p2p_s=pipe.p2p_s,
-        pp={**pipe.summary(), "rank": me, "tied_s": tied, "reduce_s": reduce, "optimizer_s": update})
+        pp={**pipe.summary(), "rank": me, "tied_s": tied, "reduce_s": reduce,
+              "reduce_exposed_s": exposed, "reduce_overlapped": overlaps, "optimizer_s": update})
 
 
 def tied_s(cfg, vocab: int, machine: Machine) -> float:
