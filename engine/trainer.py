@@ -353,10 +353,7 @@ def train_rank(comm, emit, cfg_dict: dict, run_id: str = "", checkpoint_dir: str
         _log_own_failure(exc, comm.rank, checkpoint_dir)
         raise
     try:
-        if checkpoint_dir and cfg.parallel.expert > 1 and comm.rank == 0:
-            emit(ev.to_json(ev.Log(level="warning", message="checkpoints of split experts (parallel.expert > "
-                                   "1) are not built yet: this run saves none")))
-        if checkpoint_dir and cfg.parallel.expert == 1:
+        if checkpoint_dir:
             trainer.checkpoints = Checkpointer(checkpoint_dir, cfg.checkpoint.every, cfg.checkpoint.keep,
                                                cfg_dict, run_id)
         if resume_from:

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from engine.checkpoint.experts import EXPERT_KEYS, held_numel, replicated_numel
 from engine.checkpoint.reshard import local_numel
 from engine.config.build import param_shapes
 from engine.dtypes import DTYPES
@@ -150,10 +151,52 @@ def check_manifest(manifest: Any, folder: Path) -> dict:
                      for a, b in zip(layout, expected) if a != b),
                     f"{len(layout)} parameters there, {len(expected)} for the model spec")
         f.fail("layout", f"does not match the model spec ({diff})")
+    expert = _check_expert(f, world, tensor, spec)
     if tensor > 1:  # each coordinate's ranges tile its own shard of the model
         numel = local_numel(spec["kind"], layout, tensor)
+    if expert > 1:  # the ranges tile the replicated parameters; the experts are held apart
+        numel = replicated_numel(layout)
     _check_shards(f, world, numel, tensor)
+    if expert > 1:
+        _check_experts(f, spec["moe"]["n_experts"], expert)
     return manifest
+
+
+def expert_degree(manifest: dict) -> int:
+    """The expert-parallel degree that saved a checkpoint (1 for checkpoints from before it was recorded)."""
+    return int(manifest.get("expert", 1))
+
+
+def _check_expert(f: _Fields, world: int, tensor: int, spec: dict) -> int:
+    """The expert-parallel degree: 1, or a divisor of the world and of the model's experts (no tensor
+    parallelism beside it)."""
+    if "expert" not in f.obj:
+        return 1
+    expert = f.whole("expert", 1, world)
+    if expert == 1:
+        return 1
+    n_experts = (spec.get("moe") or {}).get("n_experts", 0)
+    if world % expert or not n_experts or n_experts % expert:
+        f.fail("expert", f"{expert} does not divide world_size {world} and the model's {n_experts} experts")
+    if tensor > 1:
+        f.fail("expert", f"{expert} beside tensor {tensor}: no run saves that layout")
+    return expert
+
+
+def _check_experts(f: _Fields, n_experts: int, expert: int) -> None:
+    """Each shard entry's `experts` (null, or [lo, hi) of one expert-parallel rank's experts) and together
+    every expert held exactly once."""
+    per, held = n_experts // expert, []
+    for rank, entry in enumerate(f.obj["shards"]):
+        e = _Fields(entry, f.path, f"shards[{rank}].")
+        span = check_range(e, "experts")
+        if span is not None:
+            if span[1] - span[0] != per or span[0] % per or span[1] > n_experts:
+                e.fail("experts", f"{list(span)} is not one expert-parallel rank's {per} of "
+                       f"{n_experts} experts")
+            held.append(span)
+    if sorted(held) != [(lo, lo + per) for lo in range(0, n_experts, per)]:
+        f.fail("shards", f"the experts held are {sorted(map(list, held))}, not each of the {n_experts} once")
 
 
 def _check_layout(f: _Fields, numel: int) -> list[dict]:
@@ -304,18 +347,29 @@ def check_shard(meta: Any, arrays: dict[str, tuple[np.dtype, tuple]], entry: dic
     for key in ("growth_tracker", "hysteresis_left", "skipped_in_a_row"):
         if key in meta["scaler"]:
             s.whole(key)
-    unknown = sorted(set(arrays) - set(STATE_KEYS))
-    if unknown or (arrays and not entry["range"]):
-        raise CheckpointError(f"{path}: holds array {(unknown or sorted(arrays))[0]!r} that a shard "
-                              f"{'never has' if unknown else 'without a range does not have'}; "
+    experts = entry.get("experts")
+    if ("experts" in meta or "experts" in entry) and check_range(f, "experts") != (
+            tuple(experts) if experts else None):
+        f.fail("experts", f"{meta['experts']}, but the manifest says {experts}")
+    allowed = set(STATE_KEYS) if entry["range"] else set()
+    allowed |= set(EXPERT_KEYS.values()) if experts else set()
+    if extra := sorted(set(arrays) - allowed):
+        known = extra[0] in STATE_KEYS or extra[0] in EXPERT_KEYS.values()
+        raise CheckpointError(f"{path}: holds array {extra[0]!r} that a shard "
+                              f"{'without its range or experts does not have' if known else 'never has'}; "
                               "the checkpoint is damaged")
-    if not entry["range"]:
-        return
-    length = entry["range"][1] - entry["range"][0]
-    for key in STATE_KEYS:
+    if experts:
+        held = held_numel(manifest["layout"], *experts)
+        _check_arrays(arrays, EXPERT_KEYS.values(), held, "its experts", path)
+    if entry["range"]:
+        _check_arrays(arrays, STATE_KEYS, entry["range"][1] - entry["range"][0], "its range", path)
+
+
+def _check_arrays(arrays: dict, keys, length: int, what: str, path: Path) -> None:
+    for key in keys:
         if key not in arrays:
             raise CheckpointError(f"{path}: array {key} is missing; the checkpoint is damaged")
         dtype, shape = arrays[key]
         if dtype.kind != "f" or dtype.itemsize not in (4, 8) or tuple(shape) != (length,):
             raise CheckpointError(f"{path}: array {key} is {dtype}{list(shape)}, expected float32 or "
-                                  f"float64 [{length}] (its range); the checkpoint is damaged")
+                                  f"float64 [{length}] ({what}); the checkpoint is damaged")

@@ -18,6 +18,13 @@ order, the tied head's copy left out), so its owned range is offset by where tha
 checkpoint reads as the dense model's, and a run resumes at any pipeline degree, each rank taking its
 stage's run back out (engine.parallel.pipeline.checkpoint_share; interleaved chunks are joined first).
 
+Under expert parallelism a rank's flat state is the replicated parameters' (every one but the split experts'),
+whose ranges tile that part alone, and apart from it its own experts' parameters and AdamW moments, which it
+writes as `expert_master`, `expert_m`, `expert_v`, the shard's entry (and its metadata) naming the global
+experts [lo, hi) it holds; the manifest's `expert` is the degree, and of the ranks holding the same experts
+(the expert-data-parallel group) only the lowest writes them. Consolidating interleaves the two back into the
+dense order by the parameters' names (experts.py), so a run resumes at any expert degree, or none.
+
 Loading consolidates the shards into full, unpadded fp32 master/m/v of the dense model — the same arrays
 whatever world size, stage or tensor degree saved them (reshard.py joins the tensor-parallel shards) — and
 each rank cuts its own tensor-parallel shard back out (any degree; none for a whole model) before
@@ -35,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from engine import events as ev
+from engine.checkpoint import experts as expert_split
 from engine.checkpoint.files import (
     FORMAT,
     MANIFEST,
@@ -54,9 +62,10 @@ from engine.checkpoint.files import (
     write_shard,
 )
 from engine.checkpoint.reshard import cut, join, local_numel
-from engine.checkpoint.schema import STATE_KEYS, check_shard, pieces, spec_layout
+from engine.checkpoint.schema import STATE_KEYS, check_shard, expert_degree, pieces, spec_layout
 from engine.comm.collectives import all_gather
 from engine.config.build import vocab_chars
+from engine.parallel.expert import checkpoint_state as expert_state
 from engine.parallel.pipeline import checkpoint_share
 
 CHECKPOINTS = "checkpoints"
@@ -124,21 +133,29 @@ class Checkpointer:
         comm, replica, rank, step = trainer.comm, trainer.replica, trainer.rank, trainer.step
         tp = trainer.layout.rank  # which tensor-parallel shard this rank's state is (0: the whole model)
         start, end, state = checkpoint_share.share(trainer)  # collective in ZeRO 1-3 and pipelines
-        owners = _gather_ints(comm, [step, int(self.root.parent.is_dir()), tp, start, end])
+        held = expert_state.held_experts(replica)
+        owners = _gather_ints(comm, [step, int(self.root.parent.is_dir()), tp, start, end, *(held or (0, 0))])
         if len(set(owners[:, 0].tolist())) != 1:
             raise RuntimeError(f"ranks reached a checkpoint at different steps: {owners[:, 0].tolist()}")
         if not owners[0, 1]:  # rank 0's view decides, for every rank alike: it writes the manifest
             return None  # making it again would leave a folder of checkpoints alone, which no resume reads
         folder = self.root / step_dir_name(step)
         make_dir(folder)
-        ranges = _written_ranges(owners[:, 2:])
+        ranges = _written_ranges(owners[:, 2:5])
         meta = {"rank": rank, "step": step, "tp": tp, "range": ranges[rank],
                 "optimizer_step": int(state["step"]), "scaler": replica.scaler.state_dict()}
         arrays = {k: state[k] for k in STATE_KEYS} if ranges[rank] else {}
+        experts = None
+        if held is not None:  # split experts: the lowest rank holding each share writes it
+            experts = _written_ranges(np.c_[np.zeros(len(owners), np.int64), owners[:, 5:7]])
+            meta["experts"] = experts[rank]
+            own = expert_state.expert_state(replica)  # collective when ZeRO shards it over edp
+            if experts[rank]:
+                arrays |= {expert_split.EXPERT_KEYS[k]: own[k] for k in STATE_KEYS}
         digest, size = write_shard(folder / shard_name(rank), arrays, meta)
         records = _gather_ints(comm, [size, *np.frombuffer(bytes.fromhex(digest), dtype=np.int64).tolist()])
         if rank == 0:
-            self._finish(trainer, folder, step, ranges, owners[:, 2].tolist(), records)
+            self._finish(trainer, folder, step, ranges, owners[:, 2].tolist(), records, experts)
         # Nobody leaves before the manifest exists: a rank that failed right after its share (the next step
         # failing at once) would otherwise abort rank 0's last collective, and the checkpoint every shard of
         # which is on disk would never be finished.
@@ -147,17 +164,21 @@ class Checkpointer:
         self.last_saved = step
         return folder
 
-    def _finish(self, trainer, folder: Path, step: int, ranges: list, tps: list[int], records: np.ndarray
-                ) -> None:
+    def _finish(self, trainer, folder: Path, step: int, ranges: list, tps: list[int], records: np.ndarray,
+                experts: list | None) -> None:
         cfg, world = trainer.cfg, trainer.world
         spec = model_spec(cfg, trainer.model)
         layout = spec_layout(spec)  # the dense model's: what every tensor degree consolidates to
         shards = [{"rank": r, "file": shard_name(r), "bytes": int(records[r, 0]),
                    "sha256": records[r, 1:].astype(np.int64).tobytes().hex(), "tp": int(tps[r]),
                    "range": ranges[r]} for r in range(world)]
+        if experts is not None:
+            for entry, held in zip(shards, experts):
+                entry["experts"] = held
         manifest = {
             "format": FORMAT, "version": VERSION, "step": step, "run_id": self.run_id,
-            "world_size": world, "tensor": trainer.layout.degree, "zero_stage": cfg.parallel.zero_stage,
+            "world_size": world, "tensor": trainer.layout.degree,
+            "expert": 1 if experts is None else cfg.parallel.expert, "zero_stage": cfg.parallel.zero_stage,
             "precision": cfg.precision.dtype,
             "numel": sum(math.prod(p["shape"]) for p in layout), "layout": layout,
             "model": spec, "vocab": vocab_chars(trainer.dataset),
@@ -213,12 +234,19 @@ class Checkpoint:
         """The tensor-parallel degree that saved it (1 for checkpoints from before tensor parallelism)."""
         return int(self.manifest.get("tensor", 1))
 
+    @property
+    def expert(self) -> int:
+        """The expert-parallel degree that saved it (1: every expert in the flat state, or no experts)."""
+        return expert_degree(self.manifest)
+
     def consolidate(self, keys: tuple[str, ...] = STATE_KEYS) -> dict:
         """Full unpadded arrays of the dense model (fp32 master, m, v) and the optimizer step, however many
-        ranks, of whatever tensor-parallel degree, saved them."""
+        ranks, of whatever tensor-parallel or expert-parallel degree, saved them."""
         t, layout = self.tensor, self.manifest["layout"]
         kind = self.manifest["model"]["kind"]
         numel = self.manifest["numel"] if t == 1 else local_numel(kind, layout, t)
+        if self.expert > 1:
+            numel = expert_split.replicated_numel(layout)
         parts: dict[str, list[list[np.ndarray]]] = {k: [[] for _ in range(t)] for k in keys}
         step = None
         for _, _, rank in pieces(self.manifest):
@@ -233,7 +261,20 @@ class Checkpoint:
         for k, by_tp in parts.items():
             locals_ = [np.concatenate(p)[:numel] for p in by_tp]
             full[k] = locals_[0] if t == 1 else join(kind, layout, t, locals_)
+        if self.expert > 1:
+            full = self._with_experts(full, keys)
         return full | {"step": int(step)}
+
+    def _with_experts(self, replicated: dict, keys: tuple[str, ...]) -> dict:
+        """The dense arrays from the replicated parameters' and every expert share's (experts.join)."""
+        held: dict[str, list] = {k: [] for k in keys}
+        for entry in self.manifest["shards"]:
+            if entry.get("experts"):
+                names = tuple(expert_split.EXPERT_KEYS[k] for k in keys)
+                arrays, _ = read_shard(self.path / shard_name(entry["rank"]), names)
+                for k, name in zip(keys, names):
+                    held[k].append((*entry["experts"], arrays[name]))
+        return {k: expert_split.join(self.manifest["layout"], replicated[k], held[k]) for k in keys}
 
     def rank_meta(self, rank: int) -> dict:
         """The saved per-rank state (the loss scaler's) for `rank`; rank 0's for ranks that did not exist."""
@@ -285,6 +326,12 @@ def restore(trainer, ckpt: Checkpoint) -> None:
     scaler (same precision only)."""
     full, layout = ckpt.consolidate(), trainer.layout
     dense = {k: cut(layout.specs, layout.rank, ckpt.manifest["layout"], full[k]) for k in STATE_KEYS}
+    held = expert_state.held_experts(trainer.replica)
+    if held is not None:  # split experts: its share of them to its experts, the rest to the dp replica
+        parts = {k: expert_split.split(ckpt.manifest["layout"], flat, *held) for k, flat in dense.items()}
+        own = {k: mine for k, (_, mine) in parts.items()}
+        expert_state.load_expert_state(trainer.replica, own | {"step": full["step"]})
+        dense = {k: rest for k, (rest, _) in parts.items()}
     mine = {k: checkpoint_share.mine(trainer, flat) for k, flat in dense.items()}
     trainer.replica.load_optimizer_state(mine | {"step": full["step"]})
     meta = ckpt.rank_meta(trainer.rank)

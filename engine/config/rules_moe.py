@@ -77,7 +77,4 @@ def expert_parallel_problem(cfg: Config) -> tuple[str, str, str] | None:
                 "and its split experts live on the expert-data-parallel one: gathering them there is not "
                 "built yet",
                 "use parallel.zero_stage 0, 1 or 2 with parallel.expert > 1")
-    if cfg.checkpoint.every:
-        return ("checkpoint.every", "checkpoints of split experts are not built yet",
-                "set checkpoint.every = 0 with parallel.expert > 1")
     return None

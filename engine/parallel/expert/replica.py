@@ -220,11 +220,12 @@ class ExpertReplica:
         return True
 
     def optimizer_state(self) -> dict:
-        raise NotImplementedError("checkpoints of split experts (parallel.expert > 1) are not built yet")
+        """The replicated parameters' state (a checkpoint's ranges); the experts' is checkpoint_state.py's."""
+        return self.dense.optimizer_state()
 
     def load_optimizer_state(self, full: dict) -> None:
-        raise NotImplementedError("resuming into split experts (parallel.expert > 1) is not built yet: "
-                                  "resume with parallel.expert = 1")
+        """The replicated parameters' state; the experts' goes through checkpoint_state.py."""
+        self.dense.load_optimizer_state(full)
 
     def close(self) -> None:
         self.dense.overflow_beside = None
