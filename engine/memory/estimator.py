@@ -67,10 +67,12 @@ from engine.memory.estimate_parts import (
     shard_count,
 )
 from engine.memory.expert import (
+    expert_optimizer_phase,
     experts_in_backward_order,
     moe_block_saves,
     split_shapes,
     with_expert_states,
+    with_expert_step,
 )
 from engine.memory.pipeline import estimate_ranks
 from engine.memory.tensor_parallel import (
@@ -99,11 +101,13 @@ def estimate(cfg, vocab: int | None = None) -> MemoryEstimate:
     shapes, experts = split_shapes(cfg, rank_shapes(cfg, vocab))
     rest = with_expert_states(model_states(cfg, shapes), cfg, experts)
     timeline = Timeline(rest.states, rest.scratch)
+    step_experts = with_expert_step(timeline, cfg, experts)
     _replay(timeline, cfg, vocab, micro, _transients(shapes, cfg, rest.units))
     if region := sequence_region_numel(cfg, shapes) * itemsize(dtype):  # SP's gradient sum, after backward
         timeline.extra.update(gradients=0, comm_buffers=region)
         timeline.mark("backward")
     optimizer_phase(timeline, cfg, rest)
+    expert_optimizer_phase(timeline, step_experts)
     n_params = count_params(param_shapes(cfg, vocab))  # the whole model's
     return MemoryEstimate(n_params, cfg.parallel.world_size, cfg.parallel.zero_stage, dtype,
                           cfg.memory.checkpointing, micro, rest.states, timeline.peaks, timeline.maxima)

@@ -3,8 +3,11 @@
 Model states. Under expert parallelism (e ranks) a rank holds E/e experts of each MoE layer: their
 parameters, gradients and AdamW moments in a buffer of their own (engine.parallel.expert.replica), beside
 the data-parallel replica's buffer of everything else, and AdamW's scratch over each (two rows of min(its
-size, optim.CHUNK) elements, both held all run). So the replicated parameters follow the ZeRO table of
-estimator.py (stage 0: EP runs DDP) and the experts add Ψ_experts / e to every state.
+piece, optim.CHUNK) elements, both held all run). So the replicated parameters follow the ZeRO table of
+estimator.py over the dp group, and the experts' Ψ_x = Ψ_experts / e follow it over the edp group (d = D/e
+ranks; stage 0: d = 1): padded to Ψ_x' = ceil(Ψ_x/d)·d, parameters Ψ_x'·s, gradients Ψ_x'·s (stage 2:
+Ψ_x'/d·s at rest, Ψ_x'·s from zero_grad to their reduce after backward), master (16-bit) 4Ψ_x'/d, AdamW
+m and v Ψ_x'/d each (ExpertStates).
 
 Activations of an MoE block (b rows of s tokens, N = b·s, width C, E experts, top k; f the float size, s'
 the element size): in place of the dense MLP's up-projection and GELU outputs (8·N·C·s'), the router's
@@ -20,13 +23,14 @@ lower the figure: the estimate is then a bound.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import groupby
 
-from engine.dtypes import itemsize, master_dtype
+from engine.dtypes import is_low_precision, itemsize, master_dtype
 from engine.memory.estimate_parts import ModelStates
 from engine.moe import is_moe_block
-from engine.optim import CHUNK
+from engine.optim import CHUNK, NORM_CHUNK
+from engine.parallel.mesh import Mesh
 
 EXPERTS = ".mlp.experts.mlps."  # in the name of every expert parameter (engine.moe)
 
@@ -43,16 +47,78 @@ def split_shapes(cfg, shapes) -> tuple[list, list]:
     return [row for row in shapes if EXPERTS not in row[0]], mine
 
 
+@dataclass(frozen=True)
+class ExpertStates:
+    """This rank's split experts under its ZeRO stage (engine.parallel.expert.replica): `n` elements,
+    padded to `padded` (a multiple of the edp ranks their state is sharded over, 1 at stage 0), `owned` of
+    them this rank's part (AdamW's piece); `s`, `ms` the bytes of a parameter and of an optimizer element."""
+
+    stage: int
+    n: int
+    padded: int
+    owned: int
+    s: int
+    ms: int
+    low: bool
+
+    @classmethod
+    def of(cls, cfg, experts) -> ExpertStates:
+        n = sum(math.prod(shape) for _, shape, _ in experts)
+        stage, dtype = cfg.parallel.zero_stage, cfg.precision.dtype
+        shards = Mesh.of(cfg.parallel).degree("edp") if stage else 1
+        padded = -(-n // shards) * shards
+        return cls(stage, n, padded, padded // shards, itemsize(dtype), master_dtype(dtype).itemsize,
+                   is_low_precision(dtype))
+
+    def states(self) -> dict[str, int]:
+        """At rest: the parameters (padded) whole; the gradients whole, or at stage 2 this rank's part;
+        the fp32 master (16-bit) and the AdamW moments over the part."""
+        return {"parameters": self.s * self.padded,
+                "gradients": self.s * (self.owned if self.stage == 2 else self.padded),
+                "master": 4 * self.owned if self.low else 0,
+                "adam_m": self.ms * self.owned, "adam_v": self.ms * self.owned}
+
+    def step_gradients(self) -> int:
+        """Bytes held beside the states from zero_grad to the reduce: stage 2's whole gradient buffer."""
+        return self.s * self.padded if self.stage == 2 else 0
+
+    def optimizer_temporaries(self) -> int:
+        """The experts' own transient in the optimizer phase: the norm's float64 buffer, or in 16-bit
+        the fp32 copy of the owned gradients the update makes, whichever is larger."""
+        return max(8 * min(self.owned, NORM_CHUNK), 4 * self.owned if self.low else 0)
+
+
 def with_expert_states(rest: ModelStates, cfg, experts) -> ModelStates:
     """The replicated parameters' model states `rest` plus this rank's experts' own buffer, its AdamW
-    moments and scratch (the data-parallel replica's pieces, which size the norm's buffer, unchanged)."""
-    n = sum(math.prod(shape) for _, shape, _ in experts)
-    if not n:
+    moments and scratch (the data-parallel replica's pieces, which size its norm's buffer, unchanged)."""
+    if not experts:
         return rest
-    s, ms = itemsize(cfg.precision.dtype), master_dtype(cfg.precision.dtype).itemsize
-    own = {"parameters": s * n, "gradients": s * n, "adam_m": ms * n, "adam_v": ms * n}
+    mine = ExpertStates.of(cfg, experts)
+    own = mine.states()
     states = {k: v + own.get(k, 0) for k, v in rest.states.items()}
-    return replace(rest, states=states, scratch=rest.scratch + 2 * ms * min(n, CHUNK))
+    return replace(rest, states=states, scratch=rest.scratch + 2 * mine.ms * min(mine.owned, CHUNK))
+
+
+def with_expert_step(timeline, cfg, experts) -> ExpertStates | None:
+    """Stage 2's whole expert gradient buffer in `timeline`'s forward and backward (call before replaying
+    them); returns the experts' states for expert_optimizer_phase (None without split experts)."""
+    if not experts:
+        return None
+    mine = ExpertStates.of(cfg, experts)
+    timeline.base["gradients"] += mine.step_gradients()
+    return mine
+
+
+def expert_optimizer_phase(timeline, mine: ExpertStates | None) -> None:
+    """After optimizer_phase: the step buffer gone (reduced at the end of backward), and the temporaries
+    the larger of the replicated parameters' and the experts' own (they step one after the other)."""
+    if mine is None:
+        return
+    timeline.base["gradients"] -= mine.step_gradients()
+    scratch = timeline.base["temporaries"]
+    for figures in {id(f): f for f in (timeline.peaks["optimizer"], timeline.maxima["optimizer"])}.values():
+        figures["gradients"] -= mine.step_gradients()
+        figures["temporaries"] = max(figures["temporaries"], scratch + mine.optimizer_temporaries())
 
 
 def moe_block_saves(cfg, blocks: list[dict[str, int]], b: int, t: int, s: int) -> list[dict[str, int]]:
