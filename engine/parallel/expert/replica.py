@@ -106,8 +106,11 @@ class ExpertNames:
 class ExpertReplica:
     """`dense` (the data-parallel replica of the replicated parameters) plus this rank's split experts."""
 
-    def __init__(self, dense, cfg, model: Module, ep, edp):
+    def __init__(self, dense, cfg, model: Module, ep, edp, beside=()):
         self.dense, self.ep, self.edp = dense, ep, edp
+        # the groups whose ranks hold other shards or other stages of the experts (tensor, pipeline): the
+        # norm and the overflow flag are completed over them too
+        self.beside = [g for g in beside if g.world_size > 1]
         self.stage = cfg.parallel.zero_stage
         if self.stage not in (0, 1, 2):
             raise ValueError(f"split experts shard under ZeRO stages 0-2, not {self.stage}")
@@ -158,6 +161,8 @@ class ExpertReplica:
         """The replicated parameters' reduce (their replica's), then the experts': average over edp (all of
         it, or reduce-scattered to this rank's part), then 1/e."""
         self.dense.finish_backward()
+        if self.stage < 2:
+            self.experts.zero_stale()  # a pipeline's backwards do not pass through backward() above
         grad = self.experts.grad_buffer
         lo, hi = self.part
         if self.shards > 1:
@@ -184,6 +189,8 @@ class ExpertReplica:
             all_reduce(self.edp, sums, op="sum")
         if self.ep.world_size > 1:
             all_reduce(self.ep, sums, op="sum")
+        for group in self.beside:
+            all_reduce(group, sums, op="sum")
         return float(sums[0])
 
     def grad_norm(self) -> float:
@@ -203,9 +210,14 @@ class ExpertReplica:
             worst[:] = _KINDS.index(mine[0]), self.names.code(mine[1]) + 1
         if self.ep.world_size > 1:
             all_reduce(self.ep, worst, op="max")
-        if worst[0] == 0:
+        anywhere = worst[:1].copy()  # the kind only: another stage's parameter codes are not this rank's
+        for group in self.beside:
+            all_reduce(group, anywhere, op="max")
+        if anywhere[0] == 0:
             return found
-        kind = _KINDS[max(int(worst[0]), _KINDS.index(found[0]) if found else 0)]
+        kind = _KINDS[max(int(anywhere[0]), _KINDS.index(found[0]) if found else 0)]
+        if worst[0] == 0:
+            return kind, found[1] if found else "an expert of another tensor-parallel rank or stage"
         return kind, self.names.name(int(worst[1]) - 1)
 
     def step(self, lr: float, clip: float, step: int) -> bool:
@@ -242,4 +254,4 @@ def with_experts(dense, cfg, model: Module, groups):
     ExpertReplica over the rank's EP and edp groups (engine.parallel.mesh.MeshGroups)."""
     if not expert_parameters(model):
         return dense
-    return ExpertReplica(dense, cfg, model, groups.ep, groups.edp)
+    return ExpertReplica(dense, cfg, model, groups.ep, groups.edp, beside=(groups.tp, groups.pp))
