@@ -11,7 +11,7 @@ import logging
 import threading
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 log = logging.getLogger("nanodist.events")
@@ -150,7 +150,9 @@ class ExpertLoad:
                            group sent it (its load), else the kept choices of its own tokens
         dropped            [layer] choices beyond an expert's capacity (0 when dropless)
         entropy            [layer] the router's mean entropy per token, nats (mean over micro-batches)
-        aux_loss           [layer] the load-balancing loss term (mean over micro-batches)"""
+        aux_loss           [layer] the load-balancing loss term (mean over micro-batches)
+        blocks             [layer] the block it sits in (a pipeline rank reports its stages' layers only;
+                           empty in recordings made before: blocks 0, moe_every, 2·moe_every, ...)"""
     kind: ClassVar[str] = "expert_load"
     step: int
     rank: int
@@ -159,6 +161,7 @@ class ExpertLoad:
     dropped: list
     entropy: list
     aux_loss: list
+    blocks: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -321,7 +324,8 @@ def from_json(d: dict) -> Any:
         raise EventError(f"unknown event kind {kind!r}; known kinds: {', '.join(EVENT_TYPES)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     extra = sorted(set(d) - set(fields) - {"kind"})
-    missing = [n for n, f in fields.items() if n not in d and f.default is dataclasses.MISSING]
+    missing = [n for n, f in fields.items() if n not in d
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if extra or missing:
         raise EventError(f"{kind} event: missing fields {missing}, unexpected fields {extra}")
     for name, (types, wanted) in _field_types(cls).items():

@@ -17,7 +17,7 @@ FIELDS = ("tokens_per_expert", "received", "dropped", "entropy", "aux_loss")  # 
 def expert_load(model: Module, step: int, rank: int) -> list[ev.ExpertLoad]:
     """This rank's ExpertLoad of the step (none for a model without experts, or before any training
     forward); takes the layers' figures, so the next step starts from none."""
-    layers = moe_layers(model) if isinstance(model, Module) else []
+    layers = moe_layers(model) if hasattr(model, "modules") else []  # a pipeline rank's: its stages'
     if not layers or not all(layer.step_stats for layer in layers):
         return []
     fields: dict[str, list] = {k: [] for k in FIELDS}
@@ -29,4 +29,12 @@ def expert_load(model: Module, step: int, rank: int) -> list[ev.ExpertLoad]:
             fields[key].append(int(sum(f[key] for f in forwards)))
         for key in ("entropy", "aux_loss"):
             fields[key].append(float(np.mean([f[key] for f in forwards])))
-    return [ev.ExpertLoad(step=step, rank=rank, **fields)]
+    return [ev.ExpertLoad(step=step, rank=rank, **fields, blocks=moe_blocks(model, layers))]
+
+
+def moe_blocks(model: Module, layers: list) -> list[int]:
+    """The block each of `layers` sits in (a pipeline rank holds some of the model's MoE layers: its
+    PipelineModel keeps the whole GPT as `dense`)."""
+    gpt = getattr(model, "dense", model)
+    where = {id(block.mlp): i for i, block in enumerate(getattr(gpt, "blocks", []))}
+    return [where[id(layer)] for layer in layers]

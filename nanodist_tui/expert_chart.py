@@ -17,12 +17,13 @@ from engine.events import ExpertLoad
 
 @dataclass(frozen=True)
 class LayerLoad:
-    """One MoE layer in one step, over every rank that reported."""
+    """One MoE layer in one step, over every rank that reported it."""
     tokens: list[int]  # per expert
     received: dict[int, int]  # per rank
     dropped: int
     entropy: float
     aux_loss: float
+    block: int | None = None  # the block it sits in (None: a recording without it)
 
     @property
     def imbalance(self) -> float:
@@ -32,17 +33,23 @@ class LayerLoad:
 
 
 def layer_loads(events: Iterable[ExpertLoad]) -> list[LayerLoad]:
-    """Each layer's figures summed (tokens, rows, drops) or averaged (entropy, aux loss) over the ranks."""
-    events = sorted(events, key=lambda e: e.rank)
-    if not events:
-        return []
+    """Each layer's figures summed (tokens, rows, drops) or averaged (entropy, aux loss) over the ranks that
+    report it (every rank, or under pipeline parallelism the ranks of its stage), in block order. A
+    recording without blocks: the i-th entry of every rank is one layer."""
+    by_layer: dict[tuple[int, int], list[tuple[ExpertLoad, int]]] = {}  # (block or -1, entry) -> reports
+    for e in sorted(events, key=lambda e: e.rank):
+        for i in range(len(e.received)):
+            key = (e.blocks[i], 0) if e.blocks else (-1, i)
+            by_layer.setdefault(key, []).append((e, i))
     out = []
-    for layer in range(len(events[0].received)):
-        tokens = [sum(col) for col in zip(*(e.tokens_per_expert[layer] for e in events))]
-        out.append(LayerLoad(tokens, {e.rank: e.received[layer] for e in events},
-                             sum(e.dropped[layer] for e in events),
-                             sum(e.entropy[layer] for e in events) / len(events),
-                             sum(e.aux_loss[layer] for e in events) / len(events)))
+    for key in sorted(by_layer):
+        reports = by_layer[key]
+        tokens = [sum(col) for col in zip(*(e.tokens_per_expert[i] for e, i in reports))]
+        out.append(LayerLoad(tokens, {e.rank: e.received[i] for e, i in reports},
+                             sum(e.dropped[i] for e, i in reports),
+                             sum(e.entropy[i] for e, i in reports) / len(reports),
+                             sum(e.aux_loss[i] for e, i in reports) / len(reports),
+                             key[0] if key[0] >= 0 else None))
     return out
 
 
@@ -59,7 +66,8 @@ def render(step: int, loads: list[LayerLoad], ep: int, every: int, width: int, b
     busiest = max(max(load.received.values()) for load in loads)
     bar = max(8, width - 24)
     for i, load in enumerate(loads):
-        out.append(f"\nlayer {i + 1} (block {i * every})\n", style="bold")
+        at = load.block if load.block is not None else i * every
+        out.append(f"\nlayer {i + 1} (block {at})\n", style="bold")
         for e, n in enumerate(load.tokens):
             holder = f" ep{e // per_rank}" if ep > 1 else ""
             out.append(f"  e{e:<3}")

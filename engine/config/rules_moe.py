@@ -55,7 +55,7 @@ def moe_problem(cfg: Config, describing: bool = False) -> tuple[str, str, str] |
         return ("model.top_k", f"{m.top_k} experts per token, of model.n_experts {e}", f"use at most {e}")
     if describing:
         return None
-    beside = {"tensor": p.tensor, "pipeline": p.pipeline, "context": p.context}
+    beside = {"tensor": p.tensor, "context": p.context}
     for key, degree in beside.items():
         if degree > 1:
             return (f"parallel.{key}", f"{key} parallelism beside experts (model.n_experts {e}) is not built "

@@ -52,3 +52,9 @@ def test_expert_parallelism_beside_zero_1_2_and_16_bit_is_valid(stage, dtype):
 def test_an_moe_model_on_data_parallelism_is_valid():
     cfg = from_dict(_with(model__moe_every=2, model__capacity_factor=1.25))
     assert cfg.model.n_experts == 4 and cfg.model.moe_every == 2
+
+
+@pytest.mark.parametrize("expert", [1, 2])
+def test_experts_inside_pipeline_stages_are_valid(expert):
+    cfg = from_dict(_with(parallel__pipeline=2, parallel__expert=expert))
+    assert cfg.parallel.pipeline == 2 and cfg.parallel.expert == expert

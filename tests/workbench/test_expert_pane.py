@@ -40,3 +40,18 @@ def test_only_a_run_with_experts_has_the_pane():
     assert "experts" in [s.id for s in panes_for(RunInfo.from_started(started))]
     dense = RunInfo.from_config({"parallel": {"world_size": 4}})
     assert "experts" not in [s.id for s in panes_for(dense)]
+
+
+def test_pipeline_ranks_report_their_stages_layers():
+    """DP 2 x PP 2: ranks 0 and 1 hold block 0's experts, ranks 2 and 3 block 2's; each layer sums only the
+    ranks of its stage, in block order, and is titled by its block."""
+    def load(rank, block, tokens):
+        return ExpertLoad(step=1, rank=rank, tokens_per_expert=[tokens], received=[sum(tokens)], dropped=[0],
+                          entropy=[1.0 + rank], aux_loss=[0.1 * (rank + 1)], blocks=[block])
+    events = [load(2, 2, [1, 2]), load(0, 0, [3, 4]), load(3, 2, [5, 6]), load(1, 0, [7, 8])]
+    first, second = layer_loads(events)
+    assert (first.block, first.tokens, first.received) == (0, [10, 12], {0: 7, 1: 15})
+    assert (second.block, second.tokens, second.received) == (2, [6, 8], {2: 3, 3: 11})
+    assert second.entropy == pytest.approx(3.5) and second.aux_loss == pytest.approx(0.35)
+    text = render(1, [first, second], 1, 1, 60, "#", ".").plain
+    assert "layer 1 (block 0)" in text and "layer 2 (block 2)" in text

@@ -44,11 +44,13 @@ def parallelize_experts(model: Module, group: Communicator) -> Module:
 
 
 def expert_parameters(model: Module) -> list[Parameter]:
-    """The parameters of this rank's split experts (none for a model without expert parallelism, nor for a
-    pipeline rank's stages, which are not a Module: experts beside a pipeline are refused by the rules)."""
-    if not isinstance(model, Module):
+    """The parameters of this rank's split experts (none for a model without expert parallelism); of a
+    pipeline rank's stages (engine.parallel.pipeline.rank_model.PipelineModel, not a Module but with its
+    stages' modules), those of its stages."""
+    modules = getattr(model, "modules", None)
+    if modules is None:
         return []
-    return [p for m in model.modules() if isinstance(m, ExpertParallelExperts) for p in m.parameters()]
+    return [p for m in modules() if isinstance(m, ExpertParallelExperts) for p in m.parameters()]
 
 
 def replicated_parameters(model: Module) -> list[Parameter]:

@@ -25,7 +25,9 @@ import numpy as np
 
 from engine import ops
 from engine.backward_split import WeightBackward, backward_input
+from engine.moe import build_gpt
 from engine.nn import GPT
+from engine.parallel.pipeline.moe_aux import carry_aux, stage_aux_loss
 from engine.parallel.pipeline.split import PipelineSplit, model_rng
 from engine.parallel.pipeline.stage_module import GPTStage, build_stages
 from engine.tensor import Node, Parameter, Tensor, no_grad, run_backward
@@ -92,12 +94,16 @@ class StageRunner:
             inp = Tensor(inputs, requires_grad=True)
             self._inputs[key] = inp
         out = module(inp)
+        aux = stage_aux_loss(module)  # MoE layers' load-balancing terms, in the objective (moe_aux.py)
         if stage == self.n_stages - 1:
             loss = self.loss_fn(out, y)
             self.losses[micro_batch] = float(loss.data)
             self._loss_dtype = loss.dtype
-            self._roots[key] = loss._node or loss
+            total = loss if aux is None else loss + aux
+            self._roots[key] = total._node or total
             return self.losses[micro_batch]
+        if aux is not None:
+            out = carry_aux(out, aux, self.loss_weight)
         self._roots[key] = out._node or out  # the node, not the output: the output array goes with the send
         return out.data
 
@@ -169,8 +175,10 @@ def dropout_sites(model: GPT, split: PipelineSplit) -> list[int]:
     config = model.config
     if not config.get("dropout", 0.0):
         return [0] * len(split)
-    twin = GPT(1, 1, config["n_layer"], config["n_head"], config["n_head"], config["dropout"],
-               config["tie_weights"], config["bias"], np.float32)
+    moe = {"moe": config["moe"]} if config.get("moe") else {}  # MoE blocks draw as theirs do
+    twin = build_gpt(vocab_size=1, block_size=1, n_layer=config["n_layer"], n_head=config["n_head"],
+                     n_embd=config["n_head"], dropout=config["dropout"], tie_weights=config["tie_weights"],
+                     bias=config["bias"], dtype=np.float32, **moe)
     offsets = []
     with no_grad():
         x = twin.drop(twin.wte(np.zeros((1, 1), np.int64)) + twin.wpe.weight[:1])
