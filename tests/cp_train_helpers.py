@@ -2,7 +2,8 @@
 the Trainer (tests/parallel/test_cp_train.py). Rank functions take only JSON arguments.
 
 Shapes: tests/tp_train_helpers.py's (context 8: zigzag over 2 ranks cuts 4 chunks of 2 tokens, contiguous 2
-of 4; 4 heads of width 4; vocabulary 11), no dropout (context parallelism does not plan it).
+of 4; 4 heads of width 4; vocabulary 11); no dropout unless asked (each rank then draws its part of one
+device's masks).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from tests.tp_train_helpers import tp_config
 
 
 def cp_config(world: int = 1, context: int = 1, layout: str = "zigzag", tensor: int = 1, zero: int = 0,
-              **over) -> dict:
-    """tp_config's float64 GPT run of 3 clipped steps, without dropout, at context degree `context`."""
-    return tp_config(world, tensor, zero=zero, model__dropout=0.0, parallel__context=context,
+              dropout: float = 0.0, **over) -> dict:
+    """tp_config's float64 GPT run of 3 clipped steps, with `dropout`, at context degree `context`."""
+    return tp_config(world, tensor, zero=zero, model__dropout=dropout, parallel__context=context,
                      parallel__context_layout=layout, **over)
 
 

@@ -44,10 +44,6 @@ def context_problem(cfg: Config) -> tuple[str, str, str] | None:
         return ("parallel.sequence_parallel", f"splits each rank's {m.block_size // c} tokens (block_size "
                 f"{m.block_size} / context {c}) {p.tensor} ways, and {p.tensor} does not divide them",
                 f"use a block_size that is a multiple of {c * p.tensor}, or sequence_parallel = false")
-    if m.dropout:
-        return ("model.dropout", f"{m.dropout:g} with context {c}: dropout masks follow one device's "
-                "positions and are not planned for a split sequence",
-                "set model.dropout = 0, or parallel.context = 1")
     if p.pipeline > 1:
         return ("parallel.pipeline", f"{p.pipeline} with context {c}: pipeline stages do not run ring "
                 "attention yet", "set parallel.pipeline = 1, or parallel.context = 1")

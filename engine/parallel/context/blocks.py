@@ -13,6 +13,12 @@ take its slow loop instead.
               lse_blk = m + log l
     backward  with the merged output's lse and D = rowsum(dO * O) (the softmax's row term):
               P = exp(S - lse); dV = P^T dO; dS = P * (dO v^T - D); dQ = dS k / sqrt(d); dK = dS^T q / sqrt(d)
+
+With dropout (`drop`: the block's part of the one-device mask, engine.parallel.context.dropout) the kept
+probabilities are scaled by `keep_scale` after the row sum is taken, as the fused kernel does:
+O_blk = (P * keep * keep_scale) v / l; backward dV = (P * keep * keep_scale)^T dO and
+dS = P * (keep * keep_scale * dO v^T - D). A diagonal block hands its mask to the fused kernel, which draws
+it a query tile at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import math
 import numpy as np
 
 from engine.fast import flash
+from engine.parallel.context.dropout import BlockSite
 
 
 def _scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -30,17 +37,21 @@ def _scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     return s
 
 
-def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, diagonal: bool) -> tuple[np.ndarray, np.ndarray]:
+def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, diagonal: bool, drop: BlockSite | None = None,
+            keep_scale=1.0) -> tuple[np.ndarray, np.ndarray]:
     """(O_blk [B, H, Tq, D], lse_blk [B, H, Tq]) of q [B, H, Tq, D] against k, v [B, H, Tk, D]."""
     if diagonal:  # causal self-attention of the chunk: the fused kernel's job, at half the products
         out, lse = np.empty(q.shape[:-1] + v.shape[-1:], q.dtype), np.empty(q.shape[:-1], q.dtype)
-        flash.forward(q, k, v, out, lse, None, q.dtype.type(1), q.shape[0] * q.shape[1])
+        flash.forward(q, k, v, out, lse, drop, _scale(q, drop, keep_scale), q.shape[0] * q.shape[1])
         return out, lse
     s = _scores(q, k)
     m = s.max(-1, keepdims=True)
     np.subtract(s, m, out=s)
     np.exp(s, out=s)
     row_sum = s.sum(-1, keepdims=True)
+    if drop is not None:  # dropped after the row sum: the normaliser is the undropped one
+        s *= drop.mask()
+        s *= q.dtype.type(keep_scale)
     out = np.matmul(s, v)
     out /= row_sum
     return out, (m + np.log(row_sum))[..., 0]
@@ -55,19 +66,32 @@ def merge(out: np.ndarray, lse: np.ndarray, out_blk: np.ndarray, lse_blk: np.nda
     lse[...] = new
 
 
-def backward(q, k, v, g, rows, lse, diagonal: bool, out=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def backward(q, k, v, g, rows, lse, diagonal: bool, out=None, drop: BlockSite | None = None,
+             keep_scale=1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dQ, dK, dV) of this block's share of the attention, given dO = g, D = rows and the merged lse (a
-    diagonal block: the merged output `out`, from which the fused kernel takes D itself)."""
+    diagonal block: the merged output `out`, from which the fused kernel takes D itself); `drop` and
+    `keep_scale` as forward's."""
     if diagonal:
         dq, dk, dv = (np.empty(a.shape, q.dtype) for a in (q, k, v))
-        flash.backward(q, k, v, out, lse, g, dq, dk, dv, None, q.dtype.type(1), q.shape[0] * q.shape[1])
+        flash.backward(q, k, v, out, lse, g, dq, dk, dv, drop, _scale(q, drop, keep_scale),
+                       q.shape[0] * q.shape[1])
         return dq, dk, dv
     p = _scores(q, k)
     p -= lse[..., None]
     np.exp(p, out=p)
-    dv = np.matmul(p.swapaxes(-1, -2), g)
     ds = np.matmul(g, v.swapaxes(-1, -2))
+    if drop is not None:
+        kept = drop.mask() * q.dtype.type(keep_scale)  # keep / (1 - p), in the compute dtype
+        dv = np.matmul((p * kept).swapaxes(-1, -2), g)
+        ds *= kept
+    else:
+        dv = np.matmul(p.swapaxes(-1, -2), g)
     ds -= rows[..., None]
     ds *= p
     ds *= q.dtype.type(1.0 / math.sqrt(q.shape[-1]))
     return np.matmul(ds, k), np.matmul(ds.swapaxes(-1, -2), q), dv
+
+
+def _scale(q: np.ndarray, drop: BlockSite | None, keep_scale):
+    """The fused kernel's keep scale: 1 without dropout, else `keep_scale` in the compute dtype."""
+    return q.dtype.type(1 if drop is None else keep_scale)

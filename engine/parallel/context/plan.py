@@ -9,10 +9,12 @@ its sequence, and only they change:
                      the plan runs after tensor parallelism's, on the local heads)
     position embedding  the rows of this rank's global positions (layout.py), not 0..t-1
 
+    dropout          every dropout draws this rank's part of the one-device masks (dropout.py): the
+                     token-wise ones the rows of its positions, attention's each block's rectangle
+
 Everything else (embedding, layer norms, MLPs, the head, the loss) works token by token and is untouched.
 The rank's tokens and targets are taken from whole sequences by `ContextParallel.local` (view.py), which
-the trainer calls for every batch.
-Attention dropout is not planned: its masks are keyed by one device's positions.
+the trainer (and a pipeline's step) calls for every batch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from engine.comm.base import Communicator
 from engine.nn import GPT, CausalSelfAttention, Embedding, Module
+from engine.parallel.context.dropout import ContextMaskRNG, context_rng
 from engine.parallel.context.layout import SequenceLayout
 from engine.parallel.context.ring_attention import Ring, ring_attention_qkv
 from engine.parallel.context.view import ContextParallel
@@ -36,10 +39,14 @@ class RingSelfAttention(Module):
         super().__init__()
         self.n_head = attn.n_head  # the local heads under tensor parallelism (its plan ran first)
         self.c_attn, self.c_proj, self.resid_drop = attn.c_attn, attn.c_proj, attn.resid_drop
+        # attention's dropout draws from the whole [B, H, s, s] mask (this rank's heads under TP)
+        self.dropout, self.rng = attn.dropout, attn.rng
         self.ring = ring
 
     def forward(self, x: Tensor) -> Tensor:
-        y = ring_attention_qkv(self.c_attn(x), self.n_head, self.ring, count=self.training)  # no evaluations
+        # `count`: evaluations are not counted as work
+        y = ring_attention_qkv(self.c_attn(x), self.n_head, self.ring, self.training, self.dropout, self.rng,
+                               self.training)
         return self.resid_drop(self.c_proj(y))
 
 
@@ -62,12 +69,14 @@ def parallelize_context(model: Module, group: Communicator, kind: str = "zigzag"
         return model
     if not isinstance(model, GPT):
         raise TypeError(f"context parallelism splits a GPT's sequences, not a {type(model).__name__}'s")
-    if model.config["dropout"]:
-        raise ValueError("context parallelism does not plan dropout (masks follow one device's positions)")
     layout = SequenceLayout(kind, group.world_size)
     ring = Ring(group, layout, causal=True, work=Counter())
+    positions = ContextMaskRNG(model.rng, layout, group.rank)  # token-wise masks: this rank's rows of them
+    model.drop.rng = context_rng(model.drop.rng, model.rng, positions)
     for block in model.blocks:
         block.attn = RingSelfAttention(block.attn, ring)  # type: ignore[assignment]
+        for drop in (block.attn.resid_drop, block.drop):  # the MLP's own dropout is 0 in a GPT block
+            drop.rng = context_rng(drop.rng, model.rng, positions)
     model.wpe = SlicePositions(model.wpe.weight, layout, group.rank)
     planned: Any = model  # a new attribute, outside the model's own API: read it through context_of
     planned.context_parallel = ContextParallel(group, layout, ring)

@@ -36,7 +36,10 @@ compute dtype); c-1 forward hops, c-1 + c backward.
 
 Precision: blocks are computed and merged in the compute dtype (float32 for 16-bit inputs; K and V travel
 in their own dtype, dK and dV in the compute dtype), rounded once at the end, as the fused attention does.
-Dropout inside attention is not supported here (its masks are keyed by one device's positions).
+Dropout (`dropout`, engine.parallel.context.dropout): one site of the one-device [B, H, s, s] mask per
+forward, each block drawing its rectangle of it (its query chunk's rows, the visiting key chunk's columns),
+in forward and again in backward; the probabilities are dropped after the block's row sum, so the merge is
+unchanged.
 
 Memory: the travelling K, V (and backward dK, dV) count as communication buffers in the rank's ledger, the
 received ones too from a hop's post to its wait (engine.memory.context predicts them). Work: `Ring.work`
@@ -47,19 +50,32 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from engine.comm.base import Communicator
+from engine.dropout_rng import DropoutRNG
 from engine.dtypes import compute_dtype
 from engine.fast import lowp
 from engine.memory.ledger import rank_ledger
 from engine.parallel.context import blocks
+from engine.parallel.context.dropout import AttentionDropout, BlockSite, attention_dropout
 from engine.parallel.context.hops import Hops
 from engine.parallel.context.layout import SequenceLayout, block_kind
 from engine.tensor import Tensor, make
 
 PHASES = {"forward": "cp-fwd-kv", "backward": "cp-bwd-kv", "grad": "cp-bwd-kv-grad"}
+
+
+class Block(NamedTuple):
+    """One block a rank computes: its query rows, the key rows of the chunk it holds, whether causal inside
+    (diagonal), and the two chunks' indices in the whole sequence."""
+    rows: slice
+    cols: slice
+    diagonal: bool
+    q_chunk: int
+    k_chunk: int
 
 
 @dataclass
@@ -76,9 +92,8 @@ class Ring:
         if self.group.world_size != self.layout.degree:
             raise ValueError(f"a {self.layout.degree}-way layout on a group of {self.group.world_size}")
 
-    def plan(self, seq_len: int, src: int) -> list[tuple[slice, slice, bool]]:
-        """(my query rows, src's key rows, diagonal?) of every block this rank computes against src's keys,
-        for a local sequence of `seq_len` tokens."""
+    def plan(self, seq_len: int, src: int) -> list[Block]:
+        """Every block this rank computes against src's keys, for a local sequence of `seq_len` tokens."""
         mine, theirs = self.layout.chunks(self.group.rank), self.layout.chunks(src)
         n = seq_len // len(mine)
         out = []
@@ -86,7 +101,8 @@ class Ring:
             for j, b in enumerate(theirs):
                 kind = block_kind(a, b, self.causal)
                 if kind is not None:
-                    out.append((slice(i * n, (i + 1) * n), slice(j * n, (j + 1) * n), kind == "diagonal"))
+                    rows, cols = slice(i * n, (i + 1) * n), slice(j * n, (j + 1) * n)
+                    out.append(Block(rows, cols, kind == "diagonal", a, b))
         return out
 
 
@@ -97,10 +113,17 @@ def _pair(k: np.ndarray, v: np.ndarray) -> np.ndarray:
     return kv
 
 
-def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray, count: bool = True
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def _dropped(dropout: AttentionDropout | None, blk: Block) -> tuple[BlockSite | None, Any]:
+    """(the block's part of the dropout mask, the keep scale): (None, 1) without dropout."""
+    if dropout is None:
+        return None, 1.0
+    return dropout.block(blk.q_chunk, blk.k_chunk, blk.rows.stop - blk.rows.start), dropout.keep_scale
+
+
+def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray, count: bool = True,
+                 dropout: AttentionDropout | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(out, lse) in the compute dtype of q, k, v [B, H, T_local, D] (views of any strides); `count`: add the
-    blocks computed to ring.work."""
+    blocks computed to ring.work; `dropout`: the one-device mask's site, each block its part of it."""
     cdt, c, r = compute_dtype(q.dtype), ring.group.world_size, ring.group.rank
     qc, kv = np.ascontiguousarray(lowp.widen(q)), _pair(k, v)
     out = np.zeros(q.shape[:-1] + v.shape[-1:], cdt)
@@ -110,8 +133,10 @@ def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray, count:
             # the next pair moves while this one is computed on
             ahead = hops.post([kv], [PHASES["forward"]]) if hop < c - 1 else None
             kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
-            for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
-                o_blk, lse_blk = blocks.forward(qc[:, :, rows], kc[:, :, cols], vc[:, :, cols], diagonal)
+            for blk in ring.plan(q.shape[2], (r - hop) % c):
+                rows, cols = blk.rows, blk.cols
+                o_blk, lse_blk = blocks.forward(qc[:, :, rows], kc[:, :, cols], vc[:, :, cols], blk.diagonal,
+                                                *_dropped(dropout, blk))
                 blocks.merge(out[:, :, rows], lse[:, :, rows], o_blk, lse_blk)
                 if count:
                     ring.work["blocks"] += 1
@@ -121,8 +146,10 @@ def ring_forward(ring: Ring, q: np.ndarray, k: np.ndarray, v: np.ndarray, count:
     return out, lse
 
 
-def ring_backward(ring: Ring, q, k, v, out, lse, g) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dQ, dK, dV) of this rank's q, k, v in the compute dtype, given dL/d out = g and forward's out, lse."""
+def ring_backward(ring: Ring, q, k, v, out, lse, g, dropout: AttentionDropout | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dQ, dK, dV) of this rank's q, k, v in the compute dtype, given dL/d out = g and forward's out, lse
+    (and forward's `dropout`)."""
     cdt, c, r = compute_dtype(q.dtype), ring.group.world_size, ring.group.rank
     qc, gc = np.ascontiguousarray(lowp.widen(q)), np.ascontiguousarray(lowp.widen(g))
     oc = lowp.widen(out)
@@ -135,10 +162,11 @@ def ring_backward(ring: Ring, q, k, v, out, lse, g) -> tuple[np.ndarray, np.ndar
             ahead = hops.post([kv], [PHASES["backward"]]) if hop < c - 1 else None
             kc, vc = lowp.widen(kv[0]), lowp.widen(kv[1])
             held = []  # the blocks' dK, dV, until their accumulator has arrived
-            for rows, cols, diagonal in ring.plan(q.shape[2], (r - hop) % c):
-                at = (slice(None), slice(None), rows)
+            for blk in ring.plan(q.shape[2], (r - hop) % c):
+                at, cols = (slice(None), slice(None), blk.rows), blk.cols
                 dq_blk, dk_blk, dv_blk = blocks.backward(qc[at], kc[:, :, cols], vc[:, :, cols], gc[at],
-                                                         rows_d[at], lse[at], diagonal, oc[at])
+                                                         rows_d[at], lse[at], blk.diagonal, oc[at],
+                                                         *_dropped(dropout, blk))
                 dq[at] += dq_blk
                 held.append((cols, dk_blk, dv_blk))
             if back is not None:
@@ -174,23 +202,28 @@ def _heads(a: np.ndarray, parts: int, n_head: int) -> np.ndarray:
     return a.reshape(b, t, parts, n_head, width // (parts * n_head)).transpose(2, 0, 3, 1, 4)
 
 
-def ring_attention_qkv(qkv: Tensor, n_head: int, ring: Ring, count: bool = True) -> Tensor:
+def ring_attention_qkv(qkv: Tensor, n_head: int, ring: Ring, count: bool = True, dropout_p: float = 0.0,
+                       rng: DropoutRNG | None = None, training: bool = False) -> Tensor:
     """Ring attention on a QKV projection's output [B, T_local, 3C] -> [B, T_local, C], heads side by side:
     what a context-parallel block's attention calls in place of engine.ops.causal_attention_qkv, keeping
-    the same arrays (qkv, the output, the lse); `count` as ring_forward's."""
+    the same arrays (qkv, the output, the lse); `count` as ring_forward's. With dropout in training, `rng`'s
+    next site is the one-device [B, n_head, T, T] mask (T = T_local x the ring's degree) each block draws
+    its part of."""
     b, t, width = qkv.shape
     if width % (3 * n_head):
         raise ValueError(f"ring_attention_qkv: a last axis of {width} is not 3 x {n_head} heads")
     x = np.ascontiguousarray(qkv.data)
     q, k, v = _heads(x, 3, n_head)
-    out_c, lse = ring_forward(ring, q, k, v, count)
+    drop = attention_dropout(rng, dropout_p, training, (b, n_head, t * ring.group.world_size), x.dtype,
+                             compute_dtype(x.dtype))
+    out_c, lse = ring_forward(ring, q, k, v, count, drop)
     out = np.empty((b, t, width // 3), x.dtype)
     _heads(out, 1, n_head)[0][...] = lowp.narrow(out_c, x.dtype)
 
     def backward(g):
         grad = np.empty(x.shape, x.dtype)
         o4, g4 = _heads(out, 1, n_head)[0], _heads(np.ascontiguousarray(g), 1, n_head)[0]
-        for dst, d in zip(_heads(grad, 3, n_head), ring_backward(ring, q, k, v, o4, lse, g4)):
+        for dst, d in zip(_heads(grad, 3, n_head), ring_backward(ring, q, k, v, o4, lse, g4, drop)):
             dst[...] = lowp.narrow(d, x.dtype)
         return (grad,)
     return make(out, (qkv,), backward, (x, out, lse))
