@@ -30,9 +30,10 @@ ranks, so it is divided by D: an average over edp (D/e ranks) and then 1/e.
 
 16-bit training. One loss scaler, the data-parallel replica's: both kinds carry the same scale. The
 overflow flag is one over every rank: the replicated parameters' (agreed over dp by their replica) and
-the experts' (MAX over edp where sharded, then over the EP group, so an overflow in any rank's experts
-reaches every rank), joined inside the replica's step (`overflow_beside`), which skips on all ranks
-alike. The experts' fp32 master and moments cover what this rank owns (the ShardOptimizer's own rule).
+the experts' (MAX over edp, then over the EP group, so an overflow in any rank's experts reaches every
+rank, even one that shows after the reduce), joined inside the replica's step (`overflow_beside`), which
+skips on all ranks alike. The experts' fp32 master and moments cover what this rank owns (the
+ShardOptimizer's own rule).
 
 The gradient norm is one over the whole model: the replicated part once, plus every expert once, so the
 experts' sum of squares is summed over edp where sharded (each part once) and over the EP group.
@@ -208,6 +209,8 @@ class ExpertReplica:
         worst = np.zeros(2, np.float64)  # [kind code, expert parameter code + 1]
         if mine is not None:
             worst[:] = _KINDS.index(mine[0]), self.names.code(mine[1]) + 1
+        if self.shards == 1 and self.edp.world_size > 1:  # the reduced copies, checked by each holder alike
+            all_reduce(self.edp, worst, op="max")
         if self.ep.world_size > 1:
             all_reduce(self.ep, worst, op="max")
         anywhere = worst[:1].copy()  # the kind only: another stage's parameter codes are not this rank's
