@@ -1,5 +1,5 @@
 """The moe-4 preset from the command line: `run --preset moe-4` trains (shrunk) and its summary says the
-layout, warns that no checkpoint is saved, and its recording holds every rank's ExpertLoad of every step;
+layout, it checkpoints its split experts, and its recording holds every rank's ExpertLoad of every step;
 `memory --preset moe-4 --measure` measures the model states it predicts (the experts 1/4 per rank); a fold
 expert parallelism cannot make is one line, exit 2."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from engine.checkpoint.sharded import find_checkpoint
 from engine.events import ExpertLoad
 from engine.run.recorder import read_events
 from tests.cli_helpers import assert_user_error, invoke
@@ -23,8 +24,8 @@ def test_run_moe_4_headless(in_tmp):
     result = invoke("run", "--preset", "moe-4", *_sets())
     assert result.exit_code == 0, result.output
     assert "steps          2" in result.output and "dp 4, ep 4" in result.output
-    assert "checkpoints of split experts" in result.output
     [folder] = (in_tmp / "runs").iterdir()  # the recording a replay reads: every rank's routing, each step
+    assert (folder / "checkpoints" / "step-000002" / "manifest.json").is_file()
     loads = [e for e in read_events(folder) if isinstance(e, ExpertLoad)]
     assert sorted((e.step, e.rank) for e in loads) == [(s, r) for s in (1, 2) for r in range(4)]
     assert all(len(e.tokens_per_expert) == 2 and len(e.tokens_per_expert[0]) == 8 for e in loads)
@@ -43,7 +44,7 @@ def test_memory_of_moe_4_measures_what_it_predicts(in_tmp):
 
 def test_a_run_with_every_expert_local_checkpoints_resumes_and_exports(in_tmp):
     """An MoE model's spec (its "moe" settings) in the manifest: the layout checks, a resume continues, the
-    export rebuilds the experts; resuming it into split experts is refused in the run's one failure line."""
+    export rebuilds the experts; it resumes into split experts too (EP 4), whose checkpoint exports."""
     first = invoke("run", "--preset", "moe-4", *_sets("parallel.expert=1"))
     assert first.exit_code == 0, first.output
     [folder] = (in_tmp / "runs").iterdir()
@@ -52,7 +53,11 @@ def test_a_run_with_every_expert_local_checkpoints_resumes_and_exports(in_tmp):
     exported = invoke("export", str(folder), "-o", "moe.npz")
     assert exported.exit_code == 0, exported.output
     split = invoke("resume", str(folder), "--no-ui", *_sets("parallel.expert=4", "train.steps=6"))
-    assert "resuming into split experts (parallel.expert > 1) is not built yet" in split.output
+    assert split.exit_code == 0 and "resumed from" in split.output, split.output
+    newest = max((in_tmp / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    assert find_checkpoint(newest).manifest["expert"] == 4
+    exported = invoke("export", str(newest), "-o", "moe-ep4.npz")
+    assert exported.exit_code == 0, exported.output
 
 
 def test_experts_that_do_not_split_evenly_are_one_line(in_tmp):
