@@ -60,8 +60,10 @@ class Layout:
         return "-".join((["moe"] if self.moe else []) + (parts or ["one"]))
 
     def sets(self) -> list[str]:
-        """The overrides (`--set KEY=VALUE`) of this layout's [parallel] section."""
-        return [f"parallel.{key}={toml_repr(value)}" for key, value in self.parallel().items()]
+        """The overrides (`--set KEY=VALUE`) of this layout's [parallel] section, and of the experts'
+        [model] settings for an MoE."""
+        experts = [f"model.{key}={toml_repr(value)}" for key, value in MOE.items()] if self.moe else []
+        return [f"parallel.{key}={toml_repr(value)}" for key, value in self.parallel().items()] + experts
 
     def parallel(self) -> dict:
         """This layout's [parallel] settings."""
