@@ -69,7 +69,10 @@ NO_AUX = "model.aux_loss_coef=0.0"
     (_layout(4, 2, NO_AUX), _layout(1, 1)),                               # EP 2 -> one device
     (_layout(4, 2, NO_AUX), _layout(2, 2)),                               # the same EP, DP 4 -> DP 2
     (_layout(2, 2, NO_AUX), _layout(4, 1, "parallel.zero_stage=1")),      # EP 2 over DP 2 -> DP 4 ZeRO-1
-], ids=["ep2-ep1", "ep1-ep4", "ep4-ep2", "ep2-one", "ep2-dp2", "dp2ep2-dp4zero1"])
+    (_layout(4, 2, "parallel.zero_stage=1"), _layout(4, 1, "parallel.zero_stage=2")),  # saved by edp parts
+    (_layout(4, 4, "parallel.zero_stage=1"), _layout(4, 2, "parallel.zero_stage=2")),  # loaded into them
+], ids=["ep2-ep1", "ep1-ep4", "ep4-ep2", "ep2-one", "ep2-dp2", "dp2ep2-dp4zero1", "ep2zero1-ep1zero2",
+        "ep4zero1-ep2zero2"])
 def test_resume_at_another_expert_degree(tmp_path, saved, other):
     original, events = train(tmp_path / "a", *FP64, *saved, "train.steps=8", "checkpoint.every=4")
     same = assert_resumes_in(original["run_dir"], other, events)
