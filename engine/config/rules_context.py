@@ -4,8 +4,9 @@ context_problem (across settings) runs in its combination_problem.
 
 Pure, like rules.py: a rule returns None or (problem, fix); context_problem returns (key, problem, fix).
 What this release builds: a GPT's sequences split over parallel.context ranks (ring attention), beside
-data parallelism and ZeRO, tensor (and sequence) parallelism, activation checkpointing and 16-bit
-precision. Each refusal below names what is missing.
+data parallelism and ZeRO, tensor (and sequence) parallelism, pipeline parallelism (each stage's blocks run
+the ring over their CP group), dropout (each rank draws its positions' part of the one-device masks),
+activation checkpointing and 16-bit precision. Each refusal below names what is missing.
 """
 from __future__ import annotations
 
@@ -44,7 +45,4 @@ def context_problem(cfg: Config) -> tuple[str, str, str] | None:
         return ("parallel.sequence_parallel", f"splits each rank's {m.block_size // c} tokens (block_size "
                 f"{m.block_size} / context {c}) {p.tensor} ways, and {p.tensor} does not divide them",
                 f"use a block_size that is a multiple of {c * p.tensor}, or sequence_parallel = false")
-    if p.pipeline > 1:
-        return ("parallel.pipeline", f"{p.pipeline} with context {c}: pipeline stages do not run ring "
-                "attention yet", "set parallel.pipeline = 1, or parallel.context = 1")
     return None

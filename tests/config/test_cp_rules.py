@@ -18,7 +18,6 @@ def cfg(parallel: dict, **model) -> dict:
      "layout over 2 ranks needs; use a multiple of 4, e.g. 8"),
     (cfg({"context_layout": "contiguous"}, block_size=9), "model.block_size", "use a multiple of 2, e.g. 8"),
     (cfg({"context_layout": "zig"}), "parallel.context_layout", "'zig' is not a context layout"),
-    (cfg({"world_size": 4, "pipeline": 2}), "parallel.pipeline", "pipeline stages do not run ring attention"),
     (cfg({"world_size": 4, "tensor": 4, "sequence_parallel": True, "context": 1}, block_size=12), None, None),
     (cfg({"world_size": 8, "tensor": 4, "sequence_parallel": True}, block_size=20),
      "parallel.sequence_parallel", "splits each rank's 10 tokens (block_size 20 / context 2) 4 ways"),
@@ -39,3 +38,5 @@ def test_what_it_trains_passes():
         c = from_dict(cfg({"world_size": 8, "tensor": 2, "context_layout": layout, "zero_stage": 3}))
         assert (c.parallel.context, c.parallel.context_layout) == (2, layout)
     assert from_dict(cfg({}, dropout=0.1)).model.dropout == 0.1  # each rank draws its part of the masks
+    c = from_dict(cfg({"world_size": 8, "pipeline": 2, "tensor": 2}, n_layer=4))  # stages run the ring
+    assert (c.parallel.pipeline, c.parallel.context, c.parallel.tensor) == (2, 2, 2)

@@ -67,6 +67,8 @@ class PipelineModel:
     def __init__(self, model: GPT, runner: StageRunner, group):
         self.dense, self.runner, self.group = model, runner, group
         self.config, self.rng = model.config, model.rng
+        # a context-parallel plan (engine.parallel.context.view), as the replica and the trainer ask a model
+        self.context_parallel = getattr(model, "context_parallel", None)
         mine, everything = [n for n, _ in self.named_parameters()], [n for n, _ in model.named_parameters()]
         blocks = sum(runner.split.stages[s].n_blocks for s in runner.stages)
         self.tensor_parallel = PipelineLayout(model_layout(model), group, mine, everything, blocks)
@@ -139,6 +141,8 @@ def pipeline_model(model, cfg, groups, comm, dataset):
     if p.pipeline == 1:
         return model
     sample = dataset.global_batch(0, "train")[0][:1] if p.stage_balance == "time" else None
+    if sample is not None:  # under context parallelism the rank's tokens of it (every CP rank measures)
+        sample = getattr(model, "context_parallel", None).local(sample) if p.context > 1 else sample
     split = split_model(model, p.pipeline * p.chunks, p.stage_balance, sample)
     if p.stage_balance == "time" and comm.world_size > 1:
         split = describe(model, broadcast_json(comm, split.block_counts), "time")

@@ -5,7 +5,8 @@ One step on a pipeline rank:
   1. the tied weight's second copy (the last stage's lm_head.weight) takes the first stage's values (so
      does an evaluation after an update, or after a restore), so the copy is always the one device's weight;
   2. every pipeline rank reads the same m micro-batches of its data-parallel rank's share of the batch
-     (the first stage needs the tokens, the last the targets), and the executor runs the schedule; the
+     (the first stage needs the tokens, the last the targets; under context parallelism its own tokens of
+     every sequence, so a stage boundary carries b × s/c × h), and the executor runs the schedule; the
      last stage seeds each backward with the loss scale / m, as one device's accumulation does;
   3. the tied weight's gradient is summed on the first stage and the last stage's copy's dropped (the copy
      is no parameter of the replica's: rank_model.py), so the first stage's update is the one device's;
@@ -28,6 +29,7 @@ from engine import events as ev
 from engine.comm.exchange import exchange
 from engine.data import rank_slice, slice_bounds
 from engine.memory.ledger import rank_ledger
+from engine.parallel.context.view import context_of
 from engine.parallel.pipeline.executor import Emulation, Executor, uniform_io
 from engine.parallel.pipeline.final_reduce import reduce_hooks
 from engine.parallel.pipeline.rank_model import PipelineModel
@@ -47,9 +49,10 @@ class PipelineStep:
         self.holds_last = self.schedule.rank_of(self.last) == self.me
         rows = t.global_batch // (dp_size * t.micro_batches)
         self.sequence_split = model.tensor_parallel.degree if p.sequence_parallel else 1
-        seq = tokens_per_row // self.sequence_split
+        self.context = context_of(model)  # the rank's tokens of every sequence (all of them at CP 1)
+        seq = tokens_per_row // (self.context.degree * self.sequence_split)
         self.width, self.dtype = cfg.model.n_embd, dtype
-        io = uniform_io((rows, seq, self.width), dtype)  # b × s × h, s/t under sequence parallelism
+        io = uniform_io((rows, seq, self.width), dtype)  # b × s × h, s/c under CP, s/t more under SP
         seconds = p.pipeline_emulate_ms / 1000
         self.emulation = Emulation(seconds, seconds, seconds) if seconds else None
         self.executor = Executor(self.schedule, self.me, group, io, self.runner, self.emulation)
@@ -75,7 +78,8 @@ class PipelineStep:
     def forward_backward(self, batch, step: int) -> float:
         """Steps 1-4 above; returns the micro-batches' loss sum, weighted as the module says."""
         rows = len(batch[0])
-        micro = [rank_slice(batch, self.dp_rank, self.dp_size, j, self.m) for j in range(self.m)]
+        micro = [tuple(map(self.context.local, rank_slice(batch, self.dp_rank, self.dp_size, j, self.m)))
+                 for j in range(self.m)]
         first_rows = [slice_bounds(rows, self.dp_rank, self.dp_size, j, self.m)[0] for j in range(self.m)]
         self._copy_tied_weights()
         self._tied_fresh = False  # the optimizer's step comes next
@@ -129,6 +133,7 @@ class PipelineStep:
     def eval_loss(self, x, y) -> float:
         """One forward of (x, y) through every stage in order (no tape), weighted as a step's loss."""
         self._copy_tied_weights()  # a restored run evaluates before its first step
+        x, y = self.context.local(x), self.context.local(y)
         self.runner.begin_step([(x, y)], 1.0)
         hidden: np.ndarray | None = None
         loss = 0.0
