@@ -19,6 +19,7 @@ from nanodist_tui.cli import (
     memory,
     mesh,
     model,
+    plan,
     presets,
     project,
     resume,
@@ -49,6 +50,7 @@ app.command("sample")(model.sample)
 app.command("serve")(serve.serve)
 app.command("memory")(memory.memory)
 app.command("project")(project.project)
+app.command("plan")(plan.plan)
 app.command("mesh")(mesh.mesh)
 app.command("schedule")(schedule.schedule)
 app.command("screenshot")(screenshot.screenshot)
