@@ -298,7 +298,8 @@ class Trainer:
                              comm_wait_s=self.replica.comm_wait_s, bytes_sent=self.replica.bytes_sent),
                 *self.ledger.snapshots(self.step, self.rank),
                 *(self.pipeline.figures(self.step) if self.pipeline is not None else []),
-                *expert_load(self.model, self.step, self.rank),
+                # a tensor-parallel group routes the same tokens: its first rank reports them (all take theirs)
+                *[e for e in expert_load(self.model, self.step, self.rank) if self.groups.tp.rank == 0],
                 *context_work(self.model, self.step, self.rank)]
         if self.world > 1:
             mine.append(ev.Traffic(step=self.step, rank=self.rank, links=self.comm.meter.snapshot()))

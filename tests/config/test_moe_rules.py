@@ -26,7 +26,8 @@ def _with(**over) -> dict:
     (dict(model__top_k=5), "model.top_k", "5 experts per token, of model.n_experts 4"),
     (dict(model__n_experts=0, model__capacity_factor=1.25), "model.capacity_factor",
      "shapes the experts, and model.n_experts = 0"),
-    (dict(parallel__tensor=2), "parallel.tensor", "tensor parallelism beside experts"),
+    (dict(parallel__tensor=2, parallel__sequence_parallel=True), "parallel.sequence_parallel",
+     "sequence parallelism beside experts"),
     (dict(memory__checkpointing="blocks"), "memory.checkpointing", "recomputing an MoE block"),
     (dict(model__n_experts=0, parallel__expert=2), "parallel.expert",
      "splits the experts, and model.n_experts"),
@@ -55,6 +56,8 @@ def test_an_moe_model_on_data_parallelism_is_valid():
 
 
 @pytest.mark.parametrize("expert", [1, 2])
-def test_experts_inside_pipeline_stages_are_valid(expert):
+def test_experts_inside_pipeline_stages_and_beside_tensor_parallelism_are_valid(expert):
     cfg = from_dict(_with(parallel__pipeline=2, parallel__expert=expert))
     assert cfg.parallel.pipeline == 2 and cfg.parallel.expert == expert
+    cfg = from_dict(_with(parallel__tensor=2, parallel__expert=expert))
+    assert cfg.parallel.tensor == 2 and cfg.parallel.expert == expert

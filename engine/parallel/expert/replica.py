@@ -48,11 +48,13 @@ import numpy as np
 from engine.comm.collectives import all_gather, all_reduce, broadcast, reduce_scatter
 from engine.moe import moe_layers
 from engine.nn import Module
-from engine.optim import NORM_CHUNK, sum_of_squares
+from engine.optim import NORM_CHUNK
 from engine.parallel.data.buckets import part
 from engine.parallel.data.flat import FlatBuffer
 from engine.parallel.data.shard_optimizer import _KINDS, Piece, ShardOptimizer
 from engine.parallel.expert.plan import expert_parameters
+from engine.parallel.expert.tensor import split_sums_of_squares, tensor_whole_ranges
+from engine.parallel.tensor import model_layout
 
 EXPERTS = ".experts.mlps."  # in every split expert's parameter name, before the expert's number
 
@@ -107,11 +109,12 @@ class ExpertNames:
 class ExpertReplica:
     """`dense` (the data-parallel replica of the replicated parameters) plus this rank's split experts."""
 
-    def __init__(self, dense, cfg, model: Module, ep, edp, beside=()):
+    def __init__(self, dense, cfg, model: Module, ep, edp, tensor=None, pipeline=None):
         self.dense, self.ep, self.edp = dense, ep, edp
-        # the groups whose ranks hold other shards or other stages of the experts (tensor, pipeline): the
+        # the groups whose ranks hold other shards (tensor) or other stages (pipeline) of the experts: the
         # norm and the overflow flag are completed over them too
-        self.beside = [g for g in beside if g.world_size > 1]
+        self.tensor = tensor if tensor is not None and tensor.world_size > 1 else None
+        self.stages = pipeline if pipeline is not None and pipeline.world_size > 1 else None
         self.stage = cfg.parallel.zero_stage
         if self.stage not in (0, 1, 2):
             raise ValueError(f"split experts shard under ZeRO stages 0-2, not {self.stage}")
@@ -131,6 +134,9 @@ class ExpertReplica:
             self.ledger.hold("gradients", self.grad_shard.nbytes)
         names = [str(p.name) for p in params]
         self.names = ExpertNames(names, model_experts(model))
+        # what every tensor rank holds alike (the down-projections' biases): once in the norm
+        specs = model_layout(model).specs if self.tensor else {}
+        self.whole = tensor_whole_ranges(self.experts, lo, hi, specs) if self.tensor else []
         self.optimizer = ShardOptimizer(cfg, [Piece(self.experts.data[lo:hi], grads, self.experts, lo)], edp,
                                         sharded=self.shards > 1, param_names=names, ledger=self.ledger)
         dense.overflow_beside = self._agree_overflow
@@ -185,14 +191,17 @@ class ExpertReplica:
         grad = self.optimizer.pieces[0].grad
         wide = np.empty(min(grad.size, NORM_CHUNK), np.float64)
         with self.ledger.transient("temporaries", wide.nbytes):
-            sums = np.array([sum_of_squares(grad, buf=wide)], np.float64)
+            sums = split_sums_of_squares(grad, self.whole, wide)  # [tensor-split parts, the rest]
         if self.shards > 1:
             all_reduce(self.edp, sums, op="sum")
         if self.ep.world_size > 1:
             all_reduce(self.ep, sums, op="sum")
-        for group in self.beside:
-            all_reduce(group, sums, op="sum")
-        return float(sums[0])
+        if self.stages is not None:
+            all_reduce(self.stages, sums, op="sum")
+        split = sums[:1].copy()
+        if self.tensor is not None:
+            all_reduce(self.tensor, split, op="sum")
+        return float(split[0] + sums[1])
 
     def grad_norm(self) -> float:
         """The whole model's gradient norm: the replicated part's, and every expert's once, unscaled."""
@@ -214,8 +223,9 @@ class ExpertReplica:
         if self.ep.world_size > 1:
             all_reduce(self.ep, worst, op="max")
         anywhere = worst[:1].copy()  # the kind only: another stage's parameter codes are not this rank's
-        for group in self.beside:
-            all_reduce(group, anywhere, op="max")
+        for group in (self.tensor, self.stages):
+            if group is not None:
+                all_reduce(group, anywhere, op="max")
         if anywhere[0] == 0:
             return found
         kind = _KINDS[max(int(anywhere[0]), _KINDS.index(found[0]) if found else 0)]
@@ -257,4 +267,4 @@ def with_experts(dense, cfg, model: Module, groups):
     ExpertReplica over the rank's EP and edp groups (engine.parallel.mesh.MeshGroups)."""
     if not expert_parameters(model):
         return dense
-    return ExpertReplica(dense, cfg, model, groups.ep, groups.edp, beside=(groups.tp, groups.pp))
+    return ExpertReplica(dense, cfg, model, groups.ep, groups.edp, tensor=groups.tp, pipeline=groups.pp)

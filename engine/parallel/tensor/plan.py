@@ -32,7 +32,9 @@ from typing import Any
 
 from engine.comm.base import Communicator
 from engine.dropout_rng import DropoutRNG
+from engine.moe import MoE
 from engine.nn import GPT, MLP, Module
+from engine.parallel.expert.tensor import shard_experts
 from engine.parallel.tensor.dropout import SequenceShardDropout, ShardedMaskRNG
 from engine.parallel.tensor.layers import (
     ColumnParallelLinear,
@@ -111,16 +113,21 @@ def _parallelize_gpt(model: GPT, group: Communicator, sp: bool) -> TensorParalle
 
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
-        if mlp.drop.p:
+        if isinstance(mlp, MoE) and sp:
+            raise ValueError("sequence parallelism beside a mixture of experts is not planned")
+        if not isinstance(mlp, MoE) and mlp.drop.p:
             raise ValueError("a block's MLP dropout inside the tensor-parallel region is not planned")
         attn.c_attn, spec = column_parallel(attn.c_attn, group, sp, 3, tally)  # type: ignore[assignment]
         record(attn.c_attn, spec)
         attn.c_proj, spec = row_parallel(attn.c_proj, group, sp, tally)  # type: ignore[assignment]
         record(attn.c_proj, spec, with_bias=False)
-        mlp.layers[0], spec = column_parallel(mlp.layers[0], group, sp, 1, tally)  # type: ignore[call-overload]
-        record(mlp.layers[0], spec)
-        mlp.layers[-1], spec = row_parallel(mlp.layers[-1], group, sp, tally)  # type: ignore[call-overload]
-        record(mlp.layers[-1], spec, with_bias=False)
+        if isinstance(mlp, MoE):  # each expert split as this MLP would be, the router whole
+            shard_experts(mlp, group, tally, record)
+        else:
+            mlp.layers[0], spec = column_parallel(mlp.layers[0], group, sp, 1, tally)  # type: ignore[call-overload]
+            record(mlp.layers[0], spec)
+            mlp.layers[-1], spec = row_parallel(mlp.layers[-1], group, sp, tally)  # type: ignore[call-overload]
+            record(mlp.layers[-1], spec, with_bias=False)
         attn.n_head //= t  # the fused attention reads its heads from the QKV output: a/t of them here
         attn.rng = rng  # attention's dropout: this rank's heads of the one-device mask
         if sp:

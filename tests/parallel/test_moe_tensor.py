@@ -1,0 +1,47 @@
+"""A mixture of experts beside tensor parallelism trains what one device trains (float64): TP 2 x DP 2 on 4
+thread ranks, each expert's MLP column/row-split over the tensor group and the router whole (Megatron's
+default: engine/parallel/expert/tensor.py), expert parallelism 1 and 2 (over the data-parallel pair of each
+tensor rank), top-1 and top-2, dropless and under a capacity — the loss, gradient norm and first validation
+loss of every step and the first step's gradients (shards joined by name) within 1e-12, every parameter
+after 3 clipped AdamW steps within 1e-10; with a pipeline too (DP 2 x PP 2 x TP 2 on 8 ranks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.comm.launch import run_ranks
+from tests.moe_mesh_helpers import moe_config, one_device_config
+from tests.pp_train_helpers import assert_trains_like, train_rank
+
+STEPS = 3
+
+
+def _one_device(world: int, m: int, pipeline: int = 1, tensor: int = 1, **over) -> dict:
+    cfg = one_device_config(world, pipeline, m, tensor, **over)
+    return run_ranks(1, "threads", train_rank, args=(cfg, STEPS), timeout_s=120)[0]
+
+
+@pytest.mark.parametrize("top_k, capacity", [(2, 0.0), (1, 0.0), (2, 1.0)])
+@pytest.mark.parametrize("expert", [1, 2])
+def test_tensor_parallel_experts_equal_one_device(expert, top_k, capacity):
+    over = dict(model__top_k=top_k, model__capacity_factor=capacity)
+    cfg = moe_config(4, 1, 2, tensor=2, expert=expert, **over)
+    ranks = run_ranks(4, "threads", train_rank, args=(cfg, STEPS), timeout_s=180)
+    one = _one_device(4, 2, tensor=2, **over)
+    if capacity:
+        # an evaluation is one batch per data-parallel rank (no micro-batches): one device's capacity is
+        # over both ranks' rows, so only the training steps are one device's; the ranks agree
+        assert len({r["val"] for r in ranks}) == 1 and ranks[0]["val"] != one["val"]
+        one = {**one, "val": ranks[0]["val"]}
+    assert_trains_like(ranks, one)
+    # each rank holds half of every expert's up-projection it holds (its rows) and of its down-projection
+    up = np.asarray(ranks[0]["params"]["blocks.0.mlp.experts.mlps.0.layers.0.weight"])
+    assert up.shape == (64, 16)  # joined: 4 x 16 features, each rank held 32
+
+
+@pytest.mark.parametrize("expert", [1, 2])
+def test_with_a_pipeline_too(expert):
+    cfg = moe_config(8, 2, 2, tensor=2, expert=expert)
+    ranks = run_ranks(8, "threads", train_rank, args=(cfg, STEPS), timeout_s=240)
+    assert_trains_like(ranks, _one_device(8, 2, pipeline=2, tensor=2))
