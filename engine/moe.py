@@ -34,6 +34,7 @@ import numpy as np
 
 from engine import ops
 from engine.nn import GPT, MLP, Linear, Module, init_params
+from engine.recompute import recomputing
 from engine.tensor import ScatterGrad, Tensor, make
 
 
@@ -108,7 +109,10 @@ class Router(Module):
         kept = keep_within_capacity(experts, self.n_experts,
                                     capacity(n, self.top_k, self.n_experts, self.capacity_factor))
         chosen = probs[np.arange(n)[:, None], experts]
-        weights = chosen / chosen.sum(-1, keepdims=True) if self.top_k > 1 else chosen
+        # times the reciprocal, never a division by the sum: engine.ops.div divides by a divisor that needs no
+        # gradient as a product with its reciprocal, so a division would give other bits without a tape (a
+        # checkpointed block's forward) than with one (its recompute)
+        weights = chosen * (1.0 / chosen.sum(-1, keepdims=True)) if self.top_k > 1 else chosen
         return Routing(experts, kept, probs, weights)
 
 
@@ -156,14 +160,20 @@ class MoE(Module):
         self.aux_loss = self._aux_loss(routing)
         self.stats = {**routing_stats(routing, e), "received": self.experts.received,
                       "aux_loss": float(self.aux_loss.data)}
-        if self.training:
+        if self.training and not recomputing():  # a checkpointed block's recompute routes the same tokens
             self.step_stats.append(self.stats)
         return y.reshape(shape)
+
+    def count_choices(self, counts: np.ndarray, choices: int) -> tuple[np.ndarray, int]:
+        """The choices each expert got, and of how many, over the tokens f_e balances: this layer's own
+        (context parallelism puts one in its place that counts a sequence's slices together)."""
+        return counts, choices
 
     def _aux_loss(self, routing: Routing) -> Tensor:
         n, k = routing.experts.shape
         e = self.router.n_experts
-        share = np.bincount(routing.experts.reshape(-1), minlength=e) / (n * k)  # f_e, before drops
+        counts, choices = self.count_choices(np.bincount(routing.experts.reshape(-1), minlength=e), n * k)
+        share = counts / choices  # f_e, before drops
         mean_p = routing.probs.sum(axis=0)  # n * P_e
         scale = self.aux_loss_coef * e / n
         return (mean_p * Tensor(share.astype(mean_p.dtype))).sum() * scale

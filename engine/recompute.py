@@ -14,6 +14,16 @@ recomputed masks are the same, then puts it back where the rest of the step left
 repeats the same arithmetic on the same arrays, so gradients are bitwise identical to training without
 checkpointing — for about one extra forward per checkpointed block.
 
+Side losses. A module inside a block may also produce a scalar that the trainer adds to the loss outside the
+block: a mixture of experts' load-balancing term (engine.moe.MoE keeps its last forward's as `aux_loss`).
+Its gradient reaches the router inside the block, so the recompute must backpropagate it too. The forward
+replaces each such term by a tape node hanging on the block's output node, whose backward only keeps the
+gradient the term receives; the output node comes after it in backward (it feeds the term), and its recompute
+backpropagates the recomputed block's output and terms together, from one root. The recompute runs the
+block's forward again in full, so under expert parallelism its dispatch and combine all-to-alls are issued
+(and metered) again. (The forward without a tape must give the bits the recompute's gives: engine.moe's
+router renormalises by a product with the reciprocal for that.)
+
 `memory.checkpointing`: "none" | "blocks" (every block) | "every:K" (blocks 0, K, 2K, ...).
 """
 
@@ -77,6 +87,7 @@ class CheckpointedForward:
     def __init__(self, block, rng: DropoutRNG):
         self.block, self.rng = block, rng
         self.inner = type(block).forward.__get__(block)  # the block's own forward
+        self.side = side_loss_modules(block)
 
     def __call__(self, x: Tensor) -> Tensor:
         if recomputing() or not is_grad_enabled():
@@ -86,15 +97,21 @@ class CheckpointedForward:
             y = self.inner(x)
         x_data, needs_x = x.data, x.requires_grad
         edge = x if needs_x else Tensor(x_data, requires_grad=True)  # the node must exist for the params
+        seeds: dict[int, np.ndarray] = {}  # side loss -> the gradient it received
 
         def backward(g):
-            return (self._recompute_backward(x_data, g, position),)
-        return make(y.data, (edge,), backward, (x_data,))
+            return (self._recompute_backward(x_data, g, position, seeds),)
+        out = make(y.data, (edge,), backward, (x_data,))
+        for i, module in enumerate(self.side):
+            if module.aux_loss is not None:
+                module.aux_loss = _side_loss_node(module.aux_loss, out, seeds, i)
+        return out
 
-    def _recompute_backward(self, x_data: np.ndarray, g: np.ndarray,
-                            position: tuple[int, int, int]) -> np.ndarray | None:
+    def _recompute_backward(self, x_data: np.ndarray, g: np.ndarray, position: tuple[int, int, int],
+                            seeds: dict[int, np.ndarray]) -> np.ndarray | None:
         leaf = Tensor(x_data, requires_grad=True)
         resume_at = self.rng.position()
+        before = [module.aux_loss for module in self.side]
         self.rng.rewind(position)
         _recomputing.depth += 1
         try:
@@ -102,5 +119,28 @@ class CheckpointedForward:
         finally:
             _recomputing.depth -= 1
             self.rng.rewind(resume_at)
-        y.backward(g)
+        terms = [self.side[i].aux_loss for i in sorted(seeds)]
+        if terms:  # the output last among the root's inputs: backward's walk takes it first
+            grads = [seeds[i] for i in sorted(seeds)]
+            root = make(np.zeros((), y.dtype), (*terms, y), lambda _: (*grads, g))
+            root.backward(np.zeros((), y.dtype))
+        else:
+            y.backward(g)
+        seeds.clear()
+        for module, term in zip(self.side, before):
+            module.aux_loss = term
         return leaf.grad
+
+
+def side_loss_modules(block) -> list:
+    """The modules of `block` holding a side loss (an `aux_loss` attribute: engine.moe.MoE), in order."""
+    return [m for m in block.modules() if "aux_loss" in vars(m)]
+
+
+def _side_loss_node(term: Tensor, out: Tensor, seeds: dict[int, np.ndarray], i: int) -> Tensor:
+    """`term`'s value as a node on the checkpointed block's output `out`: its backward keeps the gradient it
+    receives in seeds[i] (the recompute backpropagates it) and passes nothing to the output."""
+    def keep(g):
+        seeds[i] = g
+        return (None,)
+    return make(term.data, (out,), keep)

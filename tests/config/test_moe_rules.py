@@ -28,7 +28,6 @@ def _with(**over) -> dict:
      "shapes the experts, and model.n_experts = 0"),
     (dict(parallel__tensor=2, parallel__sequence_parallel=True), "parallel.sequence_parallel",
      "sequence parallelism beside experts"),
-    (dict(memory__checkpointing="blocks"), "memory.checkpointing", "recomputing an MoE block"),
     (dict(model__n_experts=0, parallel__expert=2), "parallel.expert",
      "splits the experts, and model.n_experts"),
     (dict(model__n_experts=6, parallel__expert=4), "parallel.expert", "cannot share model.n_experts 6"),
