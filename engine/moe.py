@@ -60,6 +60,14 @@ def take_rows(x: Tensor, rows: np.ndarray) -> Tensor:
     return make(x.data[rows], (x,), lambda g: (ScatterGrad(rows, g, shape, dtype) if len(rows) else None,))
 
 
+def renormalise(chosen: Tensor) -> Tensor:
+    """chosen / its sum over the last axis, the same bits with a tape or without one: engine.ops.div takes a
+    divisor that needs no gradient (no tape: a checkpointed block's forward) as a product with its reciprocal,
+    which rounds otherwise than the division the recompute's tape makes."""
+    total = chosen.sum(-1, keepdims=True)
+    return chosen / total if total.requires_grad else Tensor(chosen.data / total.data)
+
+
 @dataclass
 class Routing:
     """One forward's routing of N tokens: the choices, which survived the capacity, and the weights."""
@@ -109,10 +117,7 @@ class Router(Module):
         kept = keep_within_capacity(experts, self.n_experts,
                                     capacity(n, self.top_k, self.n_experts, self.capacity_factor))
         chosen = probs[np.arange(n)[:, None], experts]
-        # times the reciprocal, never a division by the sum: engine.ops.div divides by a divisor that needs no
-        # gradient as a product with its reciprocal, so a division would give other bits without a tape (a
-        # checkpointed block's forward) than with one (its recompute)
-        weights = chosen * (1.0 / chosen.sum(-1, keepdims=True)) if self.top_k > 1 else chosen
+        weights = renormalise(chosen) if self.top_k > 1 else chosen
         return Routing(experts, kept, probs, weights)
 
 
