@@ -53,7 +53,7 @@ their gradients backward) in flight while its attention runs (engine.memory.cont
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.config.build import count_params, param_shapes, vocab_size
 from engine.dtypes import itemsize, master_dtype
@@ -67,8 +67,11 @@ from engine.memory.estimate_parts import (
     shard_count,
 )
 from engine.memory.expert import (
+    backward_exchanges,
+    exchange_bytes,
     expert_optimizer_phase,
     experts_in_backward_order,
+    forward_exchanges,
     moe_block_saves,
     split_shapes,
     with_expert_states,
@@ -81,6 +84,7 @@ from engine.memory.tensor_parallel import (
     row_parallel_modules,
     sequence_region_numel,
 )
+from engine.moe import is_moe_block
 from engine.parallel.data.buckets import aligned_buckets
 from engine.parallel.data.flat import FlatLayout
 from engine.parallel.mesh import Mesh
@@ -128,15 +132,17 @@ class _Transients:
     # stages 2-3: packed bytes in flight as each block's attention backward starts (when a context-parallel
     # ring holds its buffers too), by block
     at_attention: tuple[int, ...] = ()
+    # stage 2: packed bytes in flight as each MoE block's all-to-alls run in backward (expert parallelism)
+    at_exchange: dict = field(default_factory=dict)
 
 
 def _transients(shapes, cfg, units: list[int]) -> _Transients:
     s, stage = itemsize(cfg.precision.dtype), cfg.parallel.zero_stage
     if stage not in (2, 3):
         return _Transients()
-    grads, buffers, at_attention = _gradient_flow(shapes, cfg)
+    grads, buffers, at_attention, at_exchange = _gradient_flow(shapes, cfg)
     if stage == 2:
-        return _Transients(grads=grads, buffers=buffers, at_attention=at_attention)
+        return _Transients(grads=grads, buffers=buffers, at_attention=at_attention, at_exchange=at_exchange)
     numel: dict = {}
     for _, shape, unit in shapes:
         numel[unit] = numel.get(unit, 0) + math.prod(shape)
@@ -165,13 +171,15 @@ def ready_order(shapes, bias_first: frozenset[str] = frozenset()) -> list[int]:
     return [i for m in experts_in_backward_order(rest[::-1], shapes) + embeddings for i in m]
 
 
-def _gradient_flow(shapes, cfg) -> tuple[int, int, tuple[int, ...]]:
+def _gradient_flow(shapes, cfg) -> tuple[int, int, tuple[int, ...], dict]:
     """(most p.grad bytes, most packed-buffer bytes) a stage-2 or stage-3 rank holds at once in backward, and
     the packed bytes in flight as each block's attention backward starts (its output projection's gradients
     final; none without overlap, as the measured ranks show), by replaying engine.parallel.data.zero12 /
     zero3: a parameter's p.grad counts from when it is final until the last bucket (unit) holding it is
     packed; buckets pack in order once complete, units as they complete; a packed buffer counts until a
-    later pack retires it (two in flight at most, one without overlap) or backward ends."""
+    later pack retires it (two in flight at most, one without overlap) or backward ends. Also the packed
+    bytes in flight as each MoE block's all-to-alls run in backward (before its router's gradient is final),
+    by block."""
     s, world, stage = itemsize(cfg.precision.dtype), shard_count(cfg), cfg.parallel.zero_stage
     sizes = [math.prod(shape) * s for _, shape, _ in shapes]
     if stage == 2:
@@ -193,10 +201,14 @@ def _gradient_flow(shapes, cfg) -> tuple[int, int, tuple[int, ...]]:
     order = ready_order(shapes, row_parallel_modules(cfg, shapes))
     attention = {shapes[i][2]: pos for pos, i in enumerate(order) if ".attn.c_proj." in shapes[i][0]}
     at_attention = dict.fromkeys(attention, 0)
+    gates = {shapes[i][2]: pos for pos, i in enumerate(order) if ".mlp.router.gate." in shapes[i][0]}
+    at_exchange = dict.fromkeys(gates, 0)
     for _ in range(cfg.train.micro_batches):
         ready, left, done, next_bucket = [0] * len(groups), [len(of) for of in of_param], set(), 0
         first = len(packed)  # this micro-batch's first pack
         for pos, i in enumerate(order):
+            for unit in (u for u, at in gates.items() if at == pos and cfg.parallel.overlap):
+                at_exchange[unit] = max(at_exchange[unit], sum(packed[first:][-2:]))
             held += sizes[i]
             most_held = max(most_held, held)
             for g in of_param[i]:
@@ -217,8 +229,8 @@ def _gradient_flow(shapes, cfg) -> tuple[int, int, tuple[int, ...]]:
                 at_attention[unit] = max(at_attention[unit], sum(packed[first:][-2:]))
     flights = tuple(at_attention[u] for u in sorted(at_attention))
     if not cfg.parallel.overlap:
-        return most_held, max(packed), flights
-    return most_held, max([packed[0]] + [a + b for a, b in zip(packed, packed[1:])]), flights
+        return most_held, max(packed), flights, at_exchange
+    return most_held, max([packed[0]] + [a + b for a, b in zip(packed, packed[1:])]), flights, at_exchange
 
 
 def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
@@ -240,6 +252,8 @@ def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
                                          cp.id_rows(g, micro), s, f, m.dropout, split)
     blocks = moe_block_saves(cfg, blocks, micro, cp.tokens(m.block_size), s)
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, m.n_layer))
+    exchange = exchange_bytes(cfg, micro * cp.tokens(m.block_size), s)  # each all-to-all's, under EP
+    exchanging = {k for k in range(len(blocks)) if exchange and is_moe_block(m, k) and k not in ckpt}
     loss = {k: head.pop(k) for k in ("logits", "lse", "targets")}  # kept by the loss, after the model
     last = len(blocks) - 1
     t.extra["parameters"] = z.outer + z.prefetch * z.block  # stage 3: outer unit, block 0 prefetched
@@ -252,6 +266,8 @@ def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
             t.extra["comm_buffers"] = ring_forward
             t.keep(before_attention(kept, k), "forward")
             t.extra["comm_buffers"] = 0
+        if k in exchanging:  # the dispatch's and the combine's buffers, while the experts run
+            forward_exchanges(t, kept, k, exchange)
         t.keep(kept, "forward")
         t.extra["parameters"] = z.outer + ahead
     t.keep(head, "forward")
@@ -272,6 +288,8 @@ def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
             t.extra["comm_buffers"] = ring_backward + (z.at_attention[k] if z.at_attention else 0)
             t.mark("backward")
             t.extra["comm_buffers"] = 0
+        if k in exchanging:
+            backward_exchanges(t, k, exchange + z.at_exchange.get(k, 0))
         t.drop(blocks[k])
         t.extra.update(gradients=z.block_grads, comm_buffers=z.block)  # the block's gradients packed
         t.mark("backward")

@@ -28,7 +28,7 @@ from itertools import groupby
 
 from engine.dtypes import is_low_precision, itemsize, master_dtype
 from engine.memory.estimate_parts import ModelStates
-from engine.moe import is_moe_block
+from engine.moe import capacity, is_moe_block
 from engine.optim import CHUNK, NORM_CHUNK
 from engine.parallel.mesh import Mesh
 
@@ -121,21 +121,68 @@ def expert_optimizer_phase(timeline, mine: ExpertStates | None) -> None:
         figures["temporaries"] = max(figures["temporaries"], scratch + mine.optimizer_temporaries())
 
 
+def routed_rows(cfg, n: int) -> int:
+    """Rows per MoE layer and micro-batch of n tokens that a rank sends its experts (its kept choices) and
+    that its experts run on, under balanced routing (each rank's tokens choose every expert n·k/E times):
+    min(n·k, E·capacity), n·k dropless. Dropless, the rows sent are n·k whatever the router does."""
+    m = cfg.model
+    limit = capacity(n, m.top_k, m.n_experts, m.capacity_factor)
+    return n * m.top_k if limit is None else min(n * m.top_k, m.n_experts * limit)
+
+
+def exchange_bytes(cfg, n: int, s: int) -> int:
+    """One all-to-all's send and receive buffers of an MoE layer under expert parallelism (0 without): the
+    rows sent, in expert order, and the rows received, C elements each (engine.parallel.expert.exchange)."""
+    return 2 * routed_rows(cfg, n) * cfg.model.n_embd * s if cfg.parallel.expert > 1 else 0
+
+
 def moe_block_saves(cfg, blocks: list[dict[str, int]], b: int, t: int, s: int) -> list[dict[str, int]]:
     """`blocks` (gpt_saves' per-block arrays) with each MoE block's dense MLP arrays replaced by the
-    router's and the experts' (the docstring's list)."""
+    router's and the experts' (the docstring's list): the expert side's 9C per row it runs on, the combine
+    side's C + 1 per row it sent."""
     m = cfg.model
     n, c, e, k = b * t, m.n_embd, m.n_experts, m.top_k
+    rows = routed_rows(cfg, n)
     out = []
     for i, block in enumerate(blocks):
         if is_moe_block(m, i):
             block = {key: v for key, v in block.items() if key not in (f"fc out {i}", f"gelu out {i}")}
             block.update({f"router probs {i}": n * e * s, f"aux f {i}": e * s,
-                          f"expert rows {i}": n * k * (10 * c + 1) * s})
+                          f"expert rows {i}": rows * 9 * c * s, f"combine rows {i}": rows * (c + 1) * s})
             if k > 1:
                 block[f"top-k renormalised {i}"] = n * (k + 1) * s
         out.append(block)
     return out
+
+
+def _after_experts(k: int) -> tuple[str, str, str]:
+    return f"expert rows {k}", f"combine rows {k}", f"aux f {k}"
+
+
+def forward_exchanges(timeline, block: dict[str, int], k: int, nbytes: int) -> None:
+    """MoE block k's dispatch and combine in forward: the all-to-all's `nbytes` beside what the block kept
+    before its experts ran, then beside the experts' arrays too (call before keeping the whole block)."""
+    expert_rows = _after_experts(k)[0]
+    timeline.extra["comm_buffers"] += nbytes
+    timeline.keep({key: v for key, v in block.items() if key not in _after_experts(k)}, "forward")
+    timeline.keep({expert_rows: block[expert_rows]}, "forward")
+    timeline.extra["comm_buffers"] -= nbytes
+
+
+def backward_exchanges(timeline, k: int, nbytes: int) -> None:
+    """MoE block k's two all-to-alls in backward (the combine's mirror, then the dispatch's), before the
+    block's arrays are dropped: `nbytes` (the buffers, and ZeRO-2's packs in flight) beside what is held,
+    less the combine side's arrays (freed before the first), the experts' (before the second) and every
+    layer's f_e (when backward frees those depends on the graph's shape: left out, a lower bound)."""
+    expert_rows, combine_rows, _ = _after_experts(k)
+    aux = [key for key in timeline.held if key.startswith("aux f ")]
+    removed: dict[str, int] = {}
+    for gone in ([combine_rows, *aux], [expert_rows]):
+        removed.update({key: timeline.held.pop(key) for key in gone if key in timeline.held})
+        timeline.extra["comm_buffers"] += nbytes
+        timeline.mark("backward")
+        timeline.extra["comm_buffers"] -= nbytes
+    timeline.held.update(removed)  # dropped with their blocks
 
 
 def experts_in_backward_order(modules: list[list[int]], shapes) -> list[list[int]]:

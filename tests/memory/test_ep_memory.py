@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
+from engine import moe
 from engine.bench.memory import measure_rank
 from engine.comm.launch import run_ranks
 from engine.config import from_dict, to_dict
 from engine.config.build import param_shapes
+from engine.dtypes import itemsize
 from engine.memory.estimator import estimate
 from engine.memory.ledger import CATEGORIES, MODEL_STATES
 from engine.parallel.mesh import Mesh
+from engine.tensor import Tensor
 
 VOCAB = 13
 
@@ -68,12 +72,15 @@ def test_expert_parallel_estimate_equals_the_ledger(expert, top_k, dtype, stage)
     e = estimate(cfg)
     ranks = measured(cfg)
     predicted = e.category_peaks()
+    routed = ("activations", "comm_buffers")  # what depends on the rows the router sends each rank
     for r in ranks:
         assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
-        assert {c: v for c, v in _peaks(r).items() if c != "activations"} == {
-            c: v for c, v in predicted.items() if c != "activations"}, f"rank {r['rank']}"
+        assert {c: v for c, v in _peaks(r).items() if c not in routed} == {
+            c: v for c, v in predicted.items() if c not in routed}, f"rank {r['rank']}"
     for group in Mesh.of(cfg.parallel).groups("ep"):
         assert sum(_peaks(ranks[r])["activations"] for r in group) == expert * predicted["activations"]
+        # each exchange's rows sum to e·N·k over the group both ways, so the ranks' largest cannot sum lower
+        assert sum(_peaks(ranks[r])["comm_buffers"] for r in group) >= expert * predicted["comm_buffers"] > 0
     if stage:
         return
     # the experts' parameters 1/e on each rank, everything else whole (counted here from the shapes)
@@ -81,3 +88,50 @@ def test_expert_parallel_estimate_equals_the_ledger(expert, top_k, dtype, stage)
     experts = sum(math.prod(s) for n, s, _ in shapes if ".experts." in n)
     rest = sum(math.prod(s) for n, s, _ in shapes if ".experts." not in n)
     assert e.states["parameters"] == (rest + experts // expert) * (8 if dtype == "fp64" else 4)
+
+
+@pytest.fixture
+def balanced_router(monkeypatch):
+    """Every rank's tokens choose each expert equally often: token n's k choices are experts n·k, ..., n·k + k
+    - 1 (mod E), in that order, forced by a constant added to the router's logits (no gradient; the router's
+    own code then picks, renormalises, drops and saves as ever)."""
+    plain = moe.softmax
+
+    def softmax(logits):
+        n, e = logits.shape
+        k = e_top_k[0]
+        bias = np.zeros((n, e), logits.dtype)
+        for j in range(k):
+            bias[np.arange(n), (np.arange(n) * k + j) % e] = 64.0 - j
+        return plain(logits + Tensor(bias))
+    e_top_k = [1]
+    monkeypatch.setattr(moe, "softmax", softmax)
+    return e_top_k
+
+
+# expert, top_k, capacity_factor, ZeRO, dtype
+DISPATCH = [(2, 2, 0.0, 0, "fp32"), (4, 1, 0.0, 0, "fp64"), (4, 2, 0.0, 1, "bf16"), (2, 1, 0.5, 0, "fp32"),
+            (2, 2, 0.75, 2, "fp32"), (4, 2, 0.5, 0, "fp16"), (2, 2, 0.0, 2, "fp64")]
+
+
+@pytest.mark.parametrize("expert, top_k, capacity_factor, stage, dtype", DISPATCH)
+def test_dispatch_buffers_equal_the_estimate_under_balanced_routing(balanced_router, expert, top_k,
+                                                                    capacity_factor, stage, dtype):
+    """Balanced routing, dropless or under a capacity that drops: every rank sends and receives
+    min(N·k, E·capacity) rows per MoE layer, so its ledger equals the estimate in every category, phase by
+    phase — the all-to-alls' send and receive buffers (comm_buffers), ZeRO-2's packs in flight beside them in
+    backward, and the experts' and the combine's arrays (activations) included."""
+    balanced_router[0] = top_k
+    cfg = tiny(parallel__expert=expert, model__top_k=top_k, model__capacity_factor=capacity_factor,
+               parallel__zero_stage=stage, precision__dtype=dtype)
+    e = estimate(cfg)
+    n, c = 2 * 8, 8  # tokens per rank (global batch 8 over 4 ranks, 8 each) and width
+    rows = min(n * top_k, 4 * math.ceil(capacity_factor * n * top_k / 4)) if capacity_factor else n * top_k
+    assert (rows < n * top_k) == (capacity_factor > 0)  # the capacities chosen drop
+    buffers = 2 * rows * c * itemsize(dtype)  # one all-to-all's: the rows sent and the rows received
+    assert e.category_peaks()["comm_buffers"] == buffers if stage < 2 else buffers <= e.category_peaks()[
+        "comm_buffers"]
+    for r in measured(cfg):
+        assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
+        assert r["maxima"] == e.maxima, f"rank {r['rank']}"
+        assert r["peaks"] == e.by_phase, f"rank {r['rank']}"

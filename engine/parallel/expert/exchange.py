@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.comm.alltoall import all_to_all
 from engine.comm.base import Communicator
+from engine.memory.ledger import rank_ledger
 from engine.tensor import Tensor, make
 
 DISPATCH, COMBINE = "ep-dispatch", "ep-combine"
@@ -33,11 +34,21 @@ def exchange_rows(x: Tensor, send_rows: Sequence[int], group: Communicator, phas
     """x's consecutive blocks of send_rows[j] rows go to member j; returns the rows received (member 0's
     first) and how many came from each member."""
     received = all_to_all(group, _blocks(x.data, send_rows), phase)
+    _book(x.data, received)
     recv_rows = [len(r) for r in received]
 
     def backward(g):
-        return (np.concatenate(all_to_all(group, _blocks(g, recv_rows), backward_phase)),)
+        back = all_to_all(group, _blocks(g, recv_rows), backward_phase)
+        _book(g, back)
+        return (np.concatenate(back),)
     return make(np.concatenate(received), (x,), backward), recv_rows
+
+
+def _book(sent: np.ndarray, received: list[np.ndarray]) -> None:
+    """The memory ledger's comm_buffers: the all-to-all's send buffer (the rows in expert order) and its
+    receive buffers, held together as it returns (engine.memory.expert predicts them)."""
+    with rank_ledger().transient("comm_buffers", sent.nbytes + sum(r.nbytes for r in received)):
+        pass
 
 
 def exchange_counts(counts: np.ndarray, group: Communicator) -> np.ndarray:
