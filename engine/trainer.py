@@ -46,6 +46,7 @@ from engine.parallel.context.plan import parallelize_context
 from engine.parallel.context.view import context_of
 from engine.parallel.context.work import context_work
 from engine.parallel.data import make_replica
+from engine.parallel.expert.context import count_over_context
 from engine.parallel.expert.plan import split_experts
 from engine.parallel.expert.replica import with_experts
 from engine.parallel.pipeline.rank_model import PipelineModel, pipeline_model
@@ -86,6 +87,7 @@ class Trainer:
         # (engine.parallel.context); the ranks hold the same weights, so gradients are averaged over the
         # data x context group, while the rows a rank reads stay its data-parallel group's.
         shard = parallelize_context(shard, self.groups.cp, cfg.parallel.context_layout)
+        shard = count_over_context(shard, self.groups.cp)  # MoE: the load-balancing shares over the slices
         self.context = context_of(shard)
         self.grad_comm = self.dp_comm if self.context.degree == 1 else (
             comm if self.groups.dpcp.world_size == comm.world_size else self.groups.dpcp)
@@ -298,7 +300,7 @@ class Trainer:
                              comm_wait_s=self.replica.comm_wait_s, bytes_sent=self.replica.bytes_sent),
                 *self.ledger.snapshots(self.step, self.rank),
                 *(self.pipeline.figures(self.step) if self.pipeline is not None else []),
-                # a tensor-parallel group routes the same tokens: its first rank reports them (all take theirs)
+                # a tensor-parallel group routes the same tokens: its first rank reports them
                 *[e for e in expert_load(self.model, self.step, self.rank) if self.groups.tp.rank == 0],
                 *context_work(self.model, self.step, self.rank)]
         if self.world > 1:

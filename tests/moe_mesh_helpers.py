@@ -17,7 +17,9 @@ MOE = {"model__n_experts": 4, "model__top_k": 2, "model__moe_every": 1, "model__
 def moe_config(world: int = 1, pipeline: int = 1, m: int = 1, tensor: int = 1, context: int = 1,
                expert: int = 1, rows: int = 2, **over) -> dict:
     """pp_config's tiny GPT (float64, 4 blocks, 4 heads, width 16) with 4 experts, top-2, in every block."""
-    settings = {**MOE, "parallel__expert": expert, "parallel__context": context, **over}
+    dp = world // (pipeline * tensor * context)
+    settings = {**MOE, "parallel__expert": expert, "parallel__context": context,
+                "train__global_batch": rows * m * dp, **over}
     return pp_config(world, pipeline, m, tensor=tensor, rows=rows, **settings)
 
 

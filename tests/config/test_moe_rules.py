@@ -28,6 +28,8 @@ def _with(**over) -> dict:
      "shapes the experts, and model.n_experts = 0"),
     (dict(parallel__tensor=2, parallel__sequence_parallel=True), "parallel.sequence_parallel",
      "sequence parallelism beside experts"),
+    (dict(parallel__context=2, model__capacity_factor=1.0), "model.capacity_factor",
+     "a capacity beside context parallelism"),
     (dict(model__n_experts=0, parallel__expert=2), "parallel.expert",
      "splits the experts, and model.n_experts"),
     (dict(model__n_experts=6, parallel__expert=4), "parallel.expert", "cannot share model.n_experts 6"),
@@ -55,8 +57,10 @@ def test_an_moe_model_on_data_parallelism_is_valid():
 
 
 @pytest.mark.parametrize("expert", [1, 2])
-def test_experts_inside_pipeline_stages_and_beside_tensor_parallelism_are_valid(expert):
+def test_experts_inside_pipeline_stages_and_beside_tensor_and_context_parallelism_are_valid(expert):
     cfg = from_dict(_with(parallel__pipeline=2, parallel__expert=expert))
     assert cfg.parallel.pipeline == 2 and cfg.parallel.expert == expert
     cfg = from_dict(_with(parallel__tensor=2, parallel__expert=expert))
     assert cfg.parallel.tensor == 2 and cfg.parallel.expert == expert
+    cfg = from_dict(_with(parallel__context=2, parallel__expert=expert))
+    assert cfg.parallel.context == 2 and cfg.parallel.expert == expert
