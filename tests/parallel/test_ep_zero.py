@@ -2,7 +2,8 @@
 data-parallel group as without experts, the experts' gradients reduce-scattered and their AdamW state sharded
 over the expert-data-parallel group. EP 2 (edp groups of 2) and EP 4 (edp groups of 1), top-1 and top-2,
 ZeRO-1 and ZeRO-2, against EP 1 under DDP: the loss and gradient norm of every step and every parameter
-after 3 clipped AdamW steps within 1e-10; each rank's model states at rest are what the estimator says."""
+after 3 clipped AdamW steps within 1e-10; each rank's model states at rest are what the estimator says.
+Beside tensor and pipeline parallelism too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from engine.config import from_dict
 from engine.memory.estimator import estimate
 from engine.memory.ledger import MODEL_STATES
 from engine.trainer import Trainer
+from tests.moe_mesh_helpers import moe_config as moe_config_mesh
+from tests.moe_mesh_helpers import one_device_config
 from tests.parallel.test_ep_train import RTOL, STEPS, moe_config
+from tests.pp_train_helpers import assert_trains_like
+from tests.pp_train_helpers import train_rank as pp_train_rank
 
 
 def train_rank(comm, emit, cfg_dict: dict) -> dict:
@@ -57,3 +62,17 @@ def test_expert_parallel_zero_equals_ep_1(expert, top_k, stage):
     states = estimate(from_dict(cfg)).states
     for r in split:
         assert r["at_rest"] == states, r["at_rest"]
+
+
+@pytest.mark.parametrize("world, tensor, pipeline, stage", [(8, 2, 1, 2), (4, 2, 1, 1), (4, 1, 2, 1)],
+                         ids=["dp4-tp2-ep2-zero2", "dp2-tp2-ep2-zero1", "dp2-pp2-ep2-zero1"])
+def test_beside_tensor_and_pipeline_parallelism(world, tensor, pipeline, stage):
+    """ZeRO beside experts inside a mesh (float64, against one device running the same micro-batches): the
+    experts' state sharded over edp (DP 4 x TP 2: edp groups of 2, each expert tensor-split too), the
+    replicated parameters over dp; every parameter after 3 steps within 1e-10."""
+    over = {"model__n_layer": 4} if pipeline > 1 else {}
+    one = run_ranks(1, "threads", pp_train_rank, args=(one_device_config(world, pipeline, 2, tensor=tensor,
+                                                                          **over), STEPS), timeout_s=120)[0]
+    cfg = moe_config_mesh(world, pipeline, 2, tensor=tensor, expert=2, parallel__zero_stage=stage, **over)
+    ranks = run_ranks(world, "threads", pp_train_rank, args=(cfg, STEPS), timeout_s=300)
+    assert_trains_like(ranks, one, grads=False)  # ZeRO keeps a part of each gradient: the parameters tell
