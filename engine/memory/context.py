@@ -56,6 +56,15 @@ class ContextSplit:
         return 2 * kv, 2 * (kv + dkv)
 
 
+def own_token_ids(groups: list[dict[str, int]], c: int) -> list[dict[str, int]]:
+    """gpt_saves' groups with the token ids and targets renamed at c > 1: a context-parallel rank's are its
+    own slices of each micro-batch (new arrays), not views of one global batch array, so a pipeline's walk
+    (engine.memory.pipeline, whose SHARED names the views) counts them with each micro-batch in flight."""
+    if c == 1:
+        return groups
+    return [{f"{k} (own)" if k in ("idx", "targets") else k: v for k, v in g.items()} for g in groups]
+
+
 def before_attention(block: dict[str, int], k: int) -> dict[str, int]:
     """What block k keeps by the time its attention runs: its input and ln_1's (gpt_saves' names)."""
     names = (f"x{k}", f"ln_1 stats {k}", f"ln_1 out {k}")
