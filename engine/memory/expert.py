@@ -139,16 +139,19 @@ def exchange_bytes(cfg, n: int, s: int) -> int:
 def moe_block_saves(cfg, blocks: list[dict[str, int]], b: int, t: int, s: int) -> list[dict[str, int]]:
     """`blocks` (gpt_saves' per-block arrays) with each MoE block's dense MLP arrays replaced by the
     router's and the experts' (the docstring's list): the expert side's 9C per row it runs on, the combine
-    side's C + 1 per row it sent."""
+    side's C + 1 per row it sent. Under tensor parallelism an expert's up-projection and GELU outputs are
+    4C/t a row (its input and output stay whole)."""
     m = cfg.model
     n, c, e, k = b * t, m.n_embd, m.n_experts, m.top_k
     rows = routed_rows(cfg, n)
+    t = cfg.parallel.tensor  # each expert's hidden features split t ways (engine.parallel.expert.tensor)
     out = []
     for i, block in enumerate(blocks):
         if is_moe_block(m, i):
             block = {key: v for key, v in block.items() if key not in (f"fc out {i}", f"gelu out {i}")}
             block.update({f"router probs {i}": n * e * s, f"aux f {i}": e * s,
-                          f"expert rows {i}": rows * 9 * c * s, f"combine rows {i}": rows * (c + 1) * s})
+                          f"expert rows {i}": rows * (c + 8 * c // t) * s,
+                          f"combine rows {i}": rows * (c + 1) * s})
             if k > 1:
                 block[f"top-k renormalised {i}"] = n * (k + 1) * s
         out.append(block)
@@ -159,13 +162,14 @@ def _after_experts(k: int) -> tuple[str, str, str]:
     return f"expert rows {k}", f"combine rows {k}", f"aux f {k}"
 
 
-def forward_exchanges(timeline, block: dict[str, int], k: int, nbytes: int) -> None:
-    """MoE block k's dispatch and combine in forward: the all-to-all's `nbytes` beside what the block kept
-    before its experts ran, then beside the experts' arrays too (call before keeping the whole block)."""
+def forward_exchanges(timeline, block: dict[str, int], k: int, nbytes: int, phase: str = "forward") -> None:
+    """MoE block k's dispatch and combine in forward (`phase` "backward": a checkpointed block's recompute):
+    the all-to-all's `nbytes` beside what the block kept before its experts ran, then beside the experts'
+    arrays too (call before keeping the whole block)."""
     expert_rows = _after_experts(k)[0]
     timeline.extra["comm_buffers"] += nbytes
-    timeline.keep({key: v for key, v in block.items() if key not in _after_experts(k)}, "forward")
-    timeline.keep({expert_rows: block[expert_rows]}, "forward")
+    timeline.keep({key: v for key, v in block.items() if key not in _after_experts(k)}, phase)
+    timeline.keep({expert_rows: block[expert_rows]}, phase)
     timeline.extra["comm_buffers"] -= nbytes
 
 
@@ -173,7 +177,7 @@ def backward_exchanges(timeline, k: int, nbytes: int) -> None:
     """MoE block k's two all-to-alls in backward (the combine's mirror, then the dispatch's), before the
     block's arrays are dropped: `nbytes` (the buffers, and ZeRO-2's packs in flight) beside what is held,
     less the combine side's arrays (freed before the first), the experts' (before the second) and every
-    layer's f_e (when backward frees those depends on the graph's shape: left out, a lower bound)."""
+    layer's f_e (backward frees those first: engine.moe.add_aux_losses)."""
     expert_rows, combine_rows, _ = _after_experts(k)
     aux = [key for key in timeline.held if key.startswith("aux f ")]
     removed: dict[str, int] = {}

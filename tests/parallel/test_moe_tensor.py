@@ -45,3 +45,21 @@ def test_with_a_pipeline_too(expert):
     cfg = moe_config(8, 2, 2, tensor=2, expert=expert)
     ranks = run_ranks(8, "threads", train_rank, args=(cfg, STEPS), timeout_s=240)
     assert_trains_like(ranks, _one_device(8, 2, pipeline=2, tensor=2))
+
+
+def _specs_rank(comm, emit, cfg_dict: dict) -> bool:
+    from engine.config import from_dict
+    from engine.config.build import build_model, mesh_groups, shard_model
+    from engine.parallel.tensor import model_layout
+    from engine.parallel.tensor.specs import shard_specs
+    cfg = from_dict(cfg_dict)
+    dense = build_model(cfg)
+    names = [(n, p.shape) for n, p in dense.named_parameters()]
+    live = model_layout(shard_model(dense, cfg, mesh_groups(cfg, comm))).specs
+    return live == shard_specs("gpt", names, 2)
+
+
+def test_the_names_alone_cut_the_experts_as_the_plan_does():
+    """The estimator and checkpoints cut by names (engine.parallel.tensor.specs): the experts' cut included."""
+    cfg = moe_config(2, 1, 1, tensor=2)
+    assert run_ranks(2, "threads", _specs_rank, args=(cfg,), timeout_s=60) == [True, True]

@@ -11,6 +11,7 @@ row-parallel layers' biases).
          blocks.i.attn.c_proj.weight          columns (input features)
          blocks.i.mlp.layers.0.weight, .bias  rows (the 4h hidden features)
          blocks.i.mlp.layers.1.weight         columns
+         blocks.i.mlp.experts.mlps.e.layers.* each expert's MLP as the dense one (parallel/expert/tensor.py)
     MLP  layers.(2k).weight, .bias            rows (column-parallel)
          layers.(2k+1).weight                 columns (row-parallel)
 """
@@ -25,7 +26,9 @@ _GPT = [(re.compile(r"^(wte|lm_head)\.weight$"), 0, 1),
         (re.compile(r"\.attn\.c_attn\.(weight|bias)$"), 0, 3),
         (re.compile(r"\.attn\.c_proj\.weight$"), 1, 1),
         (re.compile(r"\.mlp\.layers\.0\.(weight|bias)$"), 0, 1),
-        (re.compile(r"\.mlp\.layers\.1\.weight$"), 1, 1)]
+        (re.compile(r"\.mlp\.layers\.1\.weight$"), 1, 1),
+        (re.compile(r"\.mlp\.experts\.mlps\.\d+\.layers\.0\.(weight|bias)$"), 0, 1),  # as the MLP's
+        (re.compile(r"\.mlp\.experts\.mlps\.\d+\.layers\.1\.weight$"), 1, 1)]
 _MLP_LAYER = re.compile(r"^layers\.(\d+)\.(weight|bias)$")
 
 

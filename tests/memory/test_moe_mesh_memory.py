@@ -1,0 +1,54 @@
+"""Mixture of experts beside tensor and context parallelism (and inside pipeline stages) in the estimator:
+every rank's ledger to the byte (4 thread ranks, tests/memory/test_ep_memory.py's tiny MoE GPT). With every
+expert local: every category's peak. Under expert parallelism: the model states at rest and every category
+but the routed ones (activations, comm buffers), which summed over each EP group are e times the estimate;
+under balanced routing, every category exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.memory.estimator import estimate
+from engine.memory.ledger import MODEL_STATES
+from engine.parallel.mesh import Mesh
+from tests.memory.test_ep_memory import _peaks, balanced_router, measured, tiny
+
+__all__ = ["balanced_router"]  # the fixture, used by name
+
+LAYOUTS = {"tp2": dict(parallel__tensor=2), "cp2": dict(parallel__context=2),
+           "cp2-tp2": dict(parallel__context=2, parallel__tensor=2)}
+ROUTED = ("activations", "comm_buffers")
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_expert_local(layout, top_k):
+    cfg = tiny(model__top_k=top_k, **LAYOUTS[layout])
+    e = estimate(cfg)
+    for r in measured(cfg):
+        assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
+        assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_split_experts(layout):
+    cfg = tiny(parallel__expert=2, **LAYOUTS[layout])
+    e = estimate(cfg)
+    ranks = measured(cfg)
+    predicted = e.category_peaks()
+    for r in ranks:
+        assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
+        assert {c: v for c, v in _peaks(r).items() if c not in ROUTED} == {
+            c: v for c, v in predicted.items() if c not in ROUTED}, f"rank {r['rank']}"
+    for group in Mesh.of(cfg.parallel).groups("ep"):
+        assert sum(_peaks(ranks[r])["activations"] for r in group) == 2 * predicted["activations"]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_split_experts_under_balanced_routing(balanced_router, layout):
+    balanced_router[0] = 2
+    cfg = tiny(parallel__expert=2, **LAYOUTS[layout])
+    e = estimate(cfg)
+    for r in measured(cfg):
+        assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
+        assert r["peaks"] == e.by_phase, f"rank {r['rank']}"
