@@ -227,10 +227,12 @@ def moe_layers(model: Module) -> list[MoE]:
 
 def add_aux_losses(model: Module, loss: Tensor) -> Tensor:
     """`loss` plus every MoE layer's load-balancing term from the last forward (loss itself for a model
-    without experts, or with a coefficient of 0)."""
+    without experts, or with a coefficient of 0). Each term goes ahead of the loss (term + loss): backward
+    then runs every term's few ops first, freeing each layer's f_e at once (the memory estimate relies on
+    it), and reaches every MoE block through its output, as a checkpointed block's recompute does."""
     for layer in moe_layers(model):
         if layer.aux_loss is not None and layer.aux_loss_coef:
-            loss = loss + layer.aux_loss
+            loss = layer.aux_loss + loss
     return loss
 
 

@@ -253,7 +253,7 @@ def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
     blocks = moe_block_saves(cfg, blocks, micro, cp.tokens(m.block_size), s)
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, m.n_layer))
     exchange = exchange_bytes(cfg, micro * cp.tokens(m.block_size), s)  # each all-to-all's, under EP
-    exchanging = {k for k in range(len(blocks)) if exchange and is_moe_block(m, k) and k not in ckpt}
+    exchanging = {k for k in range(len(blocks)) if exchange and is_moe_block(m, k)}
     loss = {k: head.pop(k) for k in ("logits", "lse", "targets")}  # kept by the loss, after the model
     last = len(blocks) - 1
     t.extra["parameters"] = z.outer + z.prefetch * z.block  # stage 3: outer unit, block 0 prefetched
@@ -266,7 +266,11 @@ def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
             t.extra["comm_buffers"] = ring_forward
             t.keep(before_attention(kept, k), "forward")
             t.extra["comm_buffers"] = 0
-        if k in exchanging:  # the dispatch's and the combine's buffers, while the experts run
+        if k in exchanging and k in ckpt:  # the same all-to-alls, the forward keeping nothing of the block
+            t.extra["comm_buffers"] = exchange
+            t.mark("forward")
+            t.extra["comm_buffers"] = 0
+        elif k in exchanging:  # the dispatch's and the combine's buffers, while the experts run
             forward_exchanges(t, kept, k, exchange)
         t.keep(kept, "forward")
         t.extra["parameters"] = z.outer + ahead
@@ -274,6 +278,7 @@ def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
     t.extra["parameters"] = 0
     t.keep(loss, "forward")
     t.mark("backward")
+    t.drop([name for name in t.held if name.startswith("aux f ")])  # the load-balancing terms' ops run first
     t.drop(loss)
     t.extra["parameters"] = z.outer + z.prefetch * z.block  # gathered again at the logits
     t.mark("backward")
@@ -281,8 +286,10 @@ def _replay(t: Timeline, cfg, vocab: int, micro: int, z: _Transients) -> None:
     for k in reversed(range(len(blocks))):
         behind = z.prefetch * z.block * (k > 0)
         t.extra["parameters"] = z.outer + z.block + behind
-        if k in ckpt:
-            t.keep(blocks[k], "backward")  # recomputed in full while everything before it is held
+        if k in ckpt:  # recomputed in full while everything before it is held (its all-to-alls too, under EP)
+            if k in exchanging:
+                forward_exchanges(t, blocks[k], k, exchange, "backward")
+            t.keep(blocks[k], "backward")
         if ring_backward:  # the ring's keys, values and their gradients, once the MLP's arrays are freed
             t.drop([name for name in blocks[k] if name not in attention_part(blocks[k], k)])
             t.extra["comm_buffers"] = ring_backward + (z.at_attention[k] if z.at_attention else 0)
