@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from engine.config import Config
     from nanodist_tui.app import MakeJob
     from nanodist_tui.serve.server import ModelServer
+    from nanodist_tui.widgets.projection_pane import ProjectionPane
     from nanodist_tui.widgets.run_header import RunHeader
     from nanodist_tui.workspace import Workspace
 
@@ -114,6 +115,8 @@ class WorkbenchHost(Protocol):
     def sweep_finish(self) -> threading.Event | None: ...
     @property
     def sweeping(self) -> bool: ...
+    @property
+    def projection(self) -> ProjectionPane: ...
 
     # NanoDistApp's methods (app.py)
     def say(self, text: str, level: str = "info") -> None: ...
@@ -144,6 +147,7 @@ class WorkbenchHost(Protocol):
     def _stop(self, s: RunSession, quiet: bool = False) -> None: ...
     def seek_to(self, step: int) -> None: ...
     def _new_run_chosen(self, chosen: tuple[Config, TOMLDocument] | None) -> None: ...
+    def _plan_chosen(self, chosen: tuple[Config, TOMLDocument] | None) -> None: ...
     def _replay_chosen(self, chosen: list[Path] | None) -> None: ...
     def _compare_chosen(self, chosen: list[Path] | None) -> None: ...
     def _serve_chosen(self, chosen: list[Path] | None) -> None: ...
@@ -383,6 +387,18 @@ class WorkbenchActions:
         if chosen and len(chosen) == 2:
             from nanodist_tui.screens.compare import CompareScreen
             self.push_screen(CompareScreen(*chosen))
+
+    def action_plan(self: WorkbenchHost) -> None:
+        """The planner on the run's preset (nanodist_tui/screens/plan.py); a layout chosen there starts here
+        as a new run does."""
+        from nanodist_tui.screens.plan import PlanScreen
+        self.push_screen(PlanScreen(self.projection._cfg()), self._plan_chosen)
+
+    def _plan_chosen(self: WorkbenchHost, chosen: tuple[Config, TOMLDocument] | None) -> None:
+        if chosen is not None and self.make_job is None:
+            self.notify("starting runs needs the workbench started by nanodist-tui")
+            return
+        self._new_run_chosen(chosen)
 
     def action_sweeps(self: WorkbenchHost) -> None:
         from nanodist_tui.screens.sweeps import SweepsScreen

@@ -20,6 +20,7 @@ ACTIONS = {
     "open_replay": ("Replay a recorded run", "play a run folder back into the panes, at any speed"),
     "compare": ("Compare two runs", "loss curves overlaid, memory and traffic side by side"),
     "projection": ("Projection", "this run on a cluster you do not have: step time, scaling, calibration"),
+    "plan": ("Plan a layout", "the best layouts of N ranks on a cluster and why the rest lose; s starts one"),
     "replay_speed(1)": ("Replay faster", "double the replay speed"),
     "replay_speed(-1)": ("Replay slower", "halve the replay speed"),
     "seek(1)": ("Seek forward", "jump ahead a tenth of the run"),
