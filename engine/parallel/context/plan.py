@@ -71,12 +71,14 @@ def parallelize_context(model: Module, group: Communicator, kind: str = "zigzag"
         raise TypeError(f"context parallelism splits a GPT's sequences, not a {type(model).__name__}'s")
     layout = SequenceLayout(kind, group.world_size)
     ring = Ring(group, layout, causal=True, work=Counter())
-    positions = ContextMaskRNG(model.rng, layout, group.rank)  # token-wise masks: this rank's rows of them
-    model.drop.rng = context_rng(model.drop.rng, model.rng, positions)
+    base = model.rng
+    assert base is not None  # a GPT always holds its DropoutRNG
+    positions = ContextMaskRNG(base, layout, group.rank)  # token-wise masks: this rank's rows of them
+    model.drop.rng = context_rng(model.drop.rng, base, positions)
     for block in model.blocks:
         block.attn = RingSelfAttention(block.attn, ring)  # type: ignore[assignment]
         for drop in (block.attn.resid_drop, block.drop):  # the MLP's own dropout is 0 in a GPT block
-            drop.rng = context_rng(drop.rng, model.rng, positions)
+            drop.rng = context_rng(drop.rng, base, positions)
     model.wpe = SlicePositions(model.wpe.weight, layout, group.rank)
     planned: Any = model  # a new attribute, outside the model's own API: read it through context_of
     planned.context_parallel = ContextParallel(group, layout, ring)

@@ -48,7 +48,7 @@ class WholeSequence:
         return a
 
 
-def context_of(model: Module) -> ContextParallel | WholeSequence:
+def context_of(model: Module | object) -> ContextParallel | WholeSequence:
     """The model's ContextParallel (engine.parallel.context.plan), or the stand-in for a model that holds
-    whole sequences."""
+    whole sequences (a pipeline rank's model answers its GPT's)."""
     return getattr(model, "context_parallel", None) or WholeSequence()

@@ -21,6 +21,7 @@ from engine.comm.collectives import all_reduce
 from engine.comm.meter import metered_phase
 from engine.comm.objects import broadcast_json
 from engine.nn import GPT, Module
+from engine.parallel.context.view import context_of
 from engine.parallel.pipeline.split import describe, split_model
 from engine.parallel.pipeline.stage import StageRunner
 from engine.parallel.tensor import model_layout
@@ -142,7 +143,7 @@ def pipeline_model(model, cfg, groups, comm, dataset):
         return model
     sample = dataset.global_batch(0, "train")[0][:1] if p.stage_balance == "time" else None
     if sample is not None:  # under context parallelism the rank's tokens of it (every CP rank measures)
-        sample = getattr(model, "context_parallel", None).local(sample) if p.context > 1 else sample
+        sample = context_of(model).local(sample)
     split = split_model(model, p.pipeline * p.chunks, p.stage_balance, sample)
     if p.stage_balance == "time" and comm.world_size > 1:
         split = describe(model, broadcast_json(comm, split.block_counts), "time")
