@@ -12,7 +12,7 @@ import pytest
 from engine.comm.launch import run_ranks
 from engine.config import from_dict
 from engine.trainer import Trainer
-from tests.parallel.test_ep_train import moe_config
+from tests.ep_train_helpers import moe_config
 
 STEPS = 4
 

@@ -15,9 +15,9 @@ from engine.config import from_dict
 from engine.memory.estimator import estimate
 from engine.memory.ledger import MODEL_STATES
 from engine.trainer import Trainer
+from tests.ep_train_helpers import RTOL, STEPS, moe_config
 from tests.moe_mesh_helpers import moe_config as moe_config_mesh
 from tests.moe_mesh_helpers import one_device_config
-from tests.parallel.test_ep_train import RTOL, STEPS, moe_config
 from tests.pp_train_helpers import assert_trains_like
 from tests.pp_train_helpers import train_rank as pp_train_rank
 
