@@ -97,6 +97,9 @@ class NominalCompute:
     def slicing(self, dtype: str, ranks_on_host: int) -> float:
         return 1.0
 
+    def ring_blocks(self, dtype: str, ranks_on_host: int, tokens: float) -> dict | None:
+        return None  # a cluster file's accelerators run ring attention's blocks at their FLOP rate
+
 
 @dataclass(frozen=True)
 class Curve:
@@ -149,6 +152,19 @@ class CalibratedCompute:
     def seconds(self, phase: str, dtype: str, tokens: float, ranks_on_host: int) -> float:
         level, factor = self._level(dtype, ranks_on_host)
         return Curve(tuple(level["tokens"]), tuple(level[phase + "_s"]))(tokens) * factor
+
+    def ring_blocks(self, dtype: str, ranks_on_host: int, tokens: float) -> dict | None:
+        """Ring attention's kernels as calibrated (engine.projection.ring_calibration) for a rank whose
+        whole-model work is `tokens` tokens: {key: seconds}, from the calibrated size nearest it, scaled
+        by the ratio (the kernels are a loop over rows and heads) and by the time-slicing factor; None
+        where the calibration did not time them."""
+        level, factor = self._level(dtype, ranks_on_host)
+        keys = [k for k in level if k.startswith("ring_")]
+        if not keys:
+            return None
+        sizes = level["tokens"]
+        i = min(range(len(sizes)), key=lambda j: abs(math.log(sizes[j] / tokens)))
+        return {k: level[k][i] * tokens / sizes[i] * factor for k in keys}
 
     def rate(self, phase: str, dtype: str, tokens: float, ranks_on_host: int) -> float:
         flops = self.flops_of(tokens)

@@ -55,7 +55,9 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
     for dtype in dtypes:
         per_size = [time_phases(comm, from_dict(one_rank_config(cfg_dict, dtype, r), source="<calibration>"),
                                 steps, warmup, interference=r == rows[-1]) for r in rows]
+        ring = [_ring_blocks(comm, cfg_dict, dtype, r) for r in rows]
         curves[dtype] = {"tokens": [r * per_row for r in rows], "forward_s": [p["forward"] for p in per_size],
+                         **{k: [figures[k] for figures in ring] for k in ring[0]},
                          "backward_s": [p["backward"] for p in per_size],
                          "optimizer_s_per_element": statistics.mean(p["optimizer"] / p["n_params"]
                                                                     for p in per_size),
@@ -63,6 +65,20 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
                          "imbalance": statistics.mean(p["imbalance"] for p in per_size),
                          **{k: v for k, v in per_size[-1].items() if k.startswith("interference")}}
     return {"curves": curves, "copy_bytes_per_s": _copy_rate(comm)}
+
+
+def _ring_blocks(comm, cfg_dict: dict, dtype: str, rows: int) -> dict:
+    """Under context parallelism, ring attention's blocks at the rank's rows and heads
+    (engine.projection.ring_calibration: `rows` rows of the whole model's work are a CP rank's b·s/(t·c)
+    tokens, so it holds rows·t·c rows of s/c tokens and n_head/t heads); nothing otherwise."""
+    p, m = cfg_dict["parallel"], cfg_dict["model"]
+    c, t = p.get("context", 1), p.get("tensor", 1)
+    if c == 1:
+        return {}
+    from engine.projection.ring_calibration import time_ring_blocks
+    comm.barrier()  # the busy ranks time them together, as they trained
+    return time_ring_blocks(rows * t * c, m["n_head"] // t, m["n_embd"] // m["n_head"], m["block_size"], c,
+                            dtype)
 
 
 def one_rank_config(cfg_dict: dict, dtype: str, rows: int) -> dict:

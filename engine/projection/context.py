@@ -39,6 +39,13 @@ square of its queries). The step waits for the busiest rank:
                 (c + 1)/2, so busiest/mean = 2c/(c + 1)
     zigzag      every rank 2c + 1 blocks of (s/2c)²: factor (2c + 1)/(4c), busiest/mean 1
 
+On a calibrated machine (compute.ring_blocks) the blocks' seconds are the kernels timed there
+(ring_calibration.py: a diagonal block with the fused causal kernel, a whole one in NumPy, each with its
+merge; at the layout's chunk, the rank's rows and heads), not their FLOPs: B_h is the slowest rank's
+diagonal and whole blocks at hop h, and the rank's attention is Σ_h B_h in place of the 1/c of the
+one-device attention (timed alike) that the calibrated curve holds at the rank's tokens; step.py adds the
+difference, per block, forward and backward (extra_forward_s, extra_backward_s).
+
 The gradient reduce goes over the data × context group (its ranks hold the same weights): step.py's,
 on group_comm's "dpcp" placement. With ring attention in the model nanoDist runs that replica's collectives
 on the training thread (engine.parallel.data.replica: model_communicates), so they are exposed too.
@@ -53,6 +60,7 @@ from engine.parallel.context.layout import SequenceLayout, block_kind
 from engine.projection.flops import ModelFlops
 from engine.projection.group_comm import group_members, shift_link
 from engine.projection.machine import Machine
+from engine.projection.ring_calibration import KINDS, PHASES, key
 from engine.projection.timeline import Timeline
 
 
@@ -65,6 +73,7 @@ class ContextParallel:
         self.degree, self.rows, self.n_layer = p.context, rows, m.n_layer
         self.active = self.degree > 1
         self.spent_s, self.transfer_s, self.hops = 0.0, 0.0, 0
+        self.extra_forward_s = self.extra_backward_s = 0.0  # per block: measured attention less the curve's
         if not self.active:
             return
         c, s = self.degree, m.block_size
@@ -85,18 +94,44 @@ class ContextParallel:
                            for h in range(c)]
         self.flops_per_score = 4.0 * width * rows  # attention's two products, forward, over the rank's heads
         self.forward_blocks = self.backward_blocks = [0.0] * c
+        self.chunk = s // self.layout.n_chunks
+        # on a calibrated machine, ring attention's kernels as timed there (ring_calibration.py)
+        kernels = machine.compute.ring_blocks(dtype, machine.ranks_on_host, rows * s / (c * p.tensor))
+        needed = [key(kind, phase, self.chunk) for kind in KINDS for phase in PHASES]
+        self.kernels = kernels if kernels and all(k in kernels for k in needed) else None
 
     def _blocks(self, rank: int, src: int) -> int:
         """Blocks `rank` computes against `src`'s keys (layout.py's causal plan)."""
         return sum(block_kind(a, b, True) is not None
                    for a in self.layout.chunks(rank) for b in self.layout.chunks(src))
 
+    def _kinds(self, rank: int, src: int) -> tuple[int, int]:
+        """(diagonal, whole) blocks `rank` computes against `src`'s keys."""
+        kinds = [block_kind(a, b, True) for a in self.layout.chunks(rank) for b in self.layout.chunks(src)]
+        return kinds.count("diagonal"), kinds.count("full")
+
     def time_blocks(self, forward_rate: float, backward_rate: float) -> None:
-        """B_h of every hop, forward and backward, at the phase's rate (FLOP/s)."""
-        if self.active:
+        """B_h of every hop, forward and backward: the kernels' measured seconds where the machine was
+        calibrated, else attention's FLOPs at the phase's rate (FLOP/s)."""
+        if not self.active:
+            return
+        if self.kernels is None:
             work = [self.flops_per_score * n for n in self.hop_scores]
             self.forward_blocks = [f / forward_rate for f in work]
             self.backward_blocks = [2 * f / backward_rate for f in work]
+            return
+        c, t = self.degree, self.kernels
+        for phase in PHASES:
+            diagonal, whole = t[key("diagonal", phase, self.chunk)], t[key("whole", phase, self.chunk)]
+            hops = [max(n * diagonal + w * whole for n, w in (self._kinds(r, (r - h) % c) for r in range(c)))
+                    for h in range(c)]
+            # the curve (timed at the rank's tokens with the whole context's attention) holds 1/c of the
+            # one-device attention timed at the rank's rows: the blocks replace it
+            extra = sum(hops) - t[key("one_device", phase)] / c
+            if phase == "forward":
+                self.forward_blocks, self.extra_forward_s = hops, extra
+            else:
+                self.backward_blocks, self.extra_backward_s = hops, extra
 
     # ---- compute ---------------------------------------------------------------------------------------
 
@@ -106,8 +141,10 @@ class ContextParallel:
 
     def flops(self, flops: ModelFlops, block_size: int, width: int) -> ModelFlops:
         """The busiest rank's FLOPs: `flops` (the whole model's at the rank's tokens, attention the full
-        square of its queries, 4·s·h per token and block) with attention scaled to the blocks it computes."""
-        if not self.active:
+        square of its queries, 4·s·h per token and block) with attention scaled to the blocks it computes;
+        unscaled where the kernels were timed (their seconds replace the curve's attention instead:
+        extra_forward_s, extra_backward_s)."""
+        if not self.active or self.kernels is not None:
             return flops
         saved = (1 - self.attention_factor) * 4.0 * block_size * width * flops.tokens
         units = tuple(f - saved for f in flops.unit_forward)
@@ -183,4 +220,5 @@ class ContextParallel:
                 "hidden_s": self.transfer_s - self.spent_s,
                 "blocks_busiest": self.blocks_busiest, "blocks_mean": self.blocks_mean,
                 "busiest_over_mean": self.blocks_busiest / self.blocks_mean,
-                "attention_factor": self.attention_factor}
+                "attention_factor": self.attention_factor, "kernels_timed": self.kernels is not None,
+                "extra_forward_s": self.extra_forward_s, "extra_backward_s": self.extra_backward_s}

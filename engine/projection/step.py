@@ -80,10 +80,13 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int,
     flops = ep.flops(cp.flops(flops_of(tokens), cfg.model.block_size, cfg.model.n_embd))  # the busiest's
     forward_rate, backward_rate = (compute.rate(phase, dtype, tokens, k) for phase in ("forward", "backward"))
     cp.time_blocks(forward_rate, backward_rate)  # the ring's blocks, which its hops move beside
-    t_fwd = tp.split(flops.forward / forward_rate, "forward")
-    t_bwd = tp.split(flops.backward / backward_rate, "backward")
-    t_block_fwd = tp.split(flops.block_forward / forward_rate, "block")
-    t_units = [tp.split(f / forward_rate, "block") for f in flops.unit_forward]
+    # per block, the ring's blocks as timed on a calibrated machine in place of the curve's attention
+    extra_fwd, extra_bwd = cp.extra_forward_s, cp.extra_backward_s
+    blocks = len(flops.unit_forward)
+    t_fwd = tp.split(flops.forward / forward_rate, "forward") + blocks * extra_fwd
+    t_bwd = tp.split(flops.backward / backward_rate, "backward") + blocks * extra_bwd
+    t_block_fwd = tp.split(flops.block_forward / forward_rate, "block") + extra_fwd
+    t_units = [tp.split(f / forward_rate, "block") + extra_fwd for f in flops.unit_forward]
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, cfg.model.n_layer)) if cfg.model.kind == "gpt" \
         else set()
     t_opt = compute.optimizer_s(owned_elements, dtype, k)
