@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from engine.memory.estimator import estimate
+from engine.memory.pipeline import estimate_ranks
 from engine.memory.ledger import MODEL_STATES
 from engine.parallel.mesh import Mesh
 from tests.memory.test_ep_memory import _peaks, balanced_router, measured, tiny
@@ -52,3 +53,32 @@ def test_split_experts_under_balanced_routing(balanced_router, layout):
     for r in measured(cfg):
         assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
         assert r["peaks"] == e.by_phase, f"rank {r['rank']}"
+
+
+PIPELINES = {"pp2": dict(parallel__pipeline=2), "pp2-m2": dict(parallel__pipeline=2, train__micro_batches=2),
+             "pp2-gpipe-m2": dict(parallel__pipeline=2, parallel__schedule="gpipe", train__micro_batches=2),
+             "pp2-tp2": dict(parallel__pipeline=2, parallel__tensor=2, parallel__world_size=4)}
+
+
+def _by_pipeline_rank(cfg, ranks):
+    """Each rank's measurement beside its pipeline rank's estimate (estimate_ranks: they differ by stage)."""
+    estimates, mesh = estimate_ranks(cfg), Mesh.of(cfg.parallel)
+    return [(r, estimates[mesh.coords(r["rank"]).pp]) for r in ranks]
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize("layout", list(PIPELINES))
+def test_pipeline_stages_every_expert_local(layout, top_k):
+    cfg = tiny(model__top_k=top_k, **PIPELINES[layout])
+    for r, e in _by_pipeline_rank(cfg, measured(cfg)):
+        assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
+        assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
+
+
+@pytest.mark.parametrize("layout", ["pp2", "pp2-m2", "pp2-gpipe-m2"])
+def test_pipeline_stages_split_experts_under_balanced_routing(balanced_router, layout):
+    balanced_router[0] = 2
+    cfg = tiny(parallel__expert=2, **PIPELINES[layout])
+    for r, e in _by_pipeline_rank(cfg, measured(cfg)):
+        assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
+        assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
