@@ -69,7 +69,8 @@ class Layout:
         return (self.degrees, self.micro_batches, self.schedule, self.chunks, self.checkpointing)
 
     def label(self) -> str:
-        """Short, for tables: "dp 8 tp 2 pp 4 1f1b m16 z1 ckpt 25MB" (degrees of 1 left out)."""
+        """Short, for tables: "dp 8 tp 2 pp 4 1f1b m16 z1 ckpt 4MB" (degrees of 1 left out, and the bucket
+        size where it is the default 25 MB)."""
         parts = [f"{axis} {d}" for axis, d in zip(("dp", "tp", "pp", "cp", "ep"), self.degrees) if d > 1]
         parts = parts or ["1 rank"]
         if self.pipeline > 1:
@@ -78,7 +79,8 @@ class Layout:
         parts.append(f"z{self.zero}")
         if self.checkpointing != "none":
             parts.append("ckpt")
-        parts.append(f"{self.bucket_mb:g}MB")
+        if self.bucket_mb != BUCKETS_MB[0]:
+            parts.append(f"{self.bucket_mb:g}MB")
         if self.order != DEFAULT_ORDER:
             parts.append(self.order)
         return " ".join(parts)

@@ -21,7 +21,8 @@ from textual.widgets import DataTable, Input, Label, Select, Static
 
 from nanodist_tui.widgets.footer import WorkbenchFooter
 
-COLUMNS = ("#", "layout", "step ms", "tok/s", "MFU", "comp", "bubble", "dp", "tp", "pp", "cp", "GB/rank")
+# 80 columns hold these: the split's exposed communication is one column here, by group in the line below
+COLUMNS = ("#", "layout", "step", "tok/s", "MFU", "comp", "bubble", "comm", "GB")
 DEFAULT_RANKS = 8
 GB = 1e9
 
@@ -39,14 +40,21 @@ def _ms(seconds: float) -> str:
     return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
 
 
+def _count(n: float) -> str:
+    for suffix, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
 def table_rows(ranked: list[dict]) -> list[tuple[str, ...]]:
     """The ranked layouts as the table's cells, in COLUMNS' order."""
     rows = []
     for n, c in enumerate(ranked, 1):
         s = c["split"]
-        rows.append((str(n), c["label"], _ms(c["step_s"]), f"{c['tokens_per_s']:.3g}", f"{c['mfu']:.1%}",
-                     *(_ms(s[k]) for k in ("compute", "bubble", "dp", "tp", "pp", "cp")),
-                     f"{c['peak_bytes'] / GB:.2f}"))
+        comm = sum(v for k, v in s.items() if k not in ("compute", "bubble"))
+        rows.append((str(n), c["label"], _ms(c["step_s"]), _count(c["tokens_per_s"]), f"{c['mfu']:.1%}",
+                     _ms(s["compute"]), _ms(s["bubble"]), _ms(comm), f"{c['peak_bytes'] / GB:.3g}"))
     return rows
 
 
@@ -56,8 +64,10 @@ def detail_text(result: dict, row: int) -> Text:
     text = Text()
     if 0 <= row < len(ranked):
         c = ranked[row]
+        split = ", ".join(f"{k} {_ms(v)}" for k, v in c["split"].items() if v or k == "compute")
         memory = ", ".join(f"{k} {v / GB:.3g}" for k, v in c["memory"].items() if v)
-        text.append(f"#{row + 1} memory per rank, GB: {memory}\n", style="bold")
+        text.append(f"#{row + 1} step split, ms: {split}\n", style="bold")
+        text.append(f"memory per rank, GB: {memory}\n")
     for c in (result.get("rest") or [])[:3]:
         text.append(f"{c['verdict']}: {c['label']}: {c['why']}\n", style="dim")
     counts = result.get("counts", {})
@@ -96,7 +106,7 @@ class PlanScreen(Screen[Any]):
     #plan-ranks { width: 12; }
     #plan-status { height: auto; padding: 0 1; }
     #plan-table { height: 1fr; border: round $primary-darken-1; }
-    #plan-detail { height: auto; max-height: 6; padding: 0 1; }
+    #plan-detail { height: auto; max-height: 7; padding: 0 1; }
     """
 
     def __init__(self, cfg, cluster: str = "h100-ndr", ranks: int = DEFAULT_RANKS) -> None:
@@ -171,7 +181,8 @@ class PlanScreen(Screen[Any]):
             table.add_row(*(Text(c, justify="left" if i == 1 else "right") for i, c in enumerate(row)))
         fits = "no layout fits" if not result["ranked"] else f"the best {len(result['ranked'])} that fit"
         self._say(f"{result['preset']} on {result['cluster']}, {result['ranks']} ranks, global batch "
-                  f"{result['global_batch']}: {fits} of {result['counts']['layouts']} layouts (times in ms)")
+                  f"{result['global_batch']}: {fits} of {result['counts']['layouts']} layouts "
+                  "(ms; comm: exposed, all groups)")
         self.query_one("#plan-detail", Static).update(detail_text(result, 0))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
