@@ -4,7 +4,7 @@ b × s/c × h slice, and each stage's gradients are averaged over its data x con
 accumulating the same micro-batches: the loss, gradient norm and first validation loss of every step, every
 gradient after the reduce within 1e-12, every parameter after 3 clipped AdamW steps within 1e-10 — PP 2 x CP 2
 (1f1b, gpipe, interleaved, zb-h1; both layouts), PP 2 x CP 2 x TP 2 (1f1b, gpipe; with sequence
-parallelism), DP 2 x PP 2 x CP 2 with ZeRO-1, and with activation checkpointing."""
+parallelism), DP 2 x PP 2 x CP 2 with ZeRO-1, and with activation checkpointing; PP 2 x CP 2 on processes."""
 
 from __future__ import annotations
 
@@ -47,3 +47,11 @@ def test_context_inside_pipeline_stages_equals_one_device(world, m, schedule, la
     one = run_ranks(1, "threads", train_rank, args=(pp_config(1, 1, m, rows=2 * dp, **one_over), STEPS),
                     timeout_s=60)[0]
     assert_trains_like(ranks, one, grads=zero == 0)
+
+
+@pytest.mark.slow
+def test_on_processes():
+    """PP 2 x CP 2 on rank processes: the ring's hops and the stages' messages cross process boundaries."""
+    ranks = run_ranks(4, "processes", train_rank, args=(_cp_pp(4, 2, "1f1b", "zigzag"), STEPS), timeout_s=300)
+    one = run_ranks(1, "threads", train_rank, args=(pp_config(1, 1, 2, rows=2), STEPS), timeout_s=60)[0]
+    assert_trains_like(ranks, one)
