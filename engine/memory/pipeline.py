@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from engine.config.build import count_params, param_shapes, vocab_size
 from engine.dtypes import itemsize, master_dtype
+from engine.memory.context import ContextSplit, own_token_ids
 from engine.memory.estimate_parts import (
     MemoryEstimate,
     Timeline,
@@ -46,6 +47,7 @@ from engine.memory.estimate_parts import (
     model_states,
     optimizer_phase,
 )
+from engine.memory.pipeline_rings import stage_rings
 from engine.memory.tensor_parallel import TensorSplit, rank_shapes, sequence_region_numel
 from engine.parallel.mesh import Mesh
 from engine.parallel.pipeline.ir import Op
@@ -78,15 +80,17 @@ def estimate_ranks(cfg, vocab: int | None = None) -> list[MemoryEstimate]:
     counts = stage_counts(cfg, shapes)
     firsts = [sum(counts[:i]) for i in range(len(counts))]
     s, f = itemsize(dtype), master_dtype(dtype).itemsize
-    groups = gpt_saves(micro, m.block_size, m.n_embd, m.n_head, vocab, m.n_layer, cfg.train.global_batch, s,
-                        f, m.dropout, TensorSplit.of(cfg))
+    cp = ContextSplit.of(cfg)  # a context-parallel rank's arrays are over its s/c tokens (memory.context)
+    groups = own_token_ids(gpt_saves(micro, cp.tokens(m.block_size), m.n_embd, m.n_head, vocab, m.n_layer,
+                                     cp.id_rows(cfg.train.global_batch, micro), s, f, m.dropout,
+                                     TensorSplit.of(cfg)), cp.c)
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, m.n_layer))
     schedule = build_schedule(p.schedule, p.pipeline, cfg.train.micro_batches, p.chunks)
     last = schedule.stages - 1
     wte = math.prod(next(shape for name, shape, _ in shapes if name == "wte.weight")) * s
     copy = wte if m.tie_weights else 0  # the last stage's own copy of a tied wte
     split = TensorSplit.of(cfg)
-    io = micro * m.block_size // split.region * m.n_embd * s  # one message: b × s × h (s/t under SP)
+    io = micro * cp.tokens(m.block_size) // split.region * m.n_embd * s  # b × s × h (s/c under CP, /t SP)
     row_bias = m.n_embd * s if m.bias and p.tensor > 1 else 0
     weight_half = _Held(max(s, 4) // s, (1 + m.bias) * m.n_embd * s, row_bias, io)
     out = []
@@ -97,8 +101,8 @@ def estimate_ranks(cfg, vocab: int | None = None) -> list[MemoryEstimate]:
         rest = model_states(cfg, mine)
         states = {**rest.states, "parameters": rest.states["parameters"] + copy * (last in held)}
         timeline = Timeline(states, rest.scratch)
-        stages = {i: _stage_bytes(groups, firsts[i], counts[i], i == 0, i == last, ckpt, weight_half)
-                  for i in held}
+        stages = {i: _stage_bytes(groups, firsts[i], counts[i], i == 0, i == last, ckpt, weight_half,
+                                  cp.ring_buffers(cfg, micro)) for i in held}
         _walk(timeline, schedule.actions[rank], stages, io, copy * (last in held), last)
         timeline.mark("backward")  # finish_backward: the gradients' reduce, in place (DDP, ZeRO-1)
         if region := sequence_region_numel(cfg, mine) * s:  # then SP's sum of the partial gradients
@@ -131,6 +135,7 @@ class _StageBytes:
     during_i: int = 0
     during_w: int = 0
     recompute_shared: dict = field(default_factory=dict)
+    rings: dict = field(default_factory=dict)  # under CP: each action's ring moments (memory.pipeline_rings)
 
 
 def _weight_part(group: dict) -> dict:
@@ -160,7 +165,8 @@ class _Held:
         return self.widen * products + 2 * self.ln + 2 * self.row_bias
 
 
-def _stage_bytes(groups, first: int, n: int, embedding: bool, head: bool, ckpt: set, h: _Held) -> _StageBytes:
+def _stage_bytes(groups, first: int, n: int, embedding: bool, head: bool, ckpt: set, h: _Held,
+                 ring_buffers: tuple[int, int] = (0, 0)) -> _StageBytes:
     emb, top = (groups[0] if embedding else {}), (groups[-1] if head else {})
     full = groups[1 + first:1 + first + n]
     reduced = [dict(list(g.items())[:1]) if first + j in ckpt else g for j, g in enumerate(full)]
@@ -181,11 +187,15 @@ def _stage_bytes(groups, first: int, n: int, embedding: bool, head: bool, ckpt: 
             during_i = max(during_i, below + max(_size(full[j]), _size(weights[j])) + after)
     kept = {**emb, **{k: v for r in reduced for k, v in r.items()}, **top}
     shared = {k: v for k, v in kept.items() if k in SHARED}
+    rings = stage_rings(ring_buffers, first, emb, full, reduced, ckpt, _size, weights, head_weight, h.seed,
+                        embedding)
     if embedding:  # nothing on stage 0 needs an input gradient: I runs nothing, W is all of B
         during_w = during_b + h.seed if during_b else 0
-        return _StageBytes(_size(kept), shared, _size(kept) + h.seed, shared, during_b, 0, during_w, shared)
+        return _StageBytes(_size(kept), shared, _size(kept) + h.seed, shared, during_b, 0, during_w, shared,
+                           rings)
     weight = {**{k: v for w in weights for k, v in w.items()}, **head_weight}
-    return _StageBytes(_size(kept), shared, _size(weight), {}, during_b, during_i)  # targets: freed by I
+    return _StageBytes(_size(kept), shared, _size(weight), {}, during_b, during_i,
+                       rings=rings)  # targets: freed by I
 
 
 def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: int, last: int) -> None:
@@ -204,6 +214,12 @@ def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: i
             forwarded[i] * st.forward + weighted[i] * st.weight for i, st in stages.items())}
         t.mark("forward")
 
+    def ring(st: _StageBytes, op: str) -> None:  # inside the action: each block's ring (CP), its buffers
+        for running, buffers in st.rings.get(op, ()):
+            t.extra["comm_buffers"] += buffers
+            mark(running)
+            t.extra["comm_buffers"] -= buffers
+
     i = 0
     while i < len(actions):
         a = actions[i]
@@ -220,6 +236,7 @@ def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: i
         st, s = stages[a.stage], a.stage
         if a.op == Op.FORWARD:
             t.extra["comm_buffers"] -= io * (s > 0)  # the received input, read (the tape keeps it)
+            ring(st, "F")
             forwarded[s] += 1
             mark()
             t.extra["comm_buffers"] += io * (s < last)  # the output, until sent
@@ -233,6 +250,7 @@ def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: i
                 mark(st.during_b, st.recompute_shared)
             elif a.op == Op.BACKWARD_INPUT and st.during_i:
                 mark(st.during_i)
+            ring(st, "B" if a.op == Op.BACKWARD else "I")
             weighted[s] += a.op == Op.BACKWARD_INPUT
             t.extra["comm_buffers"] += io * (s > 0)  # the input gradient, until sent
         else:  # W: the head's weight product first (the copy's gradient), then the rest
@@ -241,5 +259,6 @@ def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: i
             mark(st.weight, st.weight_shared)
             if st.during_w:
                 mark(st.during_w, st.recompute_shared)
+            ring(st, "W")
         mark()
     t.extra["gradients"] = 0  # summed into the first stage's wte and dropped
