@@ -118,9 +118,12 @@ class ExpertParallel:
             self._issue(tl, len(self.layers) * self.layer_forward_s, 3 * len(self.layers))
 
     def backward(self, tl: Timeline, layer: str, recomputed: bool = False) -> None:
-        """An MoE block's MLP backward: the combine's and the dispatch's mirrors (an MoE block is never
-        recomputed: engine.config refuses checkpointing beside experts)."""
+        """An MoE block's MLP backward: the combine's and the dispatch's mirrors; a checkpointed MoE block's
+        recompute (its first backward piece is its experts') runs its counts, dispatch and combine again first
+        (engine.recompute)."""
         if self.active and layer == "mlp.experts":
+            if recomputed:
+                self._issue(tl, self.layer_forward_s, 3)
             self._issue(tl, self.layer_backward_s, 2)
 
     def _issue(self, tl: Timeline, seconds: float, count: int) -> None:

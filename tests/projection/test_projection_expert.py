@@ -66,6 +66,19 @@ def test_the_all_to_alls_are_pairwise_shifts_on_the_ep_group_link(tmp_path, expe
     assert step.ep["all_to_alls"] == 2 * 5  # counts, dispatch, combine, 2 mirrors, per layer
 
 
+@pytest.mark.parametrize("checkpointing, recomputed", [("blocks", 2), ("every:2", 1)])
+def test_a_recomputed_moe_block_runs_its_forward_all_to_alls_again(tmp_path, checkpointing, recomputed):
+    """Activation checkpointing: each recomputed MoE block issues its counts, dispatch and combine once more
+    in backward (engine.recompute), as the meter counts them."""
+    c = cluster(tmp_path, per_node=4)
+    plain = step_of(config(2, 4), c)
+    cfg = from_dict({**SMALL, "model": MOE, "train": {"global_batch": 32},
+                     "parallel": {"world_size": 4, "expert": 2}, "memory": {"checkpointing": checkpointing}})
+    step = step_of(cfg, c)
+    assert step.ep["all_to_alls"] == 2 * 5 + 3 * recomputed
+    assert step.ep_s == pytest.approx(plain.ep_s + recomputed * plain.ep["layer_forward_s"], rel=1e-12)
+
+
 def test_ep_outside_dp_strides_the_group_over_nodes(tmp_path):
     """Order tp-cp-dp-ep-pp: an EP group of 2 is every other member of the 4 data ranks, ranks 0 and 2,
     on two nodes of 2."""
