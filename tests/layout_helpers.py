@@ -5,7 +5,7 @@ that every one of them can split, and a rank function that trains it and reads t
 Shapes: 4 blocks (2 pipeline stages of 2, or 4 of 1), 4 heads of width 8 (tensor 2 or 4 splits them),
 context 16 (zigzag over 2 context ranks cuts 4 chunks of 4 tokens; sequence parallelism splits each 2 ways),
 vocabulary 11 (a prime: every tensor degree pads it), tied embeddings (the first and last stage share wte),
-biases on, no dropout (every layout draws one device's masks, but context parallelism does not plan them).
+biases on, dropout on (every layout draws its part of one device's masks: keyed by the step and position).
 The MoE variant puts 8 top-2 experts in every other block, dropless and without the load-balancing loss:
 that loss is a product of the batch's means, so a rank's share of the batch has its own, and only without
 it does a data-parallel MoE run train what one device trains.
@@ -84,7 +84,7 @@ def layout_config(layout: Layout, steps: int = STEPS, **over) -> dict:
     """A float64 GPT run of `steps` AdamW steps, clipped in every one (grad_clip below the model's norm)."""
     d = {
         "name": "layout-tiny", "seed": 7,
-        "model": {"kind": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 32, "block_size": 16, "dropout": 0.0,
+        "model": {"kind": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 32, "block_size": 16, "dropout": 0.1,
                   "bias": True, "vocab_size": 11, "tie_weights": True, **(MOE if layout.moe else {})},
         "data": {"kind": "synthetic-lm", "n_samples": 512},
         "train": {"steps": steps, "global_batch": 16, "micro_batches": 2, "eval_every": 0, "eval_batches": 1},
