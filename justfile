@@ -78,6 +78,6 @@ projection-validate:
 projection-validate-pipeline repeats="3":
     python -c 'from engine.config.presets import load_preset; from engine.projection.clusters import load_cluster; from engine.projection.validate import validate; from nanodist_tui.cli.project import print_validation; print_validation(validate(load_preset("gpt-mini", {})[0], load_cluster("this-machine"), repeats={{repeats}}, only="stages"), "gpt-mini")'
 
-# Context and expert parallelism measured against their projection (docs/projection.md, "Context and expert cases").
+# Every parallel layout the engine trains (DP, ZeRO, TP, SP, PP, CP, EP) measured against its projection (docs/projection.md, "Held-out layouts").
 projection-validate-layouts repeats="2":
-    python -c 'from engine.config.presets import load_preset; from engine.projection.clusters import load_cluster; from engine.projection.validate_layouts import validate_layouts; from nanodist_tui.cli.project import print_validation; print_validation(validate_layouts(load_preset("gpt-mini", {})[0], load_cluster("this-machine"), repeats={{repeats}}), "gpt-mini")'
+    nanodist-tui project --preset gpt-mini --validate --layouts --repeats {{repeats}}

@@ -49,8 +49,9 @@ def time_ring_blocks(rows: int, heads: int, head_dim: int, block_size: int, degr
     rng = np.random.default_rng(0)
     cdt = compute_dtype(dtype)
 
-    def operands(tokens: int) -> list[np.ndarray]:
-        return [rng.standard_normal((rows, heads, tokens, head_dim)).astype(cdt) for _ in range(4)]
+    def operands(tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        q, k, v, g = (rng.standard_normal((rows, heads, tokens, head_dim)).astype(cdt) for _ in range(4))
+        return q, k, v, g
     out = _one_device(*operands(block_size), rows * heads, repeats)
     for chunk in chunk_sizes(block_size, degree):
         for kind in KINDS:

@@ -135,7 +135,7 @@ def case_configs(base: Config, quick: bool = False, only: str = "",
 
 def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int = 2, steps: int = 10,
              warmup: int = 3, on_progress=lambda text: None, only: str = "",
-             cases: tuple | None = None) -> dict:
+             cases: tuple | None = None, calibration_steps: int = CALIBRATION_STEPS) -> dict:
     """Rounds over every case (CASES, or `cases`): calibrate for it, predict it, run it; returns the report
     (see summarize)."""
     configs = case_configs(base, quick, only, cases)
@@ -144,13 +144,16 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
     calibration = None
     for repeat, (label, cfg) in ((r, case) for r in range(repeats) for case in round_order(configs, r)):
         on_progress(f"round {repeat + 1}/{repeats}: {label}: calibrating, predicting, running")
-        calibration = calibrate_for(cfg, vocab)
+        calibration = calibrate_for(cfg, vocab, calibration_steps)
         step, mem, _ = predict(cfg, cluster, calibration, vocab)
         run = measure_case(cfg, steps, warmup)
-        states = run["states"][Mesh.of(cfg.parallel).rank_of(pp=mem.pipeline_rank)]  # the rank estimated
+        rank = Mesh.of(cfg.parallel).rank_of(pp=mem.pipeline_rank)  # the rank the estimate describes
+        activations = mem.category_peaks()["activations"]
         run.update(predicted_s=step.step_s, predicted_share=step.comm_share,
                    predicted_imbalance_share=step.imbalance_s / step.step_s,
-                   memory_exact=all(states[k] == mem.states[k] for k in MODEL_STATES))
+                   memory_exact=all(run["states"][rank][k] == mem.states[k] for k in MODEL_STATES),
+                   predicted_activations=activations, measured_activations=run["activations"][rank],
+                   activations_error=(run["activations"][rank] - activations) / activations)
         runs[label].append(run)
 
     def median(measured: list[dict], key: str) -> float:
@@ -169,18 +172,29 @@ def round_order(cases: list, repeat: int) -> list:
     return cases if repeat % 2 == 0 else cases[::-1]
 
 
-def calibrate_for(cfg: Config, vocab: int) -> Calibration:
-    """A fresh calibration for one case (its precision, micro-batch size and busy ranks, the transport at
-    its buckets), in a temporary file. One size only, so it can afford CALIBRATION_STEPS steps: the ranks'
-    imbalance is a small difference of two step times, and a short calibration that a burst of load hits
-    on one rank would carry that burst into the prediction."""
-    rows = cfg.train.global_batch // (Mesh.of(cfg.parallel).degree("dpcp") * cfg.train.micro_batches)
-    level = min(cfg.parallel.world_size, max(LEVELS))
-    sliced = cfg.parallel.world_size > len(usable_cores())  # time-slicing: how late ranks meet, what it costs
+def calibrate_for(cfg: Config, vocab: int, steps: int = CALIBRATION_STEPS) -> Calibration:
+    """A fresh calibration for one case (its precision, the size of a rank's work and its busy ranks, the
+    transport at its buckets), in a temporary file. One size only, so it can afford `steps` steps: the
+    ranks' imbalance is a small difference of two step times, and a short calibration that a burst of load
+    hits on one rank would carry that burst into the prediction."""
     with tempfile.TemporaryDirectory() as folder:
         return calibrate(cfg, vocab, [cfg.precision.dtype], path=Path(folder) / "calibration.json",
-                         rows=[rows], levels=(level,), measure_transport=True, steps=CALIBRATION_STEPS,
-                         meeting_lag=sliced, slicing=sliced)
+                         rows=[calibration_rows(cfg)], levels=(min(cfg.parallel.world_size, max(LEVELS)),),
+                         measure_transport=True, steps=steps, meeting_lag=sliced(cfg), slicing=sliced(cfg))
+
+
+def calibration_rows(cfg: Config) -> int:
+    """The rows whose whole-model work is one rank's micro-batch: b rows, over the tensor and context
+    ranks that split its tokens (b·s/(t·c) tokens, the size the projection times a TP or CP rank's work at:
+    small products run slower per FLOP, so a curve measured at b·s would be scaled down too fast)."""
+    rows = cfg.train.global_batch // (Mesh.of(cfg.parallel).degree("dpcp") * cfg.train.micro_batches)
+    split = cfg.parallel.tensor * cfg.parallel.context
+    return rows // split if rows % split == 0 else rows
+
+
+def sliced(cfg: Config) -> bool:
+    """More ranks than cores: time-slicing (how late ranks meet, what it costs, are calibrated too)."""
+    return cfg.parallel.world_size > len(usable_cores())
 
 
 def measure_case(cfg: Config, steps: int, warmup: int) -> dict:
@@ -191,7 +205,7 @@ def measure_case(cfg: Config, steps: int, warmup: int) -> dict:
                         threads_per_rank=cfg.parallel.threads_per_rank)
     return {"step_s": max(r["step_s"] for r in results),
             "comm_share": statistics.mean(r["comm_share"] for r in results),
-            "states": [r["states"] for r in results]}
+            "states": [r["states"] for r in results], "activations": [r["activations"] for r in results]}
 
 
 class _TimedComm:
@@ -247,7 +261,7 @@ def _validation_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int) -> dic
     timed = _TimedComm(comm)
     trainer = Trainer(cfg, timed)
     states = {k: trainer.ledger.current[k] for k in MODEL_STATES}
-    step_s, waits = [], []
+    step_s, waits, activations = [], [], 0
     try:
         for i in range(warmup + steps):
             comm.barrier()
@@ -256,13 +270,17 @@ def _validation_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int) -> dic
             trainer.train_step()
             seconds = time.perf_counter() - t0
             waited = trainer.replica.comm_wait_s + timed.blocking_s - before
+            # the activations' peak in the step's phases (the ledger's, as the estimate predicts it)
+            phases = trainer.ledger.maxima().values()
+            activations = max([activations] + [m.get("activations", 0) for m in phases])
             if i >= warmup:
                 step_s.append(seconds)
                 waits.append(waited)
     finally:
         trainer.replica.close()
     step = low_quantile(step_s)
-    return {"step_s": step, "comm_share": min(1.0, low_quantile(waits) / step), "states": states}
+    return {"step_s": step, "comm_share": min(1.0, low_quantile(waits) / step), "states": states,
+            "activations": activations}
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -296,12 +314,17 @@ def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -
                    "predicted_runs_s": [r["predicted_s"] for r in o.runs],
                    # per round too: a share that misses in one round only is noise, in every round a cause
                    "comm_shares": [r["comm_share"] for r in o.runs],
-                   "predicted_comm_shares": [r["predicted_share"] for r in o.runs]} for o in outcomes],
+                   "predicted_comm_shares": [r["predicted_share"] for r in o.runs],
+                   "predicted_activations": o.runs[0].get("predicted_activations"),
+                   "measured_activations": [r.get("measured_activations") for r in o.runs],
+                   "activations_error": max((r.get("activations_error", 0.0) for r in o.runs), key=abs)}
+                  for o in outcomes],
         "mape": statistics.mean(abs(e) for e in errors),
         "max_error": max(abs(e) for e in errors),
         "bias": statistics.mean(errors),
         "comm_share_points": max(abs(o.predicted_share - o.measured_share) for o in outcomes) * 100,
         "memory_exact": all(o.memory_exact for o in outcomes),
+        "activations_max_error": max(abs(r.get("activations_error", 0.0)) for o in outcomes for r in o.runs),
         "kendall_tau": kendall_tau(measured, predicted),
         "ranking_preserved": not discordant,
         "discordant": discordant,

@@ -48,6 +48,9 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
             validate: Annotated[bool, typer.Option("--validate", help="calibrate here, then predict and run "
                                                    "held-out configurations, and compare")] = False,
             quick: Annotated[bool, typer.Option("--quick", help="--validate on 4 cases, not 20")] = False,
+            layouts: Annotated[bool, typer.Option("--layouts", help="--validate every parallel layout the "
+                                                  "engine trains (DP, ZeRO, TP, SP, PP, CP, EP; --quick: "
+                                                  "one of each)")] = False,
             repeats: Annotated[int, typer.Option(min=1, help="--validate: rounds, each calibrating afresh "
                                                  "then running every case (medians)")] = 2,
             calibrate: Annotated[bool, typer.Option("--calibrate", help="measure this machine for the preset "
@@ -85,7 +88,7 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
             target = load_cluster(cluster)
             target.require_peak(cfg.precision.dtype)
         if validate:
-            return _validate(cfg, quick, repeats, as_json, out)
+            return _validate(cfg, quick, repeats, as_json, out, layouts)
         if calibrate:
             return _calibrate(cfg, path, as_json)
         _project(cfg, target, _world_sizes(world_sizes), scaling, path, out, as_json, expert_imbalance)
@@ -239,17 +242,20 @@ def scaling_plot(rows: list[dict], width: int = 78, height: int = 16) -> str:
 
 # ---------------------------------------------------------------------- validation and calibration
 
-def _validate(cfg, quick: bool, repeats: int, as_json: bool, out: Path | None) -> None:
+def _validate(cfg, quick: bool, repeats: int, as_json: bool, out: Path | None, layouts: bool = False) -> None:
     from engine.comm.base import RankFailure
     from engine.projection.clusters import load_cluster
     from engine.projection.validate import validate
+    from engine.projection.validate_layouts import validate_layouts
     here = load_cluster("this-machine")
     progress = (lambda text: None) if as_json else (lambda text: print(f"  {text}", file=sys.stderr))
     try:
-        report = validate(cfg, here, quick=quick, repeats=repeats, on_progress=progress)
+        report = (validate_layouts if layouts else validate)(cfg, here, quick=quick, repeats=repeats,
+                                                             on_progress=progress)
     except RankFailure as e:
         fail(f"a validation run failed: {e}", code=1)
-    out = _write_json(report, out or Path(cfg.run.out_dir) / "projections" / f"validation-{cfg.name}.json")
+    name = f"validation-{'layouts-' if layouts else ''}{cfg.name}.json"
+    out = _write_json(report, out or Path(cfg.run.out_dir) / "projections" / name)
     if as_json:
         print(json.dumps(report, indent=1))
         return
@@ -261,16 +267,17 @@ def print_validation(r: dict, preset: str) -> None:
     print(f"held-out runs of {preset} on this machine (processes backend): predicted from a calibration at "
           "1 and 2 ranks, then measured")
     print(f"{'case':48} {'predicted':>10} {'measured':>10} {'error':>7} {'comm pred':>10} {'comm meas':>10} "
-          f"{'memory':>7}")
+          f"{'memory':>7} {'activations':>11}")
     for c in r["cases"]:
         print(f"{c['label']:48} {c['predicted_s'] * 1e3:8.1f}ms {c['measured_s'] * 1e3:8.1f}ms "
               f"{c['error']:+7.1%} {c['predicted_comm_share']:10.1%} {c['measured_comm_share']:10.1%} "
-              f"{'exact' if c['memory_exact'] else 'DIFFERS':>7}")
+              f"{'exact' if c['memory_exact'] else 'DIFFERS':>7} {c.get('activations_error', 0.0):+11.1%}")
     ranking = "preserved" if r["ranking_preserved"] else "NOT preserved: " + "; ".join(
         f"{a} vs {b}" for a, b in r["discordant"])
     memory = "exact" if r["memory_exact"] else "DIFFERS"
     print(f"step time: MAPE {r['mape']:.1%}, max {r['max_error']:.1%}, bias {r['bias']:+.1%}; comm share "
-          f"within {r['comm_share_points']:.1f} points; model-state memory {memory}; ranking {ranking} "
+          f"within {r['comm_share_points']:.1f} points; model-state memory {memory}, activations within "
+          f"{r.get('activations_max_error', 0.0):.1%}; ranking {ranking} "
           f"over the {r['pairs_told_apart']} pairs the measurements tell apart (Kendall tau over all pairs "
           f"{r['kendall_tau']:.2f})")
 
