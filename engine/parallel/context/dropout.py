@@ -25,9 +25,12 @@ backward's row term D = rowsum(dO * O) holds through dropout (sum_j P_ij dP_ij w
 (1-p) is dO_i . O_i), so blocks.backward needs only the block's mask.
 
 Drawing: a mask row's run of draws is one Philox generator from the run's first block. A block's query rows
-are T apart in the one-device mask; when the gap between two rows is short (MERGE_GAP draws) drawing through
+are s apart in the one-device mask; when the gap between two rows is short (MERGE_GAP draws) drawing through
 it costs less than starting a generator per row, so a head's rows are drawn as one span and the columns
 picked out; otherwise one run per query row. Either way every element is its own draw: the bits are the same.
+Cost: a block draws its query rows' span whole, so a rank draws each of its query chunks' rows once per
+block it computes on them (zigzag, c = 2: 5 blocks of s/4 rows, 1.25 s^2 draws a head against one device's
+s^2 for the whole sequence); the draws, not the products, are what dropout adds to a ring.
 """
 
 from __future__ import annotations
@@ -37,12 +40,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from engine.dropout_rng import DropoutRNG, MaskSite
 from engine.parallel.context.layout import SequenceLayout
 from engine.parallel.tensor.dropout import ShardedMaskRNG
 
-MERGE_GAP = 1 << 14  # draws skipped between a block's query rows, at most, to draw them as one span
+# Draws skipped between a block's query rows, at most, to draw them as one span: about what starting a Philox
+# generator costs (a few microseconds: some thousands of draws)
+MERGE_GAP = 2048
 
 
 @dataclass(frozen=True)
@@ -125,10 +131,9 @@ class BlockSite(MaskSite):
             first = (head * seq + self.q0 + i) * seq + self.k0
             dst = out[:, at:at + rows * nk].reshape(hi - lo, rows, nk)
             if seq - nk <= MERGE_GAP:  # the rows as one span, the gaps drawn through
-                span = self.whole.block(lo, hi, first, first + (rows - 1) * seq + nk)
-                padded = np.zeros((hi - lo, rows * seq), bool)
-                padded[:, :span.shape[1]] = span
-                dst[...] = padded.reshape(hi - lo, rows, seq)[:, :, :nk]
+                span = np.ascontiguousarray(self.whole.block(lo, hi, first, first + (rows - 1) * seq + nk))
+                step, item = span.strides
+                dst[...] = as_strided(span, (hi - lo, rows, nk), (step, seq * item, item), writeable=False)
             else:
                 for j in range(rows):
                     dst[:, j] = self.whole.block(lo, hi, first + j * seq, first + j * seq + nk)
