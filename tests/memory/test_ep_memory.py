@@ -11,44 +11,16 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
-from engine import moe
-from engine.bench.memory import measure_rank
-from engine.comm.launch import run_ranks
-from engine.config import from_dict, to_dict
 from engine.config.build import param_shapes
 from engine.dtypes import itemsize
 from engine.memory.estimator import estimate
-from engine.memory.ledger import CATEGORIES, MODEL_STATES
+from engine.memory.ledger import MODEL_STATES
 from engine.parallel.mesh import Mesh
-from engine.tensor import Tensor
+from tests.moe_memory_helpers import VOCAB, balanced_router, measured, peaks, tiny
 
-VOCAB = 13
-
-
-def tiny(**over):
-    d = {"name": "moe-est", "seed": 1,
-         "model": {"kind": "gpt", "n_layer": 2, "n_head": 2, "n_embd": 8, "block_size": 8,
-                   "vocab_size": VOCAB, "n_experts": 4, "top_k": 2},
-         "data": {"kind": "synthetic-lm", "n_samples": 128},
-         "train": {"steps": 1, "global_batch": 8, "micro_batches": 1, "eval_every": 0, "eval_batches": 1},
-         "parallel": {"bucket_cap_mb": 0.004, "world_size": 4},
-         "precision": {"init_scale": 256.0}}
-    for key, value in over.items():
-        section, name = key.split("__")
-        d.setdefault(section, {})[name] = value
-    return from_dict(d)
-
-
-def measured(cfg):
-    return run_ranks(cfg.parallel.world_size, "threads", measure_rank, args=(to_dict(cfg), 1), timeout_s=60)
-
-
-def _peaks(r) -> dict[str, int]:
-    return {c: max(m[c] for m in r["maxima"].values()) for c in CATEGORIES}
-
+__all__ = ["balanced_router"]  # the fixture, used by name
 
 # top_k, every, ZeRO, dtype
 GRID = [(1, 1, 0, "fp32"), (2, 1, 1, "fp64"), (2, 2, 2, "bf16"), (1, 2, 0, "fp16")]
@@ -60,7 +32,7 @@ def test_all_experts_local_estimate_equals_the_ledger(top_k, every, stage, dtype
     e = estimate(cfg)
     for r in measured(cfg):
         assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
-        assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
+        assert peaks(r) == e.category_peaks(), f"rank {r['rank']}"
 
 
 @pytest.mark.parametrize("expert, top_k, dtype, stage", [
@@ -75,12 +47,12 @@ def test_expert_parallel_estimate_equals_the_ledger(expert, top_k, dtype, stage)
     routed = ("activations", "comm_buffers")  # what depends on the rows the router sends each rank
     for r in ranks:
         assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
-        assert {c: v for c, v in _peaks(r).items() if c not in routed} == {
+        assert {c: v for c, v in peaks(r).items() if c not in routed} == {
             c: v for c, v in predicted.items() if c not in routed}, f"rank {r['rank']}"
     for group in Mesh.of(cfg.parallel).groups("ep"):
-        assert sum(_peaks(ranks[r])["activations"] for r in group) == expert * predicted["activations"]
+        assert sum(peaks(ranks[r])["activations"] for r in group) == expert * predicted["activations"]
         # each exchange's rows sum to e·N·k over the group both ways, so the ranks' largest cannot sum lower
-        assert sum(_peaks(ranks[r])["comm_buffers"] for r in group) >= expert * predicted["comm_buffers"] > 0
+        assert sum(peaks(ranks[r])["comm_buffers"] for r in group) >= expert * predicted["comm_buffers"] > 0
     if stage:
         return
     # the experts' parameters 1/e on each rank, everything else whole (counted here from the shapes)
@@ -88,25 +60,6 @@ def test_expert_parallel_estimate_equals_the_ledger(expert, top_k, dtype, stage)
     experts = sum(math.prod(s) for n, s, _ in shapes if ".experts." in n)
     rest = sum(math.prod(s) for n, s, _ in shapes if ".experts." not in n)
     assert e.states["parameters"] == (rest + experts // expert) * (8 if dtype == "fp64" else 4)
-
-
-@pytest.fixture
-def balanced_router(monkeypatch):
-    """Every rank's tokens choose each expert equally often: token n's k choices are experts n·k, ..., n·k + k
-    - 1 (mod E), in that order, forced by a constant added to the router's logits (no gradient; the router's
-    own code then picks, renormalises, drops and saves as ever)."""
-    plain = moe.softmax
-
-    def softmax(logits):
-        n, e = logits.shape
-        k = e_top_k[0]
-        bias = np.zeros((n, e), logits.dtype)
-        for j in range(k):
-            bias[np.arange(n), (np.arange(n) * k + j) % e] = 64.0 - j
-        return plain(logits + Tensor(bias))
-    e_top_k = [1]
-    monkeypatch.setattr(moe, "softmax", softmax)
-    return e_top_k
 
 
 # expert, top_k, capacity_factor, ZeRO, dtype
@@ -132,6 +85,6 @@ def test_dispatch_buffers_equal_the_estimate_under_balanced_routing(balanced_rou
     assert e.category_peaks()["comm_buffers"] == buffers if stage < 2 else buffers <= e.category_peaks()[
         "comm_buffers"]
     for r in measured(cfg):
-        assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
+        assert peaks(r) == e.category_peaks(), f"rank {r['rank']}"
         assert r["maxima"] == e.maxima, f"rank {r['rank']}"
         assert r["peaks"] == e.by_phase, f"rank {r['rank']}"

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from engine.memory.estimator import estimate
-from engine.memory.pipeline import estimate_ranks
 from engine.memory.ledger import MODEL_STATES
+from engine.memory.pipeline import estimate_ranks
 from engine.parallel.mesh import Mesh
-from tests.memory.test_ep_memory import _peaks, balanced_router, measured, tiny
+from tests.moe_memory_helpers import balanced_router, measured, peaks, tiny
 
 __all__ = ["balanced_router"]  # the fixture, used by name
 
@@ -28,7 +28,7 @@ def test_every_expert_local(layout, top_k):
     e = estimate(cfg)
     for r in measured(cfg):
         assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
-        assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
+        assert peaks(r) == e.category_peaks(), f"rank {r['rank']}"
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -39,10 +39,10 @@ def test_split_experts(layout):
     predicted = e.category_peaks()
     for r in ranks:
         assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
-        assert {c: v for c, v in _peaks(r).items() if c not in ROUTED} == {
+        assert {c: v for c, v in peaks(r).items() if c not in ROUTED} == {
             c: v for c, v in predicted.items() if c not in ROUTED}, f"rank {r['rank']}"
     for group in Mesh.of(cfg.parallel).groups("ep"):
-        assert sum(_peaks(ranks[r])["activations"] for r in group) == 2 * predicted["activations"]
+        assert sum(peaks(ranks[r])["activations"] for r in group) == 2 * predicted["activations"]
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -51,7 +51,7 @@ def test_split_experts_under_balanced_routing(balanced_router, layout):
     cfg = tiny(parallel__expert=2, **LAYOUTS[layout])
     e = estimate(cfg)
     for r in measured(cfg):
-        assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
+        assert peaks(r) == e.category_peaks(), f"rank {r['rank']}"
         assert r["peaks"] == e.by_phase, f"rank {r['rank']}"
 
 
@@ -72,7 +72,7 @@ def test_pipeline_stages_every_expert_local(layout, top_k):
     cfg = tiny(model__top_k=top_k, **PIPELINES[layout])
     for r, e in _by_pipeline_rank(cfg, measured(cfg)):
         assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
-        assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
+        assert peaks(r) == e.category_peaks(), f"rank {r['rank']}"
 
 
 @pytest.mark.parametrize("layout", ["pp2", "pp2-m2", "pp2-gpipe-m2"])
@@ -81,4 +81,4 @@ def test_pipeline_stages_split_experts_under_balanced_routing(balanced_router, l
     cfg = tiny(parallel__expert=2, **PIPELINES[layout])
     for r, e in _by_pipeline_rank(cfg, measured(cfg)):
         assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
-        assert _peaks(r) == e.category_peaks(), f"rank {r['rank']}"
+        assert peaks(r) == e.category_peaks(), f"rank {r['rank']}"
