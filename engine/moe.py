@@ -110,12 +110,17 @@ class Router(Module):
         self.gate = Linear(n_embd, n_experts, bias=False, dtype=dtype)
         self.n_experts, self.top_k, self.capacity_factor = n_experts, top_k, capacity_factor
 
+    def keep(self, experts: np.ndarray) -> np.ndarray:
+        """[N, k] bool: the choices within their expert's capacity, over this router's N tokens (context
+        parallelism puts one in its place that decides over a whole sequence's slices)."""
+        return keep_within_capacity(experts, self.n_experts,
+                                    capacity(len(experts), self.top_k, self.n_experts, self.capacity_factor))
+
     def forward(self, rows: Tensor) -> Routing:
         probs = softmax(self.gate(rows))
         n = rows.shape[0]
         experts = np.argsort(-probs.data, axis=-1, kind="stable")[:, :self.top_k]
-        kept = keep_within_capacity(experts, self.n_experts,
-                                    capacity(n, self.top_k, self.n_experts, self.capacity_factor))
+        kept = self.keep(experts)
         chosen = probs[np.arange(n)[:, None], experts]
         weights = renormalise(chosen) if self.top_k > 1 else chosen
         return Routing(experts, kept, probs, weights)

@@ -55,10 +55,6 @@ def moe_problem(cfg: Config, describing: bool = False) -> tuple[str, str, str] |
         return ("model.top_k", f"{m.top_k} experts per token, of model.n_experts {e}", f"use at most {e}")
     if describing:
         return None
-    if p.context > 1 and m.capacity_factor:
-        return ("model.capacity_factor", f"a capacity beside context parallelism (context = {p.context}: the "
-                "first tokens of a whole sequence, over its slices) is not built yet",
-                "set model.capacity_factor = 0 (dropless) with parallel.context > 1")
     if p.sequence_parallel and p.tensor > 1:
         return ("parallel.sequence_parallel", "sequence parallelism beside experts (each tensor-parallel rank "
                 "routing its own slice of the sequence) is not built yet",

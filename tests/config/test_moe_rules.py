@@ -28,8 +28,6 @@ def _with(**over) -> dict:
      "shapes the experts, and model.n_experts = 0"),
     (dict(parallel__tensor=2, parallel__sequence_parallel=True), "parallel.sequence_parallel",
      "sequence parallelism beside experts"),
-    (dict(parallel__context=2, model__capacity_factor=1.0), "model.capacity_factor",
-     "a capacity beside context parallelism"),
     (dict(model__n_experts=0, parallel__expert=2), "parallel.expert",
      "splits the experts, and model.n_experts"),
     (dict(model__n_experts=6, parallel__expert=4), "parallel.expert", "cannot share model.n_experts 6"),
@@ -62,5 +60,5 @@ def test_experts_inside_pipeline_stages_and_beside_tensor_and_context_parallelis
     assert cfg.parallel.pipeline == 2 and cfg.parallel.expert == expert
     cfg = from_dict(_with(parallel__tensor=2, parallel__expert=expert))
     assert cfg.parallel.tensor == 2 and cfg.parallel.expert == expert
-    cfg = from_dict(_with(parallel__context=2, parallel__expert=expert))
+    cfg = from_dict(_with(parallel__context=2, parallel__expert=expert, model__capacity_factor=1.0))
     assert cfg.parallel.context == 2 and cfg.parallel.expert == expert

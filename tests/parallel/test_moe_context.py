@@ -17,8 +17,8 @@ STEPS = 3
 CP = dict(model__dropout=0.0, model__block_size=16)
 
 
-def _one_device(world: int, context: int, m: int, tensor: int = 1) -> dict:
-    cfg = one_device_config(world, 1, m, tensor, context, **CP)
+def _one_device(world: int, context: int, m: int, tensor: int = 1, **over) -> dict:
+    cfg = one_device_config(world, 1, m, tensor, context, **CP, **over)
     return run_ranks(1, "threads", train_rank, args=(cfg, STEPS), timeout_s=120)[0]
 
 
@@ -28,6 +28,19 @@ def test_context_parallel_experts_equal_one_device(expert, layout):
     cfg = moe_config(4, 1, 2, context=2, expert=expert, parallel__context_layout=layout, **CP)
     ranks = run_ranks(4, "threads", train_rank, args=(cfg, STEPS), timeout_s=180)
     assert_trains_like(ranks, _one_device(4, 2, 2))
+
+
+@pytest.mark.parametrize("layout, expert, top_k", [("zigzag", 2, 2), ("contiguous", 1, 2), ("zigzag", 4, 1)])
+def test_a_capacity_drops_what_one_device_drops(layout, expert, top_k):
+    """Capacity 0.5 (it drops): each expert keeps the first of the whole sequence's tokens, decided over the
+    CP group's gathered choices. The evaluation is one batch per data-parallel rank (no micro-batches), so
+    one device's capacity there is over both ranks' rows: only the training steps are one device's."""
+    over = dict(model__capacity_factor=0.5, model__top_k=top_k)
+    cfg = moe_config(4, 1, 2, context=2, expert=expert, parallel__context_layout=layout, **CP, **over)
+    ranks = run_ranks(4, "threads", train_rank, args=(cfg, STEPS), timeout_s=180)
+    one = _one_device(4, 2, 2, **over)
+    assert len({r["val"] for r in ranks}) == 1
+    assert_trains_like(ranks, {**one, "val": ranks[0]["val"]})
 
 
 @pytest.mark.parametrize("expert", [1, 2])
