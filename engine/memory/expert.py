@@ -124,9 +124,11 @@ def expert_optimizer_phase(timeline, mine: ExpertStates | None) -> None:
 def routed_rows(cfg, n: int) -> int:
     """Rows per MoE layer and micro-batch of n tokens that a rank sends its experts (its kept choices) and
     that its experts run on, under balanced routing (each rank's tokens choose every expert n·k/E times):
-    min(n·k, E·capacity), n·k dropless. Dropless, the rows sent are n·k whatever the router does."""
+    min(n·k, E·capacity), n·k dropless. Dropless, the rows sent are n·k whatever the router does. Beside
+    context parallelism a capacity is decided over the whole sequence (engine.parallel.expert.context), and
+    which slice's tokens it drops depends on the routing: n·k, the most a rank can keep (an upper bound)."""
     m = cfg.model
-    limit = capacity(n, m.top_k, m.n_experts, m.capacity_factor)
+    limit = capacity(n, m.top_k, m.n_experts, m.capacity_factor) if cfg.parallel.context == 1 else None
     return n * m.top_k if limit is None else min(n * m.top_k, m.n_experts * limit)
 
 

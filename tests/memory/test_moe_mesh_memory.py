@@ -82,3 +82,16 @@ def test_pipeline_stages_split_experts_under_balanced_routing(balanced_router, l
     for r, e in _by_pipeline_rank(cfg, measured(cfg)):
         assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
         assert peaks(r) == e.category_peaks(), f"rank {r['rank']}"
+
+
+def test_a_capacity_beside_context_parallelism_is_bounded():
+    """A capacity is decided over the whole sequence: which slice's tokens it drops depends on the routing, so
+    the estimate takes every choice kept (n·k rows a rank); the ledger stays within it, all else exact."""
+    cfg = tiny(parallel__context=2, model__capacity_factor=0.5)
+    e = estimate(cfg)
+    predicted = e.category_peaks()
+    for r in measured(cfg):
+        assert {k: r["at_rest"][k] for k in MODEL_STATES} == e.states, f"rank {r['rank']}"
+        assert {c: v for c, v in peaks(r).items() if c not in ROUTED} == {
+            c: v for c, v in predicted.items() if c not in ROUTED}, f"rank {r['rank']}"
+        assert peaks(r)["activations"] <= predicted["activations"]
