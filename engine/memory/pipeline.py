@@ -47,6 +47,14 @@ from engine.memory.estimate_parts import (
     model_states,
     optimizer_phase,
 )
+from engine.memory.expert import (
+    expert_optimizer_phase,
+    moe_block_saves,
+    split_shapes,
+    with_expert_states,
+    with_expert_step,
+)
+from engine.memory.pipeline_experts import with_exchanges
 from engine.memory.pipeline_rings import stage_rings
 from engine.memory.tensor_parallel import TensorSplit, rank_shapes, sequence_region_numel
 from engine.parallel.mesh import Mesh
@@ -81,9 +89,11 @@ def estimate_ranks(cfg, vocab: int | None = None) -> list[MemoryEstimate]:
     firsts = [sum(counts[:i]) for i in range(len(counts))]
     s, f = itemsize(dtype), master_dtype(dtype).itemsize
     cp = ContextSplit.of(cfg)  # a context-parallel rank's arrays are over its s/c tokens (memory.context)
-    groups = own_token_ids(gpt_saves(micro, cp.tokens(m.block_size), m.n_embd, m.n_head, vocab, m.n_layer,
-                                     cp.id_rows(cfg.train.global_batch, micro), s, f, m.dropout,
-                                     TensorSplit.of(cfg)), cp.c)
+    embedding, *blocks, head = gpt_saves(micro, cp.tokens(m.block_size), m.n_embd, m.n_head, vocab, m.n_layer,
+                                         cp.id_rows(cfg.train.global_batch, micro), s, f, m.dropout,
+                                         TensorSplit.of(cfg))
+    blocks = moe_block_saves(cfg, blocks, micro, cp.tokens(m.block_size), s)  # MoE blocks: router, experts
+    groups = own_token_ids([embedding, *blocks, head], cp.c)
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, m.n_layer))
     schedule = build_schedule(p.schedule, p.pipeline, cfg.train.micro_batches, p.chunks)
     last = schedule.stages - 1
@@ -98,17 +108,22 @@ def estimate_ranks(cfg, vocab: int | None = None) -> list[MemoryEstimate]:
         held = schedule.stages_of(rank)
         mine = [(n, sh, u) for n, sh, u in shapes if _stage_of(n, u, firsts) in held
                 and not (n == "lm_head.weight" and m.tie_weights)]
-        rest = model_states(cfg, mine)
+        replicated, experts = split_shapes(cfg, mine)  # under EP, the stages' split experts apart
+        rest = with_expert_states(model_states(cfg, replicated), cfg, experts)
         states = {**rest.states, "parameters": rest.states["parameters"] + copy * (last in held)}
         timeline = Timeline(states, rest.scratch)
+        step_experts = with_expert_step(timeline, cfg, experts)
         stages = {i: _stage_bytes(groups, firsts[i], counts[i], i == 0, i == last, ckpt, weight_half,
                                   cp.ring_buffers(cfg, micro)) for i in held}
+        stages = {i: with_exchanges(st, cfg, micro * cp.tokens(m.block_size), s, groups, firsts[i], counts[i],
+                                    i == 0, ckpt, _size) for i, st in stages.items()}  # EP's all-to-alls
         _walk(timeline, schedule.actions[rank], stages, io, copy * (last in held), last)
         timeline.mark("backward")  # finish_backward: the gradients' reduce, in place (DDP, ZeRO-1)
         if region := sequence_region_numel(cfg, mine) * s:  # then SP's sum of the partial gradients
             timeline.extra["comm_buffers"] = region
             timeline.mark("backward")
         optimizer_phase(timeline, cfg, rest)
+        expert_optimizer_phase(timeline, step_experts)
         out.append(MemoryEstimate(count_params(param_shapes(cfg, vocab)), p.world_size, p.zero_stage, dtype,
                                   cfg.memory.checkpointing, micro, states, timeline.peaks, timeline.maxima,
                                   pipeline_rank=rank, stages=tuple(held)))
@@ -161,7 +176,8 @@ class _Held:
 
     def block(self, group: dict, b: int) -> int:  # c_attn's, c_proj's, the MLP's two; ln_1's and ln_2's
         # the row-parallel products' outputs are whole (b·s·h, the ln_1 output's size), before SP scatters
-        products = group[f"qkv {b}"] + group[f"fc out {b}"] + 2 * group[f"ln_1 out {b}"]
+        # an MoE block has no fc out: its experts' weight half is not modelled (there, a lower bound)
+        products = group[f"qkv {b}"] + group.get(f"fc out {b}", 0) + 2 * group[f"ln_1 out {b}"]
         return self.widen * products + 2 * self.ln + 2 * self.row_bias
 
 
