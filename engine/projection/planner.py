@@ -23,8 +23,9 @@ differs from a projected one only in the axis order, the ZeRO stage or the bucke
 and bubble; what it can change is the data-parallel reduce and the optimizer, so the projected one's step
 less those is its bound. Memory is bounded too: Ψ/(t·p) parameters at least, with what ZeRO shards
 divided by the data x context degree, and the activations of the rank's blocks for the micro-batches a
-pipeline's first stage holds (all of GPipe's, min(p, m) of the others'; one without a pipeline); a layout
-whose bound exceeds the rank's memory is not estimated further.
+pipeline's first stage holds (all of GPipe's, min(p, m) of the others'; one without a pipeline); the
+states are the average stage's, so with a pipeline the larger of the two bounds the heaviest rank; a
+layout whose bound exceeds the rank's memory is not estimated further.
 """
 
 from __future__ import annotations
@@ -195,10 +196,13 @@ class _Judge:
         layout = cand.layout
         cfg = self.laid(layout)
         states, activations = self.memory_bound(layout)
-        if self.capacity and states + activations > self.capacity:
+        # one rank holds both without a pipeline; with one, the average stage's states and the first stage's
+        # activations may be two ranks' (the heaviest holds at least either)
+        least = states + activations if layout.pipeline == 1 else max(states, activations)
+        if self.capacity and least > self.capacity:
             cand.verdict = "does not fit"
             what = "model states" if states >= activations else "activations"
-            cand.why = (f"at least {(states + activations) / GB:.1f} GB (model states {states / GB:.1f}, "
+            cand.why = (f"at least {least / GB:.1f} GB (model states {states / GB:.1f}, "
                         f"activations {activations / GB:.1f}) over the {self.capacity / GB:.1f} GB a rank "
                         f"has; {what} hold the most")
             return
@@ -221,7 +225,12 @@ class _Judge:
             return
         owned = mem.states["adam_m"] // master_dtype(cfg.precision.dtype).itemsize
         machine = self.machine(cfg)
-        cand.step = predict_step(cfg, machine, self.flops_of, owned)
+        try:
+            cand.step = predict_step(cfg, machine, self.flops_of, owned)
+        except (ZeroDivisionError, ValueError) as e:  # a layout the projection cannot take yet: said so
+            cand.verdict = "not evaluated"
+            cand.why = f"the projection cannot take this layout yet ({type(e).__name__}: {e})"
+            return
         tokens = cfg.train.global_batch * self.flops_of.tokens_per_row
         cand.tokens_per_s = tokens / cand.step.step_s
         per_token = self.flops_of(tokens).training / tokens

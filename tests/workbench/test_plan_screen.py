@@ -87,7 +87,7 @@ async def _start() -> None:
         first = screen.result["ranked"][0]["layout"]
         await pilot.press("s")
         await pilot.pause(0.3)
-        if app.session is not None and app.session.active:  # the fake run going: the app asks to stop it first
+        if app.session is not None and app.session.active:  # a run going: the app asks to stop it first
             await pilot.press("y")
         await wait_for(pilot, lambda: bool(started), timeout=20)
         cfg = started[0]
