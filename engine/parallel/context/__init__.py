@@ -8,6 +8,8 @@ attention, the one layer that mixes positions, runs as ring attention over the g
     blocks.py        one (query chunk, key chunk) block in NumPy, forward and backward, and the merge
     ring_attention.py  the ring over a real group: K/V hops forward, K/V and dK/dV hops backward
     hops.py          a hop's exchange on a helper thread while the blocks compute (double-buffered)
+    dropout.py       each rank's part of the one-device dropout masks: its positions' rows, and each
+                     ring block's rectangle of attention's mask
     plan.py          parallelize_context(model, group, layout): a GPT's attention and positions swapped
                      for their ring forms
     view.py          what the plan made, as the trainer and replicas ask it (context_of: ContextParallel,
