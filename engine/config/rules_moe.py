@@ -55,10 +55,6 @@ def moe_problem(cfg: Config, describing: bool = False) -> tuple[str, str, str] |
         return ("model.top_k", f"{m.top_k} experts per token, of model.n_experts {e}", f"use at most {e}")
     if describing:
         return None
-    if p.sequence_parallel and p.tensor > 1:
-        return ("parallel.sequence_parallel", "sequence parallelism beside experts (each tensor-parallel rank "
-                "routing its own slice of the sequence) is not built yet",
-                "set parallel.sequence_parallel = false with model.n_experts > 0")
     return expert_parallel_problem(cfg) if p.expert > 1 else None
 
 

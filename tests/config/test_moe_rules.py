@@ -26,8 +26,6 @@ def _with(**over) -> dict:
     (dict(model__top_k=5), "model.top_k", "5 experts per token, of model.n_experts 4"),
     (dict(model__n_experts=0, model__capacity_factor=1.25), "model.capacity_factor",
      "shapes the experts, and model.n_experts = 0"),
-    (dict(parallel__tensor=2, parallel__sequence_parallel=True), "parallel.sequence_parallel",
-     "sequence parallelism beside experts"),
     (dict(model__n_experts=0, parallel__expert=2), "parallel.expert",
      "splits the experts, and model.n_experts"),
     (dict(model__n_experts=6, parallel__expert=4), "parallel.expert", "cannot share model.n_experts 6"),
@@ -58,7 +56,7 @@ def test_an_moe_model_on_data_parallelism_is_valid():
 def test_experts_inside_pipeline_stages_and_beside_tensor_and_context_parallelism_are_valid(expert):
     cfg = from_dict(_with(parallel__pipeline=2, parallel__expert=expert))
     assert cfg.parallel.pipeline == 2 and cfg.parallel.expert == expert
-    cfg = from_dict(_with(parallel__tensor=2, parallel__expert=expert))
+    cfg = from_dict(_with(parallel__tensor=2, parallel__expert=expert, parallel__sequence_parallel=True))
     assert cfg.parallel.tensor == 2 and cfg.parallel.expert == expert
     cfg = from_dict(_with(parallel__context=2, parallel__expert=expert, model__capacity_factor=1.0))
     assert cfg.parallel.context == 2 and cfg.parallel.expert == expert

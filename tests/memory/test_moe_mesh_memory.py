@@ -1,8 +1,8 @@
-"""Mixture of experts beside tensor and context parallelism (and inside pipeline stages) in the estimator:
-every rank's ledger to the byte (4 thread ranks, tests/memory/test_ep_memory.py's tiny MoE GPT). With every
-expert local: every category's peak. Under expert parallelism: the model states at rest and every category
-but the routed ones (activations, comm buffers), which summed over each EP group are e times the estimate;
-under balanced routing, every category exactly."""
+"""Mixture of experts beside tensor (with and without sequence parallelism) and context parallelism, and
+inside pipeline stages, in the estimator: every rank's ledger to the byte (4 thread ranks, the tiny MoE GPT
+of tests/moe_memory_helpers.py). With every expert local: every category's peak. Under expert parallelism:
+the model states at rest and every category but the routed ones (activations, comm buffers), which summed
+over each EP group are e times the estimate; under balanced routing, every category exactly."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from tests.moe_memory_helpers import balanced_router, measured, peaks, tiny
 
 __all__ = ["balanced_router"]  # the fixture, used by name
 
-LAYOUTS = {"tp2": dict(parallel__tensor=2), "cp2": dict(parallel__context=2),
+LAYOUTS = {"tp2": dict(parallel__tensor=2),
+           "tp2-sp": dict(parallel__tensor=2, parallel__sequence_parallel=True),
+           "cp2": dict(parallel__context=2),
            "cp2-tp2": dict(parallel__context=2, parallel__tensor=2)}
 ROUTED = ("activations", "comm_buffers")
 
@@ -57,7 +59,8 @@ def test_split_experts_under_balanced_routing(balanced_router, layout):
 
 PIPELINES = {"pp2": dict(parallel__pipeline=2), "pp2-m2": dict(parallel__pipeline=2, train__micro_batches=2),
              "pp2-gpipe-m2": dict(parallel__pipeline=2, parallel__schedule="gpipe", train__micro_batches=2),
-             "pp2-tp2": dict(parallel__pipeline=2, parallel__tensor=2, parallel__world_size=4)}
+             "pp2-tp2": dict(parallel__pipeline=2, parallel__tensor=2, parallel__world_size=4),
+             "pp2-tp2-sp": dict(parallel__pipeline=2, parallel__tensor=2, parallel__sequence_parallel=True)}
 
 
 def _by_pipeline_rank(cfg, ranks):

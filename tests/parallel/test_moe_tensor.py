@@ -3,7 +3,8 @@ thread ranks, each expert's MLP column/row-split over the tensor group and the r
 default: engine/parallel/expert/tensor.py), expert parallelism 1 and 2 (over the data-parallel pair of each
 tensor rank), top-1 and top-2, dropless and under a capacity — the loss, gradient norm and first validation
 loss of every step and the first step's gradients (shards joined by name) within 1e-12, every parameter
-after 3 clipped AdamW steps within 1e-10; with a pipeline too (DP 2 x PP 2 x TP 2 on 8 ranks)."""
+after 3 clipped AdamW steps within 1e-10; with sequence parallelism (the MoE on the whole sequence); with a
+pipeline too (DP 2 x PP 2 x TP 2 on 8 ranks)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ def test_tensor_parallel_experts_equal_one_device(expert, top_k, capacity):
     assert up.shape == (64, 16)  # joined: 4 x 16 features, each rank held 32
 
 
-@pytest.mark.parametrize("expert", [1, 2])
-def test_with_a_pipeline_too(expert):
-    cfg = moe_config(8, 2, 2, tensor=2, expert=expert)
+@pytest.mark.parametrize("expert, sp", [(1, False), (2, False), (2, True)])
+def test_with_a_pipeline_too(expert, sp):
+    cfg = moe_config(8, 2, 2, tensor=2, expert=expert, parallel__sequence_parallel=sp)
     ranks = run_ranks(8, "threads", train_rank, args=(cfg, STEPS), timeout_s=240)
     assert_trains_like(ranks, _one_device(8, 2, pipeline=2, tensor=2))
 
@@ -60,6 +61,19 @@ def _specs_rank(comm, emit, cfg_dict: dict) -> bool:
 
 
 def test_the_names_alone_cut_the_experts_as_the_plan_does():
-    """The estimator and checkpoints cut by names (engine.parallel.tensor.specs): the experts' cut included."""
+    """The estimator and checkpoints cut by names (engine.parallel.tensor.specs), the experts' cut too."""
     cfg = moe_config(2, 1, 1, tensor=2)
     assert run_ranks(2, "threads", _specs_rank, args=(cfg,), timeout_s=60) == [True, True]
+
+
+@pytest.mark.parametrize("expert, capacity", [(1, 0.0), (2, 0.0), (2, 1.0)])
+def test_sequence_parallelism_runs_the_experts_on_the_whole_sequence(expert, capacity):
+    """TP 2 with sequence parallelism: ln_2's slices gathered into the MoE, its output sliced back out; the
+    router and the experts' gradients whole on each rank (not summed over the group), ln_2's summed."""
+    over = dict(model__capacity_factor=capacity)
+    cfg = moe_config(4, 1, 2, tensor=2, expert=expert, parallel__sequence_parallel=True, **over)
+    ranks = run_ranks(4, "threads", train_rank, args=(cfg, STEPS), timeout_s=180)
+    one = _one_device(4, 2, tensor=2, **over)
+    if capacity:  # the evaluation, one batch per data-parallel rank: see above
+        one = {**one, "val": ranks[0]["val"]}
+    assert_trains_like(ranks, one)

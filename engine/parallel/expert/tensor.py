@@ -17,6 +17,14 @@ the group's all-reduces, so the group trains what one device trains (float64: wi
 expert parallelism the EP group's members share a tensor rank: member j of one tensor rank's EP group and
 member j of another's are tensor partners, receive the same rows and run their shards of the same experts.
 
+Under sequence parallelism a rank holds s/t of the sequence around the blocks' products. The MoE then
+runs on the whole sequence, as above: ln_2's output is all-gathered over the group on its way in (backward:
+this rank's slice of the input's gradient, which the MoE made whole and the same on every rank: no sum) and
+the MoE's output sliced back to this rank's part on its way out (backward: the gradient's slices gathered),
+by hooks on ln_2 and the MoE, as torchtitan's PrepareModuleInput/Output redistribute a module's input and
+output (parameter names unchanged). ln_2's gradients stay partial, summed over the group with the sequence
+region's; the router's and the experts' are whole on every rank.
+
 Why not the other form (experts whole on every tensor rank, EP carved out of data x tensor): without
 sequence parallelism the tensor ranks hold the same tokens, so whole experts would either run the same rows
 t times or need a second split of the tokens over the tensor group; the split above costs one all-reduce per
@@ -33,7 +41,8 @@ from engine.comm.base import Communicator
 from engine.moe import MoE
 from engine.optim import sum_of_squares
 from engine.parallel.tensor.layers import column_parallel, row_parallel
-from engine.parallel.tensor.mappings import Tally
+from engine.parallel.tensor.mappings import Tally, gathered, scatter_sequence, sequence_slice
+from engine.tensor import Tensor, make
 
 
 def shard_experts(moe: MoE, group: Communicator, tally: Tally, record: Callable[..., None]) -> None:
@@ -68,3 +77,17 @@ def split_sums_of_squares(grad: np.ndarray, whole: list[tuple[int, int]], buf: n
         replicated += sum_of_squares(grad[a:b], buf=buf) if b > a else 0.0
         at = b
     return np.array([sharded, replicated], np.float64)
+
+
+def gather_around_moe(block, group: Communicator, tally: Tally) -> None:
+    """Under sequence parallelism: `block`'s MoE on the whole sequence (the module docstring), in place."""
+    block.ln_2.forward_post_hooks.append(lambda module, out: _whole_sequence(out, group, tally))
+    block.mlp.forward_post_hooks.append(lambda module, out: scatter_sequence(out, group))
+
+
+def _whole_sequence(x: Tensor, group: Communicator, tally: Tally) -> Tensor:
+    """All-gather the sequence's slices; backward keeps this rank's slice of a gradient every rank holds whole
+    and alike (Megatron's gather_from_sequence_parallel_region with tensor_parallel_output_grad False)."""
+    phase = "sp-fwd-all-gather"
+    tally[phase] += 1
+    return make(gathered(group, x.data, phase), (x,), lambda g: (sequence_slice(group, g),))

@@ -34,7 +34,7 @@ from engine.comm.base import Communicator
 from engine.dropout_rng import DropoutRNG
 from engine.moe import MoE
 from engine.nn import GPT, MLP, Module
-from engine.parallel.expert.tensor import shard_experts
+from engine.parallel.expert.tensor import gather_around_moe, shard_experts
 from engine.parallel.tensor.dropout import SequenceShardDropout, ShardedMaskRNG
 from engine.parallel.tensor.layers import (
     ColumnParallelLinear,
@@ -113,8 +113,6 @@ def _parallelize_gpt(model: GPT, group: Communicator, sp: bool) -> TensorParalle
 
     for block in model.blocks:
         attn, mlp = block.attn, block.mlp
-        if isinstance(mlp, MoE) and sp:
-            raise ValueError("sequence parallelism beside a mixture of experts is not planned")
         if not isinstance(mlp, MoE) and mlp.drop.p:
             raise ValueError("a block's MLP dropout inside the tensor-parallel region is not planned")
         attn.c_attn, spec = column_parallel(attn.c_attn, group, sp, 3, tally)  # type: ignore[assignment]
@@ -123,6 +121,8 @@ def _parallelize_gpt(model: GPT, group: Communicator, sp: bool) -> TensorParalle
         record(attn.c_proj, spec, with_bias=False)
         if isinstance(mlp, MoE):  # each expert split as this MLP would be, the router whole
             shard_experts(mlp, group, tally, record)
+            if sp:  # on the whole sequence: gathered on the way in, sliced on the way out
+                gather_around_moe(block, group, tally)
         else:
             mlp.layers[0], spec = column_parallel(mlp.layers[0], group, sp, 1, tally)  # type: ignore[call-overload]
             record(mlp.layers[0], spec)
@@ -132,7 +132,8 @@ def _parallelize_gpt(model: GPT, group: Communicator, sp: bool) -> TensorParalle
         attn.rng = rng  # attention's dropout: this rank's heads of the one-device mask
         if sp:
             attn.resid_drop.rng = block.drop.rng = rng
-            row_biases = [layer.bias for layer in (attn.c_proj, mlp.layers[-1]) if layer.bias is not None]
+            rows = (attn.c_proj,) if isinstance(mlp, MoE) else (attn.c_proj, mlp.layers[-1])  # experts: whole
+            row_biases = [layer.bias for layer in rows if layer.bias is not None]
             in_sequence_region += _params(block.ln_1, block.ln_2) + row_biases
 
     vocab = ShardSpec(axis=0, length=model.vocab_size, parts=t)
