@@ -161,7 +161,7 @@ class _Judge:
         shared = (self.params - self.expert_params + self.expert_params / layout.expert)
         psi = shared / (layout.tensor * layout.pipeline)
         n = layout.data * layout.context
-        params, grads, optimizer = s, s, 2 * f + master
+        params, grads, optimizer = float(s), float(s), float(2 * f + master)
         if layout.zero >= 1:
             optimizer /= n
         if layout.zero >= 2:
@@ -273,17 +273,19 @@ def plan(cfg: Config, cluster: Cluster, ranks: int, memory_per_rank: float | Non
         if cand.step is not None:
             projected.setdefault(cand.layout.shape, cand)
             bisect.insort(steps, cand.step.step_s)
-    fitting = sorted((c for c in cands if c.step is not None), key=lambda c: (c.step.step_s, cands.index(c)))
+    fitting = sorted((c.step.step_s, i, c) for i, c in enumerate(cands) if c.step is not None)
     ranked: list[Candidate] = []
-    for c in fitting:
-        same = next((r for r in ranked if r.layout.shape == c.layout.shape
-                     and abs(r.step.step_s - c.step.step_s) <= TIE * r.step.step_s), None)  # type: ignore
+    kept: list[float] = []  # the ranked ones' steps
+    for step_s, _, c in fitting:
+        same = next((r for r, k in zip(ranked, kept) if r.layout.shape == c.layout.shape
+                     and abs(k - step_s) <= TIE * k), None)
         if same is not None:
             c.verdict = "slower"
             c.why = f"predicts the step of #{ranked.index(same) + 1} ({same.layout.label()}): no faster"
         elif len(ranked) < top:
             c.verdict = "ranked"
             ranked.append(c)
+            kept.append(step_s)
         else:
             c.verdict, c.why = "slower", _slower_reason(c, ranked[0])
     rest = sorted((c for c in cands if c.verdict != "ranked"), key=_rest_order)

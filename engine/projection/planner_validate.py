@@ -8,9 +8,11 @@ pipeline, context), up to `top` runs. The verdict: is its first choice the measu
 of it.
 
 Each run is projection.validate's measure_case (the slowest rank's lower-quartile step over `steps` steps
-after a warm-up); `repeats` rounds over the runs, forward then backward in turn (validate.round_order), a
-run's figure the median over rounds. The load average before and after is part of the report: this is a
-shared machine.
+after a warm-up); `repeats` rounds over the runs, forward then backward in turn (validate.round_order). The
+runs are compared with the first choice round by round (paired_ratio: the median over rounds of a run's
+step over the first choice's in the same round), so a drift in the machine's load between rounds cancels;
+each run's median step is reported beside it. The load average before and after is part of the report:
+this is a shared machine.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def validate_plan(cfg: Config, ranks: int, top: int = 5, steps: int = 6, repeats
     capacity = available / n if available else None
     on_progress(f"planning {n} ranks on this machine")
     report = plan(base, here, n, capacity, top=100, calibration=calibration)
-    chosen, seen = [], set()
+    chosen: list = []
+    seen: set = set()
     for cand in report["ranked"]:
         degrees = cand.layout.degrees
         if not chosen or degrees not in seen:
@@ -83,19 +86,27 @@ def validate_plan(cfg: Config, ranks: int, top: int = 5, steps: int = 6, repeats
             on_progress(f"round {r + 1}/{repeats}: running {cand.layout.label()}")
             measured[i].append(measure_case(run_cfg, steps, warmup)["step_s"])
     times = [statistics.median(measured[i]) for i in range(len(configs))]
-    order = sorted(range(len(times)), key=times.__getitem__)
+    ratios = [paired_ratio(measured[i], measured[0]) for i in range(len(configs))]
+    order = sorted(range(len(ratios)), key=ratios.__getitem__)
     best = order[0]
     runs = [{"label": c.layout.label(), "layout": c.layout.as_dict(),
              "planned_rank": report["ranked"].index(c) + 1,
              "predicted_s": c.step.step_s if c.step else 0.0, "measured_s": times[i],
-             "measured_rounds": measured[i], "measured_rank": order.index(i) + 1}
+             "measured_rounds": measured[i], "over_first": ratios[i], "measured_rank": order.index(i) + 1}
             for i, (c, _) in enumerate(configs)]
-    over = times[0] / times[best] - 1
+    over = 1 / ratios[best] - 1
     return {"preset": cfg.name, "model": model, "ranks": n, "backend": "processes", "steps": steps,
             "repeats": repeats, "runs": runs, "first_label": runs[0]["label"],
             "best_label": runs[best]["label"],
             "first_is_best": best == 0, "first_over_best": over, "within_10pct": over <= WITHIN,
             "load_before": load_before, "load_after": _load()}
+
+
+def paired_ratio(times: list[float], first: list[float]) -> float:
+    """A run against the first choice measured in the same rounds: the median over rounds of their ratio.
+    The load on a shared machine drifts over the minutes a round takes; two runs of one round meet nearly the
+    same load, so their ratio cancels most of it where each run's own median does not."""
+    return statistics.median(t / f for t, f in zip(times, first))
 
 
 def _runnable(cfg: Config) -> Config:

@@ -169,10 +169,13 @@ def validation_lines(r: dict) -> list[str]:
     lines = [f"{r['preset']} scaled down to {r['ranks']} ranks here ({r['backend']}, model {r['model']}), "
              f"{r['steps']} steps x {r['repeats']} round(s); load average {r['load_before']} before, "
              f"{r['load_after']} after",
-             f"{'#':>2} {'layout':40} {'predicted':>10} {'measured':>10} {'measured rank':>13}"]
+             f"{'#':>2} {'layout':34} {'predicted':>10} {'measured':>10} {'/ first':>8} "
+             f"{'measured rank':>13}"]
     for c in r["runs"]:
-        lines.append(f"{c['planned_rank']:>2} {c['label'][:40]:40} {c['predicted_s'] * 1e3:8.1f}ms "
-                     f"{c['measured_s'] * 1e3:8.1f}ms {c['measured_rank']:>13}")
+        lines.append(f"{c['planned_rank']:>2} {c['label'][:34]:34} {c['predicted_s'] * 1e3:8.1f}ms "
+                     f"{c['measured_s'] * 1e3:8.1f}ms {c['over_first']:8.2f} {c['measured_rank']:>13}")
+    lines.append("measured: the median step over rounds; / first: the median over rounds of its step over "
+                 "the first choice's in the same round (ranks by it)")
     verdict = "the measured best" if r["first_is_best"] else (
         f"{r['first_over_best']:.1%} slower than the measured best ({r['best_label']})")
     ok = "within" if r["within_10pct"] else "NOT within"
