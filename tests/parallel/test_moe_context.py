@@ -58,3 +58,12 @@ def test_the_shares_must_be_counted_over_the_group(monkeypatch):
     ranks = run_ranks(4, "threads", train_rank, args=(cfg, STEPS), timeout_s=180)
     with pytest.raises(AssertionError):
         assert_trains_like(ranks, _one_device(4, 2, 2))
+
+
+@pytest.mark.slow
+def test_on_processes():
+    """The counts, the ring and the all-to-alls over a process transport: DP 2 x CP 2, EP 2, a capacity."""
+    over = dict(model__capacity_factor=0.5)
+    cfg = moe_config(4, 1, 2, context=2, expert=2, **CP, **over)
+    ranks = run_ranks(4, "processes", train_rank, args=(cfg, STEPS), timeout_s=240)
+    assert_trains_like(ranks, {**_one_device(4, 2, 2, **over), "val": ranks[0]["val"]})

@@ -51,3 +51,11 @@ def test_each_rank_reports_its_stage_layers():
     loads = run_ranks(4, "threads", _loads_rank, args=(cfg,), timeout_s=120)
     assert [blocks for blocks, _ in loads] == [[0, 1], [0, 1], [2, 3], [2, 3]]  # rank = dp + 2·pp
     assert all(tokens == [2 * 2 * 8 * 2] * 2 for _, tokens in loads)
+
+
+@pytest.mark.slow
+def test_on_processes():
+    """The stages' activations and the all-to-alls over a process transport: DP 2 x PP 2, EP 2."""
+    cfg = moe_config(4, 2, 2, expert=2)
+    ranks = run_ranks(4, "processes", train_rank, args=(cfg, STEPS), timeout_s=240)
+    assert_trains_like(ranks, _one_device(4, 2, 2))

@@ -77,3 +77,11 @@ def test_sequence_parallelism_runs_the_experts_on_the_whole_sequence(expert, cap
     if capacity:  # the evaluation, one batch per data-parallel rank: see above
         one = {**one, "val": ranks[0]["val"]}
     assert_trains_like(ranks, one)
+
+
+@pytest.mark.slow
+def test_on_processes():
+    """The experts' all-reduces beside the all-to-alls over a process transport: TP 2 x DP 2, EP 2, SP."""
+    cfg = moe_config(4, 1, 2, tensor=2, expert=2, parallel__sequence_parallel=True)
+    ranks = run_ranks(4, "processes", train_rank, args=(cfg, STEPS), timeout_s=240)
+    assert_trains_like(ranks, _one_device(4, 2, tensor=2))
