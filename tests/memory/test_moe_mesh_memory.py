@@ -60,7 +60,8 @@ def test_split_experts_under_balanced_routing(balanced_router, layout):
 PIPELINES = {"pp2": dict(parallel__pipeline=2), "pp2-m2": dict(parallel__pipeline=2, train__micro_batches=2),
              "pp2-gpipe-m2": dict(parallel__pipeline=2, parallel__schedule="gpipe", train__micro_batches=2),
              "pp2-tp2": dict(parallel__pipeline=2, parallel__tensor=2, parallel__world_size=4),
-             "pp2-tp2-sp": dict(parallel__pipeline=2, parallel__tensor=2, parallel__sequence_parallel=True)}
+             "pp2-tp2-sp": dict(parallel__pipeline=2, parallel__tensor=2, parallel__sequence_parallel=True),
+             "pp2-cp2": dict(parallel__pipeline=2, parallel__context=2, model__block_size=16)}
 
 
 def _by_pipeline_rank(cfg, ranks):
@@ -78,7 +79,7 @@ def test_pipeline_stages_every_expert_local(layout, top_k):
         assert peaks(r) == e.category_peaks(), f"rank {r['rank']}"
 
 
-@pytest.mark.parametrize("layout", ["pp2", "pp2-m2", "pp2-gpipe-m2"])
+@pytest.mark.parametrize("layout", ["pp2", "pp2-m2", "pp2-gpipe-m2", "pp2-cp2"])
 def test_pipeline_stages_split_experts_under_balanced_routing(balanced_router, layout):
     balanced_router[0] = 2
     cfg = tiny(parallel__expert=2, **PIPELINES[layout])

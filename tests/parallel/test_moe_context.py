@@ -67,3 +67,13 @@ def test_on_processes():
     cfg = moe_config(4, 1, 2, context=2, expert=2, **CP, **over)
     ranks = run_ranks(4, "processes", train_rank, args=(cfg, STEPS), timeout_s=240)
     assert_trains_like(ranks, {**_one_device(4, 2, 2, **over), "val": ranks[0]["val"]})
+
+
+@pytest.mark.parametrize("expert", [1, 2])
+def test_inside_pipeline_stages_too(expert):
+    """DP 2 x CP 2 x PP 2 on 8 ranks: each stage's MoE layers count their shares over the CP group."""
+    cfg = moe_config(8, 2, 2, context=2, expert=expert, **CP)
+    ranks = run_ranks(8, "threads", train_rank, args=(cfg, STEPS), timeout_s=240)
+    one = run_ranks(1, "threads", train_rank, args=(one_device_config(8, 2, 2, 1, 2, **CP), STEPS),
+                    timeout_s=120)[0]
+    assert_trains_like(ranks, one)
