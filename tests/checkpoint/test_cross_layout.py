@@ -1,13 +1,14 @@
 """Checkpoints move between layouts: a checkpoint saved in one layout resumes in another across different axes
 — ZeRO-2 to tensor parallelism, tensor to pipeline, pipeline x tensor to ZeRO-1, context to tensor, ZeRO-3
 to context x tensor with sequence parallelism, interleaved pipeline to context under ZeRO-2, 8 ranks of data
-x context x tensor to a 4-stage pipeline; a mixture of experts from expert degree 2 to 4, from EP 4 under
-ZeRO-1 to EP 2 under ZeRO-2 on half the ranks, from one device to EP 4. For each pair (float64, tiny
-recorded runs on thread ranks): loading in the new layout and saving at once gives back the saved master
-weights and AdamW moments bit for bit, and training on takes the losses, weights and moments of a run
-trained in the new layout from the start, within 1e-10. `export` from every source layout writes the
-parameters one device's run exports; a change no layout can make (a tensor degree that does not divide the
-heads, more stages than blocks) is one line and exit 2 from `nanodist-tui resume`.
+x context x tensor to a 4-stage pipeline, pipeline x context to ZeRO-3; a mixture of experts from expert
+degree 2 to 4, from EP 4 under ZeRO-1 to EP 2 under ZeRO-2 on half the ranks, from one device to EP 4, from
+TP x EP to PP x EP, from PP x CP x EP to PP x TP. For each pair (float64, dropout on, tiny recorded runs on
+thread ranks): loading in the new layout and saving at once gives back the saved master weights and AdamW
+moments bit for bit, and training on takes the losses, weights and moments of a run trained in the new
+layout from the start, within 1e-10. `export` from every source layout writes the parameters one device's
+run exports; a change no layout can make (a tensor degree that does not divide the heads, more stages than
+blocks) is one line and exit 2 from `nanodist-tui resume`.
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from tests.layout_helpers import Layout
 from tests.run_helpers import assert_same_state, state_at, step_losses, train
 
 SAVED_AT, UNTIL = 4, 8
-# a float64 GPT every layout below splits: 4 blocks, 4 heads, context 16, two micro-batches per step
-MODEL = ["precision.dtype=fp64", "model.n_layer=4", "model.n_head=4", "model.dropout=0.0",
+# a float64 GPT every layout below splits: 4 blocks, 4 heads, context 16, dropout, two micro-batches a step
+MODEL = ["precision.dtype=fp64", "model.n_layer=4", "model.n_head=4", "model.dropout=0.1",
          "train.micro_batches=2", f"train.steps={UNTIL}", f"checkpoint.every={SAVED_AT}"]
 
 PAIRS = [  # (saved in, resumed in)
@@ -39,6 +40,10 @@ PAIRS = [  # (saved in, resumed in)
     (Layout(4, expert=2, moe=True), Layout(4, expert=4, moe=True)),      # MoE: EP 2 -> EP 4
     (Layout(4, expert=4, zero=1, moe=True), Layout(2, expert=2, zero=2, moe=True)),  # EP 4 ZeRO-1 -> 2 ranks
     (Layout(1, moe=True), Layout(4, expert=4, zero=2, moe=True)),        # one device's experts -> EP 4
+    (Layout(4, pipeline=2, context=2, zero=1), Layout(4, zero=3)),       # PP x CP -> ZeRO-3
+    # MoE: TP x EP -> PP x EP ZeRO-1; PP x CP x EP -> PP x TP
+    (Layout(4, tensor=2, expert=2, moe=True), Layout(4, pipeline=2, expert=2, zero=1, moe=True)),
+    (Layout(4, pipeline=2, context=2, expert=2, moe=True), Layout(4, tensor=2, pipeline=2, moe=True)),
 ]
 SOURCES = [saved for saved in dict.fromkeys(saved for saved, _ in PAIRS) if saved.world > 1]
 
