@@ -16,7 +16,6 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from engine.checkpoint.experts import EXPERT_KEYS, held_numel, replicated_numel
 from engine.checkpoint.reshard import local_numel
 from engine.config.build import param_shapes
 from engine.dtypes import DTYPES
@@ -151,14 +150,13 @@ def check_manifest(manifest: Any, folder: Path) -> dict:
                      for a, b in zip(layout, expected) if a != b),
                     f"{len(layout)} parameters there, {len(expected)} for the model spec")
         f.fail("layout", f"does not match the model spec ({diff})")
-    expert = _check_expert(f, world, tensor, spec)
+    expert = _check_expert(f, world, spec)
     if tensor > 1:  # each coordinate's ranges tile its own shard of the model
         numel = local_numel(spec["kind"], layout, tensor)
-    if expert > 1:  # the ranges tile the replicated parameters; the experts are held apart
-        numel = replicated_numel(layout)
-    _check_shards(f, world, numel, tensor)
-    if expert > 1:
-        _check_experts(f, spec["moe"]["n_experts"], expert)
+    if expert > 1:  # each shard's runs, together tiling each coordinate's flat state
+        _check_runs(f, world, numel, tensor, spec["moe"]["n_experts"] // expert)
+    else:
+        _check_shards(f, world, numel, tensor)
     return manifest
 
 
@@ -167,36 +165,64 @@ def expert_degree(manifest: dict) -> int:
     return int(manifest.get("expert", 1))
 
 
-def _check_expert(f: _Fields, world: int, tensor: int, spec: dict) -> int:
-    """The expert-parallel degree: 1, or a divisor of the world and of the model's experts (no tensor
-    parallelism beside it)."""
+def _check_expert(f: _Fields, world: int, spec: dict) -> int:
+    """The expert-parallel degree: 1, or a divisor of the world and of the model's experts."""
     if "expert" not in f.obj:
         return 1
     expert = f.whole("expert", 1, world)
-    if expert == 1:
-        return 1
     n_experts = (spec.get("moe") or {}).get("n_experts", 0)
-    if world % expert or not n_experts or n_experts % expert:
+    if expert > 1 and (world % expert or not n_experts or n_experts % expert):
         f.fail("expert", f"{expert} does not divide world_size {world} and the model's {n_experts} experts")
-    if tensor > 1:
-        f.fail("expert", f"{expert} beside tensor {tensor}: no run saves that layout")
     return expert
 
 
-def _check_experts(f: _Fields, n_experts: int, expert: int) -> None:
-    """Each shard entry's `experts` (null, or [lo, hi) of one expert-parallel rank's experts) and together
-    every expert held exactly once."""
-    per, held = n_experts // expert, []
-    for rank, entry in enumerate(f.obj["shards"]):
+def _check_runs(f: _Fields, world: int, numel: int, tensor: int, per: int) -> None:
+    """An expert-parallel run's shards (engine.checkpoint.expert_share): each entry in rank order, with no
+    range but its runs ([start, end) of its tensor-parallel coordinate's flat state, in order) and the global
+    experts it holds (null, or one expert-parallel rank's share of `per`); per coordinate the runs tile
+    [0, numel)."""
+    shards = f.array("shards")
+    if len(shards) != world:
+        f.fail("shards", f"{len(shards)} entries for a world size of {world}")
+    pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(tensor)]
+    for rank, entry in enumerate(shards):
         e = _Fields(entry, f.path, f"shards[{rank}].")
-        span = check_range(e, "experts")
-        if span is not None:
-            if span[1] - span[0] != per or span[0] % per or span[1] > n_experts:
-                e.fail("experts", f"{list(span)} is not one expert-parallel rank's {per} of "
-                       f"{n_experts} experts")
-            held.append(span)
-    if sorted(held) != [(lo, lo + per) for lo in range(0, n_experts, per)]:
-        f.fail("shards", f"the experts held are {sorted(map(list, held))}, not each of the {n_experts} once")
+        if e.whole("rank", 0, MAX_WORLD) != rank:
+            e.fail("rank", f"{entry['rank']}, expected {rank} (entries in rank order)")
+        if e.get("file") != shard_name(rank):  # never a path outside the folder
+            e.fail("file", f"{entry['file']!r}, expected {shard_name(rank)!r}")
+        e.whole("bytes", 0, 1 << 50)
+        if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
+            e.fail("sha256", "expected 64 lowercase hex digits")
+        tp = e.whole("tp", 0, tensor - 1) if tensor > 1 or "tp" in entry else 0
+        if check_range(e, "range") is not None:
+            e.fail("range", "expected null: an expert-parallel shard lists its runs")
+        held = check_range(e, "experts")
+        if held is not None and (held[1] - held[0] != per or held[0] % per):
+            e.fail("experts", f"{list(held)} is not one expert-parallel rank's {per} experts")
+        runs = check_runs(e, "ranges")
+        pieces[tp] += [(start, end, rank) for start, end in runs]
+    for tp in range(tensor):
+        covered = 0
+        for start, end, rank in sorted(pieces[tp]):
+            if start != covered:
+                f.fail(f"shards[{rank}].ranges", f"a run starts at {start}, expected {covered} "
+                       "(gap or overlap)")
+            covered = end
+        if covered != numel:
+            f.fail("shards", f"the runs cover {covered} elements of {numel} parameters")
+
+
+def check_runs(e: _Fields, key: str) -> list[tuple[int, int]]:
+    """A list of runs [start, end) with start < end, in the order the shard's arrays hold them."""
+    value = e.array(key)
+    out: list[tuple[int, int]] = []
+    for i, run in enumerate(value):
+        if not (isinstance(run, list) and len(run) == 2 and all(_is_int(v) for v in run)
+                and 0 <= run[0] < run[1] <= 1 << 50):
+            e.fail(f"{key}[{i}]", f"expected [start, end] with 0 <= start < end, got {_kind(run)}")
+        out.append((run[0], run[1]))
+    return out
 
 
 def _check_layout(f: _Fields, numel: int) -> list[dict]:
@@ -347,29 +373,26 @@ def check_shard(meta: Any, arrays: dict[str, tuple[np.dtype, tuple]], entry: dic
     for key in ("growth_tracker", "hysteresis_left", "skipped_in_a_row"):
         if key in meta["scaler"]:
             s.whole(key)
-    experts = entry.get("experts")
-    if ("experts" in meta or "experts" in entry) and check_range(f, "experts") != (
-            tuple(experts) if experts else None):
-        f.fail("experts", f"{meta['experts']}, but the manifest says {experts}")
-    allowed = set(STATE_KEYS) if entry["range"] else set()
-    allowed |= set(EXPERT_KEYS.values()) if experts else set()
-    if extra := sorted(set(arrays) - allowed):
-        known = extra[0] in STATE_KEYS or extra[0] in EXPERT_KEYS.values()
+    if "ranges" in entry:  # an expert-parallel run's shard: its runs and the experts it holds
+        if meta.get("ranges") != entry["ranges"] or meta.get("experts") != entry["experts"]:
+            f.fail("ranges", f"{meta.get('ranges')} of experts {meta.get('experts')}, but the manifest says "
+                   f"{entry['ranges']} of experts {entry['experts']}")
+        length = sum(end - start for start, end in entry["ranges"])
+    else:
+        length = entry["range"][1] - entry["range"][0] if entry["range"] else 0
+    if extra := sorted(set(arrays) - (set(STATE_KEYS) if length else set())):
         raise CheckpointError(f"{path}: holds array {extra[0]!r} that a shard "
-                              f"{'without its range or experts does not have' if known else 'never has'}; "
+                              f"{'without state does not have' if extra[0] in STATE_KEYS else 'never has'}; "
                               "the checkpoint is damaged")
-    if experts:
-        held = held_numel(manifest["layout"], *experts)
-        _check_arrays(arrays, EXPERT_KEYS.values(), held, "its experts", path)
-    if entry["range"]:
-        _check_arrays(arrays, STATE_KEYS, entry["range"][1] - entry["range"][0], "its range", path)
+    if length:
+        _check_arrays(arrays, STATE_KEYS, length, path)
 
 
-def _check_arrays(arrays: dict, keys, length: int, what: str, path: Path) -> None:
+def _check_arrays(arrays: dict, keys, length: int, path: Path) -> None:
     for key in keys:
         if key not in arrays:
             raise CheckpointError(f"{path}: array {key} is missing; the checkpoint is damaged")
         dtype, shape = arrays[key]
         if dtype.kind != "f" or dtype.itemsize not in (4, 8) or tuple(shape) != (length,):
             raise CheckpointError(f"{path}: array {key} is {dtype}{list(shape)}, expected float32 or "
-                                  f"float64 [{length}] ({what}); the checkpoint is damaged")
+                                  f"float64 [{length}] (its range); the checkpoint is damaged")

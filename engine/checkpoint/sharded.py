@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from engine import events as ev
-from engine.checkpoint import experts as expert_split
+from engine.checkpoint import expert_share
 from engine.checkpoint.files import (
     FORMAT,
     MANIFEST,
@@ -64,6 +64,7 @@ from engine.checkpoint.files import (
 from engine.checkpoint.reshard import cut, join, local_numel
 from engine.checkpoint.schema import STATE_KEYS, check_shard, expert_degree, pieces, spec_layout
 from engine.comm.collectives import all_gather
+from engine.comm.objects import all_gather_json
 from engine.config.build import vocab_chars
 from engine.parallel.expert import checkpoint_state as expert_state
 from engine.parallel.pipeline import checkpoint_share
@@ -132,30 +133,34 @@ class Checkpointer:
         that holds `root` is gone: removed or moved mid-run, as the recorder then says and stops the run."""
         comm, replica, rank, step = trainer.comm, trainer.replica, trainer.rank, trainer.step
         tp = trainer.layout.rank  # which tensor-parallel shard this rank's state is (0: the whole model)
-        start, end, state = checkpoint_share.share(trainer)  # collective in ZeRO 1-3 and pipelines
-        held = expert_state.held_experts(replica)
-        owners = _gather_ints(comm, [step, int(self.root.parent.is_dir()), tp, start, end, *(held or (0, 0))])
+        split = trainer.cfg.parallel.expert > 1  # split experts: the state is runs (expert_share.py)
+        if split:
+            runs, state, optimizer_step = expert_share.share(trainer, model_spec(trainer.cfg, trainer.model))
+            start = end = 0
+        else:
+            start, end, state = checkpoint_share.share(trainer)  # collective in ZeRO 1-3 and pipelines
+            optimizer_step = int(state["step"])
+        owners = _gather_ints(comm, [step, int(self.root.parent.is_dir()), tp, start, end])
         if len(set(owners[:, 0].tolist())) != 1:
             raise RuntimeError(f"ranks reached a checkpoint at different steps: {owners[:, 0].tolist()}")
         if not owners[0, 1]:  # rank 0's view decides, for every rank alike: it writes the manifest
             return None  # making it again would leave a folder of checkpoints alone, which no resume reads
         folder = self.root / step_dir_name(step)
         make_dir(folder)
-        ranges = _written_ranges(owners[:, 2:5])
+        ranges = [None] * trainer.world if split else _written_ranges(owners[:, 2:5])
         meta = {"rank": rank, "step": step, "tp": tp, "range": ranges[rank],
-                "optimizer_step": int(state["step"]), "scaler": replica.scaler.state_dict()}
+                "optimizer_step": optimizer_step, "scaler": replica.scaler.state_dict()}
         arrays = {k: state[k] for k in STATE_KEYS} if ranges[rank] else {}
-        experts = None
-        if held is not None:  # split experts: the lowest rank holding each share writes it
-            experts = _written_ranges(np.c_[np.zeros(len(owners), np.int64), owners[:, 5:7]])
-            meta["experts"] = experts[rank]
-            own = expert_state.expert_state(replica)  # collective when ZeRO shards it over edp
-            if experts[rank]:
-                arrays |= {expert_split.EXPERT_KEYS[k]: own[k] for k in STATE_KEYS}
+        held = None
+        if split:
+            held = list(expert_state.held_experts(replica) or ()) or None
+            meta |= {"ranges": runs, "experts": held}
+            arrays = state
+            held = all_gather_json(comm, [runs, held])  # every rank's, for the manifest
         digest, size = write_shard(folder / shard_name(rank), arrays, meta)
         records = _gather_ints(comm, [size, *np.frombuffer(bytes.fromhex(digest), dtype=np.int64).tolist()])
         if rank == 0:
-            self._finish(trainer, folder, step, ranges, owners[:, 2].tolist(), records, experts)
+            self._finish(trainer, folder, step, ranges, owners[:, 2].tolist(), records, held)
         # Nobody leaves before the manifest exists: a rank that failed right after its share (the next step
         # failing at once) would otherwise abort rank 0's last collective, and the checkpoint every shard of
         # which is on disk would never be finished.
@@ -172,9 +177,9 @@ class Checkpointer:
         shards = [{"rank": r, "file": shard_name(r), "bytes": int(records[r, 0]),
                    "sha256": records[r, 1:].astype(np.int64).tobytes().hex(), "tp": int(tps[r]),
                    "range": ranges[r]} for r in range(world)]
-        if experts is not None:
-            for entry, held in zip(shards, experts):
-                entry["experts"] = held
+        if experts is not None:  # split experts: each shard's runs and the global experts it holds
+            for entry, (runs, held) in zip(shards, experts):
+                entry |= {"ranges": runs, "experts": held}
         manifest = {
             "format": FORMAT, "version": VERSION, "step": step, "run_id": self.run_id,
             "world_size": world, "tensor": trainer.layout.degree,
@@ -246,7 +251,7 @@ class Checkpoint:
         kind = self.manifest["model"]["kind"]
         numel = self.manifest["numel"] if t == 1 else local_numel(kind, layout, t)
         if self.expert > 1:
-            numel = expert_split.replicated_numel(layout)
+            return self._from_runs(keys, numel)
         parts: dict[str, list[list[np.ndarray]]] = {k: [[] for _ in range(t)] for k in keys}
         step = None
         for _, _, rank in pieces(self.manifest):
@@ -261,20 +266,33 @@ class Checkpoint:
         for k, by_tp in parts.items():
             locals_ = [np.concatenate(p)[:numel] for p in by_tp]
             full[k] = locals_[0] if t == 1 else join(kind, layout, t, locals_)
-        if self.expert > 1:
-            full = self._with_experts(full, keys)
         return full | {"step": int(step)}
 
-    def _with_experts(self, replicated: dict, keys: tuple[str, ...]) -> dict:
-        """The dense arrays from the replicated parameters' and every expert share's (experts.join)."""
-        held: dict[str, list] = {k: [] for k in keys}
+    def _from_runs(self, keys: tuple[str, ...], numel: int) -> dict:
+        """An expert-parallel run's checkpoint: every shard's runs put in place in its tensor-parallel
+        coordinate's flat state (they tile it), the coordinates joined."""
+        t, layout = self.tensor, self.manifest["layout"]
+        coordinates: list[dict] = [{} for _ in range(t)]
+        step = None
         for entry in self.manifest["shards"]:
-            if entry.get("experts"):
-                names = tuple(expert_split.EXPERT_KEYS[k] for k in keys)
-                arrays, _ = read_shard(self.path / shard_name(entry["rank"]), names)
-                for k, name in zip(keys, names):
-                    held[k].append((*entry["experts"], arrays[name]))
-        return {k: expert_split.join(self.manifest["layout"], replicated[k], held[k]) for k in keys}
+            if not entry["ranges"]:
+                continue
+            arrays, meta = read_shard(self.path / entry["file"], keys)
+            step = meta["optimizer_step"] if step is None else step
+            flat = coordinates[entry.get("tp", 0)]
+            for k in keys:
+                out = flat.setdefault(k, np.empty(numel, arrays[k].dtype))
+                at = 0
+                for start, end in entry["ranges"]:
+                    out[start:end] = arrays[k][at:at + end - start]
+                    at += end - start
+        if step is None:
+            raise CheckpointError(f"{self.path}/{MANIFEST}: no shard holds optimizer state; "
+                                  "the checkpoint is damaged")
+        kind = self.manifest["model"]["kind"]
+        full = {k: coordinates[0][k] if t == 1 else join(kind, layout, t, [c[k] for c in coordinates])
+                for k in keys}
+        return full | {"step": int(step)}
 
     def rank_meta(self, rank: int) -> dict:
         """The saved per-rank state (the loss scaler's) for `rank`; rank 0's for ranks that did not exist."""
@@ -325,15 +343,12 @@ def restore(trainer, ckpt: Checkpoint) -> None:
     weights and Adam state via the replica (this rank's tensor-parallel shard of them, at any degree), loss
     scaler (same precision only)."""
     full, layout = ckpt.consolidate(), trainer.layout
-    dense = {k: cut(layout.specs, layout.rank, ckpt.manifest["layout"], full[k]) for k in STATE_KEYS}
-    held = expert_state.held_experts(trainer.replica)
-    if held is not None:  # split experts: its share of them to its experts, the rest to the dp replica
-        parts = {k: expert_split.split(ckpt.manifest["layout"], flat, *held) for k, flat in dense.items()}
-        own = {k: mine for k, (_, mine) in parts.items()}
-        expert_state.load_expert_state(trainer.replica, own | {"step": full["step"]})
-        dense = {k: rest for k, (rest, _) in parts.items()}
-    mine = {k: checkpoint_share.mine(trainer, flat) for k, flat in dense.items()}
-    trainer.replica.load_optimizer_state(mine | {"step": full["step"]})
+    if trainer.cfg.parallel.expert > 1:  # split experts: each parameter gathered by name (expert_share.py)
+        expert_share.load(trainer, ckpt.manifest["layout"], full)
+    else:
+        dense = {k: cut(layout.specs, layout.rank, ckpt.manifest["layout"], full[k]) for k in STATE_KEYS}
+        mine = {k: checkpoint_share.mine(trainer, flat) for k, flat in dense.items()}
+        trainer.replica.load_optimizer_state(mine | {"step": full["step"]})
     meta = ckpt.rank_meta(trainer.rank)
     if ckpt.manifest["precision"] == trainer.cfg.precision.dtype:
         trainer.replica.scaler.load_state_dict(meta["scaler"])
