@@ -126,16 +126,16 @@ def test_export_consolidates_every_layout_to_one_devices_model(runs, saved, tmp_
     _assert_close_state(state_at(run_dir), state_at(one))
 
 
-@pytest.mark.parametrize("change, named", [
-    (["parallel.world_size=3", "parallel.tensor=3"], "parallel.tensor"),      # 3 does not divide 4 heads
-    (["parallel.world_size=8", "parallel.pipeline=8"], "parallel.pipeline"),  # 8 stages for 4 blocks
-    (["parallel.world_size=3", "parallel.context=3"], "model.block_size"),    # 16 tokens in 6 chunks
-    (["parallel.expert=2"], "parallel.expert"),                               # experts of a dense model
-], ids=["tensor-3", "pipeline-8", "context-3", "expert-2"])
-def test_an_impossible_layout_is_one_line(runs, change, named):
-    run_dir, _ = runs(SOURCES[0])
+@pytest.mark.parametrize("source, change, named", [
+    (Layout(4, zero=2), ["parallel.world_size=3", "parallel.tensor=3"], "parallel.tensor"),  # 4 heads
+    (Layout(4, zero=2), ["parallel.world_size=8", "parallel.pipeline=8"], "parallel.pipeline"),  # 4 blocks
+    (Layout(4, zero=2), ["parallel.world_size=3", "parallel.context=3"], "model.block_size"),  # 6 chunks
+    (Layout(4, zero=2), ["parallel.expert=2"], "parallel.expert"),  # experts of a dense model
+    (Layout(4, expert=2, moe=True), ["parallel.world_size=3", "parallel.expert=3"], "parallel.expert"),  # 8
+], ids=["tensor-3", "pipeline-8", "context-3", "dense-expert-2", "expert-3"])
+def test_an_impossible_layout_is_one_line(runs, source, change, named):
+    run_dir, _ = runs(source)
     sets = [arg for s in change for arg in ("--set", s)]
     before = sorted(run_dir.parent.iterdir())
     assert_user_error(invoke("resume", run_dir, "--no-ui", "--step", SAVED_AT, *sets), named)
     assert sorted(run_dir.parent.iterdir()) == before  # no run started
-
