@@ -18,12 +18,13 @@ order, the tied head's copy left out), so its owned range is offset by where tha
 checkpoint reads as the dense model's, and a run resumes at any pipeline degree, each rank taking its
 stage's run back out (engine.parallel.pipeline.checkpoint_share; interleaved chunks are joined first).
 
-Under expert parallelism a rank's flat state is the replicated parameters' (every one but the split experts'),
-whose ranges tile that part alone, and apart from it its own experts' parameters and AdamW moments, which it
-writes as `expert_master`, `expert_m`, `expert_v`, the shard's entry (and its metadata) naming the global
-experts [lo, hi) it holds; the manifest's `expert` is the degree, and of the ranks holding the same experts
-(the expert-data-parallel group) only the lowest writes them. Consolidating interleaves the two back into the
-dense order by the parameters' names (experts.py), so a run resumes at any expert degree, or none.
+Under expert parallelism a rank's state is two flat buffers, neither one run of the model's: its replicated
+parameters' (every one of its stages but the split experts'; ZeRO owns a part) and its split experts'. Each
+maps by the parameters' names onto runs of its tensor-parallel coordinate's flat state (expert_share.py,
+experts.py); a shard's entry lists its runs (`ranges`, its `range` null) and the global experts it holds
+(`experts`), the manifest's `expert` is the degree, and of the ranks holding the same runs only the lowest
+writes them. Consolidating puts every run in place, so a run resumes at any expert degree, or none, beside any
+tensor, pipeline or data-parallel degree, each rank gathering its parameters back by name.
 
 Loading consolidates the shards into full, unpadded fp32 master/m/v of the dense model — the same arrays
 whatever world size, stage or tensor degree saved them (reshard.py joins the tensor-parallel shards) — and
