@@ -82,8 +82,13 @@ NO_AUX = "model.aux_loss_coef=0.0"
     (_layout(4, 2, NO_AUX, "parallel.pipeline=2", "train.micro_batches=2"),       # EP 2 x PP 2 -> EP 4
      _layout(4, 4, "parallel.pipeline=1")),
     (_layout(4, 4, NO_AUX), _layout(4, 2, "parallel.pipeline=2", "train.micro_batches=2")),  # EP 4 -> x PP 2
+    (_layout(4, 2, NO_AUX, "parallel.context=2"), _layout(1, 1, "parallel.context=1")),  # EP 2 x CP 2 -> one
+    (_layout(4, 2, NO_AUX, "parallel.pipeline=2", "train.micro_batches=2", "parallel.chunks=2",  # interleaved
+             'parallel.schedule="interleaved"', "model.n_layer=4"),
+     _layout(4, 1, "parallel.pipeline=1", "parallel.chunks=1", 'parallel.schedule="1f1b"')),
 ], ids=["ep2-ep1", "ep1-ep4", "ep4-ep2", "ep2-one", "ep2-dp2", "dp2ep2-dp4zero1", "ep2zero1-ep1zero2",
-        "ep4zero1-ep2zero2", "ep2tp2-one", "ep4-ep2tp2", "ep2pp2-ep4", "ep4-ep2pp2"])
+        "ep4zero1-ep2zero2", "ep2tp2-one", "ep4-ep2tp2", "ep2pp2-ep4", "ep4-ep2pp2", "ep2cp2-one",
+        "ep2pp2interleaved-ep1"])
 def test_resume_at_another_expert_degree(tmp_path, saved, other):
     original, events = train(tmp_path / "a", *FP64, *saved, "train.steps=8", "checkpoint.every=4")
     same = assert_resumes_in(original["run_dir"], other, events)
