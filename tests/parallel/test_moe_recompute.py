@@ -2,7 +2,7 @@
 load-balancing loss again, and under expert parallelism its dispatch and combine all-to-alls. Gradients are
 bitwise those of training without checkpointing (float64, 4 thread ranks, EP 1 and EP 2; top-1 and top-2,
 a capacity, dropout, two micro-batches, every block or every other); the all-to-alls' bytes grow by the
-recomputed forwards' exactly; a recompute adds no routing figures to the step's ExpertLoad events."""
+recomputed forwards' exactly; a recompute adds no routing figures to the step's ExpertLoad events; beside TP, PP and CP too."""
 
 from __future__ import annotations
 
@@ -96,3 +96,19 @@ def test_the_recompute_issues_the_all_to_alls_again():
             assert b["bytes"][key] == a["bytes"][key] * times > 0, key
         assert {k: v for k, v in a["bytes"].items() if k not in moved} == {
             k: v for k, v in b["bytes"].items() if k not in moved}
+
+
+@pytest.mark.parametrize("beside", [dict(tensor=2), dict(pipeline=2), dict(context=2)],
+                         ids=["tp2", "pp2", "cp2"])
+def test_beside_tensor_pipeline_and_context_parallelism(beside):
+    """EP 2 on 4 ranks beside TP 2, PP 2 (1F1B, two micro-batches; a stage carries its terms on its output)
+    or CP 2: with every block recomputed, the gradients are those without checkpointing, bitwise."""
+    runs = []
+    for spec in ("none", "blocks"):
+        cfg = moe_config(2, spec, micro_batches=2 if "pipeline" in beside else 1)
+        cfg["parallel"].update(beside)
+        runs.append(_train(cfg))
+    for a, b in zip(*runs):
+        for sa, sb in zip(a["steps"], b["steps"]):
+            assert (sa["loss"], sa["norm"]) == (sb["loss"], sb["norm"])
+            assert sa["grads"] == sb["grads"]  # bitwise, every parameter this rank holds
