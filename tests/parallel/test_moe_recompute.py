@@ -2,7 +2,8 @@
 load-balancing loss again, and under expert parallelism its dispatch and combine all-to-alls. Gradients are
 bitwise those of training without checkpointing (float64, 4 thread ranks, EP 1 and EP 2; top-1 and top-2,
 a capacity, dropout, two micro-batches, every block or every other); the all-to-alls' bytes grow by the
-recomputed forwards' exactly; a recompute adds no routing figures to the step's ExpertLoad events; beside TP, PP and CP too."""
+recomputed forwards' exactly; a recompute adds no routing figures to the step's ExpertLoad events. EP 2
+beside TP 2, PP 2 and CP 2 too."""
 
 from __future__ import annotations
 
