@@ -27,8 +27,8 @@ def held_experts(replica) -> tuple[int, int] | None:
     flat = getattr(replica, "experts", None)
     if flat is None or not getattr(flat, "params", None):
         return None
-    held = [expert_of(str(p.name)) for p in flat.params]
-    return min(held), max(held) + 1  # type: ignore[type-var]
+    held = [e for p in flat.params if (e := expert_of(str(p.name))) is not None]
+    return min(held), max(held) + 1
 
 
 def _part(replica) -> tuple[int, int]:
