@@ -12,8 +12,8 @@ The values tried (a small set per setting; the search is the product):
                     context that divides the experts, for an MoE model)
     order           ORDERS, where the axes they reorder both have a degree above 1 (else the same ranks)
     zero            0-3
-    micro-batches   without a pipeline 1, 2, 4; with one p, 2p, 4p and one row each, where they divide a
-                    replica's rows
+    micro-batches   without a pipeline 1, 2, 4; with one the fewest at or above p, 2p and 4p that divide
+                    a replica's rows, and one row each; at most MAX_MICRO_BATCHES
     schedule        1f1b, gpipe, zb-h1, interleaved with 2 chunks (a pipeline's only)
     checkpointing   none, every block (a GPT's)
     bucket          BUCKETS_MB, where a replica's gradients make at most MAX_BUCKETS of them
@@ -39,6 +39,8 @@ ORDERS = (DEFAULT_ORDER, "tp-cp-ep-pp-dp")  # Megatron's; and pipeline stages in
 SCHEDULES = (("1f1b", 1), ("gpipe", 1), ("zb-h1", 1), ("interleaved", 2))
 CHECKPOINTING = ("none", "blocks")
 BUCKETS_MB = (25.0, 4.0, 100.0)  # the default first: ties go to it
+MAX_MICRO_BATCHES = 64  # a pipeline's schedule is replayed action by action: its cost grows with m, and past
+# 4p micro-batches the bubble shrinks little
 MAX_BUCKETS = 4096  # more buckets than this a step is not a layout anyone runs (and slow to replay)
 
 
@@ -141,9 +143,14 @@ def degree_splits(cfg: Config, ranks: int) -> Iterator[tuple[int, int, int, int,
 
 
 def micro_batch_choices(rows: int, pipeline: int) -> list[int]:
-    """Micro-batches per step for a replica of `rows` rows (see the module docstring)."""
-    wanted = [1, 2, 4] if pipeline == 1 else [pipeline, 2 * pipeline, 4 * pipeline, rows]
-    return sorted({m for m in wanted if 0 < m <= rows and rows % m == 0})
+    """Micro-batches per step for a replica of `rows` rows (see the module docstring): without a pipeline 1,
+    2 and 4 where they divide the rows; with one, the fewest that divide the rows at or above p, 2p and 4p
+    (a pipeline of p stages needs p in flight to fill), and one row each; at most MAX_MICRO_BATCHES."""
+    divisors = [m for m in range(1, rows + 1) if rows % m == 0]
+    if pipeline == 1:
+        return [m for m in (1, 2, 4) if m in divisors]
+    at_least = {next((m for m in divisors if m >= k * pipeline), rows) for k in (1, 2, 4)} | {rows}
+    return sorted(m for m in at_least if m <= MAX_MICRO_BATCHES) or [min(at_least)]
 
 
 def layouts(cfg: Config, ranks: int, replica_bytes: float) -> Iterator[Layout]:
