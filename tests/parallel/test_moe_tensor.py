@@ -85,3 +85,21 @@ def test_on_processes():
     cfg = moe_config(4, 1, 2, tensor=2, expert=2, parallel__sequence_parallel=True)
     ranks = run_ranks(4, "processes", train_rank, args=(cfg, STEPS), timeout_s=240)
     assert_trains_like(ranks, _one_device(4, 2, tensor=2))
+
+
+def _reports_rank(comm, emit, cfg_dict: dict) -> int:
+    from engine.config import from_dict
+    from engine.events import ExpertLoad
+    from engine.trainer import Trainer
+    trainer = Trainer(from_dict(cfg_dict), comm)
+    try:
+        figures = trainer._rank_figures(trainer.train_step())
+        return sum(isinstance(e, ExpertLoad) for e in figures)
+    finally:
+        trainer.replica.close()
+
+
+def test_a_tensor_group_reports_its_routing_once():
+    """TP 2 x DP 2 (rank = tp + 2·dp): the TP ranks route the same tokens, so only tp 0 reports them."""
+    cfg = moe_config(4, 1, 1, tensor=2, expert=2)
+    assert run_ranks(4, "threads", _reports_rank, args=(cfg,), timeout_s=60) == [1, 0, 1, 0]
