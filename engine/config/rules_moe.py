@@ -3,8 +3,9 @@ out of engine.config.rules, which registers them: MOE_RULES (one setting each) j
 moe_problem (across settings) runs in its combination_problem.
 
 Pure, like rules.py: a rule returns None or (problem, fix); moe_problem returns (key, problem, fix).
-What this release builds: MoE blocks in a GPT on data parallelism, experts split over parallel.expert
-ranks under ZeRO stages 0-2 in any precision. Each refusal below names what is missing.
+What this release builds: MoE blocks in a GPT on every layout of the mesh (data, tensor with or without
+sequence parallelism, pipeline, context), experts split over parallel.expert ranks under ZeRO stages 0-2 in
+any precision. Each refusal below names what is missing.
 """
 from __future__ import annotations
 
