@@ -1,6 +1,7 @@
 """Rank functions for the batched exchange tests (tests/comm/test_exchange.py): importable, JSON results, so
 the processes and mpi backends run them too. As a script, one rank of an mpiexec launch:
-``mpiexec -n 2 python tests/pp_comm_helpers.py`` prints rank 0's list of every rank's results as JSON.
+``mpiexec -n 2 python tests/pp_comm_helpers.py [group|posted]`` prints rank 0's list of every rank's results as
+JSON.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.comm import TrafficMeter, run_ranks  # noqa: E402
-from engine.comm.exchange import exchange  # noqa: E402
+from engine.comm.exchange import exchange, post, progress  # noqa: E402
 from engine.comm.group import Group  # noqa: E402
 
 BIG = 4 << 20  # float64 elements: 32 MiB, far more than a socket or a shared-memory segment buffers
@@ -45,6 +46,30 @@ def swap(comm, emit) -> dict:
     return {"rank": me, "wrong": wrong, "sent": sent}
 
 
+def posted_swap(comm, emit) -> dict:
+    """`swap` as two non-blocking batches (exchange.post) posted before either is waited for: the 32 MiB
+    messages, then three small ones to each peer, which queue behind them on each link. The second batch is
+    waited for first, which must move the first (a wait moves every batch posted); the first then completes.
+    Every rank posts both batches before it waits, so neither can complete one rank at a time."""
+    comm.meter = TrafficMeter(comm.rank)
+    me, peers = comm.rank, [r for r in range(comm.world_size) if r != comm.rank]
+    big_recvs = [(peer, np.empty(BIG)) for peer in peers]
+    small_recvs = [(peer, np.empty(5 + i, np.float32)) for peer in peers for i in (1, 2, 3)]
+    first = post(comm, [(peer, payload(me, peer, 0, BIG)) for peer in peers], big_recvs,
+                 ["pp-activation"] * len(peers))
+    second = post(comm, [(peer, payload(me, peer, i, 5 + i, np.float32)) for peer in peers for i in (1, 2, 3)],
+                  small_recvs, ["pp-gradient"] * 3 * len(peers))
+    progress(comm)
+    second.wait()
+    complete_before_its_wait = first.done()
+    first.wait()
+    wrong = [peer for peer, got in big_recvs if not np.array_equal(got, payload(peer, me, 0, BIG))]
+    wrong += [f"{peer}:{got.size}" for peer, got in small_recvs
+              if not np.array_equal(got, payload(peer, me, got.size - 5, got.size, np.float32))]
+    sent = {f"{row['dst']}:{row['phase']}": row["bytes"] for row in comm.meter.snapshot()}
+    return {"rank": me, "wrong": wrong, "sent": sent, "first_done": complete_before_its_wait}
+
+
 def one_call_at_a_time(comm, emit) -> None:
     """The same swap as blocking calls: each rank sends its 32 MiB, then receives. Both wait in their send
     for a receive the other never reaches (what `swap` shows exchange avoids)."""
@@ -71,7 +96,7 @@ def in_group(comm, emit) -> dict:
 
 if __name__ == "__main__":  # one rank of `mpiexec -n N python tests/pp_comm_helpers.py [group]`
     from mpi4py import MPI
-    fn = in_group if sys.argv[1:] == ["group"] else swap
+    fn = {"group": in_group, "posted": posted_swap}.get(sys.argv[1] if sys.argv[1:] else "", swap)
     results = run_ranks(MPI.COMM_WORLD.Get_size(), "mpi", fn, timeout_s=120)
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(json.dumps(results))

@@ -183,6 +183,26 @@ class Communicator(ABC):
         """Post every send and receive at once, return when all are done (engine.comm.exchange)."""
         raise NotImplementedError(f"{type(self).__name__} has no batched exchange")
 
+    # Non-blocking batches (engine.comm.exchange.post): `_post` starts a batch and returns a handle, `_test`
+    # says whether it is complete, `_complete` returns once it is, and `_progress` moves what it can of
+    # every posted batch without blocking. Batches between two ranks keep their order, as messages do, and
+    # completing one moves every batch posted (so two ranks never wait on each other's unmoved sends). One
+    # thread posts and completes a communicator's batches. This default is blocking: the batch is exchanged
+    # at once and the handle is already complete (the transports that can do better override all four).
+
+    def _post(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> object:
+        self._exchange(sends, recvs)
+        return None
+
+    def _test(self, handle: object) -> bool:
+        return True
+
+    def _complete(self, handle: object) -> None:
+        return None  # complete since its post
+
+    def _progress(self) -> None:
+        return None  # nothing is ever left to move
+
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self.world_size or peer == self.rank:
             raise ValueError(f"rank {self.rank}: invalid peer {peer} (world size {self.world_size})")

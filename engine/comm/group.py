@@ -67,6 +67,19 @@ class Group(Communicator):
     def _exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> None:
         self.parent._exchange([(self.ranks[d], a) for d, a in sends], [(self.ranks[s], o) for s, o in recvs])
 
+    def _post(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> object:
+        ranks = self.ranks
+        return self.parent._post([(ranks[d], a) for d, a in sends], [(ranks[s], o) for s, o in recvs])
+
+    def _test(self, handle: object) -> bool:
+        return self.parent._test(handle)
+
+    def _complete(self, handle: object) -> None:
+        self.parent._complete(handle)
+
+    def _progress(self) -> None:
+        self.parent._progress()
+
 
 class NodeGrid:
     """``comm``'s ranks as nodes × ranks_per_node (0 = one node); ``intra`` and ``inter`` are this rank's

@@ -68,6 +68,18 @@ class MpiCommunicator(Communicator):
         peer = recvs[0][0] if recvs else sends[0][0]
         self._wait(requests, peer, {i: out.nbytes for i, (_, out) in enumerate(recvs)})
 
+    def _post(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> object:
+        requests = [self._mpi.Irecv(_raw(out), src, DATA_TAG) for src, out in recvs]
+        requests += [self._mpi.Isend(_raw(arr), dst, DATA_TAG) for dst, arr in sends]
+        peer = recvs[0][0] if recvs else sends[0][0]
+        return requests, peer, {i: out.nbytes for i, (_, out) in enumerate(recvs)}
+
+    def _test(self, handle: object) -> bool:
+        return all(r.Get_status() for r in handle[0])  # type: ignore[index]  # frees none of them
+
+    def _complete(self, handle: object) -> None:
+        self._wait(*handle)  # type: ignore[misc]
+
     def native_all_reduce(self, buf: np.ndarray, op: str = "sum") -> None:
         if op not in ("sum", "avg", "max"):
             raise ValueError(f"unknown reduction {op!r}")

@@ -359,6 +359,59 @@ class _InOrder:
         return progressed
 
 
+class _Ticket:
+    """One message of a posted batch: done once its op is."""
+    done = False
+
+
+class _Chain:
+    """Messages posted (TcpCommunicator._post) over one link in one direction, over any number of batches:
+    one after another, as _InOrder, the next one started once the one before is queued (a send) or has fully
+    arrived (a receive); each message's ticket done when its own op is. Posted batches stay here between
+    calls, and every step moves all of them."""
+
+    def __init__(self, link: Link, start: Callable[[np.ndarray], _SendOp | _RecvOp]):
+        self.link, self._start = link, start
+        self.waiting: collections.deque[tuple[np.ndarray, _Ticket]] = collections.deque()  # not started
+        self.active: list[tuple[_SendOp | _RecvOp, _Ticket]] = []  # started, not done
+
+    def add(self, arr: np.ndarray) -> _Ticket:
+        ticket = _Ticket()
+        self.waiting.append((arr, ticket))
+        return ticket
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting and not self.active
+
+    @property
+    def wants_read(self) -> bool:
+        return any(op.wants_read for op, _ in self.active)
+
+    @property
+    def held_until(self) -> float:
+        return min((op.held_until for op, _ in self.active if op.held_until), default=0.0)
+
+    def step(self) -> bool:
+        progressed = False
+        for op, _ in self.active:
+            progressed |= op.step()
+        while self.waiting and (not self.active or _released(self.active[-1][0])):
+            arr, ticket = self.waiting.popleft()
+            op = self._start(arr)
+            self.active.append((op, ticket))
+            progressed |= op.step()
+        for op, ticket in self.active:
+            ticket.done = op.done
+        self.active = [(op, ticket) for op, ticket in self.active if not ticket.done]
+        return progressed
+
+
+def _released(op: _SendOp | _RecvOp) -> bool:
+    """Whether the next message over the same link and direction may start."""
+    return op.queued if isinstance(op, _SendOp) else op.finished
+
+
 class TcpCommunicator(Communicator):
     def __init__(self, rank: int, world_size: int, links: dict[int, Link], timeout_s: float = 30.0,
                  meter: TrafficMeter | None = None, signals: Signals | None = None,
@@ -373,6 +426,7 @@ class TcpCommunicator(Communicator):
         self._scratch = np.empty(SCRATCH_BYTES, np.uint8)
         self._closed = False
         self.board: Board | None = None  # the job's progress board, where its ranks share one
+        self._chains: dict[tuple[int, bool], _Chain] = {}  # (peer, sending) -> posted messages
 
     def _send(self, dst: int, arr: np.ndarray) -> None:
         self._run([_SendOp(self.links[dst], arr)])
@@ -402,7 +456,39 @@ class TcpCommunicator(Communicator):
             ops.append(_InOrder(link, len(arrays), start))
         self._run(ops)
 
-    def _run(self, ops: list) -> None:
+    def _post(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> object:
+        tickets = [self._chain(peer, True).add(arr) for peer, arr in sends]
+        tickets += [self._chain(peer, False).add(out) for peer, out in recvs]
+        self._progress()
+        return tickets
+
+    def _test(self, handle: object) -> bool:
+        self._progress()
+        return all(t.done for t in handle)  # type: ignore[attr-defined]
+
+    def _complete(self, handle: object) -> None:
+        """The event loop over every posted message until the batch's are done."""
+        if not all(t.done for t in handle):  # type: ignore[attr-defined]
+            self._run([c for c in self._chains.values() if not c.done],
+                      until=lambda: all(t.done for t in handle))  # type: ignore[attr-defined]
+
+    def _progress(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"rank {self.rank}: communicator already closed")
+        if any(chain.step() for chain in list(self._chains.values())) and self.board is not None:
+            self.board.beat(self.rank)
+
+    def _chain(self, peer: int, sending: bool) -> _Chain:
+        if (peer, sending) not in self._chains:
+            link = self.links[peer]
+
+            def start(arr: np.ndarray) -> _SendOp | _RecvOp:
+                return _SendOp(link, arr) if sending else _RecvOp(link, arr, None, self._scratch)
+            self._chains[peer, sending] = _Chain(link, start)
+        return self._chains[peer, sending]
+
+    def _run(self, ops: list, until: Callable[[], bool] | None = None) -> None:
+        """Step `ops` until all are done (or `until()` holds), sleeping in select while nothing moves."""
         if self._closed:
             raise RuntimeError(f"rank {self.rank}: communicator already closed")
         watch, board = Watch(self.board, self.timeout_s), self.board
@@ -414,7 +500,7 @@ class TcpCommunicator(Communicator):
                     progressed |= op.step()
                 if progressed and board is not None:
                     board.beat(self.rank)
-                if all(op.done for op in ops):
+                if until() if until is not None else all(op.done for op in ops):
                     return
                 held = [op.held_until for op in ops if op.held_until and not op.done]
                 if progressed or held:  # an emulated link holding bytes back is not a silent peer

@@ -88,6 +88,15 @@ class ThreadGroup:
             self.board.beat(dst)
             return mailbox.popleft()
 
+    def _try_take(self, src: int, dst: int) -> np.ndarray | None:
+        """The head of the (src, dst) mailbox if a message is there, else None (never waits)."""
+        with self._arrived[dst]:
+            mailbox = self._mailboxes[(src, dst)]
+            if not mailbox:
+                return None
+            self.board.beat(dst)
+            return mailbox.popleft()
+
     def _timeout(self, src: int, dst: int) -> PeerTimeout:
         """Blame the end of the chain dst -> src -> (whom src waits on) -> ...: the rank that is not
         waiting on anyone stopped communicating (in a cycle of waits, `src`)."""
@@ -110,6 +119,7 @@ class ThreadCommunicator(Communicator):
     def __init__(self, group: ThreadGroup, rank: int, meter: TrafficMeter | None = None):
         super().__init__(rank, group.world_size, group.timeout_s, meter, group.signals)
         self._group = group
+        self._posted: dict[int, collections.deque[list]] = {}  # src -> posted receives [out, done], in order
 
     def close(self) -> None:
         self._group._close(self.rank)
@@ -119,7 +129,9 @@ class ThreadCommunicator(Communicator):
         self._group._post(self.rank, dst, arr)
 
     def _recv(self, src: int, out: np.ndarray, reduce: Reduce | None) -> None:
-        message = self._group._take(src, self.rank)
+        self._deliver(src, self._group._take(src, self.rank), out, reduce)
+
+    def _deliver(self, src: int, message: np.ndarray, out: np.ndarray, reduce: Reduce | None) -> None:
         if message.dtype != out.dtype or message.size != out.size:
             raise ProtocolError(src, f"sent {message.dtype}[{message.size}] but rank {self.rank} "
                                      f"expected {out.dtype}[{out.size}]")
@@ -138,3 +150,35 @@ class ThreadCommunicator(Communicator):
             self._send(dst, arr)
         for src, out in recvs:
             self._recv(src, out, None)
+
+    def _post(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]]) -> object:
+        """The sends are copies in the mailboxes at once (complete); the receives wait in order per source."""
+        for dst, arr in sends:
+            self._send(dst, arr)
+        handle = []
+        for src, out in recvs:
+            entry = [src, out, False]
+            self._posted.setdefault(src, collections.deque()).append(entry)
+            handle.append(entry)
+        self._progress()
+        return handle
+
+    def _test(self, handle: object) -> bool:
+        self._progress()
+        return all(entry[2] for entry in handle)  # type: ignore[attr-defined]
+
+    def _complete(self, handle: object) -> None:
+        for entry in handle:  # type: ignore[attr-defined]
+            queue = self._posted[entry[0]]
+            while not entry[2]:  # the source's earlier receives first: its messages come in order
+                self._land(queue, self._group._take(entry[0], self.rank))
+
+    def _progress(self) -> None:
+        for src, queue in self._posted.items():
+            while queue and (message := self._group._try_take(src, self.rank)) is not None:
+                self._land(queue, message)
+
+    def _land(self, queue: collections.deque, message: np.ndarray) -> None:
+        src, out, _ = head = queue.popleft()
+        self._deliver(src, message, out, None)
+        head[2] = True

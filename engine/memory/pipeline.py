@@ -28,8 +28,9 @@ make, so its I runs nothing and it keeps everything, and the gradient it was see
 
 The executor (communication buffers). Each message is one b × s × h array of the compute dtype (s/t under
 sequence parallelism, which also sums the LayerNorm region's partial gradients after the backwards): a
-received activation from its receive until its F reads it, a stage's output until sent, a received
-gradient until its B reads it, an input gradient until sent.
+received activation from its receive (its batch's post) until its F reads it, a stage's output until its
+batch is waited for, a received gradient until its B reads it, an input gradient until its batch is waited
+for — the executor's waits (engine.parallel.pipeline.waits: at the latest one compute action after the post).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from engine.parallel.mesh import Mesh
 from engine.parallel.pipeline.ir import Op
 from engine.parallel.pipeline.schedules import build_schedule
 from engine.parallel.pipeline.split import balanced_counts
+from engine.parallel.pipeline.waits import wait_plan
 from engine.recompute import checkpointed_blocks
 
 SHARED = ("idx", "targets")  # views of the global batch: one array whatever the micro-batches in flight
@@ -151,6 +153,7 @@ class _StageBytes:
     during_w: int = 0
     recompute_shared: dict = field(default_factory=dict)
     rings: dict = field(default_factory=dict)  # under CP: each action's ring moments (memory.pipeline_rings)
+    head_input: int = 0  # last stage: the head's weight product's input, freed before its gradient lands
 
 
 def _weight_part(group: dict) -> dict:
@@ -211,7 +214,7 @@ def _stage_bytes(groups, first: int, n: int, embedding: bool, head: bool, ckpt: 
                            rings)
     weight = {**{k: v for w in weights for k, v in w.items()}, **head_weight}
     return _StageBytes(_size(kept), shared, _size(weight), {}, during_b, during_i,
-                       rings=rings)  # targets: freed by I
+                       rings=rings, head_input=top.get("ln_f out", 0))  # targets: freed by I
 
 
 def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: int, last: int) -> None:
@@ -236,26 +239,33 @@ def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: i
             mark(running)
             t.extra["comm_buffers"] -= buffers
 
-    i = 0
-    while i < len(actions):
-        a = actions[i]
-        i += 1
-        if not a.op.is_compute:  # a batch: every receive buffer allocated, then the sends complete
-            batch = [a]
-            while i < len(actions) and not actions[i].op.is_compute:
-                batch.append(actions[i])
-                i += 1
-            t.extra["comm_buffers"] += io * sum(b.op in (Op.RECV_ACT, Op.RECV_GRAD) for b in batch)
+    def messages(k: int, ops: tuple) -> int:  # batch k's bytes of these ops
+        return io * sum(actions[b].op in ops for b in plan.batches[k])
+
+    def post(batches) -> None:  # every receive buffer allocated; the sends held until the batch is waited for
+        for k in batches:
+            t.extra["comm_buffers"] += messages(k, (Op.RECV_ACT, Op.RECV_GRAD))
             mark()
-            t.extra["comm_buffers"] -= io * sum(b.op in (Op.SEND_ACT, Op.SEND_GRAD) for b in batch)
-            continue
+
+    def wait(batches) -> None:  # what they sent is freed; what they received is handed on (already counted)
+        for k in batches:
+            t.extra["comm_buffers"] -= messages(k, (Op.SEND_ACT, Op.SEND_GRAD))
+
+    plan = wait_plan(actions)
+    posted = waited = 0
+    for j, i in enumerate(plan.computes):
+        post(range(posted, plan.posted[j]))
+        posted = plan.posted[j]
+        wait(range(waited, plan.done[j]))
+        waited = plan.done[j]
+        a = actions[i]
         st, s = stages[a.stage], a.stage
         if a.op == Op.FORWARD:
             t.extra["comm_buffers"] -= io * (s > 0)  # the received input, read (the tape keeps it)
             ring(st, "F")
             forwarded[s] += 1
             mark()
-            t.extra["comm_buffers"] += io * (s < last)  # the output, until sent
+            t.extra["comm_buffers"] += io * (s < last)  # the output, until its batch is waited for
         elif a.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
             t.extra["comm_buffers"] -= io * (s < last)  # the received gradient, read
             forwarded[s] -= 1
@@ -268,13 +278,17 @@ def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: i
                 mark(st.during_i)
             ring(st, "B" if a.op == Op.BACKWARD else "I")
             weighted[s] += a.op == Op.BACKWARD_INPUT
-            t.extra["comm_buffers"] += io * (s > 0)  # the input gradient, until sent
-        else:  # W: the head's weight product first (the copy's gradient), then the rest
+            t.extra["comm_buffers"] += io * (s > 0)  # the input gradient, until its batch is waited for
+        else:  # W: the head's weight product first, its node freed, then the copy's gradient; then the rest
             weighted[s] -= 1
-            t.extra["gradients"] = copy if s == last else t.extra["gradients"]
             mark(st.weight, st.weight_shared)
+            if s == last and copy:
+                t.extra["gradients"] = copy
+                mark(st.weight - st.head_input, st.weight_shared)
             if st.during_w:
                 mark(st.during_w, st.recompute_shared)
             ring(st, "W")
         mark()
+    post(range(posted, len(plan.batches)))
+    wait(range(waited, len(plan.batches)))
     t.extra["gradients"] = 0  # summed into the first stage's wte and dropped

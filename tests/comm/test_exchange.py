@@ -1,7 +1,8 @@
 """The batched exchange (engine.comm.exchange) on every backend: ranks that each send 32 MiB to every other
 rank and receive theirs in one batch (one blocking send at a time deadlocks on TCP and shared memory: each
 send waits for a receive the peer has not posted), several messages to one peer kept in order, the bytes
-metered per phase, and a batch over a renumbered process group."""
+metered per phase, and a batch over a renumbered process group. Non-blocking (exchange.post): the same
+swap as two batches both posted before either is waited for, the later one waited for first."""
 
 from __future__ import annotations
 
@@ -44,6 +45,24 @@ def test_swap_on_processes(monkeypatch, shm):
     check_swap(run_ranks(2, "processes", helpers.swap, timeout_s=60))
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_posted_swap_on_threads(world):
+    results = run_ranks(world, "threads", helpers.posted_swap, timeout_s=60)
+    check_swap(results)
+    assert all(r["first_done"] for r in results)  # threads: sends are copies, every wait takes what came
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["shared-memory", "socket"])
+def test_posted_swap_on_processes(monkeypatch, shm):
+    """The first batch's 32 MiB exceed what a link buffers: they move only while a wait runs, and the wait
+    for the second batch (queued behind them on each link) is what moves them."""
+    monkeypatch.setenv("NANODIST_SHM", shm)
+    results = run_ranks(2, "processes", helpers.posted_swap, timeout_s=60)
+    check_swap(results)
+    assert all(r["first_done"] for r in results)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("shm", ["1", "0"], ids=["shared-memory", "socket"])
 def test_the_same_swap_one_blocking_call_at_a_time_deadlocks(monkeypatch, shm):
@@ -64,17 +83,17 @@ def test_exchange_over_a_renumbered_group(backend):
 
 @pytest.mark.slow
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not on PATH (pip install mpi4py mpich)")
-@pytest.mark.parametrize("mode", ["swap", "group"])
+@pytest.mark.parametrize("mode", ["swap", "group", "posted"])
 def test_exchange_under_mpiexec(mode):
     pytest.importorskip("mpi4py")
-    n = 2 if mode == "swap" else 4
+    n = 4 if mode == "group" else 2
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(TESTS), TESTS])}
     command = [MPIEXEC, "-n", str(n), sys.executable, os.path.join(TESTS, "pp_comm_helpers.py"),
-               *(["group"] if mode == "group" else [])]
+               *([mode] if mode != "swap" else [])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
-    if mode == "swap":
+    if mode != "group":
         check_swap(results)
     else:
         assert all(r["ok"] for r in results) and results[1]["links"] == [[1, 3, "odd", "p2p"]]

@@ -1,19 +1,38 @@
 """The executor: one pipeline rank's list of a Schedule, run for one step.
 
 It walks the rank's actions in order. A compute action calls the stage runner (interface.StageRunner); a
-maximal run of communication actions is one batch, handed to engine.comm.exchange at once (the IR's
-semantics: posted together, complete when every send met its receive), so two neighbours that send to each
-other in the same batch never deadlock. What it holds between actions, keyed by (stage, micro-batch):
+maximal run of communication actions is one batch, posted at once (the IR's semantics: posted together,
+complete when every send met its receive), so two neighbours that send to each other in the same batch never
+deadlock.
+
+Sends do not block the next compute action (as Megatron's asynchronous point-to-point): each batch is posted
+without waiting (engine.comm.exchange.post: on threads the sends are copies in the peer's mailbox at once; on
+processes and tcp a shared-memory slot or the socket takes a message of the preset's size at once; on mpi,
+Isend and Irecv), and the rank goes on computing while its receives land. It waits only where waits.py says:
+before a compute action that reads a received array, for the batch receiving it (a receive posted an action
+ahead lands meanwhile); before a compute action, for the batches posted before the one preceding it (a batch
+gets one compute action to complete in); at the step's end, for all. Each wait moves every batch posted on
+the way, and before each compute action what is posted moves as far as it can without waiting (a receive's
+slot handed back, the rest of a large send). Those waits are a subset of a blocking executor's (which waits
+for each batch before its next compute action), so no backend can deadlock here where the schedule, checked
+with the blocking semantics, does not. Everything stays on the rank's thread (no thread of its own: one that
+needs the interpreter's lock while the rank computes costs it milliseconds at each message on a busy
+machine). What it holds between actions, keyed by (stage, micro-batch):
 
   inputs       activations received for a stage's forward          dropped when the forward has read them
-  outputs      a stage's output waiting for its SEND_ACT            dropped once sent
+  outputs      a stage's output waiting for its SEND_ACT            posted with its batch
   grad_in      output gradients received for a stage's backward     dropped when the backward has read them
-  grad_out     a stage's input gradient waiting for its SEND_GRAD   dropped once sent
+  grad_out     a stage's input gradient waiting for its SEND_GRAD   posted with its batch
 
-Dropping a sent output is what makes 1F1B's memory bound real: nothing here keeps it (the runner keeps the
-tape, not the array). With one pipeline rank (p = 1) successive stages hand over on the spot. The rank's
-memory ledger counts every held array as a communication buffer: a received one from its allocation (the
-message lands in it), a sent one until its exchange has completed.
+and the batches posted and not yet waited for: the arrays they send, the buffers they receive into. A sent
+array is dropped when its batch is waited for, at most one compute action after its post (so GPipe's first
+stage does not keep all m outputs until its first backward): what makes 1F1B's memory bound real, nothing
+here keeps it (the runner keeps the tape, not the array). With one pipeline rank (p = 1) successive stages
+hand over on the spot. The rank's memory ledger counts every held array as a communication buffer: a
+received one from its allocation (at its batch's post: the message lands in it), a sent one until its batch
+is waited for, at points of the action list (waits.py), so the estimate (engine.memory.pipeline) replays them
+to the byte. The meter books each send under its phase (pp-activation, pp-gradient) when its batch is seen
+complete, with the seconds from its post.
 
 Hooks. `run(before={i: f})` calls f just before the rank's compute action i: the step arms the data-parallel
 reduce of a chunk's gradients there (final_reduce.py). The executor knows nothing of what a hook does.
@@ -22,24 +41,28 @@ Received arrays are allocated per message from `io(stage)`: the (shape, dtype) o
 also its input gradient's (b × s × h in the compute dtype; s/t under sequence parallelism).
 
 Timing. Every action's start and end are measured (time.perf_counter, seconds from the step's start) into
-`timeline`: rows [op, micro_batch, stage, start_s, end_s], the rows of a batch sharing its times — the
-format of events.PipelineTimeline. Emulation (`Emulation`): each compute action sleeps a fixed time
-instead of computing and sends zeros of the right shape, so an 8-stage schedule on 2 cores is timed as if
-every stage had a core of its own (sleeping burns none).
+`timeline`: rows [op, micro_batch, stage, start_s, end_s] — the format of events.PipelineTimeline. A compute
+action's row is its run; a communication action's is the time the rank was blocked on it: from when it
+began the wait that covered its batch to when it saw the batch complete (no time at all when the batch had
+completed before it was needed), so the rows of a batch share their times and only real waits show.
+Emulation (`Emulation`): each compute action sleeps a fixed time instead of computing and sends zeros of the
+right shape, so an 8-stage schedule on 2 cores is timed as if every stage had a core of its own (sleeping
+burns none).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from engine.comm.exchange import exchange
+from engine.comm.exchange import Posted, post, progress
 from engine.memory.ledger import rank_ledger
 from engine.parallel.pipeline.interface import StageRunner
 from engine.parallel.pipeline.ir import Action, Op, Schedule
+from engine.parallel.pipeline.waits import WaitPlan, wait_plan
 
 IO = Callable[[int], tuple[tuple[int, ...], np.dtype]]  # stage -> (shape, dtype) of its input
 Hooks = Mapping[int, Callable[[], None]]  # an index into a rank's actions -> what to call just before it
@@ -63,6 +86,16 @@ def uniform_io(shape: tuple[int, ...], dtype) -> IO:
     """Every stage boundary carries the same shape (a GPT's hidden state [b, s, h])."""
     spec = (tuple(shape), np.dtype(dtype))
     return lambda stage: spec
+
+
+@dataclass
+class _Posted:
+    """A batch posted and not yet waited for."""
+    batch: list[Action]
+    sends: list[tuple[int, np.ndarray]]  # (peer, array): held here until the batch is waited for
+    phases: list[str]  # the meter's phase of each send
+    landed: list[tuple[str, tuple[int, int], np.ndarray]]  # (kind, key, buffer) of each receive
+    handle: Posted | None = None
 
 
 @dataclass
@@ -97,26 +130,27 @@ class Executor:
         before = before or {}
         if any(not actions[i].op.is_compute for i in before):
             raise ValueError(f"pipeline rank {self.rank}: a hook before a communication action")
-        i = 0
-        while i < len(actions):
+        plan = wait_plan(actions)
+        self._posted: list[_Posted] = []  # batches posted and not yet waited for, in order
+        self._next_batch = self._waited = 0  # batches posted, and waited for, so far
+        self._t0, self._timeline, self._in_flight = t0, timeline, 0  # in flight: arrays in posted batches
+        for j, i in enumerate(plan.computes):
+            self._post(actions, plan, plan.posted[j])  # the batches before the first compute action
+            self._wait(plan.done[j])
+            if self._posted:  # what is posted moves on while this rank computes (a receive's ACK, a send)
+                progress(self.comm)
             if i in before:
                 before[i]()
             begin = time.perf_counter() - t0
-            if actions[i].op.is_compute:
-                loss = self._compute(actions[i])
-                if loss is not None:
-                    losses[actions[i].micro_batch] = loss
-                batch = [actions[i]]
-                i += 1
-            else:
-                j = i
-                while j < len(actions) and not actions[j].op.is_compute:
-                    j += 1
-                batch = list(actions[i:j])
-                self._communicate(batch)
-                i = j
+            loss = self._compute(actions[i])
+            if loss is not None:
+                losses[actions[i].micro_batch] = loss
             end = time.perf_counter() - t0
-            timeline += [[a.op.value, a.micro_batch, a.stage, begin, end] for a in batch]
+            a = actions[i]
+            timeline.append([a.op.value, a.micro_batch, a.stage, begin, end])
+            following = plan.posted[j + 1] if j + 1 < len(plan.computes) else len(plan.batches)
+            self._post(actions, plan, following)
+        self._wait(len(plan.batches))
         leftover = {k: sorted(v) for k, v in self._held.items() if v}
         if leftover:
             raise RuntimeError(f"pipeline rank {self.rank}: schedule {self.schedule.name!r} left arrays "
@@ -175,28 +209,54 @@ class Executor:
 
     # ---- communication ----------------------------------------------------------------------------------
 
-    def _communicate(self, batch: list[Action]) -> None:
-        sends, phases, recvs, landed = [], [], [], []
-        for a in batch:
-            key, peer = (a.stage, a.micro_batch), a.peer
-            if peer is None:
-                raise ValueError(f"pipeline rank {self.rank}: {a} names no peer")
-            if a.op in (Op.SEND_ACT, Op.SEND_GRAD):
-                sends.append((peer, self._pop("outputs" if a.op == Op.SEND_ACT else "grad_out", key)))
-            else:
-                shape, dtype = self.io(a.stage if a.op == Op.RECV_ACT else a.stage + 1)
-                out = np.empty(shape, dtype)
-                self.ledger.add("comm_buffers", out.nbytes)
-                recvs.append((peer, out))
-                landed.append(("inputs" if a.op == Op.RECV_ACT else "grad_in", key, out))
-            if a.op in PHASES:
-                phases.append(PHASES[a.op])
-        exchange(self.comm, sends, recvs, phases)
-        for _, sent in sends:
-            self.ledger.sub("comm_buffers", sent.nbytes)
-        del sends  # the sent outputs go here: nothing else refers to them
-        for kind, key, out in landed:
-            self._keep(kind, key, out, counted=True)
+    def _post(self, actions: Sequence[Action], plan: WaitPlan, until: int) -> None:
+        """Post batches up to (not including) `until`: receive buffers allocated (counted from here), the
+        arrays to send taken from what the executor holds (counted until their batch is waited for)."""
+        while self._next_batch < until:
+            batch = [actions[i] for i in plan.batches[self._next_batch]]
+            self._next_batch += 1
+            posted = _Posted(batch, [], [], [])
+            for a in batch:
+                key, peer = (a.stage, a.micro_batch), a.peer
+                if peer is None:
+                    raise ValueError(f"pipeline rank {self.rank}: {a} names no peer")
+                if a.op in (Op.SEND_ACT, Op.SEND_GRAD):
+                    kind = "outputs" if a.op == Op.SEND_ACT else "grad_out"
+                    posted.sends.append((peer, self._pop(kind, key)))
+                    posted.phases.append(PHASES[a.op])
+                else:
+                    shape, dtype = self.io(a.stage if a.op == Op.RECV_ACT else a.stage + 1)
+                    out = np.empty(shape, dtype)
+                    self.ledger.add("comm_buffers", out.nbytes)
+                    posted.landed.append(("inputs" if a.op == Op.RECV_ACT else "grad_in", key, out))
+            recvs = [(a.peer, out) for a, (_, _, out) in
+                     zip((a for a in batch if a.op in (Op.RECV_ACT, Op.RECV_GRAD)), posted.landed)]
+            posted.handle = post(self.comm, posted.sends, recvs, posted.phases)
+            self._posted.append(posted)
+            self._in_flight += len(batch)
+            self._note_peak()
+
+    def _wait(self, until: int) -> None:
+        """Wait until batches up to (not including) `until` are complete, then free what they sent and keep
+        what they received. Each of their actions gets a timeline row from when the rank began this wait to
+        when it saw its batch complete: the time it was blocked on it, none when the batch had completed
+        before it was needed."""
+        waiting, self._posted = self._posted[:until - self._waited], self._posted[until - self._waited:]
+        self._waited = max(self._waited, until)
+        begin = time.perf_counter()
+        for posted in waiting:
+            assert posted.handle is not None  # set by its post
+            blocked = not posted.handle.done()
+            posted.handle.wait()  # (moves every batch posted on the way)
+            seen = time.perf_counter() if blocked else begin
+            for a in posted.batch:
+                self._timeline.append([a.op.value, a.micro_batch, a.stage, begin - self._t0, seen - self._t0])
+            self._in_flight -= len(posted.batch)
+            for _, sent in posted.sends:
+                self.ledger.sub("comm_buffers", sent.nbytes)
+            for kind, key, out in posted.landed:
+                self._keep(kind, key, out, counted=True)
+            posted.sends.clear()  # the sent outputs go here: nothing else refers to them
 
     def _take(self, kind: str, key: tuple[int, int]) -> np.ndarray:
         array = self._pop(kind, key)
@@ -217,7 +277,10 @@ class Executor:
         held[key] = array
         if not counted:
             self.ledger.add("comm_buffers", array.nbytes)
-        self._peak = max(self._peak, sum(len(v) for v in self._held.values()))
+        self._note_peak()
+
+    def _note_peak(self) -> None:
+        self._peak = max(self._peak, self._in_flight + sum(len(v) for v in self._held.values()))
 
     def _zeros(self, stage: int) -> np.ndarray:
         shape, dtype = self.io(stage)
