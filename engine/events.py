@@ -128,8 +128,13 @@ class PipelineTimeline:
     """What one pipeline rank did in `step`, action by action, as its executor measured it
     (engine.parallel.pipeline.executor): each row is [op, micro_batch, stage, start_s, end_s] with times in
     seconds from the step's start on that rank; op is an engine.parallel.pipeline.ir.Op value: "F", "B",
-    "I", "W", or a communication action ("SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD"), whose rows share
-    the times of the batch they were posted in. Idle time between rows is the rank's bubble."""
+    "I", "W", or a communication action ("SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD"), whose rows span
+    the time the rank was blocked waiting for the batch they were posted in (none when it had completed
+    before it was needed). Idle time between rows is the rank's bubble. `clock_s` is the rank's step start
+    (its rows' zero) on the wall clock, seconds since the epoch: the ranks of a pipeline differ in it by
+    when each started the step, so a reader puts their rows on one clock by it (0: not known, a recording
+    made before it was reported; one host's ranks read the same clock, several hosts' as well as theirs
+    agree)."""
     kind: ClassVar[str] = "pipeline_timeline"
     step: int
     rank: int  # global rank
@@ -139,6 +144,7 @@ class PipelineTimeline:
     chunks: int
     actions: list  # [[op, micro_batch, stage, start_s, end_s], ...] in the order they ran
     emulated: bool = False  # compute actions slept a fixed time instead of computing
+    clock_s: float = 0.0  # the step's start (the rows' zero) on the wall clock; 0: not known
 
 
 @dataclass(frozen=True)

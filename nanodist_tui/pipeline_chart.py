@@ -4,8 +4,12 @@ of columns per pipeline rank across the step's wall-clock, each column saying wh
 the schedule's formula gives. Pure data (no Textual): the pane (widgets/pipeline_pane.py) colours it and
 the tests read it as text.
 
-Time runs from 0 (each rank's step start, as its executor measured it) to the step's makespan, the latest
-end of any action of any rank. Column c of w holds [c, c + 1) * makespan / w; an action from s to e takes
+Time runs on one clock for every rank: from 0, the earliest step start of the ranks drawn (each event's
+`clock_s`, its rows' zero on the wall clock, which the ranks share; every row shifted by its rank's start
+after the earliest), to the step's makespan, the latest end of any action of any rank. A recording made
+before the events carried their clock (clock_s 0) is drawn as it was: each rank from its own start.
+
+Column c of w holds [c, c + 1) * makespan / w; an action from s to e takes
 the columns from round(s / makespan * w) up to round(e / makespan * w), at least one for a compute action,
 so that a short one is not lost; a communication batch shorter than a column is not drawn.
 """
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.events import PipelineTimeline
 
@@ -52,6 +56,17 @@ def column(t: float, span: float, width: int) -> int:
     return math.floor(t / span * width + 0.5) if span > 0 else 0
 
 
+def on_one_clock(timelines: list[PipelineTimeline]) -> list[PipelineTimeline]:
+    """The same timelines with every rank's rows on the clock of the one that started the step first (the
+    module's docstring); unchanged when any of them does not know its clock."""
+    starts = [t.clock_s for t in timelines]
+    if not timelines or not all(starts):
+        return list(timelines)
+    first = min(starts)
+    return [replace(t, actions=[[op, mb, stage, float(a) + t.clock_s - first, float(b) + t.clock_s - first]
+                                for op, mb, stage, a, b in t.actions], clock_s=first) for t in timelines]
+
+
 def makespan(timelines: Iterable[PipelineTimeline]) -> float:
     return max((float(a[4]) for t in timelines for a in t.actions), default=0.0)
 
@@ -63,8 +78,8 @@ def busy_time(timeline: PipelineTimeline) -> float:
 
 
 def measured_bubble(timelines: list[PipelineTimeline]) -> float:
-    """A step's bubble: the time its ranks did not compute, over ranks x the step's makespan."""
-    span = makespan(timelines)
+    """A step's bubble: the time its ranks did not compute, over ranks x the step's makespan (one clock)."""
+    span = makespan(on_one_clock(timelines))
     return 1 - sum(busy_time(t) for t in timelines) / (len(timelines) * span) if span > 0 else 0.0
 
 
@@ -111,7 +126,7 @@ def rank_row(timeline: PipelineTimeline, span: float, width: int, ranks: int = 1
 def step_chart(timelines: list[PipelineTimeline], width: int, ranks: int) -> StepChart:
     """The chart of one step of a pipeline of `ranks` ranks, `width` columns wide; `timelines`: its ranks'
     events (one each, any order, at least one)."""
-    ordered = sorted(timelines, key=lambda t: t.stage_rank)
+    ordered = on_one_clock(sorted(timelines, key=lambda t: t.stage_rank))
     span = makespan(ordered)
     rows = [rank_row(t, span, width, ranks) for t in ordered]
     first = ordered[0]

@@ -141,3 +141,38 @@ def test_a_list_that_sends_what_it_has_not_computed_is_one_clear_failure():
     with pytest.raises(RankFailure, match=line):
         run_ranks(2, "threads", helpers.run_broken, timeout_s=10)
 
+
+def test_the_ranks_timelines_share_one_clock():
+    """Rank 1 starts its step 0.3 s after rank 0 (its first forward then finds its input waiting). On its own
+    clock that forward starts at once, before rank 0's forward (0.05 s, emulated) has ended: rows counted from
+    each rank's own start put an effect before its cause. Shifted by their step starts on the wall clock
+    (StepResult.clock_s, which the pane lines ranks up by), rank 1's forward starts after rank 0's has ended,
+    0.3 s later."""
+    import threading
+    import time
+
+    from engine.comm.threads import ThreadGroup
+    from engine.parallel.pipeline.executor import Emulation, Executor, uniform_io
+    group, results = ThreadGroup(2, timeout_s=10), {}
+
+    def rank(r: int) -> None:
+        if r == 1:
+            time.sleep(0.3)
+        executor = Executor(helpers.make_schedule("1f1b", 2, 2), r, group.communicator(r),
+                            uniform_io((3, 5), np.float64), emulation=Emulation(0.05, 0.05, 0.05))
+        results[r] = executor.run()
+
+    late = threading.Thread(target=rank, args=(1,))
+    late.start()
+    rank(0)
+    late.join()
+
+    def first_forward(r: int) -> tuple[float, float]:
+        start, end = next((row[3], row[4]) for row in results[r].timeline if row[0] == "F")
+        return start + results[r].clock_s, end + results[r].clock_s
+
+    own_start = next(row[3] for row in results[1].timeline if row[0] == "F")
+    assert own_start < 0.05  # counted from its own start: before rank 0's forward ended
+    assert results[1].clock_s - results[0].clock_s == pytest.approx(0.3, abs=0.1)
+    assert first_forward(1)[0] >= first_forward(0)[1]
+    assert first_forward(1)[0] - first_forward(0)[0] == pytest.approx(0.3, abs=0.1)

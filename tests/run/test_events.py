@@ -28,7 +28,7 @@ SAMPLES = [
     ev.MemorySnapshot(step=3, rank=1, phase="end", current={"params": 4}, peak={"params": 8}),
     ev.PipelineTimeline(step=3, rank=2, stage_rank=1, schedule="1f1b", micro_batches=2, chunks=1,
                         actions=[["RECV_ACT", 0, 1, 0.0, 0.01], ["F", 0, 1, 0.01, 0.05],
-                                 ["B", 0, 1, 0.05, 0.12]]),
+                                 ["B", 0, 1, 0.05, 0.12]], clock_s=1796380800.25),
     ev.PipelineTimeline(step=4, rank=0, stage_rank=0, schedule="zb-h1", micro_batches=1, chunks=1,
                         actions=[["F", 0, 0, 0.0, 0.5], ["I", 0, 0, 0.9, 1.4], ["W", 0, 0, 1.4, 1.9]],
                         emulated=True),

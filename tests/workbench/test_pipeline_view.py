@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,22 @@ def test_blocks_take_the_columns_of_their_times():
     assert chart.makespan_s == 1.0
     # idle compute time over ranks x makespan: (0.4 + 0.89) / 2
     assert chart.measured == pytest.approx(0.645)
+
+
+def test_ranks_that_started_the_step_apart_are_drawn_on_one_clock():
+    """Each rank's rows count from its own step start; `clock_s` (that start on the wall clock) puts them on
+    one: rank 1 started 0.5 s after rank 0, so its forward at 0-0.2 s of its own is drawn at 0.5-0.7 s, after
+    rank 0's, and the step's makespan runs from rank 0's start to rank 1's last end (1.0 s)."""
+    early = replace(timeline(0, [["F", 0, 0, 0.0, 0.2], ["B", 0, 0, 0.8, 1.0]]), clock_s=1000.0)
+    late = replace(timeline(1, [["RECV_ACT", 0, 1, 0.0, 0.0], ["F", 0, 1, 0.0, 0.2], ["B", 0, 1, 0.2, 0.3]]),
+                   clock_s=1000.5)
+    chart = step_chart([late, early], 10, 2)
+    assert [r.kinds for r in chart.rows] == ["FF      BB", "     FFB  "]
+    assert chart.makespan_s == pytest.approx(1.0)
+    assert chart.measured == pytest.approx(1 - 0.7 / 2)  # (0.4 + 0.3) busy over 2 ranks x 1.0 s
+    # a recording without the clock (0): each rank from its own start, as before
+    chart = step_chart([replace(late, clock_s=0.0), early], 10, 2)
+    assert chart.rows[1].kinds == "FFB       " and chart.makespan_s == pytest.approx(1.0)
 
 
 def test_gpipe_4_by_8_with_equal_times_measures_the_formulas_bubble():

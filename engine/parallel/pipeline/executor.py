@@ -44,7 +44,9 @@ Timing. Every action's start and end are measured (time.perf_counter, seconds fr
 `timeline`: rows [op, micro_batch, stage, start_s, end_s] — the format of events.PipelineTimeline. A compute
 action's row is its run; a communication action's is the time the rank was blocked on it: from when it
 began the wait that covered its batch to when it saw the batch complete (no time at all when the batch had
-completed before it was needed), so the rows of a batch share their times and only real waits show.
+completed before it was needed), so the rows of a batch share their times and only real waits show. The
+rows' zero is the rank's own step start; `clock_s` is that moment on the wall clock, which the ranks of a
+pipeline share (one host) or keep in step (several), so the workbench lines their rows up by it.
 Emulation (`Emulation`): each compute action sleeps a fixed time instead of computing and sends zeros of the
 right shape, so an 8-stage schedule on 2 cores is timed as if every stage had a core of its own (sleeping
 burns none).
@@ -103,6 +105,7 @@ class StepResult:
     losses: dict[int, float]  # micro-batch -> its loss (the last stage's rank; empty elsewhere)
     timeline: list[list]  # [op, micro_batch, stage, start_s, end_s] per action, in the order they ran
     peak_held: int  # most arrays the executor held at once (inputs, outputs, gradients)
+    clock_s: float = 0.0  # the step's start (the timeline's zero) on the wall clock (time.time())
 
 
 class Executor:
@@ -123,6 +126,7 @@ class Executor:
         """One step; `start` (perf_counter) is when the step began (default: now). `before[i]`, if given, is
         called just before the rank's compute action i (an index into its list) runs."""
         t0 = time.perf_counter() if start is None else start
+        clock = time.time() - (time.perf_counter() - t0)  # t0 on the clock every rank reads
         self._held: dict[str, dict[tuple[int, int], np.ndarray]] = {
             "inputs": {}, "outputs": {}, "grad_in": {}, "grad_out": {}}
         self._peak, losses, timeline = 0, {}, []
@@ -155,7 +159,7 @@ class Executor:
         if leftover:
             raise RuntimeError(f"pipeline rank {self.rank}: schedule {self.schedule.name!r} left arrays "
                                f"unused: {leftover}")
-        return StepResult(losses, timeline, self._peak)
+        return StepResult(losses, timeline, self._peak, clock)
 
     # ---- compute ----------------------------------------------------------------------------------------
 

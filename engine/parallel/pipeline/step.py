@@ -58,6 +58,7 @@ class PipelineStep:
         self.executor = Executor(self.schedule, self.me, group, io, self.runner, self.emulation)
         self._reduce_hooks = reduce_hooks(self.schedule, self.me, self.runner, replica)
         self.timeline: list[list] = []
+        self.clock_s = 0.0  # the last step's start on the wall clock
         self._tied_fresh = False  # the copies hold the first stage's current values (false after any update)
         # the replica holds no tied copy, so the ledger hears of it here (after the replica's holds)
         self.ledger, self._tied_grad_bytes = rank_ledger(), 0
@@ -87,7 +88,7 @@ class PipelineStep:
         self.runner.begin_step(micro, self.replica.loss_scale / self.m, step, first_rows)
         # the timeline's zero: after the tied copy, where the schedule starts
         result = self.executor.run(before=self._reduce_hooks)
-        self.timeline = result.timeline
+        self.timeline, self.clock_s = result.timeline, result.clock_s
         if self.emulation is None:  # emulated, no backward ran: there is no gradient to move
             self._sum_tied_grads()
         self.replica.reduce_accumulated()
@@ -158,7 +159,7 @@ class PipelineStep:
         s = self.schedule
         return [ev.PipelineTimeline(step=step, rank=self.rank, stage_rank=self.me, schedule=s.name,
                                     micro_batches=s.micro_batches, chunks=s.chunks, actions=self.timeline,
-                                    emulated=self.emulation is not None)]
+                                    emulated=self.emulation is not None, clock_s=self.clock_s)]
 
 
 def _grad(p) -> np.ndarray:
