@@ -18,6 +18,7 @@ CASES = [  # (schedule, p, m, dtype, world, overrides); CP 2 in all
     ("1f1b", 3, 3, "bf16", 6, {"model__dropout": 0.0}),
     ("1f1b", 2, 2, "fp64", 8, {"tensor": 2}),  # PP 2 x CP 2 x TP 2
     ("gpipe", 2, 3, "bf16", 8, {"tensor": 2, "parallel__sequence_parallel": True}),
+    ("zb-h1", 2, 2, "fp32", 8, {"tensor": 2, "parallel__sequence_parallel": True}),
     ("1f1b", 2, 4, "fp64", 8, {"parallel__zero_stage": 1}),  # DP 2 x PP 2 x CP 2
     ("1f1b", 2, 2, "fp64", 4, {"memory__checkpointing": "blocks"}),
     ("zb-h1", 2, 3, "fp64", 4, {"memory__checkpointing": "blocks"}),
