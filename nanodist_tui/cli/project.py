@@ -47,7 +47,8 @@ def project(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "this-machine"
             = None,
             validate: Annotated[bool, typer.Option("--validate", help="calibrate here, then predict and run "
                                                    "held-out configurations, and compare")] = False,
-            quick: Annotated[bool, typer.Option("--quick", help="--validate on 4 cases, not 20")] = False,
+            quick: Annotated[bool, typer.Option("--quick", help="--validate on 4 cases, not 20 (--layouts: "
+                                                "one layout of each dimension)")] = False,
             layouts: Annotated[bool, typer.Option("--layouts", help="--validate every parallel layout the "
                                                   "engine trains (DP, ZeRO, TP, SP, PP, CP, EP; --quick: "
                                                   "one of each)")] = False,
