@@ -7,7 +7,8 @@ flight (engine.memory.context.ContextSplit.ring_buffers: communication buffers),
 micro-batch keeps at that moment. These are the moments the walk marks inside an action, one per block:
 
     F  block j's ring     the stage's input's embedding (stage 0), blocks before j as kept, block j's
-                          input and ln_1's (before_attention)
+                          input and ln_1's (before_attention; nothing of a checkpointed block, whose
+                          forward runs without a tape and keeps its input once it ends)
     B  block j's ring     the blocks before j as kept, block j's attention part (its MLP's and c_proj's
                           arrays freed; a checkpointed block recomputed, then freed down to the same)
     I  block j's ring     as B, with the inputs of the weight products deferred so far: every later
@@ -48,7 +49,8 @@ def stage_rings(rings: tuple[int, int], first: int, emb: Group, full: list[Group
     for j, group in enumerate(full):
         k = first + j
         below = size(emb) + sum(size(r) for r in reduced[:j])
-        f.append((below + size(before_attention(reduced[j], k)), forward))
+        # a checkpointed block's forward keeps nothing (no tape) until it ends, its input included
+        f.append((below + (0 if k in ckpt else size(before_attention(group, k))), forward))
         at_attention = below + size(attention_part(group, k))
         b.append((at_attention, backward))
         w.append((at_attention + seed, backward))
