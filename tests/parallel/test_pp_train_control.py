@@ -24,12 +24,22 @@ def test_every_step_reports_each_ranks_timeline(tmp_path):
     assert sorted((e.step, e.rank) for e in timelines) == [(s, r) for s in (1, 2, 3) for r in range(4)]
     schedule = build_schedule("gpipe", 2, 2)
     for e in timelines:
-        want = schedule.actions[e.stage_rank]
-        assert [(row[0], row[1], row[2]) for row in e.actions] == [(a.op.value, a.micro_batch, a.stage)
-                                                                    for a in want]
+        want = [(a.op.value, a.micro_batch, a.stage) for a in schedule.actions[e.stage_rank]]
+        got = [(row[0], row[1], row[2]) for row in e.actions]
+        assert sorted(got) == sorted(want)  # every action once
+        computes = ("F", "B", "I", "W")
+        assert [g for g in got if g[0] in computes] == [w for w in want if w[0] in computes]  # in list order
         assert all(0 <= row[3] <= row[4] for row in e.actions)
-        # one action (or one batch of messages, sharing its times) at a time
+        # in the order they ran, one action (or one batch of messages, sharing its times) at a time; a batch
+        # is waited for after the compute action that posted it
         assert all(a[3:] == b[3:] or a[4] <= b[3] for a, b in zip(e.actions, e.actions[1:]))
+        for row in e.actions:
+            if row[0] not in computes:
+                posted_after = want.index(tuple(row[:3])) - 1
+                while want[posted_after][0] not in computes and posted_after >= 0:
+                    posted_after -= 1
+                if posted_after >= 0:
+                    assert got.index(want[posted_after]) < got.index(tuple(row[:3]))
 
 
 def test_an_overflow_on_one_stage_is_skipped_by_every_rank():

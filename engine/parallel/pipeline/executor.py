@@ -41,10 +41,12 @@ Received arrays are allocated per message from `io(stage)`: the (shape, dtype) o
 also its input gradient's (b × s × h in the compute dtype; s/t under sequence parallelism).
 
 Timing. Every action's start and end are measured (time.perf_counter, seconds from the step's start) into
-`timeline`: rows [op, micro_batch, stage, start_s, end_s] — the format of events.PipelineTimeline. A compute
-action's row is its run; a communication action's is the time the rank was blocked on it: from when it
-began the wait that covered its batch to when it saw the batch complete (no time at all when the batch had
-completed before it was needed), so the rows of a batch share their times and only real waits show. The
+`timeline`: rows [op, micro_batch, stage, start_s, end_s] in the order the rank ran them — the format of
+events.PipelineTimeline. A compute action's row is its run; a communication action's is the time the rank
+was blocked on it: from when it began waiting for its batch to when it saw the batch complete (no time at
+all when the batch had completed before it was needed), so the rows of a batch share their times, only
+real waits show, and no two rows of different batches or actions overlap. Compute rows come in list order;
+a batch's rows where it was waited for (after the compute action that posted it, before the one it feeds). The
 rows' zero is the rank's own step start; `clock_s` is that moment on the wall clock, which the ranks of a
 pipeline share (one host) or keep in step (several), so the workbench lines their rows up by it.
 Emulation (`Emulation`): each compute action sleeps a fixed time instead of computing and sends zeros of the
@@ -241,15 +243,15 @@ class Executor:
             self._note_peak()
 
     def _wait(self, until: int) -> None:
-        """Wait until batches up to (not including) `until` are complete, then free what they sent and keep
-        what they received. Each of their actions gets a timeline row from when the rank began this wait to
-        when it saw its batch complete: the time it was blocked on it, none when the batch had completed
-        before it was needed."""
+        """Wait until batches up to (not including) `until` are complete, one after another, then free what
+        they sent and keep what they received. Each of their actions gets a timeline row from when the rank
+        began waiting for its batch to when it saw the batch complete: the time it was blocked on it, none
+        when the batch had completed before it was needed."""
         waiting, self._posted = self._posted[:until - self._waited], self._posted[until - self._waited:]
         self._waited = max(self._waited, until)
-        begin = time.perf_counter()
         for posted in waiting:
             assert posted.handle is not None  # set by its post
+            begin = time.perf_counter()
             blocked = not posted.handle.done()
             posted.handle.wait()  # (moves every batch posted on the way)
             seen = time.perf_counter() if blocked else begin
