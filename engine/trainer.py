@@ -144,8 +144,8 @@ class Trainer:
         if self.pipeline is None:
             loss_sum = self._accumulate(batch)
         else:
-            with ledger.in_phase("forward"):  # the schedule interleaves forwards and backwards
-                loss_sum = self.pipeline.forward_backward(batch, self.step)
+            # the schedule interleaves forwards and backwards: the executor books each action in its phase
+            loss_sum = self.pipeline.forward_backward(batch, self.step)
         with ledger.in_phase("backward"):
             self.replica.finish_backward()
         self.layer_collectives = self.layout.collectives_per_layer(n_micro)

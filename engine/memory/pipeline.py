@@ -15,8 +15,9 @@ action list (engine.parallel.pipeline.schedules), walking rank r's actions: each
 each B frees them, and the peak of the rank's total is taken (interleaved stages differ in size). That walk
 gives the published bounds: GPipe m, 1F1B min(p - r, m), interleaved Megatron's warm-up; ZB-H1 1F1B's from
 F to I, and more until W (below). With activation checkpointing a recomputed block keeps its input only,
-and its B recomputes it in full, one block at a time. The trainer runs the whole schedule in the ledger's
-forward phase.
+and its B recomputes it in full, one block at a time. Phases, as the executor books them: each F in
+"forward", each B, I and W in "backward" (a phase's peak is the highest of the moments of its actions, from
+what each starts with), the data-parallel reduce's end in "backward" and the update in "optimizer".
 
 Zero bubble. I frees what only the input gradient needs; until W a stage keeps the inputs of its weight
 products (engine.backward_split: a node whose weight product waits keeps its saves): per block ln_1's and
@@ -218,8 +219,9 @@ def _stage_bytes(groups, first: int, n: int, embedding: bool, head: bool, ckpt: 
 
 
 def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: int, last: int) -> None:
-    """Rank's actions in order, as the executor runs them (the trainer counts the whole schedule in its
-    forward phase): activations in flight, the executor's buffers, the tied copy's gradient."""
+    """Rank's actions in order, as the executor runs them, each in its phase (a forward's "forward", a B, I
+    or W's "backward", from its start, with the waits before it and the batches posted after it):
+    activations in flight, the executor's buffers, the tied copy's gradient."""
     forwarded = dict.fromkeys(stages, 0)  # micro-batches between F and B (or I)
     weighted = dict.fromkeys(stages, 0)  # between I and W
 
@@ -231,7 +233,7 @@ def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: i
             shared.update(st.weight_shared if weighted[i] else {})
         t.held = {"in flight": running + sum(shared.values()) + sum(
             forwarded[i] * st.forward + weighted[i] * st.weight for i, st in stages.items())}
-        t.mark("forward")
+        t.mark(phase)
 
     def ring(st: _StageBytes, op: str) -> None:  # inside the action: each block's ring (CP), its buffers
         for running, buffers in st.rings.get(op, ()):
@@ -253,12 +255,15 @@ def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: i
 
     plan = wait_plan(actions)
     posted = waited = 0
+    phase = "forward"
     for j, i in enumerate(plan.computes):
-        post(range(posted, plan.posted[j]))
+        a = actions[i]
+        phase = "forward" if a.op == Op.FORWARD else "backward"  # the executor's: the action's
+        mark()  # what the phase starts with
+        post(range(posted, plan.posted[j]))  # (only before the first action: the others are posted below)
         posted = plan.posted[j]
         wait(range(waited, plan.done[j]))
         waited = plan.done[j]
-        a = actions[i]
         st, s = stages[a.stage], a.stage
         if a.op == Op.FORWARD:
             t.extra["comm_buffers"] -= io * (s > 0)  # the received input, read (the tape keeps it)
@@ -289,6 +294,10 @@ def _walk(t: Timeline, actions, stages: dict[int, _StageBytes], io: int, copy: i
                 mark(st.during_w, st.recompute_shared)
             ring(st, "W")
         mark()
-    post(range(posted, len(plan.batches)))
+        following = plan.posted[j + 1] if j + 1 < len(plan.computes) else len(plan.batches)
+        post(range(posted, following))  # the batches after the action, in its phase
+        posted = following
     wait(range(waited, len(plan.batches)))
+    phase = "backward"
+    mark()  # the step's gradient work begins (pipeline.step): the tied copy's gradient still held
     t.extra["gradients"] = 0  # summed into the first stage's wte and dropped

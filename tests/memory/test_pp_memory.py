@@ -1,7 +1,8 @@
 """Under pipeline parallelism the estimator predicts every rank's ledger to the byte, per pipeline rank: its
 stages' model states (the last stage's tied copy of wte included), and per phase each category's own
 maximum and the total at the peak — activations in flight as the schedule's action list has them, the
-executor's buffers, the tied copy's gradient — for every schedule, p in {2, 3, 4} and m in {1, p-1, p, 2p},
+executor's buffers, the tied copy's gradient — each pipeline action booked in its own phase (F under forward;
+B, I and W under backward), for every schedule, p in {2, 3, 4} and m in {1, p-1, p, 2p},
 in float64 and fp32; with data, tensor (and sequence) parallelism and ZeRO-1 beside it, checkpointing and
 16-bit training. And, from the ledger alone: 1F1B's peak of activations per stage is the same for every
 m >= p, GPipe's grows with m."""
@@ -54,9 +55,30 @@ def test_estimate_equals_the_ledger_beside_data_tensor_checkpointing_and_16_bit(
 
 
 def _activation_peaks(name: str, p: int, m: int) -> list[int]:
-    """Per pipeline rank, the ledger's highest activations of the step (the schedule runs in 'forward')."""
+    """Per pipeline rank, the ledger's highest activations of the schedule (its forwards' and backwards')."""
     results = measured(pp_memory_config(p, m, name, model__n_layer=p))  # one block per stage
-    return [r["maxima"]["forward"]["activations"] for r in results]
+    return [max(r["maxima"][phase]["activations"] for phase in ("forward", "backward")) for r in results]
+
+
+@pytest.mark.parametrize("name, m", [("gpipe", 4), ("zb-h1", 1)])
+def test_forwards_are_booked_under_forward_and_backwards_under_backward(name, m):
+    """The ledger books each pipeline action in its own phase (F: forward; B, I, W: backward), and the
+    estimate predicts each phase to the byte (the grid above). Told apart here by what only the backwards
+    do: the last stage's copy of the tied embedding gets its gradient in its first B (GPipe), or its first W
+    (ZB-H1; its I writes no weight gradient), and keeps it to the step's end; no forward of these lists
+    comes after that, so the copy is in backward's gradients and never in forward's. The first stage has no
+    copy: the same gradients in both."""
+    p = 2
+    cfg = pp_memory_config(p, m, name)  # float64, vocabulary 13, width 16: the copy is 13 x 16 x 8 bytes
+    predicted = estimate_of_rank(cfg)
+    for r in measured(cfg):
+        at_rest, maxima, peaks = r["at_rest"]["gradients"], r["maxima"], r["peaks"]
+        assert maxima["forward"]["gradients"] == at_rest
+        copy = 13 * 16 * 8 if r["rank"] == p - 1 else 0
+        assert maxima["backward"]["gradients"] == at_rest + copy
+        assert maxima["forward"]["activations"] > 0 and maxima["backward"]["activations"] > 0
+        assert {phase: sum(peaks[phase].values()) for phase in ("forward", "backward")} == {
+            phase: sum(predicted[r["rank"]].by_phase[phase].values()) for phase in ("forward", "backward")}
 
 
 def test_1f1b_in_flight_activations_do_not_grow_with_m_and_gpipes_do():

@@ -31,8 +31,10 @@ here keeps it (the runner keeps the tape, not the array). With one pipeline rank
 hand over on the spot. The rank's memory ledger counts every held array as a communication buffer: a
 received one from its allocation (at its batch's post: the message lands in it), a sent one until its batch
 is waited for, at points of the action list (waits.py), so the estimate (engine.memory.pipeline) replays them
-to the byte. The meter books each send under its phase (pp-activation, pp-gradient) when its batch is seen
-complete, with the seconds from its post.
+to the byte. The ledger's phase is the action's: a forward's under "forward", a B, I or W under "backward",
+each with the waits before it and the batches posted after it (the step's end under the last action's).
+The meter books each send under its phase (pp-activation, pp-gradient) when its batch is seen complete, with
+the seconds from its post.
 
 Hooks. `run(before={i: f})` calls f just before the rank's compute action i: the step arms the data-parallel
 reduce of a chunk's gradients there (final_reduce.py). The executor knows nothing of what a hook does.
@@ -141,22 +143,25 @@ class Executor:
         self._next_batch = self._waited = 0  # batches posted, and waited for, so far
         self._t0, self._timeline, self._in_flight = t0, timeline, 0  # in flight: arrays in posted batches
         for j, i in enumerate(plan.computes):
-            self._post(actions, plan, plan.posted[j])  # the batches before the first compute action
-            self._wait(plan.done[j])
-            if self._posted:  # what is posted moves on while this rank computes (a receive's ACK, a send)
-                progress(self.comm)
-            if i in before:
-                before[i]()
-            begin = time.perf_counter() - t0
-            loss = self._compute(actions[i])
-            if loss is not None:
-                losses[actions[i].micro_batch] = loss
-            end = time.perf_counter() - t0
             a = actions[i]
-            timeline.append([a.op.value, a.micro_batch, a.stage, begin, end])
-            following = plan.posted[j + 1] if j + 1 < len(plan.computes) else len(plan.batches)
-            self._post(actions, plan, following)
-        self._wait(len(plan.batches))
+            # the ledger books the action, the waits before it and the batches posted after it in its phase
+            with self.ledger.in_phase("forward" if a.op == Op.FORWARD else "backward"):
+                self._post(actions, plan, plan.posted[j])  # the batches before the first compute action
+                self._wait(plan.done[j])
+                if self._posted:  # what is posted moves on while this rank computes (a receive's ACK, a send)
+                    progress(self.comm)
+                if i in before:
+                    before[i]()
+                begin = time.perf_counter() - t0
+                loss = self._compute(a)
+                if loss is not None:
+                    losses[a.micro_batch] = loss
+                end = time.perf_counter() - t0
+                timeline.append([a.op.value, a.micro_batch, a.stage, begin, end])
+                following = plan.posted[j + 1] if j + 1 < len(plan.computes) else len(plan.batches)
+                self._post(actions, plan, following)
+                if j + 1 == len(plan.computes):
+                    self._wait(len(plan.batches))
         leftover = {k: sorted(v) for k, v in self._held.items() if v}
         if leftover:
             raise RuntimeError(f"pipeline rank {self.rank}: schedule {self.schedule.name!r} left arrays "

@@ -89,9 +89,10 @@ class PipelineStep:
         # the timeline's zero: after the tied copy, where the schedule starts
         result = self.executor.run(before=self._reduce_hooks)
         self.timeline, self.clock_s = result.timeline, result.clock_s
-        if self.emulation is None:  # emulated, no backward ran: there is no gradient to move
-            self._sum_tied_grads()
-        self.replica.reduce_accumulated()
+        with self.ledger.in_phase("backward"):  # what follows the backwards: the gradients' work
+            if self.emulation is None:  # emulated, no backward ran: there is no gradient to move
+                self._sum_tied_grads()
+            self.replica.reduce_accumulated()
         return self._weighted(sum(result.losses[j] for j in range(self.m)) if self.holds_last else 0.0)
 
     def _weighted(self, loss: float) -> float:
