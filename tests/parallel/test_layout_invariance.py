@@ -1,15 +1,16 @@
 """Every layout of 8 ranks the engine trains trains the same model as one device: torchtitan's loss comparison
 across parallelisms, made exact. A float64 GPT (4 blocks, 4 heads, width 32, context 16, tied embeddings,
-dropout on) on the threads backend, 5 clipped AdamW steps on the same global batch in the same two micro-
-batches: every step's loss and gradient norm and every parameter after the steps (the whole model, read back
-from the ranks that hold it) within 1e-10 of one device's, on every rank.
+dropout on) on the threads backend, 5 clipped AdamW steps on the same global batch in the same two
+micro-batches: every step's loss and gradient norm and every parameter after the steps (the whole model,
+read back from the ranks that hold it) within 1e-10 of one device's, on every rank.
 
 Layouts: data parallelism alone and under ZeRO 1-3; tensor parallelism beside it (with ZeRO-1, with sequence
 parallelism); pipeline parallelism, 1F1B and interleaved, beside data and tensor parallelism; context
 parallelism beside data, tensor and pipeline parallelism; a mixture of experts split over 2, 4 and 8 expert
-ranks, alone, under ZeRO-1 and ZeRO-2, and beside tensor, pipeline and context parallelism, up to all five
-axes at once; one mesh laid out in another axis order. Layouts the config rules still refuse are listed in
-REFUSED, each with the key of its one-line refusal: when its axis lands, it moves to LAYOUTS.
+ranks, alone, under ZeRO-1 and ZeRO-2, and beside tensor (with sequence parallelism too), pipeline and
+context parallelism, up to all five axes at once; one mesh laid out in another axis order. Layouts the
+config rules still refuse are listed in REFUSED, each with the key of its one-line refusal: when its axis
+lands, it moves to LAYOUTS.
 """
 
 from __future__ import annotations
@@ -50,13 +51,13 @@ LAYOUTS = [
     Layout(WORLD, context=2, expert=4, moe=True),      # MoE: DP 4 x CP 2, EP 4 (carved out of DP x CP)
     Layout(WORLD, tensor=2, pipeline=2, expert=2, zero=1, moe=True),
     Layout(WORLD, tensor=2, context=2, expert=2, zero=2, moe=True),
-    Layout(WORLD, tensor=2, context=2, pipeline=2, expert=2, moe=True),  # all five axes: PP x CP x TP, EP 2
+    Layout(WORLD, tensor=4, expert=2, zero=2, sp=True, moe=True),   # MoE beside sequence parallelism
+    Layout(WORLD, tensor=2, context=2, pipeline=2, expert=2, sp=True, moe=True),  # all five axes, and SP
 ]
 
 # Layouts the config rules refuse in this release: (layout, the key its one line names)
 REFUSED = [
     (Layout(WORLD, expert=4, zero=3, moe=True), "parallel.zero_stage"),         # EP with ZeRO-3
-    (Layout(WORLD, tensor=2, expert=4, sp=True, moe=True), "parallel.sequence_parallel"),  # MoE beside SP
 ]
 
 
