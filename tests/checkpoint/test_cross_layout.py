@@ -3,12 +3,13 @@
 to context x tensor with sequence parallelism, interleaved pipeline to context under ZeRO-2, 8 ranks of data
 x context x tensor to a 4-stage pipeline, pipeline x context to ZeRO-3; a mixture of experts from expert
 degree 2 to 4, from EP 4 under ZeRO-1 to EP 2 under ZeRO-2 on half the ranks, from one device to EP 4, from
-TP x EP to PP x EP, from PP x CP x EP to PP x TP. For each pair (float64, dropout on, tiny recorded runs on
-thread ranks): loading in the new layout and saving at once gives back the saved master weights and AdamW
-moments bit for bit, and training on takes the losses, weights and moments of a run trained in the new
-layout from the start, within 1e-10. `export` from every source layout writes the parameters one device's
-run exports; a change no layout can make (a tensor degree that does not divide the heads, more stages than
-blocks) is one line and exit 2 from `nanodist-tui resume`.
+TP x EP to PP x EP, from PP x CP x EP to PP x TP, from TP x EP with sequence parallelism to CP x EP. For
+each pair (float64, dropout on, tiny recorded runs on thread ranks): loading in the new layout and saving at
+once gives back the saved master weights and AdamW moments bit for bit, and training on takes the losses,
+weights and moments of a run trained in the new layout from the start, within 1e-10. `export` from every
+source layout writes the parameters one device's run exports; a change no layout can make (a tensor degree
+that does not divide the heads, more stages than blocks, an expert degree that does not divide the experts)
+is one line and exit 2 from `nanodist-tui resume`.
 """
 from __future__ import annotations
 
@@ -41,9 +42,10 @@ PAIRS = [  # (saved in, resumed in)
     (Layout(4, expert=4, zero=1, moe=True), Layout(2, expert=2, zero=2, moe=True)),  # EP 4 ZeRO-1 -> 2 ranks
     (Layout(1, moe=True), Layout(4, expert=4, zero=2, moe=True)),        # one device's experts -> EP 4
     (Layout(4, pipeline=2, context=2, zero=1), Layout(4, zero=3)),       # PP x CP -> ZeRO-3
-    # MoE: TP x EP -> PP x EP ZeRO-1; PP x CP x EP -> PP x TP
+    # MoE: TP x EP -> PP x EP ZeRO-1; PP x CP x EP -> PP x TP; TP (SP) x EP -> CP x EP
     (Layout(4, tensor=2, expert=2, moe=True), Layout(4, pipeline=2, expert=2, zero=1, moe=True)),
     (Layout(4, pipeline=2, context=2, expert=2, moe=True), Layout(4, tensor=2, pipeline=2, moe=True)),
+    (Layout(4, tensor=2, expert=2, sp=True, moe=True), Layout(4, context=2, expert=4, moe=True)),
 ]
 SOURCES = [saved for saved in dict.fromkeys(saved for saved, _ in PAIRS) if saved.world > 1]
 
