@@ -1,7 +1,7 @@
 """Rank functions for the batched exchange tests (tests/comm/test_exchange.py): importable, JSON results, so
 the processes and mpi backends run them too. As a script, one rank of an mpiexec launch:
-``mpiexec -n 2 python tests/pp_comm_helpers.py [group|posted]`` prints rank 0's list of every rank's results as
-JSON.
+``mpiexec -n 2 python tests/pp_comm_helpers.py [group|posted]`` prints rank 0's list of every rank's
+results as JSON.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def posted_swap(comm, emit) -> dict:
     small_recvs = [(peer, np.empty(5 + i, np.float32)) for peer in peers for i in (1, 2, 3)]
     first = post(comm, [(peer, payload(me, peer, 0, BIG)) for peer in peers], big_recvs,
                  ["pp-activation"] * len(peers))
-    second = post(comm, [(peer, payload(me, peer, i, 5 + i, np.float32)) for peer in peers for i in (1, 2, 3)],
-                  small_recvs, ["pp-gradient"] * 3 * len(peers))
+    smalls = [(peer, payload(me, peer, i, 5 + i, np.float32)) for peer in peers for i in (1, 2, 3)]
+    second = post(comm, smalls, small_recvs, ["pp-gradient"] * len(smalls))
     progress(comm)
     second.wait()
     complete_before_its_wait = first.done()

@@ -133,7 +133,8 @@ class Executor:
         clock = time.time() - (time.perf_counter() - t0)  # t0 on the clock every rank reads
         self._held: dict[str, dict[tuple[int, int], np.ndarray]] = {
             "inputs": {}, "outputs": {}, "grad_in": {}, "grad_out": {}}
-        self._peak, losses, timeline = 0, {}, []
+        self._peak, losses = 0, {}
+        timeline: list[list] = []
         actions = self.schedule.actions[self.rank]
         before = before or {}
         if any(not actions[i].op.is_compute for i in before):
@@ -227,6 +228,7 @@ class Executor:
             batch = [actions[i] for i in plan.batches[self._next_batch]]
             self._next_batch += 1
             posted = _Posted(batch, [], [], [])
+            recvs: list[tuple[int, np.ndarray]] = []
             for a in batch:
                 key, peer = (a.stage, a.micro_batch), a.peer
                 if peer is None:
@@ -240,8 +242,7 @@ class Executor:
                     out = np.empty(shape, dtype)
                     self.ledger.add("comm_buffers", out.nbytes)
                     posted.landed.append(("inputs" if a.op == Op.RECV_ACT else "grad_in", key, out))
-            recvs = [(a.peer, out) for a, (_, _, out) in
-                     zip((a for a in batch if a.op in (Op.RECV_ACT, Op.RECV_GRAD)), posted.landed)]
+                    recvs.append((peer, out))
             posted.handle = post(self.comm, posted.sends, recvs, posted.phases)
             self._posted.append(posted)
             self._in_flight += len(batch)

@@ -58,8 +58,11 @@ def wait_plan(actions: Sequence[Action]) -> WaitPlan:
             run.append(i)
     if run:
         batches.append(tuple(run))
-    received = {(a.op, a.stage, a.micro_batch): k for k, batch in enumerate(batches) for a in
-                (actions[i] for i in batch) if a.op in (Op.RECV_ACT, Op.RECV_GRAD)}
+    received: dict[tuple[Op | None, int, int], int] = {}  # (receive op, stage, micro-batch) -> its batch
+    for k, batch in enumerate(batches):
+        for a in (actions[i] for i in batch):
+            if a.op in (Op.RECV_ACT, Op.RECV_GRAD):
+                received[a.op, a.stage, a.micro_batch] = k
     done, count = [], 0
     for j, i in enumerate(computes):
         a = actions[i]
