@@ -134,5 +134,5 @@ def test_a_large_model_is_searched_to_the_end():
     cfg = load_preset("presets/published/megatron-146b.toml")[0]
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, global_batch=512))
     r = plan(cfg, load_cluster("selene-a100"), 256, top=3, budget_s=300)
-    assert r["ranked"] and r["counts"].get("not evaluated", 0) == 0
+    assert r["ranked"] and not any("ran out" in c.why for c in r["rest"])
     assert all(c.peak_bytes <= 80e9 for c in r["ranked"])
