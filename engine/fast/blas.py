@@ -53,6 +53,10 @@ _LAYER_IDS = {"GNU": 3, "TBB": 4}  # mkl_service.h's MKL_THREADING_GNU, MKL_THRE
 _LAYERS = (("TBB", "libtbb.so.12"), ("GNU", "libgomp.so.1"))
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS's enum values
 _INT_MAX = 2**31 - 1  # libmkl_rt's default interface has 32-bit integers (LP64)
+# Products of at least SPLIT_MACS multiply-adds are cut into blocks for the rank's polling workers
+# (engine.fast.spin_pool), blocks of at least SPLIT_MIN rows (or columns).
+SPLIT_MACS = 1 << 21
+SPLIT_MIN = 16
 
 
 class _Mkl:
@@ -68,12 +72,15 @@ class _Mkl:
         self.set_local.restype, self.set_local.argtypes = ctypes.c_int, [ctypes.c_int]
         ptr, i = ctypes.c_void_p, ctypes.c_int
         self.gemm = {}
+        # for compiled callers (engine.fast.spin_jit): MKL_Set_Num_Threads_Local's, and ?gemm's by dtype
+        self.address: dict[object, int | None] = {"set_local": ctypes.cast(self.set_local, ptr).value}
         for dtype, name, scalar in ((np.float32, "cblas_sgemm", ctypes.c_float),
                                     (np.float64, "cblas_dgemm", ctypes.c_double)):
             fn = getattr(lib, name)
             fn.restype = None
             fn.argtypes = [i, i, i, i, i, i, scalar, ptr, i, ptr, i, scalar, ptr, i]
             self.gemm[np.dtype(dtype)] = fn
+            self.address[np.dtype(dtype)] = ctypes.cast(fn, ptr).value
         version = ctypes.create_string_buffer(256)
         lib.MKL_Get_Version_String(version, len(version))
         text = version.value.decode(errors="replace")
@@ -106,9 +113,62 @@ def _mkl_product(mkl: _Mkl, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     if la is None or lb is None or max(la[1], lb[1]) > _INT_MAX:
         return None
     out = np.empty((m, n), a.dtype)
-    mkl.gemm[a.dtype](_ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1],
-                      0.0, out.ctypes.data, n)
+    if m * n * k < SPLIT_MACS or not _split_product(mkl, a, b, la, lb, out):
+        mkl.gemm[a.dtype](_ROW_MAJOR, la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1],
+                          0.0, out.ctypes.data, n)
     return out
+
+
+_mine = threading.local()  # .words: the calling thread's own block of a split product
+
+
+def _split_product(mkl: _Mkl, a: np.ndarray, b: np.ndarray, la: tuple[int, int], lb: tuple[int, int],
+                   out: np.ndarray) -> bool:
+    """out = a @ b in blocks of rows (of columns when there are too few rows), one single-threaded MKL call
+    each: the caller's and one per free polling worker (engine.fast.spin_pool), the workers' started from
+    their compiled loops. False (nothing done) without free workers (none, all busy or calm)."""
+    workers = thread_pool.spin_workers()
+    if not workers:
+        return False
+    held = [w for w in workers if not w.calm() and w.owner.acquire(blocking=False)]
+    parts = len(held) + 1
+    (m, k), n = a.shape, b.shape[1]
+    by_rows = m >= parts * SPLIT_MIN
+    if not held or (not by_rows and n < parts * SPLIT_MIN):
+        for w in held:
+            w.owner.release()
+        return False
+    jit, item = held[0].jit, a.itemsize
+    words = getattr(_mine, "words", None)
+    if words is None:
+        words = _mine.words = np.zeros(jit.JOB_WORDS, np.int64)
+    head = (jit.GEMM32 if a.dtype == np.float32 else jit.GEMM64, mkl.address[a.dtype], la[0], lb[0])
+    bounds = [(m if by_rows else n) * i // parts for i in range(parts + 1)]
+
+    def block(into: np.ndarray, lo: int, hi: int) -> None:
+        if by_rows:
+            step_a = la[1] if la[0] == _NO_TRANS else 1
+            shape = (hi - lo, n, k, a.ctypes.data + lo * step_a * item, la[1], b.ctypes.data, lb[1],
+                     out.ctypes.data + lo * n * item)
+        else:
+            step_b = 1 if lb[0] == _NO_TRANS else lb[1]
+            shape = (m, hi - lo, k, a.ctypes.data, la[1], b.ctypes.data + lo * step_b * item, lb[1],
+                     out.ctypes.data + lo * item)
+        into[:14] = (*head, *shape, n, mkl.address["set_local"])
+    posted = []
+    for w, lo, hi in zip(held, bounds[1:-1], bounds[2:]):
+        block(w.job, lo, hi)
+        posted.append(w.post())
+    block(words, bounds[0], bounds[1])
+    try:
+        jit.run_job(words)
+    finally:
+        for w, seq in zip(held, posted):
+            try:
+                w.finish_gemm(seq)
+            finally:
+                w.owner.release()
+    return True
 
 
 def _library_paths() -> list[str]:
