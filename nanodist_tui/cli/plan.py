@@ -47,7 +47,8 @@ def plan(preset: PresetOpt = "gpt-mini", cluster: ClusterOpt = "h100-ndr", sets:
              "--validate", help="run the planner's choices here, scaled down, and check its first choice "
              "against the measured best")] = False,
          steps: Annotated[int, typer.Option(min=2, help="--validate: timed steps per run")] = 6,
-         repeats: Annotated[int, typer.Option(min=1, help="--validate: rounds over the runs (medians)")] = 2,
+         repeats: Annotated[int, typer.Option(min=1, help="--validate: rounds over the runs (each compared "
+                                              "with the first choice round by round)")] = 2,
          as_json: JsonOpt = False) -> None:
     """Search the layouts of N ranks (degrees, axis order, ZeRO, micro-batches, schedule, checkpointing,
     buckets): the best ones predicted, and why the rest lose."""
