@@ -24,7 +24,9 @@ in `repeats` rounds over every case, forward and backward in turn (round_order);
 medians over rounds. Model-state memory is
 compared byte for byte with the ledger.
 
-Summary: mean absolute percentage error of the step time, its maximum, the bias (mean signed error), the
+Summary: mean absolute percentage error of the step time (a case's error: its median prediction against
+its median run; and paired, the median over rounds of each round's prediction against that round's run),
+its maximum, the bias (mean signed error), the
 largest communication-share difference in percentage points, whether memory matched, and whether the
 ranking of the cases is preserved: Kendall's tau over all pairs, and "preserved" when every pair that the
 measurements tell apart is ordered the same way by the prediction. Two cases are told apart when their
@@ -295,6 +297,9 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -> dict:
     """The validation report: per case and overall (MAPE, max, bias, comm share, memory, ranking)."""
     errors = [o.error for o in outcomes]
+    # each round's prediction against the run it was calibrated for, minutes apart: under a load that
+    # swings between rounds, the median of these is steadier than the medians' ratio
+    paired = [statistics.median(r["predicted_s"] / r["step_s"] - 1 for r in o.runs) for o in outcomes]
     measured = [o.measured_s for o in outcomes]
     predicted = [o.predicted_s for o in outcomes]
     spread = [(max(r["step_s"] for r in o.runs) - min(r["step_s"] for r in o.runs)) / 2 for o in outcomes]
@@ -305,7 +310,7 @@ def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -
                   if (measured[i] - measured[j]) * (predicted[i] - predicted[j]) <= 0]
     return {
         "cases": [{"label": o.label, "predicted_s": o.predicted_s, "measured_s": o.measured_s,
-                   "error": o.error, "predicted_comm_share": o.predicted_share,
+                   "error": o.error, "paired_error": e, "predicted_comm_share": o.predicted_share,
                    "measured_comm_share": o.measured_share, "memory_exact": o.memory_exact,
                    # of the predicted share, the wait for slower ranks sharing the host (calibrated)
                    "predicted_imbalance_share": statistics.median(r["predicted_imbalance_share"]
@@ -318,10 +323,12 @@ def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -
                    "predicted_activations": o.runs[0].get("predicted_activations"),
                    "measured_activations": [r.get("measured_activations") for r in o.runs],
                    "activations_error": max((r.get("activations_error", 0.0) for r in o.runs), key=abs)}
-                  for o in outcomes],
+                  for o, e in zip(outcomes, paired)],
         "mape": statistics.mean(abs(e) for e in errors),
         "max_error": max(abs(e) for e in errors),
         "bias": statistics.mean(errors),
+        "paired_mape": statistics.mean(abs(e) for e in paired),
+        "paired_max_error": max(abs(e) for e in paired),
         "comm_share_points": max(abs(o.predicted_share - o.measured_share) for o in outcomes) * 100,
         "memory_exact": all(o.memory_exact for o in outcomes),
         "activations_max_error": max(abs(r.get("activations_error", 0.0)) for o in outcomes for r in o.runs),

@@ -276,9 +276,11 @@ def print_validation(r: dict, preset: str) -> None:
     ranking = "preserved" if r["ranking_preserved"] else "NOT preserved: " + "; ".join(
         f"{a} vs {b}" for a, b in r["discordant"])
     memory = "exact" if r["memory_exact"] else "DIFFERS"
-    print(f"step time: MAPE {r['mape']:.1%}, max {r['max_error']:.1%}, bias {r['bias']:+.1%}; comm share "
-          f"within {r['comm_share_points']:.1f} points; model-state memory {memory}, activations within "
-          f"{r.get('activations_max_error', 0.0):.1%}; ranking {ranking} "
+    paired = (f" (paired by round: MAPE {r['paired_mape']:.1%}, max {r['paired_max_error']:.1%})"
+              if "paired_mape" in r else "")
+    print(f"step time: MAPE {r['mape']:.1%}, max {r['max_error']:.1%}, bias {r['bias']:+.1%}{paired}; "
+          f"comm share within {r['comm_share_points']:.1f} points; model-state memory {memory}, "
+          f"activations within {r.get('activations_max_error', 0.0):.1%}; ranking {ranking} "
           f"over the {r['pairs_told_apart']} pairs the measurements tell apart (Kendall tau over all pairs "
           f"{r['kendall_tau']:.2f})")
 
