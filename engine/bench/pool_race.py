@@ -1,7 +1,6 @@
-"""Our training step with the rank's workers polling between shares (engine.fast.spin_pool), polling for the
-products' blocks only (the kernels' shares on the ThreadPoolExecutor's workers), and sleeping between them
-(the executor's, products on MKL's own threads), and PyTorch's two twins, taking turns in
-blocks of steps in one process: the pool's effect on a step as ratios taken under the same machine load.
+"""Our training step with the rank's workers polling between shares (engine.fast.spin_pool) and sleeping
+between them (the ThreadPoolExecutor's, products on MKL's own threads), and PyTorch's two twins, taking
+turns in blocks of steps in one process: the pool's effect on a step as ratios taken under the same load.
 
     python -m engine.bench.pool_race [preset] [steps] [threads] [--set key=value ...]
 
@@ -21,23 +20,22 @@ from engine.config import Config, replace
 from engine.fast import blas, thread_pool
 
 KEEP = 5  # timed steps per block, after SETTLE untimed ones
-POLLING, PRODUCTS, SLEEPING = "ours polling", "ours poll gemm", "ours sleeping"
-# (thread_pool.SPIN, thread_pool.SPIN_PYTHON) of each of our contestants
-POOLS = {POLLING: (True, True), PRODUCTS: (True, False), SLEEPING: (False, False)}
+POLLING, SLEEPING = "ours polling", "ours sleeping"
+POOLS = {POLLING: True, SLEEPING: False}  # thread_pool.SPIN of each of our contestants
 
 
 @contextlib.contextmanager
 def _workers(name: str):
     """The rank's pool rebuilt as contestant `name` has it (POOLS) inside the block."""
-    n, before = thread_pool.threads(), (thread_pool.SPIN, thread_pool.SPIN_PYTHON)
+    n, before = thread_pool.threads(), thread_pool.SPIN
     thread_pool.set_threads(1)
-    thread_pool.SPIN, thread_pool.SPIN_PYTHON = POOLS[name]
+    thread_pool.SPIN = POOLS[name]
     thread_pool.set_threads(n)
     try:
         yield
     finally:
         thread_pool.set_threads(1)
-        thread_pool.SPIN, thread_pool.SPIN_PYTHON = before
+        thread_pool.SPIN = before
         thread_pool.set_threads(n)
 
 
@@ -86,7 +84,7 @@ def race(cfg: Config, steps: int = 15, warmup: int = 2, threads: int = 2) -> dic
     return {"median_s": med, "backend": blas.backend(), "threads": threads, "steps": len(times["torch"]),
             "ratios": {f"{o} / {p}": med[o] / med[p]
                        for o in POOLS for p in ("torch", "torch sdpa")},
-            **{f"{o} / {SLEEPING}": med[o] / med[SLEEPING] for o in (POLLING, PRODUCTS)}}
+            f"{POLLING} / {SLEEPING}": med[POLLING] / med[SLEEPING]}
 
 
 def main(argv: list[str]) -> None:
@@ -102,8 +100,7 @@ def main(argv: list[str]) -> None:
         print(f"  {name:16s} {s * 1e3:8.1f} ms")
     for name, v in r["ratios"].items():
         print(f"  {name:28s} {v:.3f}")
-    for o in (POLLING, PRODUCTS):
-        print(f"  {o} / {SLEEPING:14s} {r[f'{o} / {SLEEPING}']:.3f}")
+    print(f"  {POLLING} / {SLEEPING}   {r[f'{POLLING} / {SLEEPING}']:.3f}")
 
 
 if __name__ == "__main__":

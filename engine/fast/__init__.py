@@ -14,6 +14,8 @@ float32 rounding (layer norm's compiled rows), and the tests hold them to it.
     optim_jit.py    AdamW's update in one pass; the gradient norm's sum of squares in vector lanes
     blas.py         matrix products on MKL (the optional `mkl` extra) through ctypes, else np.matmul
     thread_pool.py  work split into blocks and shared among the rank's threads
+    spin_pool.py    its polling workers (NANODIST_SPIN=1): no wake-up per share; products split in row blocks
+    spin_jit.py     their compiled loops: polling with the GIL released, MKL's gemm called from there
     heap.py         the C allocator's settings for a process that trains
     blas_idle.py    OpenBLAS's idle threads sleep instead of spinning (set before NumPy loads)
 

@@ -246,8 +246,11 @@ def _size_for_this_thread(mkl: _Mkl) -> None:
     """MKL's threads for the calling thread = the rank's thread count (engine.fast.thread_pool, set with the
     BLAS limits by engine.comm.cores). Thread ranks share one process, and a limit that threadpoolctl sets
     on MKL is the setting thread's own (MKL_Set_Num_Threads_Local), not the rank threads': each thread sets
-    its own before its first product, and again when the rank's count changes."""
-    n = thread_pool.threads()
+    its own before its first product, and again when the rank's count changes. With polling workers
+    (engine.fast.spin_pool) MKL runs on this thread alone: the products large enough to share are split
+    among the workers, and MKL's own (TBB) workers, woken by the small ones, would spin on the cores the
+    polling workers hold."""
+    n = 1 if thread_pool.spin_workers() else thread_pool.threads()
     if getattr(_sized, "n", None) != n:
         mkl.set_local(n)
         _sized.n = n
@@ -265,6 +268,16 @@ def gemm(a: np.ndarray, b: np.ndarray, out_dtype=None) -> np.ndarray:
     if out_dtype is not None and out.dtype != np.dtype(out_dtype):
         out = out.astype(out_dtype)
     return out
+
+
+def _products_split() -> bool:
+    """Whether products will run on MKL, and so be split among polling workers, without loading MKL (it
+    loads with the first product: "PyTorch in the same process")."""
+    off = os.environ.get(DISABLE_VAR, "").strip().lower() in ("0", "off", "false", "no")
+    return _MKL is not None if _loaded else not off and bool(_library_paths())
+
+
+thread_pool.products_split = _products_split
 
 
 def backend() -> str:

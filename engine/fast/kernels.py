@@ -39,6 +39,11 @@ _GELU_K = 0.044715
 # the hand-off to a second thread (a wake-up inside a step, where the other core may be busy) costs more
 # than half the loop's time saves.
 SHARE_GRAIN = 1 << 18
+# GELU's elements per thread at least before it is shared. Measured on the 2-core Xeon (docs/benchmarks.md,
+# 2026-12-04 afternoon): GELU on 2 threads took 4-15% longer than on one at 1 Mi and 3 Mi elements (forward
+# and backward, polling or sleeping workers, the same with one block per thread), where the products and
+# attention's tiles run ~2x and ~1.5x faster on two: GELU's passes are bound by what the cores share.
+GELU_SHARE_GRAIN = 1 << 62
 _U16 = np.uint16
 
 
@@ -85,7 +90,8 @@ def gelu(x: np.ndarray) -> np.ndarray:
     if way == "numpy":
         thread_pool.run(lambda lo, hi: _gelu_numpy(src[lo:hi], out[lo:hi]), src.size)
     else:
-        _shared(lambda lo, hi: _gelu_compiled(jit, way, bf16, src[lo:hi], out[lo:hi]), src.size, SHARE_GRAIN)
+        _shared(lambda lo, hi: _gelu_compiled(jit, way, bf16, src[lo:hi], out[lo:hi]), src.size,
+                GELU_SHARE_GRAIN)
     return out.reshape(x.shape)
 
 
@@ -137,7 +143,7 @@ def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
         thread_pool.run(lambda lo, hi: _gelu_grad_numpy(src[lo:hi], grad[lo:hi], out[lo:hi]), src.size)
     else:
         _shared(lambda lo, hi: _gelu_grad_compiled(jit, way, bf16, src[lo:hi], grad[lo:hi], out[lo:hi]),
-                src.size, SHARE_GRAIN)
+                src.size, GELU_SHARE_GRAIN)
     return out.reshape(x.shape)
 
 

@@ -145,12 +145,17 @@ def run_job(job):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def serve(ctl, job, seen, polls, gap):  # pragma: no cover - compiled
-    """The worker's loop: wait for ctl[POSTED] to pass `seen`, at most `polls` polls since the last job; take
-    the job unless the caller took it back, run a product itself and mark it done, and wait again. Returns
-    (answer, the last job seen): RUN_PYTHON for a Python job it took (the worker's Python runs it and marks it
-    done), STOPPED, TIMED_OUT, or PREEMPTED when two polls were more than `gap` time-stamp cycles apart (the
-    OS gave the core to other work meanwhile: polling then only takes cores from others)."""
+def serve(ctl, job, seen, polls, gap, done):  # pragma: no cover - compiled
+    """The worker's loop: mark the Python job `done` done (0: none), wait for ctl[POSTED] to pass `seen`, at
+    most `polls` polls since the last job; take the job unless the caller took it back, run a product itself
+    and mark it done, and wait again. Returns (answer, the last job seen): RUN_PYTHON for a Python job it
+    took (the worker's Python runs it, the next call marks it done), STOPPED, TIMED_OUT, or PREEMPTED when two
+    polls were more than `gap` time-stamp cycles apart (the OS gave the core to other work meanwhile: polling
+    then only takes cores from others). Marking a Python job done here, not in a call of its own, saves the
+    worker taking the GIL back after that call: the rank's thread holds it between ops, and a thread that
+    waits for it sleeps (a wake-up per share)."""
+    if done:
+        _store(ctl, DONE, done)
     left = polls
     last = _cycles()
     while left > 0:
@@ -188,11 +193,6 @@ def post(ctl, seq):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def mark_done(ctl, seq):  # pragma: no cover - compiled
-    _store(ctl, DONE, seq)
-
-
-@njit(nogil=True, cache=True)
 def take_back(ctl, seq):  # pragma: no cover - compiled
     """The caller takes job seq back if no worker started it: whether it did (then the caller runs it)."""
     return _claim(ctl, CLAIMED, seq - 1, seq)
@@ -223,4 +223,4 @@ def finish_gemm(ctl, job, seq, polls):  # pragma: no cover - compiled
 @njit(nogil=True, cache=True)
 def idle_polls(ctl, polls):  # pragma: no cover - compiled
     """`polls` of serve's polls of a ctl nobody posts to (to time one)."""
-    return serve(ctl, ctl[:JOB_WORDS], ctl[POSTED], polls, 1 << 62)[0]
+    return serve(ctl, ctl[:JOB_WORDS], ctl[POSTED], polls, 1 << 62, 0)[0]

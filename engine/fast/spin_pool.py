@@ -31,8 +31,8 @@ SPIN_S = 2e-3  # a worker polls this long after its last share before it sleeps
 # not poll for CALM_S after: on a machine with more work than cores, polling takes cores from work that needs
 # them (measured at load 12: steps ~2x slower polling than sleeping). Meanwhile it serves as a sleeping pool's
 # worker (woken by each post) and products are not split for it (Worker.calm).
-PREEMPTED_S = 100e-6
-CALM_S = 0.5
+PREEMPTED_S = 1e-3
+CALM_S = 0.02
 _POLL_TRIALS = 1 << 16  # polls timed to size SPIN_S in polls
 
 
@@ -74,16 +74,17 @@ class Worker:
 
     def _loop(self) -> None:
         jit, ctl = self.jit, self.ctl
-        seen = 0
+        seen = done = 0
         while True:
             calm = time.perf_counter() < self.calm_until
-            answer, seen = jit.serve(ctl, self.job, seen, 1 if calm else self.polls, self.gap)
+            answer, seen = jit.serve(ctl, self.job, seen, 1 if calm else self.polls, self.gap, done)
+            done = 0
             if answer == jit.RUN_PYTHON:
                 try:
                     self.task()  # type: ignore[misc]
                 except BaseException as e:  # noqa: BLE001 - handed to the caller, raised there
                     self.error = e
-                jit.mark_done(ctl, seen)
+                done = seen  # marked done by the next serve(), which polls on with the GIL let go
             elif answer == jit.STOPPED:
                 return
             else:  # nothing for SPIN_S (or preempted): sleep until the next post wakes it

@@ -43,11 +43,19 @@ HANDOFF_TRIALS = 16  # empty hand-offs a new pool times (~1 ms in all)
 # shared, fp16 GELU and fp32 layer norm over 1 Mi elements (~1 ms) ~30% less.
 SHARE_AFTER_HANDOFFS = 4
 SPIN_VAR = "NANODIST_SPIN"  # "1" / "0" (or on/off, true/false, yes/no): polling workers or sleeping ones
-SPIN_DEFAULT = False
-# polling workers (engine.fast.spin_pool) where numba is installed; False: the executor's
-SPIN = {"1": True, "on": True, "true": True, "yes": True, "0": False, "off": False, "false": False,
-        "no": False}.get(os.environ.get(SPIN_VAR, "").strip().lower(), SPIN_DEFAULT)
-SPIN_PYTHON = True  # the kernels' shares to the polling workers too; False: theirs to the executor's
+# Polling workers (engine.fast.spin_pool) where numba is installed: True, False (the executor's sleeping
+# ones), or None (unset): polling where the products run on MKL (engine.fast.blas sets
+# `products_split` at import), which splits them among the workers. On NumPy's OpenBLAS a product wakes
+# OpenBLAS's own threads, which then compete with a polling worker for the cores: measured, gpt-mini's
+# step 1.40-1.43x PyTorch's with polling workers against 1.14-1.17x with sleeping ones (docs/benchmarks.md).
+_SWITCH = {"1": True, "on": True, "true": True, "yes": True,
+           "0": False, "off": False, "false": False, "no": False}
+SPIN: bool | None = _SWITCH.get(os.environ.get(SPIN_VAR, "").strip().lower())
+
+
+def products_split() -> bool:
+    """Whether engine.fast.blas splits products among polling workers (it replaces this at import)."""
+    return False
 
 _pool: ThreadPoolExecutor | None = None
 _spin: list[spin_pool.Worker] | None = None  # the polling workers, where numba is installed (else _pool's)
@@ -71,9 +79,9 @@ def set_threads(n: int) -> None:
         for worker in _spin or ():
             worker.stop()
         _pool, _spin = None, None
-        if n > 1 and SPIN:
+        if n > 1 and (products_split() if SPIN is None else SPIN):
             _spin = spin_pool.start(n - 1, _WORKER_PREFIX)
-        if n > 1 and (_spin is None or not SPIN_PYTHON):
+        if n > 1 and _spin is None:
             _pool = ThreadPoolExecutor(n - 1, thread_name_prefix=_WORKER_PREFIX)
         _threads = n
         _handoff_s = _measure_handoff() if n > 1 else 0.0
@@ -168,7 +176,7 @@ def _hand_over(i: int, fn: Callable[[int, int], None], lo: int, hi: int) -> Futu
     def share() -> None:
         with np.errstate(**state):
             fn(lo, hi)
-    if _spin is not None and _pool is None:
+    if _spin is not None:
         worker = _spin[i]
         if not worker.owner.acquire(blocking=False):
             return _Inline(lambda: _as_share(fn, lo, hi))

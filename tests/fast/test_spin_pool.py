@@ -23,7 +23,6 @@ MKL = blas._library()
 def polling_workers(monkeypatch):
     """The pools these tests make (on_threads) have polling workers, whatever the default."""
     monkeypatch.setattr(thread_pool, "SPIN", True)
-    monkeypatch.setattr(thread_pool, "SPIN_PYTHON", True)
 
 
 def _operands(rng, dtype, m=300, k=70, n=90):
