@@ -186,14 +186,7 @@ def _check_runs(f: _Fields, world: int, numel: int, tensor: int, per: int) -> No
         f.fail("shards", f"{len(shards)} entries for a world size of {world}")
     pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(tensor)]
     for rank, entry in enumerate(shards):
-        e = _Fields(entry, f.path, f"shards[{rank}].")
-        if e.whole("rank", 0, MAX_WORLD) != rank:
-            e.fail("rank", f"{entry['rank']}, expected {rank} (entries in rank order)")
-        if e.get("file") != shard_name(rank):  # never a path outside the folder
-            e.fail("file", f"{entry['file']!r}, expected {shard_name(rank)!r}")
-        e.whole("bytes", 0, 1 << 50)
-        if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
-            e.fail("sha256", "expected 64 lowercase hex digits")
+        e = _shard_entry(f, entry, rank)
         tp = e.whole("tp", 0, tensor - 1) if tensor > 1 or "tp" in entry else 0
         if check_range(e, "range") is not None:
             e.fail("range", "expected null: an expert-parallel shard lists its runs")
@@ -317,14 +310,7 @@ def _check_shards(f: _Fields, world: int, numel: int, tensor: int) -> None:
 def _check_tiling(f: _Fields, ranks: list[int], shards: list, numel: int, world: int) -> None:
     pieces = []
     for rank, entry in zip(ranks, shards):
-        e = _Fields(entry, f.path, f"shards[{rank}].")
-        if e.whole("rank", 0, MAX_WORLD) != rank:
-            e.fail("rank", f"{entry['rank']}, expected {rank} (entries in rank order)")
-        if e.get("file") != shard_name(rank):  # never a path outside the folder
-            e.fail("file", f"{entry['file']!r}, expected {shard_name(rank)!r}")
-        e.whole("bytes", 0, 1 << 50)
-        if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
-            e.fail("sha256", "expected 64 lowercase hex digits")
+        e = _shard_entry(f, entry, rank)
         span = check_range(e, "range")
         if span is not None:
             pieces.append((*span, rank))
@@ -335,6 +321,20 @@ def _check_tiling(f: _Fields, ranks: list[int], shards: list, numel: int, world:
         covered = end
     if not numel <= covered < numel + world:
         f.fail("shards", f"the ranges cover {covered} elements of {numel} parameters (padding < world size)")
+
+
+def _shard_entry(f: _Fields, entry, rank: int) -> _Fields:
+    """A shard's entry checked for what every layout's shards carry: its rank (entries in rank order), its
+    file (never a path outside the folder), its size and its digest."""
+    e = _Fields(entry, f.path, f"shards[{rank}].")
+    if e.whole("rank", 0, MAX_WORLD) != rank:
+        e.fail("rank", f"{entry['rank']}, expected {rank} (entries in rank order)")
+    if e.get("file") != shard_name(rank):
+        e.fail("file", f"{entry['file']!r}, expected {shard_name(rank)!r}")
+    e.whole("bytes", 0, 1 << 50)
+    if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
+        e.fail("sha256", "expected 64 lowercase hex digits")
+    return e
 
 
 def check_range(e: _Fields, key: str) -> tuple[int, int] | None:
