@@ -69,6 +69,23 @@ class DropoutRNG:
                         np.uint32(min(round(p * 2.0**32), 2**32 - 1)))
 
 
+class PartOfRNG(DropoutRNG):
+    """A rank's part of every mask `base` draws for the whole tensor (subclasses say which part, in
+    mask_site). Its own state is left unset on purpose: every draw and every site count is base's."""
+
+    def __init__(self, base: DropoutRNG):
+        self.base = base
+
+    def begin(self, step: int, first_row: int) -> None:
+        self.base.begin(step, first_row)
+
+    def position(self) -> tuple[int, int, int]:
+        return self.base.position()
+
+    def rewind(self, position: tuple[int, int, int]) -> None:
+        self.base.rewind(position)
+
+
 @dataclass(frozen=True)
 class MaskSite:
     """One site's keep-mask, [rows, per_row] elements (the mask's shape flattened after axis 0), undrawn."""

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from engine.dropout_rng import DropoutRNG, MaskSite
+from engine.dropout_rng import DropoutRNG, MaskSite, PartOfRNG
 from engine.parallel.context.layout import SequenceLayout
 from engine.parallel.tensor.dropout import ShardedMaskRNG
 
@@ -69,23 +69,14 @@ class PositionsSite(MaskSite):
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)
 
 
-class ContextMaskRNG(DropoutRNG):
+class ContextMaskRNG(PartOfRNG):
     """What `base` would draw for whole sequences, at this rank's positions along axis 1 (a token-wise
     mask [B, s/c, ...] is the one-device [B, s, ...] mask's rows of the rank's chunks). Counts its sites on
     base."""
 
     def __init__(self, base: DropoutRNG, layout: SequenceLayout, rank: int):
-        # DropoutRNG's own state is left unset on purpose: every draw and every site count is base's.
-        self.base, self.layout, self.rank = base, layout, rank
-
-    def begin(self, step: int, first_row: int) -> None:
-        self.base.begin(step, first_row)
-
-    def position(self) -> tuple[int, int, int]:
-        return self.base.position()
-
-    def rewind(self, position: tuple[int, int, int]) -> None:
-        self.base.rewind(position)
+        super().__init__(base)
+        self.layout, self.rank = layout, rank
 
     def mask_site(self, shape: tuple[int, ...], p: float) -> MaskSite:
         if len(shape) < 2:

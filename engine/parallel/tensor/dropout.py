@@ -20,7 +20,7 @@ import numpy as np
 
 from engine import ops
 from engine.comm.base import Communicator
-from engine.dropout_rng import DropoutRNG, MaskSite
+from engine.dropout_rng import DropoutRNG, MaskSite, PartOfRNG
 from engine.nn import Module
 from engine.parallel.tensor.mappings import scatter_sequence
 from engine.tensor import Tensor
@@ -38,21 +38,12 @@ class MaskSiteSlice(MaskSite):
         return self.whole.block(lo, hi, self.offset + start, self.offset + stop)
 
 
-class ShardedMaskRNG(DropoutRNG):
+class ShardedMaskRNG(PartOfRNG):
     """The part `index` of `parts` along axis 1 of every mask `base` would draw for the whole tensor."""
 
     def __init__(self, base: DropoutRNG, parts: int, index: int):
-        # DropoutRNG's own state is left unset on purpose: every draw and every site count is base's.
-        self.base, self.parts, self.index = base, parts, index
-
-    def begin(self, step: int, first_row: int) -> None:
-        self.base.begin(step, first_row)
-
-    def position(self) -> tuple[int, int, int]:
-        return self.base.position()
-
-    def rewind(self, position: tuple[int, int, int]) -> None:
-        self.base.rewind(position)
+        super().__init__(base)
+        self.parts, self.index = parts, index
 
     def mask_site(self, shape: tuple[int, ...], p: float) -> MaskSite:
         if len(shape) < 2:
