@@ -11,19 +11,21 @@ from engine.parallel.context.ring_attention import Ring, ring_attention
 from engine.tensor import Tensor
 
 
-def full_attention(q, k, v, g, causal: bool):
+def full_attention(q, k, v, g, causal: bool, keep=None, p_drop: float = 0.0):
     """(out, dq, dk, dv) of softmax(q k^T / sqrt(d) [+ causal mask]) v over whole sequences [..., T, D],
-    for dL/d out = g: the reference ring attention must equal."""
+    for dL/d out = g: the reference ring attention must equal. With `keep`, the probabilities are dropped by
+    it and the kept ones scaled by 1 / (1 - p_drop)."""
     t, d = q.shape[-2], q.shape[-1]
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(d)
     if causal:
         s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    out = p @ v
-    dp = g @ np.swapaxes(v, -1, -2)
+    kept = 1.0 if keep is None else keep / (1.0 - p_drop)
+    out = (p * kept) @ v
+    dp = (g @ np.swapaxes(v, -1, -2)) * kept
     ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(d)
-    return out, ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ g
+    return out, ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p * kept, -1, -2) @ g
 
 
 def problem(shape=(2, 3, 16, 8), seed=0, dtype=np.float64):

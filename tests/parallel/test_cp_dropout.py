@@ -21,7 +21,7 @@ from engine.parallel.context.dropout import ContextMaskRNG, attention_dropout, c
 from engine.parallel.context.layout import SequenceLayout
 from engine.parallel.context.ring_attention import Ring, ring_backward, ring_forward
 from engine.parallel.tensor.dropout import ShardedMaskRNG
-from tests.cp_helpers import gather, problem
+from tests.cp_helpers import full_attention, gather, problem
 from tests.cp_train_helpers import cp_config, grad_rank
 from tests.tp_train_helpers import assert_trains_like, train_rank
 
@@ -56,22 +56,6 @@ def test_token_masks_are_the_one_device_rows_of_a_ranks_positions(c, kind):
                 np.testing.assert_array_equal(part, np.split(local, t, axis=1)[i])
 
 
-def _dropped_attention(q, k, v, g, keep, causal: bool):
-    """(out, dq, dk, dv) of dropout(softmax(q k^T / sqrt(d) [+ causal mask])) v, the dropout by `keep` with
-    kept probabilities scaled by 1 / (1 - P): plain NumPy, from the formulas."""
-    t, d = q.shape[-2], q.shape[-1]
-    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(d)
-    if causal:
-        s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    kept = keep / (1.0 - P)
-    out = (p * kept) @ v
-    dp = (g @ np.swapaxes(v, -1, -2)) * kept
-    ds = p * (dp - (g * out).sum(-1, keepdims=True)) / np.sqrt(d)
-    return out, ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p * kept, -1, -2) @ g
-
-
 def _ring_rank(comm, emit, kind: str, causal: bool, arrays: list, merge_gap: int | None) -> dict:
     if merge_gap is not None:  # ranks are threads: every rank sees it
         cp_dropout.MERGE_GAP = merge_gap
@@ -101,7 +85,7 @@ def test_ring_attention_drops_what_one_device_drops(c, kind, causal, t, monkeypa
     for gap in gaps:
         monkeypatch.setattr(cp_dropout, "MERGE_GAP", cp_dropout.MERGE_GAP)  # restored after the test
         ranks = run_ranks(c, "threads", _ring_rank, args=(kind, causal, [q, k, v, g], gap), timeout_s=120)
-        for key, expected in zip(("out", "dq", "dk", "dv"), _dropped_attention(q, k, v, g, keep, causal)):
+        for key, expected in zip(("out", "dq", "dk", "dv"), full_attention(q, k, v, g, causal, keep, P)):
             close(gather(ranks, key, t), expected)
 
 
