@@ -49,7 +49,7 @@ def _count(n: float) -> str:
 
 def table_rows(ranked: list[dict]) -> list[tuple[str, ...]]:
     """The ranked layouts as the table's cells, in COLUMNS' order."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for n, c in enumerate(ranked, 1):
         s = c["split"]
         comm = sum(v for k, v in s.items() if k not in ("compute", "bubble"))
