@@ -4,6 +4,8 @@ with figures chosen so every prediction can be worked out on paper."""
 from __future__ import annotations
 
 import json
+import re
+import tomllib
 from pathlib import Path
 
 from engine.config import from_dict
@@ -112,3 +114,21 @@ def fixture_cluster(tmp_path, per_node: int = 4, inter_gbs: float = 10, inter_us
     path.write_text(FIXTURE_CLUSTER.format(per_node=per_node, inter_gbs=inter_gbs, inter_us=inter_us,
                                            peak=peak))
     return load_cluster(path)
+
+
+def assert_every_figure_cites(name: str, text: str, sources: tuple[str, ...]) -> None:
+    """Each numeric setting of a cluster file carries a comment (on its line, or continued on the indented
+    lines below it) naming one of `sources`; memory_gb = 0 (the host's own memory) needs none."""
+    tomllib.loads(text)
+    pending = None
+    for line in text.splitlines() + [""]:
+        match = re.match(r"^(\w+)\s*=\s*([\d.]+)\s*(#.*)?$", line)
+        if pending is not None and not line.startswith(" "):  # a figure's comment may go on below it
+            assert any(word in pending[1].lower() for word in sources), f"{name}: {pending[0]} cites nothing"
+            pending = None
+        if pending is not None:
+            pending = (pending[0], pending[1] + line)
+        if match and match.group(1) not in ("nodes", "ranks_per_node", "cores"):
+            pending = (match.group(1), match.group(3) or "")
+        if match and match.group(1) in ("memory_gb",) and float(match.group(2)) == 0:
+            pending = None

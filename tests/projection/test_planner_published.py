@@ -4,14 +4,13 @@ reports; the cluster files cite a source for every figure; the one fitted run is
 
 from __future__ import annotations
 
-import re
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from engine.projection.clusters import find_cluster, load_cluster
 from engine.projection.planner_published import RUNS, fit_efficiency, project_run, run_config
+from tests.projection_helpers import assert_every_figure_cites
 
 PUBLISHED_CLUSTERS = ("selene-a100", "jean-zay-a100", "meta-h100-roce")
 SOURCES = ("nominal", "reported", "assumed", "fitted")
@@ -59,15 +58,4 @@ def test_the_errors_in_the_docs_are_the_projections():
 
 @pytest.mark.parametrize("name", PUBLISHED_CLUSTERS)
 def test_every_figure_says_where_it_comes_from(name):
-    text = find_cluster(name).read_text()
-    tomllib.loads(text)
-    pending = None
-    for line in text.splitlines() + [""]:
-        match = re.match(r"^(\w+)\s*=\s*([\d.]+)\s*(#.*)?$", line)
-        if pending is not None and not line.startswith(" "):
-            assert any(word in pending[1].lower() for word in SOURCES), f"{name}: {pending[0]} cites nothing"
-            pending = None
-        if pending is not None:
-            pending = (pending[0], pending[1] + line)
-        if match and match.group(1) not in ("nodes", "ranks_per_node", "cores"):
-            pending = (match.group(1), match.group(3) or "")
+    assert_every_figure_cites(name, find_cluster(name).read_text(), SOURCES)

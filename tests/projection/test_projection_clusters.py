@@ -3,15 +3,13 @@ line naming the file, the line and the key."""
 
 from __future__ import annotations
 
-import re
-import tomllib
-
 import pytest
 from typer.testing import CliRunner
 
 from engine.config import ConfigError
 from engine.projection.clusters import FIELDS, cluster_dirs, find_cluster, list_clusters, load_cluster
 from nanodist_tui.cli import app
+from tests.projection_helpers import assert_every_figure_cites
 
 SHIPPED = ("this-machine", "cpu-100gbe", "a100-hdr", "h100-ndr")
 SOURCES = ("nominal", "reported", "measured", "assumed", "calibrat")
@@ -38,20 +36,7 @@ def test_the_shipped_clusters_load():
 def test_every_figure_says_where_it_comes_from(name):
     """Each numeric setting carries a comment naming its kind of source: nominal (datasheet), reported
     (a published measurement), measured (by nanoDist), assumed, or calibrated here."""
-    text = find_cluster(name).read_text()
-    tomllib.loads(text)
-    pending = None
-    for line in text.splitlines() + [""]:
-        match = re.match(r"^(\w+)\s*=\s*([\d.]+)\s*(#.*)?$", line)
-        if pending is not None and not line.startswith(" "):  # a figure's comment may go on below it
-            assert any(word in pending[1].lower() for word in SOURCES), f"{name}: {pending[0]} cites nothing"
-            pending = None
-        if pending is not None:
-            pending = (pending[0], pending[1] + line)
-        if match and match.group(1) not in ("nodes", "ranks_per_node", "cores"):
-            pending = (match.group(1), match.group(3) or "")
-        if match and match.group(1) in ("memory_gb",) and float(match.group(2)) == 0:
-            pending = None  # 0 = the host's own memory: nothing to cite
+    assert_every_figure_cites(name, find_cluster(name).read_text(), SOURCES)
 
 
 def test_a_user_folder_shadows_the_shipped_ones(in_tmp, monkeypatch):
