@@ -22,7 +22,9 @@ time-sliced ranks meet, engine.projection.meeting_lag; and 2 ranks train the mod
 what time-slicing costs it, engine.projection.slicing_overhead). The validation goes
 in `repeats` rounds over every case, forward and backward in turn (round_order); a case's figures are the
 medians over rounds. Model-state memory is
-compared byte for byte with the ledger.
+compared byte for byte with the ledger, and the estimated activations with the ledger's peak on the rank the
+estimate describes (with experts, the mean over that rank's expert group: the estimate assumes balanced
+routing; the busiest rank's peak is reported beside it).
 
 Summary: mean absolute percentage error of the step time (a case's error: its median prediction against
 its median run; and paired, the median over rounds of each round's prediction against that round's run),
@@ -149,13 +151,19 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
         calibration = calibrate_for(cfg, vocab, calibration_steps)
         step, mem, _ = predict(cfg, cluster, calibration, vocab)
         run = measure_case(cfg, steps, warmup)
-        rank = Mesh.of(cfg.parallel).rank_of(pp=mem.pipeline_rank)  # the rank the estimate describes
+        mesh = Mesh.of(cfg.parallel)
+        rank = mesh.rank_of(pp=mem.pipeline_rank)  # the rank the estimate describes
         activations = mem.category_peaks()["activations"]
+        # the estimate assumes balanced routing: every rank of an expert group receives the group's mean
+        # rows (their sum is fixed), so it describes the group's mean rank; elsewhere the group is the rank
+        group = [run["activations"][r] for r in mesh.members("ep", rank)]
+        measured_activations = statistics.mean(group)
         run.update(predicted_s=step.step_s, predicted_share=step.comm_share,
                    predicted_imbalance_share=step.imbalance_s / step.step_s,
                    memory_exact=all(run["states"][rank][k] == mem.states[k] for k in MODEL_STATES),
-                   predicted_activations=activations, measured_activations=run["activations"][rank],
-                   activations_error=(run["activations"][rank] - activations) / activations)
+                   predicted_activations=activations, measured_activations=measured_activations,
+                   busiest_activations=max(group),
+                   activations_error=(measured_activations - activations) / activations)
         runs[label].append(run)
 
     def median(measured: list[dict], key: str) -> float:
@@ -322,6 +330,7 @@ def summarize(outcomes: list[Outcome], calibration: Calibration | None = None) -
                    "predicted_comm_shares": [r["predicted_share"] for r in o.runs],
                    "predicted_activations": o.runs[0].get("predicted_activations"),
                    "measured_activations": [r.get("measured_activations") for r in o.runs],
+                   "busiest_activations": [r.get("busiest_activations") for r in o.runs],
                    "activations_error": max((r.get("activations_error", 0.0) for r in o.runs), key=abs)}
                   for o, e in zip(outcomes, paired)],
         "mape": statistics.mean(abs(e) for e in errors),
