@@ -23,8 +23,8 @@ what time-slicing costs it, engine.projection.slicing_overhead). The validation 
 in `repeats` rounds over every case, forward and backward in turn (round_order); a case's figures are the
 medians over rounds. Model-state memory is
 compared byte for byte with the ledger, and the estimated activations with the ledger's peak on the rank the
-estimate describes (with experts, the mean over that rank's expert group: the estimate assumes balanced
-routing; the busiest rank's peak is reported beside it).
+estimate describes (with experts, the mean over that rank's expert group in each phase of each step: the
+estimate assumes balanced routing; the busiest rank's peak is reported beside it).
 
 Summary: mean absolute percentage error of the step time (a case's error: its median prediction against
 its median run; and paired, the median over rounds of each round's prediction against that round's run),
@@ -155,14 +155,17 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
         rank = mesh.rank_of(pp=mem.pipeline_rank)  # the rank the estimate describes
         activations = mem.category_peaks()["activations"]
         # the estimate assumes balanced routing: every rank of an expert group receives the group's mean
-        # rows (their sum is fixed), so it describes the group's mean rank; elsewhere the group is the rank
+        # rows (their sum is fixed), so it describes the group's mean rank, step by step and phase by phase;
+        # elsewhere the group is the rank
         group = [run["activations"][r] for r in mesh.members("ep", rank)]
-        measured_activations = statistics.mean(group)
+        measured_activations = max(statistics.mean(peaks[i].get(phase, 0) for peaks in group)
+                                   for i, phases in enumerate(group[0]) for phase in phases)
+        busiest = max(peak for peaks in group for phases in peaks for peak in phases.values())
         run.update(predicted_s=step.step_s, predicted_share=step.comm_share,
                    predicted_imbalance_share=step.imbalance_s / step.step_s,
                    memory_exact=all(run["states"][rank][k] == mem.states[k] for k in MODEL_STATES),
                    predicted_activations=activations, measured_activations=measured_activations,
-                   busiest_activations=max(group),
+                   busiest_activations=busiest,
                    activations_error=(measured_activations - activations) / activations)
         runs[label].append(run)
 
@@ -271,7 +274,7 @@ def _validation_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int) -> dic
     timed = _TimedComm(comm)
     trainer = Trainer(cfg, timed)
     states = {k: trainer.ledger.current[k] for k in MODEL_STATES}
-    step_s, waits, activations = [], [], 0
+    step_s, waits, activations = [], [], []
     try:
         for i in range(warmup + steps):
             comm.barrier()
@@ -280,9 +283,9 @@ def _validation_rank(comm, emit, cfg_dict: dict, warmup: int, steps: int) -> dic
             trainer.train_step()
             seconds = time.perf_counter() - t0
             waited = trainer.replica.comm_wait_s + timed.blocking_s - before
-            # the activations' peak in the step's phases (the ledger's, as the estimate predicts it)
-            phases = trainer.ledger.maxima().values()
-            activations = max([activations] + [m.get("activations", 0) for m in phases])
+            # the activations' peak in each of the step's phases (the ledger's, as the estimate predicts it)
+            activations.append({phase: peaks.get("activations", 0)
+                                for phase, peaks in trainer.ledger.maxima().items()})
             if i >= warmup:
                 step_s.append(seconds)
                 waits.append(waited)

@@ -1,9 +1,9 @@
 """The held-out layouts validation end to end on a tiny GPT (one of each dimension: ZeRO-1, TP with SP, PP
 1F1B, CP zigzag, EP; 1 round of 1 step after 1 of warm-up): every case is calibrated, predicted and run on
 the processes backend, the report has every figure the table prints, model-state memory equals the ledger
-byte for byte and the activations equal the ledger's peak (with experts, the expert group's mean rank's
-within 5%: the estimate assumes balanced routing, the run routes as it learns, and its busiest rank holds
-more than the estimate)."""
+byte for byte and the activations equal the ledger's peak (with experts, the expert group's mean rank's,
+phase by phase: the estimate assumes balanced routing, the run routes as it learns, and its busiest rank
+holds more than the estimate)."""
 
 from __future__ import annotations
 
@@ -38,11 +38,9 @@ def test_the_validation_runs_every_dimension_end_to_end_and_memory_matches(capsy
     for case in report["cases"]:
         assert case["predicted_s"] > 0 and case["measured_s"] > 0
         assert case["memory_exact"], case["label"]
+        assert case["measured_activations"] == [case["predicted_activations"]], case["label"]
         if "MoE" in case["label"]:
-            assert abs(case["activations_error"]) <= 0.05, case
-            assert case["busiest_activations"][0] >= case["measured_activations"][0]
-        else:
-            assert case["measured_activations"] == [case["predicted_activations"]], case["label"]
+            assert case["busiest_activations"][0] > case["predicted_activations"], case
     assert report["memory_exact"] and -1.0 <= report["kendall_tau"] <= 1.0
     print_validation(report, "tiny")
     printed = capsys.readouterr().out
