@@ -9,6 +9,7 @@ is a ShapeError (a ValueError) whose message is one line saying what works.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from types import ModuleType
 
 from engine.config.vocabulary import PIPELINE_SCHEDULES
@@ -29,8 +30,11 @@ def module_of(name: str) -> ModuleType:
     return MODULES[name]
 
 
+@lru_cache(maxsize=64)
 def build_schedule(name: str, ranks: int, micro_batches: int, chunks: int = 1) -> Schedule:
-    """Every pipeline rank's actions for one step of `micro_batches` micro-batches over `ranks` ranks."""
+    """Every pipeline rank's actions for one step of `micro_batches` micro-batches over `ranks` ranks.
+    Kept for reuse (a Schedule is immutable): the config rules, the memory estimator and the projection
+    each build the same one for a layout, and the planner judges thousands of layouts."""
     module = module_of(name)
     if ranks < 1:
         raise ShapeError("ranks", ranks, "a pipeline needs at least 1 rank")
