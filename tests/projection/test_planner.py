@@ -15,7 +15,7 @@ from engine.memory.estimator import estimate
 from engine.memory.pipeline import estimate_ranks
 from engine.projection.clusters import load_cluster
 from engine.projection.planner import TIE, _Judge, plan
-from engine.projection.planner_space import apply, layouts, problem
+from engine.projection.planner_space import MAX_MICRO_BATCHES, apply, layouts, micro_batch_choices, problem
 from engine.projection.project import predict
 
 
@@ -116,6 +116,19 @@ def test_branch_and_bound_ranks_what_brute_force_ranks(mini, h100):
         if not any(k_shape == shape and abs(k - step) <= TIE * k for k, k_shape in kept):
             kept.append((step, shape))
     assert [c.step.step_s for c in found["ranked"]] == pytest.approx([k for k, _ in kept[:3]], rel=1e-9)
+
+
+def test_micro_batches_fill_the_pipeline_and_reach_one_row_each():
+    """Without a pipeline 1, 2, 4; with p stages the fewest divisors of the rows at or above p, 2p, 4p, and
+    the rows themselves (one row each), at most MAX_MICRO_BATCHES (BLOOM's replica of 256 rows over 12
+    stages loses its 256: docs/planner.md says what that costs)."""
+    assert MAX_MICRO_BATCHES == 64
+    assert micro_batch_choices(256, 1) == [1, 2, 4]
+    assert micro_batch_choices(6, 1) == [1, 2]
+    assert micro_batch_choices(256, 12) == [16, 32, 64]
+    assert micro_batch_choices(6, 4) == [6]
+    assert micro_batch_choices(24, 2) == [2, 4, 8, 24]  # 8 divides 24, and no divisor lies between 8 and 24
+    assert micro_batch_choices(512, 40) == [64]  # 128, 256 and 512 lie past the cap
 
 
 def test_a_small_memory_per_rank_leaves_nothing_that_fits_and_says_which_category(mini, h100):
