@@ -71,8 +71,9 @@ class Calibration:
     seconds},
     "models" {signature:
     {dtype: {level: {tokens, forward_s, backward_s, optimizer_s_per_element, other_s, imbalance,
-    interference, interference_cpu_s, interference_bytes, slicing_overhead}}}}} (the last four at 2 busy
-    ranks only; slicing_overhead where it was measured)."""
+    interference, interference_cpu_s, interference_bytes, slicing_overhead, expert_imbalance}}}}} (the
+    interference figures at 2 busy ranks only; slicing_overhead where it was measured; expert_imbalance
+    {EP degree: λ} for a model with experts, routing.py)."""
 
     data: dict
 

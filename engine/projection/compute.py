@@ -100,6 +100,9 @@ class NominalCompute:
     def ring_blocks(self, dtype: str, ranks_on_host: int, tokens: float) -> dict | None:
         return None  # a cluster file's accelerators run ring attention's blocks at their FLOP rate
 
+    def expert_imbalance(self, degree: int, dtype: str, ranks_on_host: int) -> float | None:
+        return None  # a cluster file says nothing of a model's routing
+
 
 @dataclass(frozen=True)
 class Curve:
@@ -165,6 +168,12 @@ class CalibratedCompute:
         sizes = level["tokens"]
         i = min(range(len(sizes)), key=lambda j: abs(math.log(sizes[j] / tokens)))
         return {k: level[k][i] * tokens / sizes[i] * factor for k in keys}
+
+    def expert_imbalance(self, degree: int, dtype: str, ranks_on_host: int) -> float | None:
+        """λ of an EP group of `degree` ranks as the calibrated model routed (compute_calibration.py);
+        None where it has no experts or the calibration predates the figure."""
+        level, _ = self._measured(dtype, ranks_on_host)
+        return level.get("expert_imbalance", {}).get(str(degree))
 
     def rate(self, phase: str, dtype: str, tokens: float, ranks_on_host: int) -> float:
         flops = self.flops_of(tokens)

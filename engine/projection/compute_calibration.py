@@ -2,6 +2,8 @@
 the model alone, in step with each other, timing forward, backward, the update and the bookkeeping at
 several micro-batch sizes; their imbalance; κ of a bucket's all-reduce beside compute (at 2 ranks); and
 how fast a large copy runs with those ranks busy. Every timed figure is a lower quartile (quantile.py).
+An MoE model's routing in those steps is kept too: λ, the busiest expert-parallel rank's rows over the
+mean, for every EP degree (engine.projection.routing), which the step model then takes (expert.py).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import numpy as np
 from engine.comm.launch import run_ranks
 from engine.config import Config, to_dict
 from engine.dtypes import itemsize
+from engine.moe import moe_layers
 from engine.projection.interference import measure_interference
 from engine.projection.quantile import low_quantile
+from engine.projection.routing import imbalance_by_degree
 
 LEVELS = (1, 2)  # ranks computing at once on the host
 IMBALANCE_STEPS = 6  # barrier-timed steps of the second imbalance estimate (see time_phases)
@@ -41,9 +45,15 @@ def measure_compute(cfg: Config, dtypes, rows: list[int], cores: int, steps: int
 
 def _mean_over_ranks(per_rank: list[dict], key: str):
     values = [r[key] for r in per_rank]
+    if isinstance(values[0], dict):
+        return _mean_of_dicts(values)
     if isinstance(values[0], list):
         return [statistics.mean(column) for column in zip(*values)]
     return statistics.mean(values)
+
+
+def _mean_of_dicts(values: list[dict]) -> dict:
+    return {k: statistics.mean(v[k] for v in values) for k in values[0]}
 
 
 def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int], steps: int, warmup: int
@@ -63,6 +73,8 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
                                                                     for p in per_size),
                          "other_s": statistics.mean(p["other"] for p in per_size),
                          "imbalance": statistics.mean(p["imbalance"] for p in per_size),
+                         **({"expert_imbalance": _mean_of_dicts([p["expert_imbalance"] for p in per_size])}
+                            if "expert_imbalance" in per_size[0] else {}),
                          **{k: v for k, v in per_size[-1].items() if k.startswith("interference")}}
     return {"curves": curves, "copy_bytes_per_s": _copy_rate(comm)}
 
@@ -125,7 +137,17 @@ def time_phases(comm, cfg: Config, steps: int, warmup: int, interference: bool =
         replica.close()
     imbalance = imbalance_share((waits, computes), (later_waits, later_computes))
     return {**{k: low_quantile(v) for k, v in phases.items()}, "n_params": trainer.n_params,
-            "imbalance": imbalance, **beside}
+            "imbalance": imbalance, **beside, **_routing(trainer.model, cfg.model.n_experts)}
+
+
+def _routing(model, n_experts: int) -> dict:
+    """An MoE model's routing in the steps just trained, as λ per EP degree (engine.projection.routing);
+    nothing for a model without experts."""
+    layers = moe_layers(model)
+    if not layers:
+        return {}
+    return {"expert_imbalance": imbalance_by_degree([[f["tokens_per_expert"] for f in layer.step_stats]
+                                                     for layer in layers], n_experts)}
 
 
 def one_rank_trainer(cfg: Config):

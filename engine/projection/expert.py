@@ -24,8 +24,11 @@ factor λ (the busiest rank's rows over the mean) scales the busiest rank's rece
 step waits for the larger of what it sends and receives) and its experts' compute. How λ is chosen:
 
     given       `imbalance` (the projection's --expert-imbalance), clipped to the bound below
-    default     DEFAULT_IMBALANCE = 1.0: balanced routing (the memory estimate's assumption too); dropless
-                routing has no bound, so the prediction is then the fastest the layer can go
+    calibrated  else, on a machine calibrated with this model, λ as its router routed the calibration's
+                steps (routing.py: per layer the busiest rank's rows over the mean, the mean over layers,
+                the median over forwards), clipped likewise
+    default     else DEFAULT_IMBALANCE = 1.0: balanced routing (the memory estimate's assumption too);
+                dropless routing has no bound, so the prediction is then the fastest the layer can go
     bound       a capacity (capacity_factor f > 0) keeps at most f·N·k/E rows of each rank per expert, so a
                 rank's E/e experts take at most f·N·k: λ ≤ f; and never more than every token's choices
                 that can land on one rank's experts: λ ≤ e·min(k, E/e)/k
@@ -71,8 +74,14 @@ class ExpertParallel:
         self.bound = e * min(k, n_experts // e) / k
         if m.capacity_factor > 0:
             self.bound = min(self.bound, m.capacity_factor)
-        self.chosen = "given" if imbalance is not None else "default"
-        self.imbalance = min(DEFAULT_IMBALANCE if imbalance is None else imbalance, self.bound)
+        if imbalance is not None:
+            self.chosen = "given"
+        elif (imbalance := machine.compute.expert_imbalance(e, cfg.precision.dtype,
+                                                             machine.ranks_on_host)) is not None:
+            self.chosen = "calibrated"
+        else:
+            self.chosen, imbalance = "default", DEFAULT_IMBALANCE
+        self.imbalance = min(imbalance, self.bound)
         self.payload = rows * m.block_size * k * m.n_embd * itemsize(cfg.precision.dtype)  # S: a rank's rows
         per_node = machine.topology.per_node
         members = group_members(p, "ep", per_node)

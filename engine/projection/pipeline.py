@@ -22,10 +22,14 @@ takes its share of the FLOPs (flops.py):
 
   A checkpointed block's recomputed forward (its share of T_F) is added to the backward (to I) of the
   stage holding it. Under tensor parallelism T_F and T_B are the TP rank's (tensor_parallel.py) and each
-  stage runs its own blocks' TP collectives inline (exposed), so they are added to its F and I.
+  stage runs its own blocks' TP collectives inline (exposed), so they are added to its F and I. Under
+  context parallelism T_F and T_B are at a rank's b·s/c tokens, and each block adds ring attention's terms
+  (context.py, as step.py adds them): its blocks as timed in place of the curve's attention to F and I, its
+  hops' exposed part beside them (cp_forward, cp_backward; a checkpointed block's forward hops again in I).
 
 The message. Every stage boundary carries one activation forward and one gradient backward per micro-batch,
-each b·s·h elements in the training dtype (s/t under sequence parallelism): n = b·s·h·itemsize, one
+each b·s·h elements in the training dtype (s/c under context parallelism, /t under sequence parallelism):
+n = b·s·h·itemsize, one
 point-to-point message, α + n·β (Hockney) on the link between the two neighbours. The pipeline group is
 placed by the mesh (group_comm.py): with the default order tp-cp-ep-dp-pp the pp axis is outermost, its
 ranks world/p apart, so once the world exceeds a node every neighbour pair sits on two nodes and the
@@ -59,6 +63,7 @@ from engine.parallel.pipeline.schedules import build_schedule, formula_bubble
 from engine.parallel.pipeline.simulate import Durations, simulate
 from engine.parallel.pipeline.split import balanced_counts
 from engine.projection.collective_times import Link
+from engine.projection.context import ContextParallel
 from engine.projection.flops import BackwardEvent, ModelFlops
 from engine.projection.machine import Machine
 from engine.projection.tensor_parallel import TensorParallel
@@ -104,13 +109,13 @@ class Pipeline:
 
     def __init__(self, cfg, vocab: int, rows: int, machine: Machine, flops: ModelFlops,
                  events: list[BackwardEvent], seconds: tuple[float, float, float], ckpt: set,
-                 tp: TensorParallel):
+                 tp: TensorParallel, cp: ContextParallel):
         p, m = cfg.parallel, cfg.model
         self.degree, self.chunks, self.micro = p.pipeline, p.chunks, cfg.train.micro_batches
         self.shapes = rank_shapes(cfg, vocab)
         self.counts = stage_blocks(cfg, self.shapes, flops)
         self.schedule = build_schedule(p.schedule, p.pipeline, self.micro, p.chunks)
-        seq = m.block_size // (p.tensor if p.sequence_parallel else 1)
+        seq = m.block_size // p.context // (p.tensor if p.sequence_parallel else 1)  # a rank's tokens a row
         self.message_bytes = rows * seq * m.n_embd * itemsize(cfg.precision.dtype)
         self.link, self.link_name = neighbour_link(cfg, machine)
         self.message_s = self.link.p2p(self.message_bytes)
@@ -119,11 +124,15 @@ class Pipeline:
         self.forward, self.input, self.weight = ([0.0] * len(self.counts) for _ in range(3))
         self.recompute, self.tp_forward, self.tp_backward = ([0.0] * len(self.counts) for _ in range(3))
         self.tp_issued: list[Counter] = [Counter() for _ in self.counts]  # per stage and micro-batch
+        # CP's ring hops inside F and the backward, the part the blocks do not hide, and all they move
+        self.cp_forward, self.cp_backward, self.cp_transfer = ([0.0] * len(self.counts) for _ in range(3))
         self._stage_seconds(flops, events, seconds, ckpt, tp)
+        self._ring(cp, ckpt)
         if emulated := p.pipeline_emulate_ms / 1000:  # every F, I and W sleeps this long instead (executor)
             stages = len(self.counts)
             self.forward, self.input, self.weight = ([emulated] * stages for _ in range(3))
             self.recompute, self.tp_forward, self.tp_backward = ([0.0] * stages for _ in range(3))
+            self.cp_forward, self.cp_backward, self.cp_transfer = ([0.0] * stages for _ in range(3))
         self.play()
 
     def play(self) -> None:
@@ -159,11 +168,27 @@ class Pipeline:
             self.recompute[where[k]] += t_block
             issue(self.tp_backward, where[k], tp.unit_forward.get(k, []))
 
+    def _ring(self, cp: ContextParallel, ckpt: set) -> None:
+        """Under context parallelism each block's attention is the ring's (context.py, as step.py counts
+        it): its blocks as timed in place of the curve's attention (compute, in F and I) and its hops' exposed
+        part (in F and I beside the TP collectives; a checkpointed block's recomputed forward hops again)."""
+        if not cp.active:
+            return
+        for k, stage in enumerate(stage_of_block(self.counts)):
+            recomputed = k in ckpt
+            self.forward[stage] += cp.extra_forward_s
+            self.input[stage] += cp.extra_backward_s + (cp.extra_forward_s if recomputed else 0.0)
+            self.cp_forward[stage] += cp.block_forward_s
+            self.cp_backward[stage] += cp.block_backward_s + (cp.block_forward_s if recomputed else 0.0)
+            self.cp_transfer[stage] += (cp.block_forward_transfer_s * (2 if recomputed else 1)
+                                        + cp.block_backward_transfer_s)
+
     def stage_s(self) -> tuple[list[float], list[float], list[float]]:
-        """Per virtual stage, one micro-batch: F, I and W as the schedule runs them (TP collectives and a
-        checkpointed block's recompute included)."""
-        forward = [f + c for f, c in zip(self.forward, self.tp_forward)]
-        inputs = [i + r + c for i, r, c in zip(self.input, self.recompute, self.tp_backward)]
+        """Per virtual stage, one micro-batch: F, I and W as the schedule runs them (TP collectives, CP's
+        exposed hops and a checkpointed block's recompute included)."""
+        forward = [f + c + h for f, c, h in zip(self.forward, self.tp_forward, self.cp_forward)]
+        inputs = [i + r + c + h for i, r, c, h in zip(self.input, self.recompute, self.tp_backward,
+                                                      self.cp_backward)]
         return forward, inputs, list(self.weight)
 
     def durations(self, p2p: float) -> Durations:

@@ -32,6 +32,7 @@ from collections import Counter
 
 from engine.dtypes import itemsize
 from engine.parallel.mesh import Mesh
+from engine.projection.context import ContextParallel
 from engine.projection.flops import FlopsOf, backward_events
 from engine.projection.group_comm import GroupComm, group_members
 from engine.projection.machine import Machine
@@ -42,27 +43,32 @@ from engine.projection.tensor_parallel import TensorParallel
 from engine.recompute import checkpointed_blocks
 
 
-def pipeline_of(cfg, machine: Machine, flops_of: FlopsOf) -> tuple[Pipeline, TensorParallel]:
-    """The pipeline term of cfg on `machine` (simulated), and the TP term its stages carry."""
+def pipeline_of(cfg, machine: Machine, flops_of: FlopsOf) -> tuple[Pipeline, TensorParallel, ContextParallel]:
+    """The pipeline term of cfg on `machine` (simulated), and the TP and CP terms its stages carry."""
     p, dtype, vocab = cfg.parallel, cfg.precision.dtype, flops_of.vocab
-    rows = cfg.train.global_batch // (Mesh.of(p).degree("dpcp") * cfg.train.micro_batches)
+    # a context group's ranks share their rows (step.py's rule): b = global batch / (dp · micro-batches)
+    rows = cfg.train.global_batch // (Mesh.of(p).dp * cfg.train.micro_batches)
     compute, k = machine.compute, machine.ranks_on_host
     tp = TensorParallel(cfg, vocab, rows, machine)
-    tokens = tp.tokens(rows * flops_of.tokens_per_row)
-    flops = flops_of(tokens)
+    cp = ContextParallel(cfg, rows, machine)
+    tokens = tp.tokens(cp.tokens(rows * flops_of.tokens_per_row))  # a TP and CP rank's share of the work
+    flops = cp.flops(flops_of(tokens), cfg.model.block_size, cfg.model.n_embd)  # the busiest rank's
     forward_rate = compute.rate("forward", dtype, tokens, k)
+    backward_rate = compute.rate("backward", dtype, tokens, k)
+    cp.time_blocks(forward_rate, backward_rate)
     seconds = (tp.split(flops.forward / forward_rate, "forward"),
-               tp.split(flops.backward / compute.rate("backward", dtype, tokens, k), "backward"),
+               tp.split(flops.backward / backward_rate, "backward"),
                tp.split(flops.block_forward / forward_rate, "block"))
     ckpt = set(checkpointed_blocks(cfg.memory.checkpointing, cfg.model.n_layer))
-    return Pipeline(cfg, vocab, rows, machine, flops, backward_events(cfg, vocab), seconds, ckpt, tp), tp
+    pipe = Pipeline(cfg, vocab, rows, machine, flops, backward_events(cfg, vocab), seconds, ckpt, tp, cp)
+    return pipe, tp, cp
 
 
 def predict_pipeline_step(cfg, machine: Machine, flops_of: FlopsOf) -> StepBreakdown:
     p, dtype, vocab = cfg.parallel, cfg.precision.dtype, flops_of.vocab
     dp, per_node = Mesh.of(p).degree("dpcp"), machine.topology.per_node
     compute, k = machine.compute, machine.ranks_on_host
-    pipe, tp = pipeline_of(cfg, machine, flops_of)
+    pipe, tp, cp = pipeline_of(cfg, machine, flops_of)
     n = pipe.degree
     tied = tied_s(cfg, vocab, machine)
     other = compute.other_s(dtype, k)
@@ -103,20 +109,22 @@ def predict_pipeline_step(cfg, machine: Machine, flops_of: FlopsOf) -> StepBreak
     step = max(met + u + g for u, g in zip(update, gather)) + loss
     me = pipe.busiest
     tp_s = pipe.per_rank(me, pipe.tp_forward) + pipe.per_rank(me, pipe.tp_backward) + tp_step
-    busy = pipe.timeline.busy(me) - (tp_s - tp_step)  # the rank's compute, its TP collectives taken out
+    cp_s = pipe.per_rank(me, pipe.cp_forward) + pipe.per_rank(me, pipe.cp_backward)
+    busy = pipe.timeline.busy(me) - (tp_s - tp_step) - cp_s  # the rank's compute: TP, CP exposed taken out
     compute_s = other + busy + update[me]
     # the wait for a slower rank scales with what the ranks really compute: not an emulation's sleeps
     imbalance = compute.imbalance_s(other + update[me] if p.pipeline_emulate_ms else compute_s, dtype, k)
     step += imbalance
     ties = 2 * tied if me in (0, n - 1) else 0.0
-    comm_s = (pipe.messages(me) * pipe.message_s + ties + reduce[me] + gather[me] + agree + loss + tp_s)
+    comm_s = (pipe.messages(me) * pipe.message_s + ties + reduce[me] + gather[me] + agree + loss + tp_s
+              + pipe.per_rank(me, pipe.cp_transfer))
     return StepBreakdown(
         step_s=step, compute_s=compute_s, overlapped_s=reduce[me] - exposed[me], exposed_s=step - compute_s,
         interference_s=0.0, forward_s=pipe.per_rank(me, pipe.forward),
         backward_s=pipe.per_rank(me, pipe.input) + pipe.per_rank(me, pipe.weight),
         recompute_s=pipe.per_rank(me, pipe.recompute), optimizer_s=update[me], comm_s=comm_s,
         imbalance_s=imbalance, algorithm=machine.algorithm, tp_s=tp_s,
-        tp=tp.summary(pipe.tp_issued_by(me) + Counter(tp.per_step)),
+        tp=tp.summary(pipe.tp_issued_by(me) + Counter(tp.per_step)), cp_s=cp_s, cp=cp.summary(),
         bubble_s=pipe.bubble_s, p2p_s=pipe.p2p_s,
         pp={**pipe.summary(), "rank": me, "tied_s": tied, "reduce_s": reduce,
               "reduce_exposed_s": exposed, "reduce_overlapped": overlaps, "optimizer_s": update})

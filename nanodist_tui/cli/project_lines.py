@@ -30,7 +30,8 @@ def expert_parallel_lines(row: dict) -> list[str]:
     """A row's EP term: the all-to-alls per MoE layer, their link and time, the load imbalance assumed,
     the experts' reduce."""
     ep, e = row["ep"], row["ep"]["degree"]
-    chosen = "given" if ep["imbalance_chosen"] == "given" else "default: balanced routing"
+    chosen = {"given": "given", "calibrated": "as the calibrated model routed"}.get(
+        ep["imbalance_chosen"], "default: balanced routing")
     return [f"expert parallel {e} at {row['world_size']} ranks (edp {ep['edp']}, {ep['rows']} row(s) per "
             f"micro-batch, {ep['moe_layers']} MoE layer(s)): the all-to-alls on the {ep['link']} link",
             f"  per MoE layer forward counts + dispatch + combine, backward their 2 mirrors; each rank sends "

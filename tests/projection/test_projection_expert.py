@@ -14,13 +14,16 @@ and top-2 of the 4 experts (each 33,088 parameters: 66,176), twice each, plus at
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from projection_helpers import SMALL
+from projection_helpers import SMALL, fixture_calibration
 from projection_helpers import fixture_cluster as cluster
 
 from engine.config import from_dict
+from engine.projection.clusters import load_cluster
 from engine.projection.flops import model_flops
 from engine.projection.project import predict
+from engine.projection.routing import imbalance_by_degree, routing_imbalance
 
 VOCAB = 65
 MOE = {**SMALL["model"], "n_experts": 4, "top_k": 2}
@@ -130,3 +133,54 @@ def test_the_experts_are_reduced_over_edp_and_held_one_eth_a_rank(tmp_path):
 def test_expert_one_has_no_term(tmp_path):
     step = step_of(config(1, 4), cluster(tmp_path))
     assert (step.ep_s, step.ep) == (0.0, {})
+
+
+def test_a_calibrated_machine_takes_lambda_from_the_model_s_own_routing(tmp_path):
+    """On this machine, calibrated with the model, λ is what its router did in the calibration's steps
+    (one figure per EP degree): taken where none is given, clipped to the bound, and a given one wins."""
+    cfg = config(expert=4, world=4, backend="processes")
+    calibration = fixture_calibration(tmp_path / "calibration.json", cfg)
+    for levels in calibration.data["models"].values():
+        for by_level in levels.values():
+            for figures in by_level.values():
+                figures["expert_imbalance"] = {"2": 1.3, "4": 1.6}
+    here = load_cluster("this-machine")
+    ep = predict(cfg, here, calibration, VOCAB)[0].ep
+    assert (ep["imbalance"], ep["imbalance_chosen"]) == (1.6, "calibrated")
+    two = predict(config(expert=2, world=4, backend="processes"), here, calibration, VOCAB)[0].ep
+    assert (two.get("imbalance"), two.get("imbalance_chosen")) == (1.3, "calibrated")
+    ep = predict(cfg, here, calibration, VOCAB, expert_imbalance=1.1)[0].ep
+    assert (ep["imbalance"], ep["imbalance_chosen"]) == (1.1, "given")
+    del calibration.data["models"][next(iter(calibration.data["models"]))]["fp32"]["2"]["expert_imbalance"]
+    del calibration.data["models"][next(iter(calibration.data["models"]))]["fp32"]["1"]["expert_imbalance"]
+    assert predict(cfg, here, calibration, VOCAB)[0].ep["imbalance_chosen"] == "default"
+
+
+def test_lambda_from_routed_counts_by_hand():
+    """Rank j of e holds experts j·E/e .. (j+1)·E/e − 1; per forward the mean over layers of the busiest
+    rank's rows over the mean, then the median over forwards."""
+    counts = [[np.array([3, 1, 2, 2]), np.array([4, 0, 2, 2])],   # layer 0, forwards 0 and 1
+              [np.array([2, 2, 2, 2]), np.array([1, 1, 3, 3])]]   # layer 1
+    # e = 2: forward 0 (4, 4) and (4, 4): 1.0; forward 1 (4, 4): 1.0 and (2, 6): 1.5, mean 1.25
+    assert routing_imbalance(counts, 2) == pytest.approx((1.0 + 1.25) / 2, rel=1e-15)
+    # e = 4: forward 0: 3/2 and 1.0, mean 1.25; forward 1: 4/2 and 3/2, mean 1.75
+    assert imbalance_by_degree(counts, 4) == {"2": pytest.approx(1.125), "4": pytest.approx(1.5)}
+    assert routing_imbalance([[np.array([5, 5, 5, 5])]], 4) == 1.0
+
+
+def test_a_calibration_of_an_moe_model_keeps_its_routing(tmp_path):
+    """The calibration's compute steps of a model with experts return λ for every EP degree that divides
+    the experts: the routing of the steps it trained, each at least 1 (balanced) and at most the bound."""
+    from engine.comm.base import Signals
+    from engine.comm.threads import ThreadGroup
+    from engine.config import to_dict
+    from engine.projection.compute_calibration import one_rank_config, time_phases
+    cfg = from_dict(one_rank_config(to_dict(config(expert=1, world=1)), "fp32", 8), source="test")
+    comm = ThreadGroup(1, 60.0, Signals()).communicator(0)
+    figures = time_phases(comm, cfg, steps=2, warmup=1)
+    assert set(figures["expert_imbalance"]) == {"2", "4"}
+    for degree, bound in (("2", 2 * min(2, 2) / 2), ("4", 4 * min(2, 1) / 2)):
+        assert 1.0 <= figures["expert_imbalance"][degree] <= bound
+    assert figures["expert_imbalance"]["4"] >= figures["expert_imbalance"]["2"]  # finer groups spread more
+    dense = from_dict(one_rank_config(to_dict(from_dict(SMALL)), "fp32", 8), source="test")
+    assert "expert_imbalance" not in time_phases(comm, dense, steps=2, warmup=1)

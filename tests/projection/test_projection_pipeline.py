@@ -156,7 +156,37 @@ def test_the_tp_term_under_a_pipeline_counts_what_each_rank_issues(tmp_path):
     two = predict(cfg, c, None, VOCAB)[0]
     assert two.tp["step_s"] == pytest.approx(two.tp_s, rel=1e-12) and two.tp["collectives"] > 0
     flops_of = FlopsOf(cfg, VOCAB)
-    pipe, tp = pipeline_of(cfg, make_machine(c, cfg, 4, None, flops_of), flops_of)
+    pipe, tp, _ = pipeline_of(cfg, make_machine(c, cfg, 4, None, flops_of), flops_of)
     in_micro_batches = sum(sum(pipe.tp_issued_by(r).values()) for r in range(2))
     one = predict(config(1, 2, "1f1b", 4, tensor=2), c, None, VOCAB)[0]
     assert in_micro_batches == one.tp["collectives"] - len(tp.per_step) > 0
+
+
+def test_the_cp_term_under_a_pipeline_is_the_ring_of_each_stage_s_blocks(tmp_path):
+    """PP 2 x CP 2 (4 blocks, 2 a stage): a context group's ranks share their rows, so a micro-batch has
+    global batch / (dp · m) rows and a rank b·s/c tokens of them, which the stage-to-stage message carries;
+    each stage's F and I carry the exposed ring hops of its blocks, the same per block as PP 1 x CP 2's
+    (context.py's term, step.py's rows); one row per micro-batch (b < c) still projects."""
+    c = cluster(tmp_path)
+    cfg = config(2, 4, "1f1b", 4, context=2)  # global batch 64: dp 1, 16 rows a micro-batch
+    flops_of = FlopsOf(cfg, VOCAB)
+    pipe, _, cp = pipeline_of(cfg, make_machine(c, cfg, 4, None, flops_of), flops_of)
+    assert cp.active and cp.rows == 16
+    assert pipe.message_bytes == 16 * (32 // 2) * 64 * 4
+    flat = predict(from_dict({**SMALL, "model": {**SMALL["model"], "n_layer": 4},
+                              "train": {"global_batch": 64, "micro_batches": 4},
+                              "parallel": {"world_size": 2, "context": 2}}), c, None, VOCAB)[0]
+    assert cp.block_forward_s > 0
+    assert cp.block_forward_s == pytest.approx(flat.cp["block_forward_s"], rel=1e-12)
+    assert cp.block_backward_s == pytest.approx(flat.cp["block_backward_s"], rel=1e-12)
+    assert pipe.cp_forward == pytest.approx([2 * cp.block_forward_s] * 2, rel=1e-12)
+    assert pipe.cp_backward == pytest.approx([2 * cp.block_backward_s] * 2, rel=1e-12)
+    step = predict(cfg, c, None, VOCAB)[0]
+    me = step.pp["rank"]
+    hops = pipe.per_rank(me, pipe.cp_forward) + pipe.per_rank(me, pipe.cp_backward)
+    assert step.cp_s == pytest.approx(hops, rel=1e-12)
+    assert step.cp["degree"] == 2 and step.exposed_s > step.cp_s > 0
+    one_row = from_dict({**SMALL, "model": {**SMALL["model"], "n_layer": 4},
+                         "train": {"global_batch": 4, "micro_batches": 4},
+                         "parallel": {"world_size": 4, "pipeline": 2, "context": 2}})
+    assert predict(one_row, c, None, VOCAB)[0].step_s > 0
