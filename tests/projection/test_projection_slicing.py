@@ -54,8 +54,10 @@ def test_the_alternation_cancels_a_drift_that_two_launches_take_for_overhead():
                     reason="needs two cores to pin ranks to")
 def test_two_ranks_on_one_core_take_about_twice_as_long_as_on_a_core_each():
     """Two real single-threaded ranks of a small model, pinned in turn: every round reports both
-    placements, and sharing one core costs the pair well over what a core each does (about 2x; at least
-    1.5x even where the scheduler runs the two steps one after the other; 1x if pinning did nothing).
+    placements, and sharing one core costs the pair well over what a core each does (about 2x where the two
+    cores are whole; 1x if pinning did nothing). Anything else busy on either core slows the core-each
+    placement more than the shared one: the quiet 2-core AMD EPYC Zen 4 of 2026-12-04 measured 1.75-2.0, and
+    1.25 once inside a CI run of the whole suite, so the bound is 1.15, still clear of pinning doing nothing.
     32 rows a step (~25 ms on a core here): much shorter steps fit in one scheduler slice."""
     cores = sorted(usable_cores())[:2]
     results = run_ranks(2, "processes", slicing_overhead._alternating_rank,
@@ -64,5 +66,5 @@ def test_two_ranks_on_one_core_take_about_twice_as_long_as_on_a_core_each():
     pairs = [r["fp32"] for r in results]
     assert all(len(p) == ROUNDS for p in pairs)
     both = [(a[0] + b[0], a[1] + b[1]) for a, b in zip(*pairs)]  # the pair's seconds, round by round
-    assert statistics.median(stacked / spread for spread, stacked in both) > 1.3
+    assert statistics.median(stacked / spread for spread, stacked in both) > 1.15
     assert overhead([p for r in pairs for p in r]) >= 1.0
