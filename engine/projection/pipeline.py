@@ -29,8 +29,8 @@ takes its share of the FLOPs (flops.py):
 
 The message. Every stage boundary carries one activation forward and one gradient backward per micro-batch,
 each b·s·h elements in the training dtype (s/c under context parallelism, /t under sequence parallelism):
-n = b·s·h·itemsize, one
-point-to-point message, α + n·β (Hockney) on the link between the two neighbours. The pipeline group is
+n = b·s·h·itemsize, one point-to-point message, α + n·β (Hockney) on the link between the two neighbours.
+The pipeline group is
 placed by the mesh (group_comm.py): with the default order tp-cp-ep-dp-pp the pp axis is outermost, its
 ranks world/p apart, so once the world exceeds a node every neighbour pair sits on two nodes and the
 message takes the inter-node link. A pipeline waits for its slowest hop, so the slowest pair's link is the
