@@ -178,6 +178,14 @@ def header_text(app: NanoDistApp) -> str:
     return str(app.header.content)
 
 
+async def tabs_row_laid_out(app: NanoDistApp, pilot) -> int:
+    """The row the tabs start on, once the layout has caught up with the header's text: a header that
+    changes height is laid out at the next refresh, which comes late on a loaded machine."""
+    await wait_for(pilot, lambda: app.header.region.height == header_text(app).count("\n") + 1
+                   and app.workspace.region.y == app.header.region.bottom)
+    return app.workspace.region.y
+
+
 def log_text(app: NanoDistApp, selector: str = "LogPane") -> str:
     """Every log pane's text, wrapped lines joined back (words separated by single spaces)."""
     logs = app.query(selector).results(RichLog)

@@ -60,6 +60,7 @@ bench.app.command("alltoall")(bench_alltoall.alltoall)
 bench.app.command("ui")(bench_ui.ui)
 bench.app.command("ui-events")(bench_ui.ui_events)
 bench.app.command("ui-keys")(bench_ui.ui_keys)
+bench.app.command("ui-start")(bench_ui.ui_start)
 app.add_typer(bench.app, name="bench")
 app.add_typer(presets.app, name="presets")
 

@@ -1,7 +1,8 @@
 """`nanodist-tui bench ui` (tokens/s with the workbench open against --no-ui, the same run taking turns),
 `nanodist-tui bench ui-events` (a 1 kHz event stream: updates handled, the last value, discrete events
-kept) and `nanodist-tui bench ui-keys` (how fast keys answer while a run trains). The measuring is
-nanodist_tui.bench_ui's and bench_keys's; this module parses and prints."""
+kept), `nanodist-tui bench ui-keys` (how fast keys answer while a run trains) and `nanodist-tui bench
+ui-start` (how soon the first screen shows). The measuring is nanodist_tui.bench_ui's, bench_keys's and
+bench_start's; this module parses and prints."""
 
 from __future__ import annotations
 
@@ -106,3 +107,28 @@ def ui_keys(preset: PresetOpt = "quickstart", sets: SetOpt = None, world_size: W
         print(f"  p: held {report['pause_s'] * 1e3:.0f} ms after the key, after step {report['held_step']}; "
               f"the first step reported after the key: {report['first_step_after_key']}, on screen then: "
               f"{report['step_on_screen']}")
+
+
+START_GOAL_S = 1.0  # the first screen within a second of the command
+
+
+def ui_start(preset: PresetOpt = "quickstart", sets: SetOpt = None,
+             repeats: Annotated[int, typer.Option(help="starts of each kind (medians reported)", min=1)] = 5,
+             as_json: JsonOpt = False) -> None:
+    """Seconds from the command to the workbench's first screen in an 80x24 pseudo-terminal, against a bare
+    Textual program drawing one line, taking turns."""
+    from nanodist_tui.bench_start import SIZE, start_times
+    with user_errors():
+        # a bad preset or --set: one line, before any timing
+        cfg, _, _ = load_config(preset, list(sets or []))
+        report = start_times(preset, list(sets or []), cfg.name, repeats)
+    if as_json:
+        print(json.dumps(report | {"goal_s": START_GOAL_S}, indent=2))
+        return
+    print(f"preset {preset}: the command -> its first screen in a {SIZE[0]}x{SIZE[1]} pseudo-terminal, "
+          f"{repeats} starts of each, taking turns")
+    for kind, label in (("workbench", "workbench"), ("textual", "Textual alone (one line)")):
+        runs = " / ".join(f"{t:.2f}" for t in report["runs"][kind])
+        print(f"  {label:<25} median {report['median'][kind]:.2f} s   ({runs})")
+    verdict = "meets" if report["median"]["workbench"] <= START_GOAL_S else "misses"
+    print(f"  workbench / Textual alone = {report['ratio']:.2f}; {verdict} the goal of {START_GOAL_S:g} s")

@@ -1,6 +1,9 @@
 """Per-rank step figures: one row per rank, cells right-aligned and updated in place (the cursor and the
-scroll position stay where the user put them). Figures in their short forms (696ms, 331kB) and columns as
-wide as their content, so every column, peak memory included, fits in 80 columns.
+scroll position stay where the user put them). Figures in their short forms (696ms, 331kB), in columns of
+fixed widths, the widest figure's or the heading's, so every column, peak memory included, fits in 80 columns,
+and no column moves as figures change. (Widths that follow the content were path-dependent: DataTable widens a
+column only once its message queue goes idle, which a loaded machine may not reach before the next frame, and
+a figure was cut: "4.0m".)
 
 Where the mesh has more than one axis (degree > 1), the rank column also gives the rank's coordinates, each
 under its axis's name ("rank dp tp" over "   3  1  1"), or its initial from three axes on ("rank d p t"
@@ -18,17 +21,19 @@ from nanodist_tui.messages import Tick
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.units import format_share, short_bytes, short_seconds
 
-# (key, label): what each column means is in the help screen (screens/help.py). Widths follow the content.
+# (key, label, the widest figure): what each column means is in the help screen (screens/help.py). The
+# rank's and the step's widths come from the run (its layout, its number of steps).
+SECONDS, BYTES, SHARE = 5, 6, 4  # "696ms", "1.11s" (6 only from 10,000 s); "3.61MB"; "100%"
 COLUMNS = (
-    ("rank", "rank"),
-    ("step", "step"),
-    ("step_time", "step"),
-    ("compute", "compute"),
-    ("comm", "comm"),
-    ("wait", "wait"),
-    ("wait_share", "wait %"),
-    ("sent", "sent/step"),
-    ("memory", "peak mem"),
+    ("rank", "rank", 0),
+    ("step", "step", 0),
+    ("step_time", "step", SECONDS),
+    ("compute", "compute", SECONDS),
+    ("comm", "comm", SECONDS),
+    ("wait", "wait", SECONDS),
+    ("wait_share", "wait %", SHARE),
+    ("sent", "sent/step", BYTES),
+    ("memory", "peak mem", BYTES),
 )
 
 
@@ -73,11 +78,13 @@ class RankTable(DataTable):
         self.where = RankPlaces(info)
 
     def on_mount(self) -> None:
-        for key, label in COLUMNS:
-            self.add_column(_right(self.where.heading if key == "rank" else label), key=key)
+        figure = {"rank": len(self.where.heading), "step": len(str(self.info.total_steps))}
+        for key, label, width in COLUMNS:
+            label = self.where.heading if key == "rank" else label
+            self.add_column(_right(label), key=key, width=max(len(label), width, figure.get(key, 0)))
         for rank in range(self.info.world_size):
-            self.add_row(*(_right("-") if k != "rank" else _right(self.where.cell(rank)) for k, _ in COLUMNS),
-                         key=str(rank))
+            cells = (_right(self.where.cell(rank)) if key == "rank" else _right("-") for key, _, _ in COLUMNS)
+            self.add_row(*cells, key=str(rank))
 
     def ingest(self, tick: Tick) -> None:
         self.stats.update(tick.rank_stats)
@@ -110,6 +117,5 @@ class RankTable(DataTable):
             }
             for column, value in values.items():
                 # In place: clear() would reset the cursor and the scroll position.
-                # update_width: a column grows with a longer figure rather than cut it.
-                self.update_cell(str(rank), column, _right(value), update_width=True)
+                self.update_cell(str(rank), column, _right(value))
             self._shown[rank] = figures

@@ -12,7 +12,7 @@ from nanodist_tui.screens.confirm import ConfirmScreen, QuitConfirmScreen
 from nanodist_tui.screens.help import HelpScreen
 from nanodist_tui.screens.new_run import NewRunScreen
 from nanodist_tui.screens.open_run import OpenRunScreen
-from tests.app_helpers import SMALL, FakeJob, header_text, run, wait_for
+from tests.app_helpers import SMALL, FakeJob, header_text, run, tabs_row_laid_out, wait_for
 
 # Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
 pytestmark = pytest.mark.slow
@@ -235,14 +235,15 @@ def test_pausing_does_not_move_the_panes_at_80_columns():
     async def scenario(app: NanoDistApp, pilot) -> None:
         await training(app, pilot)
         await wait_for(pilot, lambda: "ETA" in header_text(app) and "val" in header_text(app))
-        tabs_row = app.workspace.region.y
+        tabs_row = await tabs_row_laid_out(app, pilot)
+        assert tabs_row == 4  # the header: identity on two lines, progress on two (the peak memory wraps)
         await pilot.press("p")
         await wait_for(pilot, lambda: app.session.state == "paused" and "ETA" not in header_text(app))
         await pilot.pause(0.3)
-        assert app.workspace.region.y == tabs_row
+        assert await tabs_row_laid_out(app, pilot) == tabs_row
         await pilot.press("p")
         await wait_for(pilot, lambda: app.session.state == "running" and "ETA" in header_text(app))
         await pilot.pause(0.3)
-        assert app.workspace.region.y == tabs_row
+        assert await tabs_row_laid_out(app, pilot) == tabs_row
 
     run(scenario, job, size=SMALL)
