@@ -19,6 +19,9 @@ runs measured here.
     calibrate.py    the live measurements on this machine, saved as JSON and reused
     compute_calibration.py  its compute part: phases by size, imbalance, κ, copies, with 1 and 2 ranks busy
     transport_calibration.py  alpha, beta, gamma of our ring, wall-clock and CPU, with cold caches
+    ring_calibration.py  ring attention's blocks timed (diagonal, whole, one device), for context parallelism
+    ring_pass_calibration.py  a rank's whole ring pass (hops delivered locally), a hop beside a block
+    context.py      the context-parallel term: the ring's hops and what they expose, the busiest rank's blocks
     interference.py what a CPU second of communication beside compute costs it (kappa)
     meeting_lag.py  how late ranks time-sliced on shared cores reach a collective
     slicing_overhead.py  what time-slicing costs the model beyond its share of a core

@@ -80,17 +80,20 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
 
 
 def _ring_blocks(comm, cfg_dict: dict, dtype: str, rows: int) -> dict:
-    """Under context parallelism, ring attention's blocks at the rank's rows and heads
-    (engine.projection.ring_calibration: `rows` rows of the whole model's work are a CP rank's b·s/(t·c)
-    tokens, so it holds rows·t·c rows of s/c tokens and n_head/t heads); nothing otherwise."""
+    """Under context parallelism, ring attention's blocks, a rank's whole pass and (with a second busy rank)
+    a hop beside a block, at the rank's rows and heads (engine.projection.ring_calibration and
+    ring_pass_calibration: `rows` rows of the whole model's work are a CP rank's b·s/(t·c) tokens, so it
+    holds rows·t·c rows of s/c tokens and n_head/t heads); nothing otherwise."""
     p, m = cfg_dict["parallel"], cfg_dict["model"]
     c, t = p.get("context", 1), p.get("tensor", 1)
     if c == 1:
         return {}
     from engine.projection.ring_calibration import time_ring_blocks
+    from engine.projection.ring_pass_calibration import time_hops, time_ring_passes
+    shape = (rows * t * c, m["n_head"] // t, m["n_embd"] // m["n_head"], m["block_size"], c, dtype)
     comm.barrier()  # the busy ranks time them together, as they trained
-    return time_ring_blocks(rows * t * c, m["n_head"] // t, m["n_embd"] // m["n_head"], m["block_size"], c,
-                            dtype)
+    figures = time_ring_blocks(*shape) | time_ring_passes(*shape)
+    return figures | time_hops(comm, *shape) if comm.world_size > 1 else figures
 
 
 def one_rank_config(cfg_dict: dict, dtype: str, rows: int) -> dict:

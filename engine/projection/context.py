@@ -24,7 +24,10 @@ posted. With B_h the blocks of hop h (h = 0 .. c − 1), a block's attention tak
                accumulator's last hop home has no blocks beside it)
 
 and what exceeds Σ B_h is the hops' exposed part: on the training thread (Timeline.inline); the rest is
-hidden (counted as overlapped communication). B_h is the most any rank computes at hop h (each exchange
+hidden (counted as overlapped communication). Where the machine was calibrated with a partner
+(ring_pass_calibration.py), each hop beside blocks costs at least what a hop measured beside a block added
+there: on a host whose cores the ranks fill, the transport's copies and the helper thread take the blocks'
+CPU, which no wait shows. B_h is the most any rank computes at hop h (each exchange
 joins neighbours, so a hop waits for the slowest rank's blocks), timed as attention's FLOPs (4·(h/t)·b per
 score forward, twice that backward) at the phase's rate; the CPU the helper thread takes from the blocks
 on a shared host is not counted.
@@ -42,7 +45,9 @@ square of its queries). The step waits for the busiest rank:
 On a calibrated machine (compute.ring_blocks) the blocks' seconds are the kernels timed there
 (ring_calibration.py: a diagonal block with the fused causal kernel, a whole one in NumPy, each with its
 merge; at the layout's chunk, the rank's rows and heads), not their FLOPs: B_h is the slowest rank's
-diagonal and whole blocks at hop h, and the rank's attention is Σ_h B_h in place of the 1/c of the
+diagonal and whole blocks at hop h, scaled so that they add up to the busiest rank's whole pass as timed
+with its hops delivered locally (ring_pass_calibration.py: the pairing, widening and accumulating around
+the blocks), and the rank's attention is Σ_h B_h in place of the 1/c of the
 one-device attention (timed alike) that the calibrated curve holds at the rank's tokens; step.py adds the
 difference, per block, forward and backward (extra_forward_s, extra_backward_s).
 
@@ -61,6 +66,7 @@ from engine.projection.flops import ModelFlops
 from engine.projection.group_comm import group_members, shift_link
 from engine.projection.machine import Machine
 from engine.projection.ring_calibration import KINDS, PHASES, key
+from engine.projection.ring_pass_calibration import hop_key, pass_key
 from engine.projection.timeline import Timeline
 
 
@@ -112,7 +118,8 @@ class ContextParallel:
 
     def time_blocks(self, forward_rate: float, backward_rate: float) -> None:
         """B_h of every hop, forward and backward: the kernels' measured seconds where the machine was
-        calibrated, else attention's FLOPs at the phase's rate (FLOP/s)."""
+        calibrated (scaled to the busiest rank's whole pass where that was timed too), else attention's
+        FLOPs at the phase's rate (FLOP/s)."""
         if not self.active:
             return
         if self.kernels is None:
@@ -125,6 +132,11 @@ class ContextParallel:
             diagonal, whole = t[key("diagonal", phase, self.chunk)], t[key("whole", phase, self.chunk)]
             hops = [max(n * diagonal + w * whole for n, w in (self._kinds(r, (r - h) % c) for r in range(c)))
                     for h in range(c)]
+            # the whole pass (ring_pass_calibration.py) holds what the kernels leave out: pairing, widening,
+            # accumulating, the loop; spread over the hops in proportion to their blocks
+            whole_pass = t.get(pass_key(self.layout.kind, phase))
+            if whole_pass is not None and sum(hops) > 0:
+                hops = [b * whole_pass / sum(hops) for b in hops]
             # the curve (timed at the rank's tokens with the whole context's attention) holds 1/c of the
             # one-device attention timed at the rank's rows: the blocks replace it
             extra = sum(hops) - t[key("one_device", phase)] / c
@@ -152,13 +164,23 @@ class ContextParallel:
 
     # ---- the hops ---------------------------------------------------------------------------------------
 
+    def _exposed(self, messages: list[tuple[str, float]], blocks_s: float) -> float:
+        """What the hops of `messages` ((kind, transfer seconds): "kv", "grad") add beside `blocks_s` of
+        blocks: the wait for transfers longer than them, or where the machine was calibrated with a partner,
+        at least what such hops measured beside a block added there (their copies and the helper thread
+        take the CPU of a host the ranks fill)."""
+        waited = max(0.0, sum(n for _, n in messages) - blocks_s)
+        if self.kernels is None or hop_key("kv") not in self.kernels:
+            return waited
+        return max(waited, sum(self.kernels[hop_key(m)] for m, _ in messages))
+
     @property
     def block_forward_s(self) -> float:
         """One block's forward hops, the part its blocks do not hide."""
         if not self.active:
             return 0.0
         b = self.forward_blocks
-        return sum(max(0.0, self.kv_s - b[h]) for h in range(self.degree - 1))
+        return sum(self._exposed([("kv", self.kv_s)], b[h]) for h in range(self.degree - 1))
 
     @property
     def block_backward_s(self) -> float:
@@ -166,8 +188,9 @@ class ContextParallel:
         if not self.active:
             return 0.0
         b, c, k, g = self.backward_blocks, self.degree, self.kv_s, self.grad_s
-        beside = [k] + [g + k] * (c - 2) + [g]  # what moves during hop h's blocks
-        return sum(max(0.0, m - b[h]) for h, m in enumerate(beside)) + g
+        # beside hop h's blocks: K and V ahead (h < c - 1), the accumulator behind (h > 0)
+        return sum(self._exposed([("kv", k)] * (h < c - 1) + [("grad", g)] * (h > 0), b[h])
+                   for h in range(c)) + g
 
     @property
     def block_forward_transfer_s(self) -> float:

@@ -13,7 +13,8 @@ calibration times, at a rank's rows and heads and with the calibration's busy ra
     whole        a whole block of a chunk, with its merge             (backward: with the gradients'
                                                                       accumulation into dK, dV)
 
-for both layouts' chunks (s/2c zigzag, s/c contiguous). The calibration never runs a hop.
+for both layouts' chunks (s/2c zigzag, s/c contiguous). What a pass costs around its blocks, and what a hop
+adds beside them, are ring_pass_calibration.py's.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ processes backend, 2 ranks, 1 MiB buckets):
 
 The 4-rank cases time-slice 2 ranks a core on a 2-core host. Each case is calibrated just before it runs,
 on its own model, precision and rows per rank (calibrate_for): the calibration times the whole model on one
-or two ranks that never communicate, and the transport and ring attention's blocks alone; it never runs a
-tensor-parallel collective, a pipeline schedule, a ring hop or an all-to-all, so those are predicted, not
-measured. Run:
+or two ranks that never communicate, the transport, and ring attention's blocks, a rank's pass with its hops
+delivered locally and one hop beside one block; it never runs a tensor-parallel collective, a pipeline
+schedule, a ring of ranks or an all-to-all, so those are predicted, not measured. Run:
 
     nanodist-tui project --validate --layouts [--repeats 2]     (just projection-validate-layouts)
 
