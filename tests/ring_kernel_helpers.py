@@ -8,7 +8,7 @@ from projection_helpers import SMALL, fixture_calibration
 from engine.config import from_dict
 from engine.projection.calibrate import Calibration
 from engine.projection.flops import model_signature
-from engine.projection.ring_calibration import key
+from engine.projection.ring_calibration import degree_key, key
 
 VOCAB = 65
 MS = 1e-3
@@ -31,5 +31,5 @@ def calibrated(tmp_path, cfg) -> Calibration:
     cal = fixture_calibration(tmp_path / "calibration.json", cfg)
     level = cal.data["models"][model_signature(cfg, VOCAB)]["fp32"]["2"]
     for (kind, phase, chunk), ms in KERNELS.items():
-        level[key(kind, phase, chunk)] = [ms * MS, 2 * ms * MS, 4 * ms * MS, 8 * ms * MS]
+        level[degree_key(2, key(kind, phase, chunk))] = [ms * MS, 2 * ms * MS, 4 * ms * MS, 8 * ms * MS]
     return Calibration(cal.data)

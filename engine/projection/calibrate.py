@@ -33,6 +33,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,7 +144,8 @@ class Calibration:
 def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: list[int] | None = None,
               steps: int = 6, warmup: int = 2, transport_sizes: list[int] | None = None,
               measure_transport: bool = False, fresh: bool = False, levels=LEVELS,
-              meeting_lag: bool = True, slicing: bool = True) -> Calibration:
+              meeting_lag: bool = True, slicing: bool = True,
+              context_degrees: Sequence[int] = ()) -> Calibration:
     """Measure what is missing for cfg's model in `dtypes` (and the host and transport, on a first run or
     with `measure_transport`), merge it into the calibration at `path` and save it there. `fresh`: measure
     the host, the transport and cfg's model in `dtypes` again (other models in the file are kept).
@@ -151,7 +153,8 @@ def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: l
     `meeting_lag`: with the host, measure how late time-sliced ranks meet (engine.projection.meeting_lag;
     a caller that never puts more ranks than cores on the host can skip it). `slicing`: with a model's
     compute, measure what time-slicing costs it beyond its share of a core
-    (engine.projection.slicing_overhead; likewise skippable)."""
+    (engine.projection.slicing_overhead; likewise skippable). `context_degrees`: ring attention's figures at
+    these context-parallel degrees too, beside cfg's own (a planner's, whose base has none)."""
     path = path or default_path()
     existing = Calibration.load(path)
     data: dict = existing.data if existing else {"version": VERSION, "models": {}}
@@ -169,7 +172,7 @@ def calibrate(cfg: Config, vocab: int, dtypes, path: Path | None = None, rows: l
     todo = [d for d in dtypes if d not in data["models"].get(signature, {})]
     if todo:
         rows = rows or default_rows(cfg)
-        entry, copies = measure_compute(cfg, todo, rows, cores, steps, warmup, levels)
+        entry, copies = measure_compute(cfg, todo, rows, cores, steps, warmup, levels, context_degrees)
         if slicing and "2" in entry[todo[0]]:
             overheads = measure_slicing_overhead(cfg, todo, rows[-1], usable, steps, warmup)
             for dtype, overhead in overheads.items():

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from engine.comm.cores import resolve, share
 from engine.dtypes import is_low_precision
 from engine.projection.collective_times import Link, ring_all_reduce
+from engine.projection.ring_calibration import degree_key
 
 PHASES = ("forward", "backward")
 # AdamW per element: fp32 reads parameter, gradient, m, v and writes parameter, m, v (7 × 4 bytes); mixed
@@ -97,7 +98,7 @@ class NominalCompute:
     def slicing(self, dtype: str, ranks_on_host: int) -> float:
         return 1.0
 
-    def ring_blocks(self, dtype: str, ranks_on_host: int, tokens: float) -> dict | None:
+    def ring_blocks(self, dtype: str, ranks_on_host: int, tokens: float, degree: int) -> dict | None:
         return None  # a cluster file's accelerators run ring attention's blocks at their FLOP rate
 
     def expert_imbalance(self, degree: int, dtype: str, ranks_on_host: int) -> float | None:
@@ -156,18 +157,19 @@ class CalibratedCompute:
         level, factor = self._level(dtype, ranks_on_host)
         return Curve(tuple(level["tokens"]), tuple(level[phase + "_s"]))(tokens) * factor
 
-    def ring_blocks(self, dtype: str, ranks_on_host: int, tokens: float) -> dict | None:
-        """Ring attention's kernels as calibrated (engine.projection.ring_calibration) for a rank whose
-        whole-model work is `tokens` tokens: {key: seconds}, from the calibrated size nearest it, scaled
-        by the ratio (the kernels are a loop over rows and heads) and by the time-slicing factor; None
-        where the calibration did not time them."""
+    def ring_blocks(self, dtype: str, ranks_on_host: int, tokens: float, degree: int) -> dict | None:
+        """Ring attention's figures as calibrated for context-parallel `degree` (ring_calibration.py,
+        ring_pass_calibration.py) for a rank whose whole-model work is `tokens` tokens: {key: seconds}, from
+        the calibrated size nearest it, scaled by the ratio (the kernels are a loop over rows and heads) and
+        by the time-slicing factor; None where the calibration did not time them at that degree."""
         level, factor = self._level(dtype, ranks_on_host)
-        keys = [k for k in level if k.startswith("ring_")]
+        prefix = degree_key(degree, "")
+        keys = [k for k in level if k.startswith(prefix)]
         if not keys:
             return None
         sizes = level["tokens"]
         i = min(range(len(sizes)), key=lambda j: abs(math.log(sizes[j] / tokens)))
-        return {k: level[k][i] * tokens / sizes[i] * factor for k in keys}
+        return {k[len(prefix):]: level[k][i] * tokens / sizes[i] * factor for k in keys}
 
     def expert_imbalance(self, degree: int, dtype: str, ranks_on_host: int) -> float | None:
         """λ of an EP group of `degree` ranks as the calibrated model routed (compute_calibration.py);

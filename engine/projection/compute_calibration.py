@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -27,14 +28,16 @@ IMBALANCE_STEPS = 6  # barrier-timed steps of the second imbalance estimate (see
 
 
 def measure_compute(cfg: Config, dtypes, rows: list[int], cores: int, steps: int, warmup: int,
-                    levels=LEVELS) -> tuple[dict, dict]:
-    """{dtype: {level: curve}} for cfg's model, and copy bandwidth per level."""
+                    levels=LEVELS, context_degrees: Sequence[int] = ()) -> tuple[dict, dict]:
+    """{dtype: {level: curve}} for cfg's model, and copy bandwidth per level; ring attention's figures for
+    cfg's context-parallel degree and `context_degrees` (a planner's: the base has none of its own)."""
+    degrees = sorted({cfg.parallel.context, *context_degrees} - {1})
     entry: dict = {d: {} for d in dtypes}
     copies: dict = {}
     for level in levels:
         if level > max(1, cores):
             continue  # more busy ranks than cores is time-slicing, which the model scales
-        args = (to_dict(cfg), list(dtypes), rows, steps, warmup)
+        args = (to_dict(cfg), list(dtypes), rows, steps, warmup, degrees)
         results = run_ranks(level, "processes", _compute_rank, args, timeout_s=300.0)  # auto threads per rank
         for dtype in dtypes:
             per_rank = [r["curves"][dtype] for r in results]
@@ -56,8 +59,8 @@ def _mean_of_dicts(values: list[dict]) -> dict:
     return {k: statistics.mean(v[k] for v in values) for k in values[0]}
 
 
-def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int], steps: int, warmup: int
-                  ) -> dict:
+def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int], steps: int, warmup: int,
+                  degrees: list[int]) -> dict:
     """One busy rank: its model alone at every size and precision, in step with the other ranks."""
     from engine.config import from_dict
     curves = {}
@@ -65,7 +68,8 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
     for dtype in dtypes:
         per_size = [time_phases(comm, from_dict(one_rank_config(cfg_dict, dtype, r), source="<calibration>"),
                                 steps, warmup, interference=r == rows[-1]) for r in rows]
-        ring = [_ring_blocks(comm, cfg_dict, dtype, r) for r in rows]
+        ring = [{k: v for c in degrees for k, v in _ring_blocks(comm, cfg_dict, dtype, r, c).items()}
+                for r in rows]
         curves[dtype] = {"tokens": [r * per_row for r in rows], "forward_s": [p["forward"] for p in per_size],
                          **{k: [figures[k] for figures in ring] for k in ring[0]},
                          "backward_s": [p["backward"] for p in per_size],
@@ -79,21 +83,20 @@ def _compute_rank(comm, emit, cfg_dict: dict, dtypes: list[str], rows: list[int]
     return {"curves": curves, "copy_bytes_per_s": _copy_rate(comm)}
 
 
-def _ring_blocks(comm, cfg_dict: dict, dtype: str, rows: int) -> dict:
-    """Under context parallelism, ring attention's blocks, a rank's whole pass and (with a second busy rank)
-    a hop beside a block, at the rank's rows and heads (engine.projection.ring_calibration and
+def _ring_blocks(comm, cfg_dict: dict, dtype: str, rows: int, c: int) -> dict:
+    """Context parallelism of degree c: ring attention's blocks, a rank's whole pass and (with a second busy
+    rank) a hop beside a block, at the rank's rows and heads (engine.projection.ring_calibration and
     ring_pass_calibration: `rows` rows of the whole model's work are a CP rank's b·s/(t·c) tokens, so it
-    holds rows·t·c rows of s/c tokens and n_head/t heads); nothing otherwise."""
-    p, m = cfg_dict["parallel"], cfg_dict["model"]
-    c, t = p.get("context", 1), p.get("tensor", 1)
-    if c == 1:
-        return {}
-    from engine.projection.ring_calibration import time_ring_blocks
+    holds rows·t·c rows of s/c tokens and n_head/t heads), each under its degree's key."""
+    from engine.projection.ring_calibration import degree_key, time_ring_blocks
     from engine.projection.ring_pass_calibration import time_hops, time_ring_passes
+    m, t = cfg_dict["model"], cfg_dict["parallel"].get("tensor", 1)
     shape = (rows * t * c, m["n_head"] // t, m["n_embd"] // m["n_head"], m["block_size"], c, dtype)
     comm.barrier()  # the busy ranks time them together, as they trained
     figures = time_ring_blocks(*shape) | time_ring_passes(*shape)
-    return figures | time_hops(comm, *shape) if comm.world_size > 1 else figures
+    if comm.world_size > 1:
+        figures |= time_hops(comm, *shape)
+    return {degree_key(c, name): seconds for name, seconds in figures.items()}
 
 
 def one_rank_config(cfg_dict: dict, dtype: str, rows: int) -> dict:

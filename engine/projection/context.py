@@ -102,7 +102,7 @@ class ContextParallel:
         self.forward_blocks = self.backward_blocks = [0.0] * c
         self.chunk = s // self.layout.n_chunks
         # on a calibrated machine, ring attention's kernels as timed there (ring_calibration.py)
-        kernels = machine.compute.ring_blocks(dtype, machine.ranks_on_host, rows * s / (c * p.tensor))
+        kernels = machine.compute.ring_blocks(dtype, machine.ranks_on_host, rows * s / (c * p.tensor), c)
         needed = [key(kind, phase, self.chunk) for kind in KINDS for phase in PHASES]
         self.kernels = kernels if kernels and all(k in kernels for k in needed) else None
 

@@ -38,6 +38,7 @@ from engine.projection.group_comm import GroupComm, group_members
 from engine.projection.machine import Machine
 from engine.projection.pipeline import Pipeline, neighbour_link
 from engine.projection.pipeline_reduce import bucket_ready, final_ends, reduce_done
+from engine.projection.rank_work import rank_work
 from engine.projection.step_parts import GroupPlan, StepBreakdown
 from engine.projection.tensor_parallel import TensorParallel
 from engine.recompute import checkpointed_blocks
@@ -45,17 +46,9 @@ from engine.recompute import checkpointed_blocks
 
 def pipeline_of(cfg, machine: Machine, flops_of: FlopsOf) -> tuple[Pipeline, TensorParallel, ContextParallel]:
     """The pipeline term of cfg on `machine` (simulated), and the TP and CP terms its stages carry."""
-    p, dtype, vocab = cfg.parallel, cfg.precision.dtype, flops_of.vocab
-    # a context group's ranks share their rows (step.py's rule): b = global batch / (dp · micro-batches)
-    rows = cfg.train.global_batch // (Mesh.of(p).dp * cfg.train.micro_batches)
-    compute, k = machine.compute, machine.ranks_on_host
-    tp = TensorParallel(cfg, vocab, rows, machine)
-    cp = ContextParallel(cfg, rows, machine)
-    tokens = tp.tokens(cp.tokens(rows * flops_of.tokens_per_row))  # a TP and CP rank's share of the work
-    flops = cp.flops(flops_of(tokens), cfg.model.block_size, cfg.model.n_embd)  # the busiest rank's
-    forward_rate = compute.rate("forward", dtype, tokens, k)
-    backward_rate = compute.rate("backward", dtype, tokens, k)
-    cp.time_blocks(forward_rate, backward_rate)
+    vocab, work = flops_of.vocab, rank_work(cfg, machine, flops_of)
+    rows, tp, cp, flops = work.rows, work.tp, work.cp, work.flops
+    forward_rate, backward_rate = work.forward_rate, work.backward_rate
     seconds = (tp.split(flops.forward / forward_rate, "forward"),
                tp.split(flops.backward / backward_rate, "backward"),
                tp.split(flops.block_forward / forward_rate, "block"))

@@ -55,6 +55,14 @@ def scaled_down(cfg: Config) -> tuple[Config, str]:
     return from_dict(d, source="plan --validate"), model
 
 
+def context_degrees(cfg: Config, ranks: int) -> list[int]:
+    """The context-parallel degrees the planner may choose at `ranks` (both layouts' chunks whole), whose
+    ring attention the calibration then times: the scaled-down base has none of its own."""
+    if cfg.model.kind != "gpt":
+        return []
+    return [c for c in range(2, ranks + 1) if ranks % c == 0 and cfg.model.block_size % (2 * c) == 0]
+
+
 def validate_plan(cfg: Config, ranks: int, top: int = 5, steps: int = 6, repeats: int = 2, warmup: int = 2,
                   on_progress=lambda text: None) -> dict:
     load_before = _load()
@@ -65,7 +73,7 @@ def validate_plan(cfg: Config, ranks: int, top: int = 5, steps: int = 6, repeats
     with tempfile.TemporaryDirectory() as folder:
         on_progress(f"calibrating this machine for {base.name} ({base.precision.dtype}, 1 and 2 busy ranks)")
         calibration = calibrate(base, vocab, [base.precision.dtype], path=Path(folder) / "calibration.json",
-                                measure_transport=True)
+                                measure_transport=True, context_degrees=context_degrees(base, n))
     available = available_memory()
     capacity = available / n if available else None
     on_progress(f"planning {n} ranks on this machine")

@@ -39,8 +39,14 @@ def chunk_sizes(block_size: int, degree: int) -> list[int]:
 
 
 def key(kind: str, phase: str, chunk: int | None = None) -> str:
-    """The calibration's key of a kernel's seconds (one_device has no chunk)."""
+    """The key of a kernel's seconds among one degree's figures (one_device has no chunk)."""
     return f"ring_{kind}_{phase}_s" if chunk is None else f"ring_{chunk}_{kind}_{phase}_s"
+
+
+def degree_key(degree: int, name: str) -> str:
+    """The calibration's key of one of ring attention's figures (key, ring_pass_calibration's pass_key and
+    hop_key) for a context-parallel degree: the rank's rows and chunks, so every figure, depend on it."""
+    return f"cp{degree}_{name}"
 
 
 def time_ring_blocks(rows: int, heads: int, head_dim: int, block_size: int, degree: int, dtype: str,

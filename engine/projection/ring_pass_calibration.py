@@ -68,11 +68,9 @@ class Loopback(Communicator):
 def time_ring_passes(rows: int, heads: int, head_dim: int, block_size: int, degree: int, dtype: str,
                      repeats: int = REPEATS) -> dict[str, float]:
     """{pass_key: seconds} of the busiest rank's loopback pass, for every layout, on [rows, heads, s/c,
-    head_dim] operands in the training dtype's compute dtype."""
-    rng = np.random.default_rng(0)
-    cdt = compute_dtype(dtype)
-    q, k, v, g = (rng.standard_normal((rows, heads, block_size // degree, head_dim)).astype(cdt)
-                  for _ in range(4))
+    head_dim] operands in the training dtype (the ring widens 16-bit ones, as it does in training)."""
+    rng, shape = np.random.default_rng(0), (rows, heads, block_size // degree, head_dim)
+    q, k, v, g = (rng.standard_normal(shape).astype(resolve_dtype(dtype)) for _ in range(4))
     out: dict[str, float] = {}
     for layout in CONTEXT_LAYOUTS:
         per_rank = [_pass(Ring(Loopback(r, degree), SequenceLayout(layout, degree)), q, k, v, g, repeats)

@@ -49,12 +49,12 @@ import dataclasses
 from engine.memory.expert import split_shapes
 from engine.memory.tensor_parallel import rank_shapes
 from engine.parallel.mesh import Mesh
-from engine.projection.context import ContextParallel
 from engine.projection.expert import ExpertParallel
 from engine.projection.flops import BackwardEvent, FlopsOf, backward_events
 from engine.projection.group_comm import GroupComm, group_members
 from engine.projection.machine import Machine
 from engine.projection.pipeline_step import predict_pipeline_step
+from engine.projection.rank_work import rank_work
 from engine.projection.step_parts import GroupPlan, StepBreakdown
 from engine.projection.tensor_parallel import TensorParallel
 from engine.projection.timeline import Task, Timeline
@@ -71,15 +71,12 @@ def predict_step(cfg, machine: Machine, flops_of: FlopsOf, owned_elements: int,
     p, dtype, world = cfg.parallel, cfg.precision.dtype, cfg.parallel.world_size
     mesh = Mesh.of(p)
     dp = mesh.degree("dpcp")  # the ranks holding the same weights; a context group's ranks share their rows
-    micro, rows = cfg.train.micro_batches, cfg.train.global_batch // (mesh.dp * cfg.train.micro_batches)
-    compute, k = machine.compute, machine.ranks_on_host
-    tp = TensorParallel(cfg, flops_of.vocab, rows, machine)
-    cp = ContextParallel(cfg, rows, machine)
+    micro, compute, k = cfg.train.micro_batches, machine.compute, machine.ranks_on_host
+    work = rank_work(cfg, machine, flops_of)
+    rows, tp, cp, forward_rate, backward_rate = (work.rows, work.tp, work.cp, work.forward_rate,
+                                                 work.backward_rate)
     ep = ExpertParallel(cfg, flops_of.vocab, rows, machine, expert_imbalance)
-    tokens = tp.tokens(cp.tokens(rows * flops_of.tokens_per_row))  # a TP and CP rank's share of the work
-    flops = ep.flops(cp.flops(flops_of(tokens), cfg.model.block_size, cfg.model.n_embd))  # the busiest's
-    forward_rate, backward_rate = (compute.rate(phase, dtype, tokens, k) for phase in ("forward", "backward"))
-    cp.time_blocks(forward_rate, backward_rate)  # the ring's blocks, which its hops move beside
+    flops = ep.flops(work.flops)  # the busiest rank's
     # per block, the ring's blocks as timed on a calibrated machine in place of the curve's attention
     extra_fwd, extra_bwd = cp.extra_forward_s, cp.extra_backward_s
     blocks = len(flops.unit_forward)

@@ -137,6 +137,20 @@ def case_configs(base: Config, quick: bool = False, only: str = "",
     return out
 
 
+def group_mean_peak(group: list[list[dict[str, int]]]) -> float:
+    """The highest activations of the group's mean rank, over steps and phases (`group`: per rank, per step,
+    {phase: peak bytes}). The estimate assumes balanced routing: every rank of an expert group receives the
+    group's mean rows (their sum is fixed), so it describes the group's mean rank, step by step and phase by
+    phase; elsewhere the group is the rank alone."""
+    return max(statistics.mean(peaks[i].get(phase, 0) for peaks in group)
+               for i, phases in enumerate(group[0]) for phase in phases)
+
+
+def max_peak(group: list[list[dict[str, int]]]) -> int:
+    """The busiest rank's highest activations, over steps and phases."""
+    return max(peak for peaks in group for phases in peaks for peak in phases.values())
+
+
 def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int = 2, steps: int = 10,
              warmup: int = 3, on_progress=lambda text: None, only: str = "",
              cases: tuple | None = None, calibration_steps: int = CALIBRATION_STEPS) -> dict:
@@ -154,13 +168,8 @@ def validate(base: Config, cluster: Cluster, quick: bool = False, repeats: int =
         mesh = Mesh.of(cfg.parallel)
         rank = mesh.rank_of(pp=mem.pipeline_rank)  # the rank the estimate describes
         activations = mem.category_peaks()["activations"]
-        # the estimate assumes balanced routing: every rank of an expert group receives the group's mean
-        # rows (their sum is fixed), so it describes the group's mean rank, step by step and phase by phase;
-        # elsewhere the group is the rank
         group = [run["activations"][r] for r in mesh.members("ep", rank)]
-        measured_activations = max(statistics.mean(peaks[i].get(phase, 0) for peaks in group)
-                                   for i, phases in enumerate(group[0]) for phase in phases)
-        busiest = max(peak for peaks in group for phases in peaks for peak in phases.values())
+        measured_activations, busiest = group_mean_peak(group), max_peak(group)
         run.update(predicted_s=step.step_s, predicted_share=step.comm_share,
                    predicted_imbalance_share=step.imbalance_s / step.step_s,
                    memory_exact=all(run["states"][rank][k] == mem.states[k] for k in MODEL_STATES),

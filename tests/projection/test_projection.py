@@ -292,7 +292,7 @@ def fake_measurements(monkeypatch):
         return {"alpha": ALPHA, "beta": BETA, "gamma": GAMMA, "ranks": 2, "sizes": sizes, "gather_s": [],
                 "scatter_s": []}
 
-    def compute_(cfg, dtypes, rows, cores, steps, warmup, levels):
+    def compute_(cfg, dtypes, rows, cores, steps, warmup, levels, context_degrees):
         calls["compute"].append(list(dtypes))
         from projection_helpers import level
         return {d: {"1": level("1"), "2": level("2")} for d in dtypes}, {"1": 5e9, "2": 4e9}

@@ -21,6 +21,7 @@ from engine.projection.context import ContextParallel
 from engine.projection.flops import FlopsOf, model_signature
 from engine.projection.machine import make_machine
 from engine.projection.project import predict
+from engine.projection.ring_calibration import degree_key
 from engine.projection.ring_pass_calibration import Loopback, hop_key, pass_key, time_hops, time_ring_passes
 
 
@@ -29,7 +30,7 @@ def with_figures(tmp_path, cfg, figures: dict[str, float]) -> Calibration:
     cal = calibrated(tmp_path, cfg)
     level = cal.data["models"][model_signature(cfg, VOCAB)]["fp32"]["2"]
     for name, seconds in figures.items():
-        level[name] = [seconds, 2 * seconds, 4 * seconds, 8 * seconds]
+        level[degree_key(2, name)] = [seconds, 2 * seconds, 4 * seconds, 8 * seconds]
     return Calibration(cal.data)
 
 
@@ -103,3 +104,38 @@ def test_the_calibration_times_both_layouts_passes_and_both_hops_with_a_partner(
     for rank_figures in hops:
         assert set(rank_figures) == {hop_key("kv"), hop_key("grad")}
         assert all(seconds >= 0 for seconds in rank_figures.values())
+
+
+def test_figures_are_kept_per_degree_and_another_degrees_are_not_taken(tmp_path):
+    """The calibration names every ring figure by its degree (the rank's rows and chunks depend on it): a
+    calibration holding only degree 4's leaves a CP 2 run to the FLOPs."""
+    cfg = config("zigzag")
+    cal = calibrated(tmp_path, cfg)
+    level = cal.data["models"][model_signature(cfg, VOCAB)]["fp32"]["2"]
+    for name in [k for k in level if k.startswith("cp2_")]:
+        level[name.replace("cp2_", "cp4_", 1)] = level.pop(name)
+    step = predict(cfg, load_cluster("this-machine"), Calibration(cal.data), VOCAB)[0]
+    assert not step.cp["kernels_timed"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_calibration_rank_times_a_degree_under_its_name_and_hops_only_with_a_partner(ranks):
+    from engine.config import to_dict
+    from engine.projection.compute_calibration import _ring_blocks
+    cfg = to_dict(config("zigzag"))
+    figures = run_ranks(ranks, "threads", lambda comm, emit: _ring_blocks(comm, cfg, "fp32", 1, 2))
+    names = set(figures[0])
+    assert all(name.startswith("cp2_") for name in names)
+    assert {degree_key(2, pass_key(layout, phase)) for layout in CONTEXT_LAYOUTS
+            for phase in ("forward", "backward")} <= names
+    hops = {degree_key(2, hop_key(m)) for m in ("kv", "grad")}
+    assert (hops <= names) if ranks == 2 else not (hops & names)
+
+
+def test_the_planners_check_times_the_degrees_it_may_choose():
+    from engine.config.presets import load_preset
+    from engine.projection.planner_validate import context_degrees
+    mini = load_preset("gpt-mini")[0]  # context 64
+    assert context_degrees(mini, 2) == [2] and context_degrees(mini, 4) == [2, 4]
+    assert context_degrees(mini, 6) == [2]  # 64 tokens are not 12 chunks
+    assert context_degrees(load_preset("mlp")[0], 2) == []
