@@ -29,8 +29,8 @@ hidden (counted as overlapped communication). Where the machine was calibrated w
 there: on a host whose cores the ranks fill, the transport's copies and the helper thread take the blocks'
 CPU, which no wait shows. B_h is the most any rank computes at hop h (each exchange
 joins neighbours, so a hop waits for the slowest rank's blocks), timed as attention's FLOPs (4·(h/t)·b per
-score forward, twice that backward) at the phase's rate; the CPU the helper thread takes from the blocks
-on a shared host is not counted.
+score forward, twice that backward) at the phase's rate; without a calibration's hop the CPU the helper
+thread takes from the blocks on a shared host is not counted.
 
 Compute: every layer but attention works on the rank's b·s/c tokens, and the phases are timed at that size
 (compute.rate by size). Attention: the engine computes a (query chunk, key chunk) block whole (the

@@ -30,9 +30,9 @@ from engine.parallel.context.hops import Hops
 from engine.parallel.context.layout import SequenceLayout
 from engine.parallel.context.ring_attention import Ring, ring_backward, ring_forward
 from engine.projection.quantile import low_quantile
+from engine.projection.ring_calibration import PHASES
 
 REPEATS = 9
-PHASES = ("forward", "backward")
 MESSAGES = ("kv", "grad")  # K and V in the training dtype; the dK, dV accumulator in the compute dtype
 
 

@@ -78,7 +78,7 @@ class RankTable(DataTable):
         self.where = RankPlaces(info)
 
     def on_mount(self) -> None:
-        figure = {"rank": len(self.where.heading), "step": len(str(self.info.total_steps))}
+        figure = {"step": len(str(self.info.total_steps))}  # the rank's cells are as wide as its heading
         for key, label, width in COLUMNS:
             label = self.where.heading if key == "rank" else label
             self.add_column(_right(label), key=key, width=max(len(label), width, figure.get(key, 0)))
