@@ -246,6 +246,8 @@ class NanoDistApp(WorkbenchActions, App[None]):
         self._stop(current, quiet=current.replay)
 
     async def on_tick(self, tick: Tick) -> None:
+        if not self.is_running:
+            return  # the app is closing (its screen's widgets are going): what a job still reports is dropped
         self.tick_times.append((tick.posted_at, time.monotonic()))
         s = self.session
         if s is None or tick.session != s.id:

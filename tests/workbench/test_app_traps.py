@@ -4,6 +4,8 @@ where it holds), a question the run made moot closes itself, and the palette hol
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from textual.command import CommandPalette
 
@@ -12,7 +14,9 @@ from nanodist_tui.screens.confirm import ConfirmScreen, QuitConfirmScreen
 from nanodist_tui.screens.help import HelpScreen
 from nanodist_tui.screens.new_run import NewRunScreen
 from nanodist_tui.screens.open_run import OpenRunScreen
-from tests.app_helpers import SMALL, FakeJob, header_text, run, tabs_row_laid_out, wait_for
+from engine.events import RunStarted
+from nanodist_tui.messages import Tick
+from tests.app_helpers import SMALL, FakeJob, FakeSweep, header_text, run, tabs_row_laid_out, wait_for
 
 # Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
 pytestmark = pytest.mark.slow
@@ -247,3 +251,23 @@ def test_pausing_does_not_move_the_panes_at_80_columns():
         assert await tabs_row_laid_out(app, pilot) == tabs_row
 
     run(scenario, job, size=SMALL)
+
+
+def test_a_trial_that_starts_while_the_app_closes_is_dropped():
+    """A sweep goes on while the app quits: its next trial's start may come after the screen's widgets have gone
+    (CI saw `NoMatches: '#body'` when it did). Such a tick is dropped, and nothing is raised."""
+    sweep = FakeSweep(n=3, hold_at=1)
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: 0 in sweep.ran)
+
+    app = run(scenario, sweep, size=SMALL, sweep_finish=sweep.finish)
+    sweep.finish.set()
+    sweep.go.set()
+    assert not app.is_running
+    workspace = app.workspace
+    tick = Tick(seq=99, steps=(), dropped_steps=0, rank_stats={}, memory={}, traffic={},
+                events=(RunStarted(run_id="t1", preset="fake", config={}, n_params=10, world_size=1, total_steps=4),))
+    tick.session = app.session.id
+    asyncio.run(app.on_tick(tick))
+    assert app.workspace is workspace
