@@ -9,13 +9,13 @@ import asyncio
 import pytest
 from textual.command import CommandPalette
 
+from engine.events import RunStarted
 from nanodist_tui.app import NanoDistApp
+from nanodist_tui.messages import Tick
 from nanodist_tui.screens.confirm import ConfirmScreen, QuitConfirmScreen
 from nanodist_tui.screens.help import HelpScreen
 from nanodist_tui.screens.new_run import NewRunScreen
 from nanodist_tui.screens.open_run import OpenRunScreen
-from engine.events import RunStarted
-from nanodist_tui.messages import Tick
 from tests.app_helpers import SMALL, FakeJob, FakeSweep, header_text, run, tabs_row_laid_out, wait_for
 
 # Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
@@ -254,8 +254,8 @@ def test_pausing_does_not_move_the_panes_at_80_columns():
 
 
 def test_a_trial_that_starts_while_the_app_closes_is_dropped():
-    """A sweep goes on while the app quits: its next trial's start may come after the screen's widgets have gone
-    (CI saw `NoMatches: '#body'` when it did). Such a tick is dropped, and nothing is raised."""
+    """A sweep goes on while the app quits: its next trial's start may come after the screen's widgets have
+    gone (CI saw `NoMatches: '#body'` when it did). Such a tick is dropped, and nothing is raised."""
     sweep = FakeSweep(n=3, hold_at=1)
 
     async def scenario(app: NanoDistApp, pilot) -> None:
@@ -266,8 +266,8 @@ def test_a_trial_that_starts_while_the_app_closes_is_dropped():
     sweep.go.set()
     assert not app.is_running
     workspace = app.workspace
-    tick = Tick(seq=99, steps=(), dropped_steps=0, rank_stats={}, memory={}, traffic={},
-                events=(RunStarted(run_id="t1", preset="fake", config={}, n_params=10, world_size=1, total_steps=4),))
+    started = RunStarted(run_id="t1", preset="fake", config={}, n_params=10, world_size=1, total_steps=4)
+    tick = Tick(seq=99, steps=(), dropped_steps=0, rank_stats={}, memory={}, traffic={}, events=(started,))
     tick.session = app.session.id
     asyncio.run(app.on_tick(tick))
     assert app.workspace is workspace
