@@ -1,8 +1,7 @@
-"""The workbench's keys and what they do: the bindings (each with an id, so the user's [keymap] can move
-it), which of them fit the moment (a training run offers stop and pause, a replay speed and seek, a sweep its
-finish), and the actions themselves — stop, pause, freeze, tabs, replay control, help, new run, compare,
-quit. A mixin of NanoDistApp: the actions drive its sessions (app.py); `WorkbenchHost` is what they need
-of it."""
+"""What the workbench's keys do: which of them fit the moment (a training run offers stop and pause, a
+replay speed and seek, a sweep its finish), and the actions themselves — stop, pause, freeze, tabs, replay
+control, help, new run, compare, quit. The keys are in nanodist_tui/bindings.py. A mixin of NanoDistApp:
+the actions drive its sessions (app.py); `WorkbenchHost` is what they need of it."""
 
 from __future__ import annotations
 
@@ -12,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from textual.binding import Binding
 from textual.widgets import TabbedContent
 
 from engine.run import stop_signals
+from nanodist_tui.bindings import ANY_SCREEN, REPLAY_ACTIONS, RUN_ACTIONS, SEEK_SHARE, WORKBENCH_ACTIONS
 from nanodist_tui.replay import ReplayPlayer, faster, slower
 from nanodist_tui.session import JobFn, RunSession
 from nanodist_tui.workspace import switchable_pipeline
@@ -36,58 +35,6 @@ if TYPE_CHECKING:
     from nanodist_tui.workspace import Workspace
 
 _T = TypeVar("_T")
-
-SEEK_SHARE = 0.1  # [ and ] move a replay by this share of the run
-
-
-def _bindings() -> list[Binding]:
-    # In the footer's order: what the moment needs first (where they do not all fit, the footer shows the
-    # first). A replay's speed and seek keys are one entry each ("+- Speed"), so a replay's keys fit in 80.
-    speed, seek = Binding.Group("Speed", compact=True), Binding.Group("Seek", compact=True)
-    keys = [
-        Binding("s", "stop_training", "Stop", id="stop"),
-        Binding("p", "toggle_pause", "Pause", id="pause"),
-        Binding("x", "finish_sweep", "Finish sweep", id="finish-sweep"),  # sweeps only
-        Binding("plus", "replay_speed(1)", "Faster", id="replay-faster", key_display="+",
-                group=speed),
-        Binding("minus", "replay_speed(-1)", "Slower", id="replay-slower", key_display="-",
-                group=speed),
-        Binding("left_square_bracket", "seek(-1)", "Seek -10%", id="seek-back", key_display="[",
-                group=seek),
-        Binding("right_square_bracket", "seek(1)", "Seek +10%", id="seek-forward", key_display="]",
-                group=seek),
-        # the pipeline tab only, where the run has several pipelines (data or tensor parallelism beside)
-        Binding("g", "next_pipeline", "Next pipeline", id="next-pipeline"),
-        Binding("question_mark", "help", "Help", key_display="?", id="help"),
-        Binding("q", "quit", "Quit", id="quit"),
-        Binding("f", "toggle_freeze", "Freeze", id="freeze"),
-        Binding("n", "new_run", "New run", id="new-run"),
-        Binding("o", "open_replay", "Replay", id="open-replay"),
-        Binding("c", "compare", "Compare", id="compare"),
-        Binding("j", "projection", "Projection", id="projection"),
-        # priority: it works from every screen and dialog (a modal screen otherwise takes every key)
-        Binding("ctrl+c", "stop_and_quit", "Stop (checkpoint kept) and quit, from any screen", show=False,
-                id="stop-and-quit", priority=True),
-    ]
-    keys += [Binding(str(n), f"show_tab({n})", f"Show tab {n}", show=False, id=f"tab-{n}")
-             for n in range(1, 10)]
-    # The pane on show scrolls with these whatever has the focus (the tab strip has it, and takes only
-    # left/right); a focused table or log takes them itself first.
-    keys += [Binding(key, f"scroll_pane('{how}')", f"Scroll the pane: {how.replace('_', ' ')}", show=False,
-                     id=f"scroll-{how.replace('_', '-')}", key_display=shown)
-             for key, how, shown in (("up", "up", "↑"), ("down", "down", "↓"), ("pageup", "page_up", "PgUp"),
-                                     ("pagedown", "page_down", "PgDn"), ("home", "home", "Home"),
-                                     ("end", "end", "End"))]
-    return keys
-
-
-BINDINGS = _bindings()
-BINDING_IDS = tuple(b.id for b in BINDINGS if b.id)
-WORKBENCH_ACTIONS = {b.action.partition("(")[0] for b in BINDINGS}
-RUN_ACTIONS = ("stop_training", "toggle_pause")
-ANY_SCREEN = ("quit", "stop_and_quit", "help")  # the app's keys that work over its other screens too
-REPLAY_ACTIONS = ("replay_speed", "seek")
-
 
 class WorkbenchHost(Protocol):
     """What the actions use of the app they are mixed into (NanoDistApp). A mixin has no base class to say
@@ -358,88 +305,6 @@ class WorkbenchActions:
         self.push_screen(ConfirmScreen(question, "Stop it and start", moot=lambda: self._moot(running),
                                        moot_note=note),
                          lambda yes: self.replace_session(job, None, cfg.name) if yes else None)
-
-    def action_open_replay(self: WorkbenchHost) -> None:
-        from nanodist_tui.screens.open_run import OpenRunScreen
-        self.push_screen(OpenRunScreen(count=1), self._replay_chosen)
-
-    def _replay_chosen(self: WorkbenchHost, chosen: list[Path] | None) -> None:
-        if not chosen:
-            return
-        from engine.run.recorder import read_events
-        (run_dir,) = chosen
-        events = read_events(run_dir)
-        s = self.session
-        if s is not None and s.active and not s.replay:
-            # a run is training: the replay goes on a screen of its own over it, and `esc` comes back to
-            # the run, still training (replacing the session would have stopped it)
-            from nanodist_tui.screens.replay_over import ReplayOverScreen
-            self.push_screen(ReplayOverScreen(events, run_dir.name))
-            return
-        player = ReplayPlayer(events)
-        self.replace_session(player, player, run_dir.name)
-
-    def action_compare(self: WorkbenchHost) -> None:
-        from nanodist_tui.screens.open_run import OpenRunScreen
-        self.push_screen(OpenRunScreen(count=2), self._compare_chosen)
-
-    def _compare_chosen(self: WorkbenchHost, chosen: list[Path] | None) -> None:
-        if chosen and len(chosen) == 2:
-            from nanodist_tui.screens.compare import CompareScreen
-            self.push_screen(CompareScreen(*chosen))
-
-    def action_plan(self: WorkbenchHost) -> None:
-        """The planner on the run's preset (nanodist_tui/screens/plan.py); a layout chosen there starts here
-        as a new run does."""
-        from nanodist_tui.screens.plan import PlanScreen
-        self.push_screen(PlanScreen(self.projection._cfg()), self._plan_chosen)
-
-    def _plan_chosen(self: WorkbenchHost, chosen: tuple[Config, TOMLDocument] | None) -> None:
-        if chosen is not None and self.make_job is None:
-            self.notify("starting runs needs the workbench started by nanodist-tui")
-            return
-        self._new_run_chosen(chosen)
-
-    def action_sweeps(self: WorkbenchHost) -> None:
-        from nanodist_tui.screens.sweeps import SweepsScreen
-        self.push_screen(SweepsScreen())
-
-    def action_serve(self: WorkbenchHost) -> None:
-        if self.model_server is not None:
-            self.notify(f"already serving on {self.model_server.url} (the palette's Stop serving ends it)")
-            return
-        from nanodist_tui.screens.open_run import OpenRunScreen
-        self.push_screen(OpenRunScreen(count=1), self._serve_chosen)
-
-    def _serve_chosen(self: WorkbenchHost, chosen: list[Path] | None) -> None:
-        if chosen:
-            self.run_worker(lambda: self._start_serving(chosen[0]), name="serve", group="serve", thread=True,
-                            exit_on_error=False)
-
-    def _start_serving(self: WorkbenchHost, run_dir: Path) -> None:
-        """On a worker thread: loading and checking the model takes a moment."""
-        from nanodist_tui.serving import start_server
-        try:
-            server = start_server(run_dir)
-        except Exception as e:  # noqa: BLE001 - shown as one line; the workbench goes on
-            self.call_from_thread(self.notify, f"cannot serve {run_dir}: {e}", severity="error", timeout=10)
-            return
-        self.call_from_thread(self._serving, server, run_dir)
-
-    def _serving(self: WorkbenchHost, server: ModelServer, run_dir: Path) -> None:
-        if not self.is_running:
-            server.stop()
-            return
-        self.model_server = server
-        self.say(f"serving {run_dir} on {server.url}: POST /generate, GET /info, GET /health, docs at "
-                 f"{server.url}/docs (palette: \"Stop serving\")", "success")
-        self.notify(f"serving on {server.url}")
-
-    def action_stop_serving(self: WorkbenchHost) -> None:
-        server, self.model_server = self.model_server, None
-        if server is not None:
-            server.stop()
-            self.say(f"stopped serving on {server.url}")
 
     async def action_quit(self: WorkbenchHost) -> None:
         """Quit; a run still going is stopped first (after a confirmation), keeping its checkpoint."""

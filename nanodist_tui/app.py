@@ -32,8 +32,9 @@ from textual.worker import Worker, WorkerState
 
 from engine.events import RunFailed, RunFinished, RunPaused, RunStarted, TrialFinished
 from engine.run.printable import printable
-from nanodist_tui.actions import BINDINGS, WorkbenchActions
+from nanodist_tui.actions import WorkbenchActions
 from nanodist_tui.ascii_filter import AsciiFilter
+from nanodist_tui.bindings import BINDINGS
 from nanodist_tui.describe import best_text, failure
 from nanodist_tui.messages import Tick
 from nanodist_tui.panes import panes_for
@@ -41,6 +42,7 @@ from nanodist_tui.priority import lower_this_thread, start_spawner
 from nanodist_tui.replay import ReplayPlayer
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.session import JobFn, RunSession
+from nanodist_tui.tool_actions import ToolActions
 from nanodist_tui.user_config import UserConfig
 from nanodist_tui.widgets.footer import WorkbenchFooter
 from nanodist_tui.widgets.glyphs import choose
@@ -64,7 +66,7 @@ COMPACT_BELOW = (120, 36)  # narrower or shorter than this, the overview keeps o
 MakeJob = Callable[[Any, Any], JobFn]  # (Config, preset document) -> job
 
 
-class NanoDistApp(WorkbenchActions, App[None]):
+class NanoDistApp(WorkbenchActions, ToolActions, App[None]):
     CSS_PATH = "app.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [*BINDINGS]  # Textual's type (list[Binding] is not: invariant)
 

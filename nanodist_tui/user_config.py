@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine import paths
-from engine.config.rules import did_you_mean
+from engine.config.wording import did_you_mean
 
 # A Textual key name: a printable character, or names such as "f2", "ctrl+x", "question_mark", "shift+tab".
 _KEY = re.compile(r"^(?:(?:ctrl|shift|alt|meta|super|hyper)\+)*(?:[a-z0-9_]+|[!-~])$")

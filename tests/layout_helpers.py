@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import from_dict, to_dict
-from engine.config.rules import toml_repr
+from engine.config.wording import toml_repr
 from engine.parallel.mesh import DEFAULT_ORDER
 from engine.trainer import Trainer
 from tests.pp_train_helpers import whole

@@ -5,6 +5,7 @@ launcher.
   group.py        process groups (a view over a parent communicator); NodeGrid, the nodes × ranks grid
   threads.py      threads backend (in-process mailboxes)
   tcp.py          socket transport with the shared-memory fast path (processes, tcp backends)
+  tcp_link.py     one of its links, and the send and receive state machines of a message over it
   wire.py auth.py shm.py rendezvous.py   its frame header, handshake, segments, rendezvous
   mpi.py          mpi backend (mpi4py), and MPI's native Allreduce as algorithm "mpi-native"
   collectives.py  the collectives' entry points and ALGORITHMS; the algorithms, one file per family:

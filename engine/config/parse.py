@@ -24,10 +24,8 @@ from engine.config.rules import (
     RULES,
     combination_problem,
     data_problem,
-    did_you_mean,
     one_of,
     sweep_problem,
-    toml_repr,
 )
 from engine.config.schema import (
     FIELDS,
@@ -53,6 +51,7 @@ from engine.config.schema import (
     split_key,
 )
 from engine.config.vocabulary import PARAM_TYPES
+from engine.config.wording import did_you_mean, toml_repr
 
 __all__ = ["CheckpointConfig", "Config", "ConfigError", "DataConfig", "EmulateConfig", "LogConfig",
            "MemoryConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "PrecisionConfig", "RunConfig",

@@ -25,7 +25,7 @@ from tomlkit.items import Float, Item
 
 from engine import config, paths
 from engine.config import Config, ConfigError
-from engine.config.rules import did_you_mean
+from engine.config.wording import did_you_mean
 from engine.run import atomic_file
 
 

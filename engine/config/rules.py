@@ -1,5 +1,6 @@
 """What a valid configuration is: the rule for each setting, the rules across settings, the checks
-against the loaded data, and the wording of their messages.
+against the loaded data. The layout's rules (engine.config.rules_layout), context parallelism's and the
+experts' (rules_context, rules_moe) live beside it; their messages' wording in engine.config.wording.
 
 Pure: a rule takes values and returns None, or the problem and the fix it suggests (with the key, for
 rules across settings); engine.config turns that into a ConfigError naming the source.
@@ -10,19 +11,23 @@ import dataclasses
 import difflib
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from engine.comm.collectives import ALGORITHMS, ON_ANY_GROUP
 from engine.comm.emulation import EMULATION_KEYS
 from engine.comm.launch import BACKENDS, EMULATING_BACKENDS
 from engine.config.rules_context import CONTEXT_RULES, context_problem
+from engine.config.rules_layout import (
+    describing,
+    mesh_problem,
+    pipeline_problem,
+    tensor_problem,
+    unimplemented_problem,
+)
 from engine.config.rules_moe import MOE_RULES, moe_problem
 from engine.config.vocabulary import (
     DIRECTIONS,
-    IMPLEMENTED_AXES,
     METRICS,
     PIPELINE_SCHEDULES,
     PRUNERS,
@@ -32,6 +37,7 @@ from engine.config.vocabulary import (
     directions_of,
     metrics_of,
 )
+from engine.config.wording import KeyedProblem, Problem, choices_doc, toml_repr
 from engine.data import DATA_KINDS
 from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS
@@ -43,38 +49,8 @@ from engine.recompute import CHECKPOINTING, checkpointed_blocks
 if TYPE_CHECKING:
     from engine.config.schema import Config, SweepConfig
 
-Problem = tuple[str, str]  # (problem, fix): a rule's verdict on one setting's value
 INT64 = 1 << 63  # whole numbers must fit an int64: numpy holds them so in every rank
 MAX_TIMEOUT_S = 1e6  # about 11.6 days; waits far past it overflow the clock's arithmetic
-KeyedProblem = tuple[str, str, str]  # (key, problem, fix): a problem across settings
-
-
-def toml_repr(value: Any) -> str:
-    """How a value is spelled in TOML, for messages."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_repr(v) for v in value) + "]"
-    return repr(value)
-
-
-def did_you_mean(key: str, candidates: list[str]) -> str:
-    """Fix for an unknown dotted key: a close name in its section, the same name elsewhere, or a list."""
-    section, _, last = key.rpartition(".")
-    same = [c for c in candidates if c.rpartition(".")[0] == section]
-    close = (difflib.get_close_matches(key, same, n=1, cutoff=0.75)
-             or [c for c in candidates if c.rpartition(".")[2] == last]
-             or difflib.get_close_matches(key, candidates, n=1, cutoff=0.6))
-    if close:
-        return f"did you mean {close[0]}?"
-    return "valid keys here: " + ", ".join(c.rpartition(".")[2] for c in same) if same else "remove it"
-
-
-def choices_doc(choices: Iterable[str]) -> str:
-    """How a field's doc lists its allowed values: "a" | "b" | "c"."""
-    return " | ".join(f'"{c}"' for c in choices)
 
 
 def one_of(*choices: str):
@@ -236,7 +212,7 @@ def combination_problem(cfg: Config) -> KeyedProblem | None:
     """The first rule across settings that cfg breaks, as (key, problem, fix), or None."""
     m, t, o, p, pr = cfg.model, cfg.train, cfg.optim, cfg.parallel, cfg.precision
     if problem := (unimplemented_problem(p) or mesh_problem(cfg) or tensor_problem(cfg)
-                   or pipeline_problem(cfg) or moe_problem(cfg, _DESCRIBING.get())):
+                   or pipeline_problem(cfg) or moe_problem(cfg, describing())):
         return problem
     if problem := context_problem(cfg):
         return problem
@@ -286,156 +262,6 @@ def combination_problem(cfg: Config) -> KeyedProblem | None:
         return ("precision.min_scale", f"{pr.min_scale:g} is above init_scale {pr.init_scale:g}",
                 "lower min_scale (0 = never abort)")
     return None
-
-
-# True while a layout is only described (`nanodist-tui mesh`): every degree is then accepted
-_DESCRIBING: ContextVar[bool] = ContextVar("describing_layout", default=False)
-
-
-@contextmanager
-def describing_layout() -> Iterator[None]:
-    """Inside it, configs with degrees this release cannot train yet are valid: for commands that only
-    describe a layout. Everything else is checked as for a run."""
-    token = _DESCRIBING.set(True)
-    try:
-        yield
-    finally:
-        _DESCRIBING.reset(token)
-
-
-def unimplemented_problem(p) -> KeyedProblem | None:
-    """A mesh degree above 1 on an axis this release does not train yet (vocabulary.IMPLEMENTED_AXES)."""
-    if _DESCRIBING.get():
-        return None
-    for axis, key in AXES.items():
-        degree = 1 if axis == "dp" else getattr(p, key)  # dp's degree is what remains, always trainable
-        if degree > 1 and axis not in IMPLEMENTED_AXES:
-            return (f"parallel.{key}", f"{key} parallelism ({key} = {degree}) is not implemented yet in this "
-                    "release", f"set parallel.{key} = 1 (`nanodist-tui mesh` shows the layout it would make)")
-    return None
-
-
-def mesh_problem(cfg: Config) -> KeyedProblem | None:
-    """A layout that cannot be: degrees that do not fit the world, the heads or the layers."""
-    m, p = cfg.model, cfg.parallel
-    cell = p.tensor * p.pipeline * p.context
-    if p.world_size % cell:
-        return ("parallel.world_size", f"{p.world_size} is not a multiple of tensor {p.tensor} x pipeline "
-                f"{p.pipeline} x context {p.context} = {cell}",
-                f"use a world_size that is a multiple of {cell} (e.g. {_multiples(cell, p.world_size)}), or "
-                "degrees whose product divides it")
-    if m.kind == "gpt" and m.n_head % p.tensor:
-        return ("parallel.tensor", f"{p.tensor} does not divide model.n_head {m.n_head}: each "
-                "tensor-parallel rank holds whole attention heads",
-                f"use a divisor of {m.n_head}: {_divisors(m.n_head)}")
-    layers = m.n_layer if m.kind == "gpt" else len(m.widths) - 1
-    if p.pipeline > layers:
-        return ("parallel.pipeline", f"{p.pipeline} stages for {layers} layers: every stage needs at least "
-                "one", f"use at most {layers}")
-    dpcp = p.world_size // cell * p.context
-    if dpcp % p.expert:
-        return ("parallel.expert", f"{p.expert} does not divide the {dpcp} data x context ranks experts are "
-                f"spread over (world_size {p.world_size} / (tensor {p.tensor} x pipeline {p.pipeline}))",
-                f"use a divisor of {dpcp}: {_divisors(dpcp)}")
-    if p.sequence_parallel and p.tensor == 1:
-        return ("parallel.sequence_parallel", "splits the sequence over the tensor-parallel ranks, but "
-                "parallel.tensor = 1", "set parallel.tensor > 1, or sequence_parallel = false")
-    return None
-
-
-def tensor_problem(cfg: Config) -> KeyedProblem | None:
-    """What tensor parallelism (parallel.tensor > 1) cannot split, or cannot run beside: the sequence for
-    sequence parallelism, an MLP's layers, and the collectives that need the whole world (with tensor > 1
-    gradients are reduced over the data-parallel group: ranks apart by the tensor degree)."""
-    m, p = cfg.model, cfg.parallel
-    t = p.tensor
-    if t == 1:
-        return None
-    if p.sequence_parallel and m.kind == "mlp":
-        return ("parallel.sequence_parallel", "splits a sequence, and the mlp model has none",
-                "set sequence_parallel = false")
-    if p.sequence_parallel and m.block_size % t:
-        return ("parallel.sequence_parallel", f"splits the context of model.block_size {m.block_size} tokens "
-                f"{t} ways, and {t} does not divide it", f"use a block_size that is a multiple of {t}, or "
-                "sequence_parallel = false")
-    if m.kind == "mlp" and (problem := _mlp_tensor_problem(m.widths, m.dropout, t)):
-        return ("parallel.tensor", *problem)
-    if p.hybrid:
-        return ("parallel.hybrid", "shards ZeRO state inside a node of the world's ranks; with tensor > 1 "
-                "ZeRO shards over the data-parallel group", "set parallel.hybrid = false")
-    if p.algorithm not in ON_ANY_GROUP:
-        return ("parallel.algorithm", f"{toml_repr(p.algorithm)} runs over the whole world, and with tensor "
-                f"{t} gradients are reduced over the data-parallel group",
-                f"use one of {', '.join(map(toml_repr, ON_ANY_GROUP))}")
-    return None
-
-
-def pipeline_problem(cfg: Config) -> KeyedProblem | None:
-    """What pipeline parallelism (parallel.pipeline > 1) cannot cut or schedule, or cannot run beside."""
-    m, p = cfg.model, cfg.parallel
-    stages = p.pipeline * p.chunks
-    if p.pipeline == 1 and p.pipeline_emulate_ms:
-        return ("parallel.pipeline_emulate_ms", "emulates a pipeline's compute, but parallel.pipeline = 1",
-                "set parallel.pipeline > 1, or pipeline_emulate_ms = 0")
-    if p.pipeline == 1:
-        return None if p.chunks == 1 else (
-            "parallel.chunks", f"{p.chunks} chunks split a pipeline rank's layers, but parallel.pipeline = 1",
-            "set parallel.pipeline > 1, or chunks = 1")
-    if m.kind == "mlp":
-        return ("parallel.pipeline", "cuts a GPT's transformer blocks into stages; the mlp model has none",
-                'set model.kind = "gpt", or parallel.pipeline = 1')
-    if (p.chunks > 1) != (p.schedule == "interleaved"):
-        return ("parallel.chunks", f"{p.chunks} with schedule {toml_repr(p.schedule)}: only \"interleaved\" "
-                "runs several chunks per rank, and it needs 2 or more",
-                'set chunks = 1, or schedule = "interleaved" with chunks >= 2')
-    if stages > m.n_layer:
-        return ("parallel.chunks", f"pipeline {p.pipeline} x chunks {p.chunks} = {stages} stages for "
-                f"model.n_layer {m.n_layer} blocks: every stage needs one", "use fewer stages or more layers")
-    if p.zero_stage >= 2:
-        return ("parallel.zero_stage", f"ZeRO-{p.zero_stage} reduces (stage 2) or gathers (stage 3) inside "
-                "the replica's own backward and forward, and a pipeline stage runs its backwards in its "
-                "schedule's order outside them", "use zero_stage 0 or 1 with parallel.pipeline > 1")
-    if p.hybrid or p.algorithm not in ON_ANY_GROUP:
-        return ("parallel.hybrid" if p.hybrid else "parallel.algorithm", "runs over the whole world, and "
-                f"with pipeline {p.pipeline} gradients are reduced over the data-parallel group",
-                f"set hybrid = false and algorithm to one of {', '.join(map(toml_repr, ON_ANY_GROUP))}")
-    from engine.parallel.pipeline.schedules import ShapeError, build_schedule  # here: they import config
-    try:
-        build_schedule(p.schedule, p.pipeline, cfg.train.micro_batches, p.chunks)
-    except ShapeError as exc:
-        return (_SCHEDULE_SHAPE_KEYS[exc.parameter], f"{exc.value} with schedule {toml_repr(p.schedule)}: "
-                f"{exc.reason}", f"change {_SCHEDULE_SHAPE_KEYS[exc.parameter]} or parallel.schedule")
-    return None
-
-
-# A schedule's ShapeError names its shape parameter; the config key that sets it:
-_SCHEDULE_SHAPE_KEYS = {"micro_batches": "train.micro_batches", "chunks": "parallel.chunks",
-                        "ranks": "parallel.pipeline"}
-
-
-def _mlp_tensor_problem(widths, dropout: float, t: int) -> Problem | None:
-    """An mlp model splits as (column-, row-parallel) pairs of layers, each pair's hidden width t ways."""
-    layers = len(widths) - 1
-    if layers % 2:
-        return (f"{t} splits the mlp model's layers in pairs (column-, then row-parallel), and its "
-                f"{layers} layers do not pair up", "give model.widths an odd number of entries, or set "
-                "parallel.tensor = 1")
-    if uneven := [w for w in widths[1:-1:2] if w % t]:
-        return (f"{t} does not divide the hidden width {uneven[0]} it splits", f"use hidden widths that are "
-                f"multiples of {t}")
-    if dropout and layers > 2:
-        return (f"{t} splits the hidden layer's dropout mask, planned for one hidden layer only (the mlp "
-                f"model has {layers - 1})", "set model.dropout = 0, or use one hidden layer")
-    return None
-
-
-def _multiples(n: int, near: int) -> str:
-    low = n * max(1, near // n)
-    return f"{low} or {low + n}" if low < near else str(low)
-
-
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
 def _collective_problem(p) -> KeyedProblem | None:

@@ -38,7 +38,7 @@ MOE_RULES: dict[str, Any] = {
 
 def moe_problem(cfg: Config, describing: bool = False) -> tuple[str, str, str] | None:
     """The first rule across settings that the experts break, as (key, problem, fix), or None.
-    `describing`: the layout is only described (engine.config.rules.describing_layout), so the mesh's
+    `describing`: the layout is only described (engine.config.rules_layout.describing_layout), so the mesh's
     degrees are not checked against the model."""
     m, p = cfg.model, cfg.parallel
     e = m.n_experts

@@ -13,7 +13,6 @@ from typing import Any
 
 from engine.comm.collectives import ALGORITHMS
 from engine.comm.launch import BACKENDS
-from engine.config.rules import choices_doc
 from engine.config.vocabulary import (
     CONTEXT_LAYOUTS,
     DIRECTIONS,
@@ -25,6 +24,7 @@ from engine.config.vocabulary import (
     SINKS,
     STAGE_BALANCES,
 )
+from engine.config.wording import choices_doc
 from engine.data import DATA_KINDS
 from engine.dtypes import DTYPES
 from engine.nn import MODEL_KINDS

@@ -3,10 +3,9 @@
 Why: after each matrix product OpenBLAS's worker threads busy-wait for the next one, by default for
 2^28 cycles (~0.1 s). Between two products a rank runs its own elementwise work, shared among its
 threads (engine.fast.thread_pool): the spinning BLAS worker holds a core that work needs, so on a rank with
-two threads the "shared" kernels ran on one core and a half. Measured on gpt-mini, one rank, 2 threads,
-2 cores (`nanodist-tui bench step`, three alternating runs each): ours/PyTorch 1.07 / 1.23 / 1.11 as
-OpenBLAS ships, 1.03 / 0.98 / 1.05 with OPENBLAS_THREAD_TIMEOUT=4 (2^4 cycles: sleep right away; a
-wake-up costs microseconds, the spin cost milliseconds per step).
+two threads the "shared" kernels ran on one core and a half. With the workers asleep at once, gpt-mini's step
+came closer to PyTorch's: a wake-up costs microseconds, the spin milliseconds per step (the runs, with their
+machine, in docs/benchmark-history.md).
 
 OpenBLAS reads the variable once, when the library loads, so this runs from engine/__init__.py, before
 any engine module imports NumPy; rank processes inherit it. A value the user set is kept. In a process

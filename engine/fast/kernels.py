@@ -39,10 +39,9 @@ _GELU_K = 0.044715
 # the hand-off to a second thread (a wake-up inside a step, where the other core may be busy) costs more
 # than half the loop's time saves.
 SHARE_GRAIN = 1 << 18
-# GELU's elements per thread at least before it is shared. Measured on the 2-core Xeon (docs/benchmarks.md,
-# 2026-12-04 afternoon): GELU on 2 threads took 4-15% longer than on one at 1 Mi and 3 Mi elements (forward
-# and backward, polling or sleeping workers, the same with one block per thread), where the products and
-# attention's tiles run ~2x and ~1.5x faster on two: GELU's passes are bound by what the cores share.
+# GELU's elements per thread at least before it is shared: never. On two threads it took longer than on one
+# at gpt-mini's and gpt-baby's sizes (docs/benchmarks.md, "workers that poll between shares"), where the
+# products and attention's tiles gain from a second thread: GELU's passes are bound by what the cores share.
 GELU_SHARE_GRAIN = 1 << 62
 _U16 = np.uint16
 

@@ -38,9 +38,9 @@ from engine.fast import spin_pool
 
 BLOCK = 1 << 15  # elements per block: a few float32 temporaries of it fit a core's L2 cache
 HANDOFF_TRIALS = 16  # empty hand-offs a new pool times (~1 ms in all)
-# run() shares a kernel's blocks when that saves at least this many hand-offs' time. Measured on the 2-core
-# machines (hand-off ~70 us): fp32 GELU over 256 Ki elements (~0.15 ms on one thread) took twice as long
-# shared, fp16 GELU and fp32 layer norm over 1 Mi elements (~1 ms) ~30% less.
+# run() shares a kernel's blocks when that saves at least this many hand-offs' time (handoff_s(), timed when
+# the pool starts): a short kernel shared lost to its hand-offs, a long one gained (docs/benchmarks.md,
+# "Blocks are shared only when that repays the hand-offs").
 SHARE_AFTER_HANDOFFS = 4
 SPIN_VAR = "NANODIST_SPIN"  # "1" / "0" (or on/off, true/false, yes/no): polling workers or sleeping ones
 # Polling workers (engine.fast.spin_pool) where numba is installed: True, False (the executor's sleeping

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from engine.config import Config
 from engine.config.rules import combination_problem
+from engine.config.rules_layout import divisors
 from engine.parallel.mesh import DEFAULT_ORDER
 
 ORDERS = (DEFAULT_ORDER, "tp-cp-ep-pp-dp")  # Megatron's; and pipeline stages inside data replicas
@@ -120,24 +121,20 @@ def problem(cfg: Config) -> str | None:
     return None if found is None else f"{found[0]}: {found[1]}"
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def degree_splits(cfg: Config, ranks: int) -> Iterator[tuple[int, int, int, int, int]]:
     """(data, tensor, pipeline, context, expert) with data x tensor x pipeline x context = ranks, pruned by
     what the model can take before any config is built: tensor divides the heads, pipeline at most the
     layers, context a GPT's only, expert a divisor of the experts."""
     m = cfg.model
     gpt = m.kind == "gpt"
-    for t, p in itertools.product(_divisors(ranks), repeat=2):
+    for t, p in itertools.product(divisors(ranks), repeat=2):
         if ranks % (t * p):
             continue
         if gpt and m.n_head % t or p > (m.n_layer if gpt else len(m.widths) - 1):
             continue
-        for c in _divisors(ranks // (t * p)) if gpt else [1]:
+        for c in divisors(ranks // (t * p)) if gpt else [1]:
             d = ranks // (t * p * c)
-            experts = [e for e in _divisors(d * c) if m.n_experts % e == 0] if gpt and m.n_experts else [1]
+            experts = [e for e in divisors(d * c) if m.n_experts % e == 0] if gpt and m.n_experts else [1]
             for e in experts:
                 yield d, t, p, c, e
 

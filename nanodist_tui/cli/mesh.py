@@ -16,7 +16,7 @@ COORDS = ("dp", "pp", "cp", "tp", "ep")
 def mesh(preset: PresetOpt = "quickstart", sets: SetOpt = None, world_size: WorldOpt = None,
          as_json: JsonOpt = False) -> None:
     """The device mesh: every rank's coordinates (dp, pp, cp, tp, ep) and process groups."""
-    from engine.config.rules import describing_layout
+    from engine.config.rules_layout import describing_layout
     from engine.parallel.mesh import Mesh
     with user_errors(), describing_layout():
         cfg, _, _ = load_config(preset, sets, world_size)

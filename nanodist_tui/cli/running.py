@@ -139,7 +139,7 @@ def workbench_config(ascii_only: bool = False):
     """The user's workbench settings (keymap, display); a mistake in that file is one line and exit 2."""
     import dataclasses
 
-    from nanodist_tui.actions import BINDING_IDS
+    from nanodist_tui.bindings import BINDING_IDS
     from nanodist_tui.user_config import UserConfigError, load_user_config
     try:
         config = load_user_config(BINDING_IDS)

@@ -128,7 +128,7 @@ def test_a_missing_preset_is_one_line():
 def test_training_with_a_degree_not_built_yet_is_refused(monkeypatch, key, name):
     """Every axis trains in this release; an axis taken out of IMPLEMENTED_AXES (as one is before its
     parallelism is built) is refused in one line by training and memory, and still described by mesh."""
-    from engine.config import rules
+    from engine.config import rules_layout as rules
     monkeypatch.setattr(rules, "IMPLEMENTED_AXES", frozenset({"dp", "tp", "pp"}))
     line = (f"--set parallel.{key}=2: parallel.{key}: {name} parallelism ({key} = 2) is not implemented yet "
             f"in this release; set parallel.{key} = 1 (`nanodist-tui mesh` shows the layout it would make)")

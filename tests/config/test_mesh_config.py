@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from engine.config import Config, ConfigError, from_dict
-from engine.config import rules as config_rules
-from engine.config.rules import describing_layout
+from engine.config import rules_layout as config_rules
+from engine.config.rules_layout import describing_layout
 
 
 def error_of(d: dict) -> ConfigError:

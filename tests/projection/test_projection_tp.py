@@ -10,7 +10,7 @@ import pytest
 from projection_helpers import SMALL
 
 from engine.config import from_dict, to_dict
-from engine.config.rules import describing_layout
+from engine.config.rules_layout import describing_layout
 from engine.memory.tensor_parallel import rank_shapes
 from engine.projection.clusters import load_cluster
 from engine.projection.compute_calibration import one_rank_config

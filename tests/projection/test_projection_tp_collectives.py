@@ -11,7 +11,7 @@ import pytest
 
 from engine.comm.launch import run_ranks
 from engine.config import from_dict
-from engine.config.rules import describing_layout
+from engine.config.rules_layout import describing_layout
 from engine.nn import MLP
 from engine.parallel.tensor import parallelize
 from engine.projection.clusters import load_cluster

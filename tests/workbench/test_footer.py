@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from textual.widgets._footer import FooterKey
 
-from nanodist_tui.actions import BINDINGS
 from nanodist_tui.app import NanoDistApp
+from nanodist_tui.bindings import BINDINGS
 from nanodist_tui.replay import ReplayPlayer
 from tests.app_helpers import SIZE, SMALL, FakeJob, FakeSweep, demo_events, run, screen_text, wait_for
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from nanodist_tui.actions import BINDING_IDS
+from nanodist_tui.bindings import BINDING_IDS
 from nanodist_tui.cli import app as cli
 from nanodist_tui.user_config import UserConfigError, config_path, load_user_config
 
