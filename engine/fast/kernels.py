@@ -3,8 +3,9 @@
 
 A fused op written in NumPy is a chain of whole-array passes (GELU's backward is fifteen). Where numba is
 installed the chain is compiled (engine.fast.kernels_jit) and each of the rank's threads takes one
-contiguous range of the work: layer norm's rows in one compiled call; GELU's elements a block at a time,
-its tanh NumPy's between two compiled loops (kernels_jit says why), the block's temporary kept in cache.
+contiguous range of the work: layer norm's rows in one compiled call; GELU's elements in one compiled
+pass in float32 (its tanh engine.fast.tanh32's rational function, kernels_jit says why), and in float64 a
+block at a time, NumPy's tanh between two compiled loops, the block's temporary kept in cache.
 Where numba is missing the named NumPy chain (`_gelu_numpy`, ...; engine.reference has the formulas) runs
 block by block, so its temporaries stay in cache, the blocks shared among the threads. Each kernel picks
 its way once (`_route`): the compiled loops (float32 and float64), the fused 16-bit loops (16-bit bits in
@@ -31,6 +32,7 @@ import numpy as np
 from engine.dtypes import LOW_PRECISION
 from engine.fast import lowp, thread_pool
 from engine.fast.compiled import load
+from engine.fast.tanh32 import coefficients, tanh_numpy
 from engine.fast.thread_pool import BLOCK
 
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -39,10 +41,6 @@ _GELU_K = 0.044715
 # the hand-off to a second thread (a wake-up inside a step, where the other core may be busy) costs more
 # than half the loop's time saves.
 SHARE_GRAIN = 1 << 18
-# GELU's elements per thread at least before it is shared: never. On two threads it took longer than on one
-# at gpt-mini's and gpt-baby's sizes (docs/benchmarks.md, "workers that poll between shares"), where the
-# products and attention's tiles gain from a second thread: GELU's passes are bound by what the cores share.
-GELU_SHARE_GRAIN = 1 << 62
 _U16 = np.uint16
 
 
@@ -73,6 +71,7 @@ def _shared(fn: Callable[[int, int], None], n: int, grain: int) -> None:
 # ---- GELU (GPT-2's tanh approximation) -------------------------------------------------------------
 
 _GELU_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
+TANH32 = coefficients()  # the float32 loops' tanh (engine.fast.tanh32)
 
 
 def _constants(dtype: np.dtype) -> tuple:
@@ -90,47 +89,22 @@ def gelu(x: np.ndarray) -> np.ndarray:
         thread_pool.run(lambda lo, hi: _gelu_numpy(src[lo:hi], out[lo:hi]), src.size)
     else:
         _shared(lambda lo, hi: _gelu_compiled(jit, way, bf16, src[lo:hi], out[lo:hi]), src.size,
-                GELU_SHARE_GRAIN)
+                SHARE_GRAIN)
     return out.reshape(x.shape)
 
 
-def _gelu_blocks(jit, way: str, bf16: bool, x: np.ndarray, out: np.ndarray,
-                 last: Callable[..., None]) -> None:
-    """One thread's range of GELU or its gradient, BLOCK elements at a time (the block's tanh argument stays
-    in cache): the argument (compiled loop), NumPy's tanh in place, then last(lo, hi, xb, tt, dst), the
-    compiled loop that writes the block given its tanh tt. "fused16" reads and writes the 16-bit bits
-    itself (xb and dst are the block's bits); "widened" widens each block and rounds its output (dst is tt,
-    rounded into out after)."""
-    cdt = lowp.widen(x[:1]).dtype
-    c, ck = _constants(cdt)[:2]
-    t = np.empty(min(BLOCK, x.size), cdt)
-    for lo in range(0, x.size, BLOCK):
-        hi = min(x.size, lo + BLOCK)
-        tt = t[:hi - lo]
-        if way == "fused16":
-            bits = x[lo:hi].view(_U16)
-            jit.gelu_arg16(bits, bf16, c, ck, tt)
-            np.tanh(tt, out=tt)
-            last(lo, hi, bits, tt, out[lo:hi].view(_U16))
-            continue
-        xb = lowp.widen(x[lo:hi])
-        jit.gelu_arg(xb, c, ck, tt)
-        np.tanh(tt, out=tt)
-        last(lo, hi, xb, tt, out[lo:hi] if way == "compiled" else tt)
-        if way == "widened":
-            lowp.narrow_into(tt, out[lo:hi])
-
-
 def _gelu_compiled(jit, way: str, bf16: bool, x: np.ndarray, out: np.ndarray) -> None:
-    """gelu's share of one thread (_gelu_blocks): 0.5 x (1 + tanh) from each block's tanh."""
-    _, _, _, one, half = _constants(lowp.widen(x[:1]).dtype)
-
-    def last16(lo, hi, bits, tt, dst):
-        jit.gelu_out16(bits, bf16, tt, one, half, dst)
-
-    def last(lo, hi, xb, tt, dst):
-        jit.gelu_out(xb, tt, one, half, dst)
-    _gelu_blocks(jit, way, bf16, x, out, last16 if way == "fused16" else last)
+    """gelu's share of one thread: float32 and 16-bit bits in one compiled pass (tanh32's tanh); float64
+    and widened 16-bit a block at a time (_float64_blocks, _widened_blocks)."""
+    c, ck, _, one, half = _constants(lowp.widen(x[:1]).dtype)
+    if way == "fused16":
+        jit.gelu16(x.view(_U16), bf16, c, ck, one, half, TANH32, out.view(_U16))
+    elif x.dtype == np.float32:
+        jit.gelu32(x, c, ck, one, half, TANH32, out)
+    elif way == "widened":
+        _widened_blocks(x, out, lambda xb, dst, lo, hi: jit.gelu32(xb, c, ck, one, half, TANH32, dst))
+    else:
+        _float64_blocks(jit, x, lambda lo, hi, xb, tt: jit.gelu_out(xb, tt, one, half, out[lo:hi]))
 
 
 def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -142,29 +116,57 @@ def gelu_backward(x: np.ndarray, g: np.ndarray) -> np.ndarray:
         thread_pool.run(lambda lo, hi: _gelu_grad_numpy(src[lo:hi], grad[lo:hi], out[lo:hi]), src.size)
     else:
         _shared(lambda lo, hi: _gelu_grad_compiled(jit, way, bf16, src[lo:hi], grad[lo:hi], out[lo:hi]),
-                src.size, GELU_SHARE_GRAIN)
+                src.size, SHARE_GRAIN)
     return out.reshape(x.shape)
 
 
 def _gelu_grad_compiled(jit, way: str, bf16: bool, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
-    """gelu_backward's share of one thread (_gelu_blocks): g times the slope, from each block's tanh."""
-    c, _, ck3, one, half = _constants(lowp.widen(x[:1]).dtype)
+    """gelu_backward's share of one thread, by the ways of _gelu_compiled."""
+    c, ck, ck3, one, half = _constants(lowp.widen(x[:1]).dtype)
+    if way == "fused16":
+        bits = (x.view(_U16), g.view(_U16))
+        jit.gelu_grad16(*bits, bf16, c, ck, ck3, one, half, TANH32, out.view(_U16))
+    elif x.dtype == np.float32:
+        jit.gelu_grad32(x, g, c, ck, ck3, one, half, TANH32, out)
+    elif way == "widened":
+        _widened_blocks(x, out, lambda xb, dst, lo, hi: jit.gelu_grad32(
+            xb, lowp.widen(g[lo:hi]), c, ck, ck3, one, half, TANH32, dst))
+    else:
+        _float64_blocks(jit, x, lambda lo, hi, xb, tt: jit.gelu_grad(xb, tt, g[lo:hi], c, ck3, one, half,
+                                                                      out[lo:hi]))
 
-    def last16(lo, hi, bits, tt, dst):
-        jit.gelu_grad16(bits, g[lo:hi].view(_U16), bf16, tt, c, ck3, one, half, dst)
 
-    def last(lo, hi, xb, tt, dst):
-        jit.gelu_grad(xb, tt, lowp.widen(g[lo:hi]), c, ck3, one, half, dst)
-    _gelu_blocks(jit, way, bf16, x, out, last16 if way == "fused16" else last)
+def _widened_blocks(x: np.ndarray, out: np.ndarray, compute: Callable[..., None]) -> None:
+    """16-bit x the fused loops cannot read: each block widened to float32, computed by
+    compute(xb, dst, lo, hi) into dst and rounded once into out."""
+    t = np.empty(min(BLOCK, x.size), np.float32)
+    for lo in range(0, x.size, BLOCK):
+        hi = min(x.size, lo + BLOCK)
+        compute(lowp.widen(x[lo:hi]), t[:hi - lo], lo, hi)
+        lowp.narrow_into(t[:hi - lo], out[lo:hi])
+
+
+def _float64_blocks(jit, x: np.ndarray, last: Callable[..., None]) -> None:
+    """float64 GELU or its gradient, BLOCK elements at a time (the block's tanh argument stays in cache):
+    the argument (compiled loop), NumPy's tanh in place, then last(lo, hi, xb, tt), the compiled loop that
+    writes the block given its tanh tt."""
+    c, ck = _constants(x.dtype)[:2]
+    t = np.empty(min(BLOCK, x.size), x.dtype)
+    for lo in range(0, x.size, BLOCK):
+        hi = min(x.size, lo + BLOCK)
+        tt = t[:hi - lo]
+        jit.gelu_arg(x[lo:hi], c, ck, tt)
+        np.tanh(tt, out=tt)
+        last(lo, hi, x[lo:hi], tt)
 
 
 def _tanh_arg(x: np.ndarray) -> np.ndarray:
-    """tanh(c (x + k x^3)), in one new buffer."""
+    """tanh(c (x + k x^3)), in one new buffer: tanh32's in float32, NumPy's in float64."""
     t = x * x
     t *= _GELU_C * _GELU_K
     t += _GELU_C
     t *= x
-    return np.tanh(t, out=t)
+    return tanh_numpy(t) if t.dtype == np.float32 else np.tanh(t, out=t)
 
 
 def _gelu_numpy(x: np.ndarray, out: np.ndarray) -> None:

@@ -6,10 +6,11 @@ cache; one compiled loop does the chain in registers. The loops compute in the a
 (float32, or float64 for the exact tests) with the constants in that dtype, so they do what the NumPy
 chain does, operation for operation, in the same order.
 
-GELU's tanh stays NumPy's, between the loop before it (its argument) and the loop after (the output or
-the gradient): NumPy's tanh runs in the CPU's widest vector registers, where a compiled tanh (a libm call
-per element) or exp (a polynomial in half-width registers, with a division) costs more arithmetic per
-element than the memory the single pass would save. So GELU's results are the NumPy chain's bit for bit.
+GELU in float32 (and 16-bit, computed in float32) is one loop: its tanh is engine.fast.tanh32's rational
+function (`tanh32` here), a few multiply-adds and a division in the CPU's widest vector registers, where a
+libm tanh would be a call per element. The NumPy chain computes the same function with the same operations
+in the same order, so GELU's results are the NumPy chain's bit for bit. In float64 tanh stays NumPy's,
+between the loop before it (its argument) and the loop after (the output or the gradient).
 
 Layer norm (float32 and float64, 16-bit through float32): each row's sums accumulate in the row's dtype
 in the CPU's vector lanes (reassociation, only there: `_sum`, `_sum_sq`, `_grad_sums`), as PyTorch's do,
@@ -27,7 +28,8 @@ from numba import njit
 from engine.fast.halfconv_jit import narrow16, widen16
 
 # Every constant comes in as an argument of the arrays' dtype (`one`, `half`, `eps`, ...): a Python literal
-# in a numba expression would promote float32 arithmetic to float64.
+# in a numba expression would promote float32 arithmetic to float64. Loops that divide take NumPy's error
+# model: Python's would test every divisor for zero and raise, which keeps the loop off the vector registers.
 
 
 @njit(cache=True, nogil=True)
@@ -53,32 +55,56 @@ def gelu_grad(x, t, g, c, ck3, one, half, out):  # pragma: no cover - compiled
         out[i] = ((((one - t[i] * t[i]) * slope) * x[i] + t[i]) + one) * half * g[i]
 
 
-# GELU on 16-bit arrays read and written as their bits (uint16; `bf16` picks bfloat16 over float16): the
-# same float32 arithmetic as gelu_arg / gelu_out / gelu_grad on exactly widened operands, rounded once, so
-# the same bits as widening, computing and rounding in three passes, without the two conversion passes.
+@njit(cache=True, nogil=True, error_model="numpy")
+def tanh32(u, k):  # pragma: no cover - compiled
+    """engine.fast.tanh32's rational tanh of one float32, k = tanh32.coefficients(): the same operations as
+    tanh_numpy, in its order (a comparison that is false for NaN keeps NaN, as NumPy's maximum does)."""
+    clamp, tiny, a1, a3, a5, a7, a9, a11, a13, b0, b2, b4, b6 = k
+    w = clamp if u > clamp else (-clamp if u < -clamp else u)
+    w2 = w * w
+    p = ((((((w2 * a13 + a11) * w2 + a9) * w2 + a7) * w2 + a5) * w2 + a3) * w2 + a1) * w
+    q = ((w2 * b6 + b4) * w2 + b2) * w2 + b0
+    return u if abs(u) < tiny else p / q
 
-@njit(cache=True, nogil=True)
-def gelu_arg16(x, bf16, c, ck, out):  # pragma: no cover - compiled
-    """out (float32) = GELU's tanh argument of the 16-bit x, as gelu_arg."""
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gelu32(x, c, ck, one, half, k, out):  # pragma: no cover - compiled
+    """out = 0.5 x (1 + tanh32(c (x + k x^3))), float32, in one pass: gelu_arg, tanh32, gelu_out."""
     for i in range(x.size):
-        v = widen16(x[i], bf16)
-        out[i] = (v * v * ck + c) * v
+        v = x[i]
+        out[i] = (tanh32((v * v * ck + c) * v, k) + one) * v * half
 
 
-@njit(cache=True, nogil=True)
-def gelu_out16(x, bf16, t, one, half, out):  # pragma: no cover - compiled
-    """out (16-bit) = 0.5 x (1 + t) rounded once, as gelu_out then one rounding."""
+@njit(cache=True, nogil=True, error_model="numpy")
+def gelu_grad32(x, g, c, ck, ck3, one, half, k, out):  # pragma: no cover - compiled
+    """out = gelu_grad's expression with tanh32, float32, in one pass."""
     for i in range(x.size):
-        out[i] = narrow16((t[i] + one) * widen16(x[i], bf16) * half, bf16)
-
-
-@njit(cache=True, nogil=True)
-def gelu_grad16(x, g, bf16, t, c, ck3, one, half, out):  # pragma: no cover - compiled
-    """out (16-bit) = gelu_grad's expression of the 16-bit x and g, rounded once."""
-    for i in range(x.size):
-        v = widen16(x[i], bf16)
+        v = x[i]
+        t = tanh32((v * v * ck + c) * v, k)
         slope = v * v * ck3 + c
-        d = ((((one - t[i] * t[i]) * slope) * v + t[i]) + one) * half
+        out[i] = ((((one - t * t) * slope) * v + t) + one) * half * g[i]
+
+
+# GELU on 16-bit arrays read and written as their bits (uint16; `bf16` picks bfloat16 over float16): the
+# same float32 arithmetic as gelu32 / gelu_grad32 on exactly widened operands, rounded once, so the same
+# bits as widening, computing and rounding in three passes, without the two conversion passes.
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gelu16(x, bf16, c, ck, one, half, k, out):  # pragma: no cover - compiled
+    """out (16-bit) = gelu32 of the 16-bit x, rounded once."""
+    for i in range(x.size):
+        v = widen16(x[i], bf16)
+        out[i] = narrow16((tanh32((v * v * ck + c) * v, k) + one) * v * half, bf16)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gelu_grad16(x, g, bf16, c, ck, ck3, one, half, k, out):  # pragma: no cover - compiled
+    """out (16-bit) = gelu_grad32's expression of the 16-bit x and g, rounded once."""
+    for i in range(x.size):
+        v = widen16(x[i], bf16)
+        t = tanh32((v * v * ck + c) * v, k)
+        slope = v * v * ck3 + c
+        d = ((((one - t * t) * slope) * v + t) + one) * half
         out[i] = narrow16(d * widen16(g[i], bf16), bf16)
 
 
