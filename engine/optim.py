@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from engine.fast import thread_pool
+from engine.fast import lowp, thread_pool
 from engine.fast.compiled import load
 
 SCHEDULES = ("constant", "cosine")  # lr_at's schedules
@@ -176,15 +176,17 @@ def sum_of_squares(x: np.ndarray, chunk: int = NORM_CHUNK, buf: np.ndarray | Non
     float64 buffer (`buf`, at least min(chunk, x.size) long; allocated here if not given). Per-shard sums
     add up to the whole buffer's sum, so the global norm can be formed from shards."""
     x = x.reshape(-1)
-    jit = load("optim_jit") if x.dtype in (np.float32, np.float64) else None
-    if jit is not None and x.flags.c_contiguous:
+    jit = load("optim_jit") if x.flags.c_contiguous else None
+    if jit is not None and x.dtype in (np.float32, np.float64):
         return float(jit.sum_of_squares(x))  # in float64 too, in one pass (no buffer)
+    if jit is not None and lowp.compiled_reads(x.dtype):
+        return float(jit.sum_of_squares16(x.view(np.uint16), x.dtype != np.float16))
     return _sum_of_squares_numpy(x, chunk, buf)
 
 
 def _sum_of_squares_numpy(x: np.ndarray, chunk: int, buf: np.ndarray | None) -> float:
-    """sum_of_squares without numba (or for 16-bit x): each chunk widened into the float64 buffer, then
-    one dot product."""
+    """sum_of_squares without numba (or for float16 on a CPU without F16C): each chunk widened into the
+    float64 buffer, then one dot product."""
     buf = np.empty(min(chunk, x.size), np.float64) if buf is None else buf
     total = 0.0
     for start in range(0, x.size, chunk):

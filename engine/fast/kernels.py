@@ -57,8 +57,7 @@ def _route(arrays: tuple, compiled: tuple) -> tuple[str, Any, bool]:
         return "compiled", jit, False
     if dtype not in LOW_PRECISION:
         return "numpy", None, False
-    conversions = load("halfconv_jit")
-    if dtype == np.float16 and not (conversions is not None and conversions.HAS_F16C):
+    if not lowp.compiled_reads(dtype):
         return "widened", jit, False  # the fused loops convert halves with the CPU's own instructions
     return "fused16", jit, dtype != np.float16
 

@@ -19,12 +19,22 @@ import numpy as np
 
 from engine.dtypes import LOW_PRECISION
 from engine.fast import halfconv, thread_pool
+from engine.fast.compiled import load
 
 # Elements from which a conversion is shared among the rank's threads, by: compiled conversions. The
 # compiled ones (~0.1-0.3 ns per element while the arrays fit the cache) gained nothing from a second
 # thread below ~4 Mi elements (2 cores, measured: 1 Mi elements took 0.27-0.29 ns per element either
 # way, 16 Mi 0.5-0.77 alone and 0.44-0.5 shared); NumPy's (1-4 ns per element) repay it from two threads.
 SHARED_CONVERT_FROM = {True: 128 * thread_pool.BLOCK, False: 2 * thread_pool.BLOCK}
+
+
+def compiled_reads(dtype: np.dtype) -> bool:
+    """Whether compiled loops can read and write this 16-bit dtype's bits themselves (halfconv_jit's
+    widen16 and narrow16): bfloat16 always, float16 with the CPU's own conversions (F16C)."""
+    if dtype not in LOW_PRECISION:
+        return False
+    conversions = load("halfconv_jit")
+    return conversions is not None and (dtype != np.float16 or conversions.HAS_F16C)
 
 
 def widen(a: np.ndarray) -> np.ndarray:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from engine.fast.halfconv_jit import widen16
+
 SUM_BLOCK = 1024  # elements per block of sum_of_squares
 
 
@@ -41,6 +43,25 @@ def sum_of_squares(x):  # pragma: no cover - compiled
     total = 0.0
     for start in range(0, x.size, SUM_BLOCK):
         total += _block_sum(x[start:start + SUM_BLOCK])
+    return total
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _block_sum16(bits, bf16):  # pragma: no cover - compiled
+    """_block_sum of 16-bit bits (bfloat16's when `bf16`, else float16's), each widened exactly."""
+    total = 0.0
+    for i in range(bits.size):
+        wide = np.float64(widen16(bits[i], bf16))
+        total += wide * wide
+    return total
+
+
+@njit(cache=True, nogil=True)
+def sum_of_squares16(bits, bf16):  # pragma: no cover - compiled
+    """sum_of_squares of a 16-bit array read as its bits: no widened copy of the gradients in between."""
+    total = 0.0
+    for start in range(0, bits.size, SUM_BLOCK):
+        total += _block_sum16(bits[start:start + SUM_BLOCK], bf16)
     return total
 
 

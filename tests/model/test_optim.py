@@ -3,6 +3,7 @@ clipping."""
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 from extras import needs
@@ -186,8 +187,9 @@ def test_sum_of_squares_from_shards_equals_whole():
 
 # ---- the compiled sum of squares (engine.fast.optim_jit) against an exact sum and the NumPy path ----
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
 def test_the_compiled_sum_of_squares_is_exact_to_float64_rounding(dtype):
+    """float32 and float64 read as they are, 16-bit read as their bits and widened in the loop."""
     pytest.importorskip("numba", reason="numba is not installed: only the NumPy sum runs")
     from engine.fast import compiled
     x = np.random.default_rng(4).normal(size=1_000_003).astype(dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 from extras import needs
@@ -14,7 +15,7 @@ from engine.comm.launch import run_ranks
 from engine.config import from_dict
 from engine.config.build import build_dataset, build_model
 from engine.data import rank_slice
-from engine.loss_scale import DynamicScaler, LossScaleError, StaticScaler, find_overflow
+from engine.loss_scale import DynamicScaler, LossScaleError, StaticScaler, all_finite, find_overflow
 from engine.parallel.data.flat import FlatBuffer
 from engine.trainer import Trainer
 from tests.parallel_helpers import tiny_gpt
@@ -82,6 +83,22 @@ def test_static_scaler_skips_and_reports_but_never_changes():
     steps = drive(scaler, [CLEAN, INF, CLEAN])
     assert [s for s, _, _ in steps] == [128.0] * 3
     assert steps[1][2].reason == "inf" and steps[1][2].new_scale == 128.0
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+def test_the_overflow_check_on_16_bit_bits_is_isfinite(dtype):
+    """16-bit gradients are checked on their bits, a chunk at a time: every special, either sign, in any
+    chunk, against NumPy's isfinite; the largest finite values and subnormals are finite."""
+    info = ml_dtypes.finfo(dtype)
+    x = np.random.default_rng(3).standard_normal(2_500_003).astype(dtype)
+    x[:4] = [info.max, -info.max, info.smallest_subnormal, -0.0]
+    assert all_finite(x) and np.isfinite(x).all()
+    for where in (0, 1_048_575, 1_048_576, x.size - 1):
+        for bad in (np.inf, -np.inf, np.nan):
+            y = x.copy()
+            y[where] = bad
+            assert not all_finite(y), (where, bad)
+    assert not all_finite(y[::2][-3:]) and all_finite(x[::2])  # strided: NumPy's isfinite
 
 
 def test_find_overflow_names_the_parameter_nearest_the_loss_and_tells_nan_from_inf():
