@@ -225,7 +225,10 @@ class ProjectionPane(Vertical):
         cells = table_rows(result.get("rows") or [])
         headers = headers_for(cells, table.scrollable_content_region.width or table.size.width)
         table.clear(columns=True)
-        table.add_columns(*headers)
+        # fixed widths, the widest cell or the header: a DataTable widens an auto column only once its queue
+        # is idle, which a loaded machine may not reach before the frame (a column drawn a cell narrow)
+        for i, header in enumerate(headers):
+            table.add_column(header, width=max([len(header), *(len(c[i]) for c in cells)]))
         table.border_title = "times in ms" if headers is SHORT_COLUMNS else None
         plot = self.query_one("#projection-plot", PlotextPlot)
         plot.plt.clear_data()
