@@ -11,8 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from textual.widgets import TabbedContent
-
 from engine.run import stop_signals
 from nanodist_tui.bindings import ANY_SCREEN, REPLAY_ACTIONS, RUN_ACTIONS, SEEK_SHARE, WORKBENCH_ACTIONS
 from nanodist_tui.replay import ReplayPlayer, faster, slower
@@ -223,11 +221,8 @@ class WorkbenchActions:
             self._redraw()
 
     def action_show_tab(self: WorkbenchHost, number: int) -> None:
-        if self.workspace is None:
-            return
-        ids = self.workspace.tab_ids
-        if 1 <= number <= len(ids):
-            self.workspace.query_one(TabbedContent).active = ids[number - 1]
+        if self.workspace is not None:
+            self.workspace.show_tab(number)
 
     def action_next_pipeline(self: WorkbenchHost) -> None:
         if (pane := switchable_pipeline(self.workspace)) is not None:
@@ -235,18 +230,8 @@ class WorkbenchActions:
 
     def action_scroll_pane(self: WorkbenchHost, how: str) -> None:
         """Scroll the pane on show: the focused widget if it scrolls, else the first that can in the tab."""
-        if self.workspace is None:
-            return
-        from textual.widget import Widget
-        pane = self.workspace.query_one(TabbedContent).active_pane
-        if pane is None:
-            return
-        focused = self.screen.focused
-        candidates = [focused] if focused is not None and pane in focused.ancestors else []
-        candidates += [w for w in pane.query(Widget) if w.display]
-        target = next((w for w in candidates if w.max_scroll_y > 0), None)
-        if target is not None:
-            getattr(target, f"scroll_{how}")(animate=False)
+        if self.workspace is not None:
+            self.workspace.scroll_pane(how, self.screen.focused)
 
     def action_replay_speed(self: WorkbenchHost, direction: int) -> None:
         s = self.session

@@ -38,8 +38,15 @@ def _bindings() -> list[Binding]:
         Binding("ctrl+c", "stop_and_quit", "Stop (checkpoint kept) and quit, from any screen", show=False,
                 id="stop-and-quit", priority=True),
     ]
-    keys += [Binding(str(n), f"show_tab({n})", f"Show tab {n}", show=False, id=f"tab-{n}")
-             for n in range(1, 10)]
+    return keys + WORKSPACE_KEYS
+
+
+def _workspace_keys() -> list[Binding]:
+    """The keys of a run's tabs: a digit shows a tab, the arrows and pages scroll the pane on show. The
+    workbench has them, and so does every screen with a workspace of its own (a replay over a run), with
+    the same ids, so the user's keymap moves them everywhere."""
+    keys = [Binding(str(n), f"show_tab({n})", f"Show tab {n}", show=False, id=f"tab-{n}")
+            for n in range(1, 10)]
     # The pane on show scrolls with these whatever has the focus (the tab strip has it, and takes only
     # left/right); a focused table or log takes them itself first.
     keys += [Binding(key, f"scroll_pane('{how}')", f"Scroll the pane: {how.replace('_', ' ')}", show=False,
@@ -50,6 +57,7 @@ def _bindings() -> list[Binding]:
     return keys
 
 
+WORKSPACE_KEYS = _workspace_keys()
 BINDINGS = _bindings()
 BINDING_IDS = tuple(b.id for b in BINDINGS if b.id)
 WORKBENCH_ACTIONS = {b.action.partition("(")[0] for b in BINDINGS}

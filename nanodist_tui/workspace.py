@@ -58,6 +58,24 @@ class Workspace(Vertical):
         """Tab ids in the order of their keys (1 = overview, 2 = the first pane, ...)."""
         return [tab_id(OVERVIEW), *(tab_id(spec.id) for spec in self.specs)]
 
+    def show_tab(self, number: int) -> None:
+        """Show the tab of key `number` (1 = the overview); a number past the last tab does nothing."""
+        ids = self.tab_ids
+        if 1 <= number <= len(ids):
+            self.query_one(TabbedContent).active = ids[number - 1]
+
+    def scroll_pane(self, how: str, focused: Widget | None) -> None:
+        """Scroll the pane on show by `how` (up, page_down, home, ...): the focused widget if it is in the
+        pane and scrolls, else the first widget there that can."""
+        pane = self.query_one(TabbedContent).active_pane
+        if pane is None:
+            return
+        candidates = [focused] if focused is not None and pane in focused.ancestors else []
+        candidates += [w for w in pane.query(Widget) if w.display]
+        target = next((w for w in candidates if w.max_scroll_y > 0), None)
+        if target is not None:
+            getattr(target, f"scroll_{how}")(animate=False)
+
     def compose(self) -> ComposeResult:
         initial = self.initial_tab if self.initial_tab in self.tab_ids else tab_id(OVERVIEW)
         with TabbedContent(initial=initial):

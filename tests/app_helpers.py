@@ -163,6 +163,19 @@ async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 10.0) 
         await pilot.pause(0.05)
 
 
+def footer_line(app: NanoDistApp) -> str:
+    """The terminal's last line: the footer's keys."""
+    return screen_text(app).rstrip("\n").splitlines()[-1]
+
+
+async def footer_when(pilot, app: NanoDistApp, condition: Callable[[str], bool], timeout: float = 5.0) -> str:
+    """The footer once it is drawn and meets `condition`. Textual's Footer rebuilds its keys after the
+    screen's bindings change (a tab shown, a screen pushed) and is blank for a refresh between: read then,
+    a check that a key is offered fails, and one that a key is not offered passes on nothing."""
+    await wait_for(pilot, lambda: footer_line(app).strip() != "" and condition(footer_line(app)), timeout)
+    return footer_line(app)
+
+
 def run(scenario: Callable, job, size=SIZE, **kwargs) -> NanoDistApp:
     app = create_app("fake", job, **{"pane_interval_s": TEST_PANE_INTERVAL_S, **kwargs})
 

@@ -13,6 +13,7 @@ from textual.screen import Screen
 
 from engine.events import RunStarted
 from engine.run.control import RunControl
+from nanodist_tui.bindings import WORKSPACE_KEYS
 from nanodist_tui.bridge import EventBatcher
 from nanodist_tui.messages import Tick
 from nanodist_tui.replay import ReplayPlayer, faster, slower
@@ -29,7 +30,8 @@ class ReplayOverScreen(Screen[None]):
                 Binding("p", "pause", "Pause the replay", id="replay-over-pause"),
                 Binding("plus", "faster", "Faster", id="replay-over-faster"),
                 Binding("minus", "slower", "Slower", id="replay-over-slower"),
-                Binding("g", "next_pipeline", "Next pipeline", id="replay-over-next-pipeline")]
+                Binding("g", "next_pipeline", "Next pipeline", id="replay-over-next-pipeline"),
+                *WORKSPACE_KEYS]
 
     def __init__(self, events: list, name: str, speed: float = 1.0) -> None:
         super().__init__()
@@ -101,6 +103,14 @@ class ReplayOverScreen(Screen[None]):
     def action_next_pipeline(self) -> None:
         if (pane := switchable_pipeline(self.workspace)) is not None:
             pane.next_pipeline()
+
+    def action_show_tab(self, number: int) -> None:
+        if self.workspace is not None:
+            self.workspace.show_tab(number)
+
+    def action_scroll_pane(self, how: str) -> None:
+        if self.workspace is not None:
+            self.workspace.scroll_pane(how, self.focused)
 
     def action_close(self) -> None:
         self.control.set()  # the player stops at its next event; the live run never noticed

@@ -21,7 +21,7 @@ from nanodist_tui.widgets.memory_pane import MemoryPane
 from nanodist_tui.widgets.pane import Pane
 from nanodist_tui.widgets.rank_table import RankTable
 from nanodist_tui.widgets.traffic_pane import TrafficPane
-from tests.app_helpers import FakeJob, header_text, log_text, run, screen_text, wait_for
+from tests.app_helpers import FakeJob, footer_when, header_text, log_text, run, wait_for
 
 # Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
 pytestmark = pytest.mark.slow
@@ -342,7 +342,7 @@ def test_a_keymap_from_the_user_config_moves_a_binding():
         await pilot.press("x")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
-        assert "x Stop" in screen_text(app).splitlines()[-1].replace("  ", " ")
+        await footer_when(pilot, app, lambda line: "x Stop" in line.replace("  ", " "))
 
     run(scenario, FakeJob(steps=0, then="wait_for_stop"), user_config=UserConfig(keymap={"stop": "x"}))
 

@@ -15,7 +15,7 @@ from nanodist_tui.replay import ReplayPlayer
 from nanodist_tui.screens.compare import ComparePlot, CompareScreen
 from nanodist_tui.widgets.loss_scale_pane import LossScalePane
 from nanodist_tui.widgets.units import format_bytes
-from tests.app_helpers import demo_events, header_text, run, screen_text, wait_for
+from tests.app_helpers import demo_events, footer_when, header_text, run, wait_for
 
 EVENTS = demo_events()
 
@@ -57,7 +57,7 @@ def test_the_recording_is_what_the_panes_show():
         assert len(scale.plot.overflows) == overflows  # one mark per overflow, each at its own attempt
         assert len({x for x, _ in scale.plot.overflows}) == overflows
         assert app.check_action("stop_training", ()) is False  # a replay offers no stop
-        assert "Stop" not in screen_text(app).splitlines()[-1]
+        await footer_when(pilot, app, lambda line: "Stop" not in line)
 
     run(scenario, player, replay=player)
 

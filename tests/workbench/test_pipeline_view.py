@@ -29,7 +29,7 @@ from nanodist_tui.pipeline_chart import StepStore, bubble_formula, rank_row, ste
 from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.glyphs import ASCII
 from nanodist_tui.widgets.pipeline_pane import PipelinePane, blocks, bubble_line, ruler
-from tests.app_helpers import SMALL, TEST_PANE_INTERVAL_S, screen_text, wait_for
+from tests.app_helpers import SMALL, TEST_PANE_INTERVAL_S, footer_when, screen_text, wait_for
 from tests.pipeline_helpers import gpipe_step, pipeline_run, simulated_step
 
 REPO = Path(__file__).resolve().parents[2]
@@ -245,30 +245,27 @@ def test_the_tab_live_switching_pipelines_and_its_footer_key():
             await pilot.pause(2 * TEST_PANE_INTERVAL_S)
             assert pane.view.shows == 0  # hidden on its tab: fed, never drawn
             assert app.workspace.tab_ids.index("tab-pipeline") == 7
-            assert "Next pipeline" not in screen_text(app).splitlines()[-1]
+            await footer_when(pilot, app, lambda line: "Next pipeline" not in line)
             await pilot.press("8")
             await wait_for(pilot, lambda: "bubble 27.3% measured" in screen_text(app))
             shown = screen_text(app)
             assert "step 2 · gpipe · 4 ranks x 8 micro-batches · emulated compute" in shown
             assert "pipeline 1 of 2 (rank 0's): dp0, ranks 0 2 4 6; g: next pipeline" in shown
-            assert "g Next pipeline" in shown.splitlines()[-1]
+            await footer_when(pilot, app, lambda line: "g Next pipeline" in line)
             lines = str(pane.view.content).splitlines()  # at 80x24 every line whole in its view
             assert len(lines) == 11 and max(len(line) for line in lines) <= pane.view.content_region.width
             assert lines[-1].endswith("idle: the bubble")  # the legend's last entry, not cut off
             await pilot.press("g")
             await wait_for(pilot, lambda: "pipeline 2 of 2: dp1, ranks 1 3 5 7" in screen_text(app))
             await pilot.press("1")
-            await pilot.pause(0.3)
-            assert "Next pipeline" not in screen_text(app).splitlines()[-1]
+            await footer_when(pilot, app, lambda line: "Next pipeline" not in line)
 
     asyncio.run(main())
 
 
 def test_g_steps_through_a_replay_opened_over_a_training_run(tmp_path):
     """`o` over a training run replays on a screen of its own, where the app's keys are the run's: the screen
-    has its own g, offered on its pipeline tab alone."""
-    from textual.widgets import TabbedContent
-
+    has its own g, offered on its pipeline tab alone, and its own tab keys (the run behind keeps its tab)."""
     from nanodist_tui.screens.replay_over import ReplayOverScreen
     from tests.app_helpers import FakeJob, run
 
@@ -279,13 +276,19 @@ def test_g_steps_through_a_replay_opened_over_a_training_run(tmp_path):
         app._replay_chosen([run_dir])  # what `o` does with the chosen run
         await wait_for(pilot, lambda: isinstance(app.screen, ReplayOverScreen))
         screen = app.screen
-        await wait_for(pilot, lambda: screen.workspace is not None and screen.header.state == "finished")
+        await wait_for(pilot, lambda: screen.workspace is not None and screen.header.state == "finished"
+                       and "8 pipeline" in screen_text(app))
         assert screen.check_action("next_pipeline", ()) is False  # the overview is on show
-        screen.workspace.query_one(TabbedContent).active = "tab-pipeline"
+        behind = app.workspace.active_tab
+        await pilot.press("8")
         await wait_for(pilot, lambda: "pipeline 1 of 2 (rank 0's)" in screen_text(app), timeout=5)
-        assert "g Next pipeline" in screen_text(app).splitlines()[-1]
+        await footer_when(pilot, app, lambda line: "g Next pipeline" in line)
         await pilot.press("g")
         await wait_for(pilot, lambda: "pipeline 2 of 2: dp1, ranks 1 3 5 7" in screen_text(app), timeout=5)
+        assert app.workspace.active_tab == behind
+        await pilot.press("1")
+        await wait_for(pilot, lambda: screen.workspace.active_tab == "tab-overview")
+        await footer_when(pilot, app, lambda line: "Next pipeline" not in line)
         await pilot.press("escape")
         app.session.control.set()
         await wait_for(pilot, lambda: not app.session.active)

@@ -9,6 +9,7 @@ from nanodist_tui.app import NanoDistApp
 from nanodist_tui.compare import figures
 from nanodist_tui.replay import ReplayPlayer
 from nanodist_tui.screens.compare import CompareScreen
+from nanodist_tui.widgets.log_pane import LogPane
 from tests.app_helpers import FakeJob, demo_events, header_text, run, wait_for
 
 
@@ -99,3 +100,40 @@ def test_a_replay_opened_over_a_training_run_returns_to_it_still_training(tmp_pa
         await wait_for(pilot, lambda: not live.active)
 
     run(scenario, job)
+
+
+def test_a_replay_over_a_training_run_has_its_own_tab_and_scroll_keys(tmp_path):
+    """On the replay's screen a digit shows the replay's tab and the arrows scroll its pane, as in the
+    workbench; the run behind keeps the tab it had."""
+    from nanodist_tui.screens.replay_over import ReplayOverScreen
+    from tests.workbench.test_pipeline_view import recorded_run
+
+    run_dir = recorded_run(tmp_path)
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.session.state == "running" and app.workspace is not None)
+        behind = app.workspace.active_tab
+        app._replay_chosen([run_dir])  # what `o` does with the chosen run
+        await wait_for(pilot, lambda: isinstance(app.screen, ReplayOverScreen))
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.workspace is not None and screen.header.state == "finished")
+        tabs = screen.workspace.tab_ids
+        await pilot.press(str(tabs.index("tab-log") + 1))
+        await wait_for(pilot, lambda: screen.workspace.active_tab == "tab-log")
+        log = screen.workspace.tabs["log"]
+        assert isinstance(log, LogPane)
+        for i in range(200):
+            log.add(f"line {i}")
+        await wait_for(pilot, lambda: not log._pending and log.max_scroll_y > 0)  # written on a redraw
+        assert screen.focused is not log
+        await pilot.press("home")
+        assert log.scroll_y == 0
+        await pilot.press("pagedown", "down")
+        assert log.scroll_y > 1
+        await pilot.press("end")
+        assert log.scroll_y == log.max_scroll_y
+        assert app.workspace.active_tab == behind
+        app.session.control.set()
+        await wait_for(pilot, lambda: not app.session.active)
+
+    run(scenario, FakeJob(steps=400, pace_s=0.01), size=(80, 24))
