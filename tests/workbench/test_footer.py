@@ -8,7 +8,17 @@ from textual.widgets._footer import FooterKey
 from nanodist_tui.app import NanoDistApp
 from nanodist_tui.bindings import BINDINGS
 from nanodist_tui.replay import ReplayPlayer
-from tests.app_helpers import SIZE, SMALL, FakeJob, FakeSweep, demo_events, run, screen_text, wait_for
+from tests.app_helpers import (
+    SIZE,
+    SMALL,
+    FakeJob,
+    FakeSweep,
+    demo_events,
+    footer_when,
+    run,
+    screen_text,
+    wait_for,
+)
 
 BINDING_ORDER = [b.key for b in BINDINGS]
 
@@ -46,6 +56,7 @@ def test_a_training_runs_footer_shows_every_key_at_80_columns():
         async def scenario(app: NanoDistApp, pilot, size=size) -> None:
             await wait_for(pilot, lambda: app.session.state == "running")
             await pilot.pause(0.3)
+            await footer_when(pilot, app, lambda line: "? Help" in line)  # drawn, not mid-rebuild
             shown = check_footer(app, size[0])
             assert {"s", "p", "f", "o", "c", "j"} <= set(shown), shown  # n: only with a way to make jobs
 
@@ -58,6 +69,7 @@ def test_a_replays_speed_and_seek_keys_fit_at_80_columns_as_two_groups():
     async def scenario(app: NanoDistApp, pilot) -> None:
         await wait_for(pilot, lambda: app.session is not None and app.session.state == "running")
         await pilot.pause(0.3)
+        await footer_when(pilot, app, lambda line: "? Help" in line)  # drawn, not mid-rebuild
         shown = check_footer(app, SMALL[0])
         assert {"plus", "minus", "left_square_bracket", "right_square_bracket", "p", "j"} <= set(shown)
         line = screen_text(app).rstrip("\n").splitlines()[-1]
@@ -73,9 +85,11 @@ def test_a_sweeps_footer_keeps_whole_keys_at_80_columns():
     async def scenario(app: NanoDistApp, pilot) -> None:
         await wait_for(pilot, lambda: 0 in sweep.ran)
         await pilot.pause(0.3)
+        await footer_when(pilot, app, lambda line: "? Help" in line)  # drawn, not mid-rebuild
         assert "x" in check_footer(app, SMALL[0])  # finishing the sweep is among the first keys
         await pilot.resize_terminal(*SIZE)
         await pilot.pause(0.3)
+        await footer_when(pilot, app, lambda line: "? Help" in line)  # drawn, not mid-rebuild
         check_footer(app, SIZE[0])
         sweep.go.set()
 
