@@ -177,7 +177,13 @@ class PlanScreen(Screen[Any]):
             self._say(result["error"], "bold red")
             self.query_one("#plan-detail", Static).update("")
             return
-        for row in table_rows(result["ranked"]):
+        cells = table_rows(result["ranked"])
+        table.clear(columns=True)
+        # fixed widths, the widest cell or the header: a DataTable widens an auto column only once its queue
+        # is idle, which a loaded machine may not reach before the frame (a column drawn a cell narrow)
+        for i, header in enumerate(COLUMNS):
+            table.add_column(header, width=max([len(header), *(len(c[i]) for c in cells)]))
+        for row in cells:
             table.add_row(*(Text(c, justify="left" if i == 1 else "right") for i, c in enumerate(row)))
         fits = "no layout fits" if not result["ranked"] else f"the best {len(result['ranked'])} that fit"
         self._say(f"{result['preset']} on {result['cluster']}, {result['ranks']} ranks, global batch "
