@@ -263,9 +263,9 @@ class FakeSweep:
 DEMO_RUN = "20261201-110111-quickstart"  # the demo recording, as a finished run folder
 
 
-def demo_run_folder(root: Path) -> Path:
-    """runs/<DEMO_RUN>: the demo recording as a finished run folder (its events and a summary)."""
-    run = root / "runs" / DEMO_RUN
+def demo_run_folder(root: Path, name: str = DEMO_RUN) -> Path:
+    """runs/<name>: the demo recording as a finished run folder (its events and a summary)."""
+    run = root / "runs" / name
     run.mkdir(parents=True)
     shutil.copy(DEMO_DIR / "events.jsonl", run / "events.jsonl")
     finished = next(e for e in demo_events() if isinstance(e, RunFinished))

@@ -38,14 +38,17 @@ class OpenRunScreen(Screen[list[Path] | None]):
                 else "two runs to compare: space marks, enter opens")
         yield Static(f"Pick {what}  ({self.out_dir}/)", id="open-run-title")
         table: DataTable = DataTable(cursor_type="row", zebra_stripes=True, id="runs")
-        for label in COLUMNS:
-            table.add_column(label, key=label or "mark")
-        for info in self.runs:
-            # a str cell is read as markup: the recorded names go in as escaped Text
-            table.add_row("", Text(printable(info.run_id)), Text(printable(info.status)),
-                          _figure(info.steps, "d"),
-                          Text(_figure(info.final_val_loss, ".4f"), justify="right"),
-                          Text(_figure(info.tokens_per_s, ",.0f"), justify="right"), key=str(info.run_dir))
+        # a str cell is read as markup: the recorded names go in as escaped Text
+        rows = [(Text(""), Text(printable(info.run_id)), Text(printable(info.status)),
+                 Text(_figure(info.steps, "d")), Text(_figure(info.final_val_loss, ".4f"), justify="right"),
+                 Text(_figure(info.tokens_per_s, ",.0f"), justify="right")) for info in self.runs]
+        # fixed widths, the widest cell or the header (the mark column holds one digit): a DataTable widens
+        # an auto column only once its queue is idle, which a loaded machine may not reach before the frame
+        for i, label in enumerate(COLUMNS):
+            width = max([len(label) or 1, *(row[i].cell_len for row in rows)])
+            table.add_column(label, key=label or "mark", width=width)
+        for info, row in zip(self.runs, rows, strict=True):
+            table.add_row(*row, key=str(info.run_dir))
         if not self.runs:
             yield Static(f"no recorded runs in {self.out_dir}/: train one first (n starts a run)",
                          id="no-runs")

@@ -16,7 +16,17 @@ from nanodist_tui.screens.confirm import ConfirmScreen, QuitConfirmScreen
 from nanodist_tui.screens.help import HelpScreen
 from nanodist_tui.screens.new_run import NewRunScreen
 from nanodist_tui.screens.open_run import OpenRunScreen
-from tests.app_helpers import SMALL, FakeJob, FakeSweep, header_text, run, tabs_row_laid_out, wait_for
+from tests.app_helpers import (
+    SMALL,
+    FakeJob,
+    FakeSweep,
+    demo_run_folder,
+    header_text,
+    run,
+    screen_text,
+    tabs_row_laid_out,
+    wait_for,
+)
 
 # Whole screens drawn many times over: out of the quick subset (`-m "not slow"`), in the full suite.
 pytestmark = pytest.mark.slow
@@ -271,3 +281,22 @@ def test_a_trial_that_starts_while_the_app_closes_is_dropped():
     tick.session = app.session.id
     asyncio.run(app.on_tick(tick))
     assert app.workspace is workspace
+
+
+def test_a_run_marked_for_comparison_shows_its_number(tmp_path, monkeypatch):
+    """space marks a run in the compare picker with its order (1, then 2): the mark column, empty at first,
+    was drawn no wider than its empty header, so a mark never showed."""
+    first, second = demo_run_folder(tmp_path), demo_run_folder(tmp_path, "20261202-120000-second")
+    monkeypatch.chdir(tmp_path)
+
+    async def scenario(app: NanoDistApp, pilot) -> None:
+        await wait_for(pilot, lambda: app.session.state == "finished")
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, OpenRunScreen))
+        await pilot.press("space", "down", "space")
+        await wait_for(pilot, lambda: len(app.screen.marked) == 2)
+        rows = {line.split()[1]: line.split()[0] for line in screen_text(app).splitlines()
+                if first.name in line or second.name in line}
+        assert sorted(rows.values()) == ["1", "2"]
+
+    run(scenario, FakeJob(steps=2), size=SMALL)
