@@ -176,6 +176,17 @@ async def footer_when(pilot, app: NanoDistApp, condition: Callable[[str], bool],
     return footer_line(app)
 
 
+async def check_scroll_keys(pilot, log) -> None:
+    """home, page down, down and end scroll `log` (a pane's log with more lines than fit, not focused)."""
+    assert pilot.app.screen.focused is not log  # the keys reach it through the screen's bindings
+    await pilot.press("home")
+    assert log.scroll_y == 0
+    await pilot.press("pagedown", "down")
+    assert log.scroll_y > 1
+    await pilot.press("end")
+    assert log.scroll_y == log.max_scroll_y
+
+
 def run(scenario: Callable, job, size=SIZE, **kwargs) -> NanoDistApp:
     app = create_app("fake", job, **{"pane_interval_s": TEST_PANE_INTERVAL_S, **kwargs})
 

@@ -12,9 +12,11 @@ feed, and its sends take no time, as an emulated run's batches do.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from engine.events import PipelineTimeline, RunFinished, RunStarted, StepEnd
 from engine.parallel.mesh import Mesh
+from engine.run.recorder import RunRecorder
 
 SLOT_S = 0.002  # each action's time
 
@@ -74,3 +76,12 @@ def pipeline_run(world: int = 4, pp: int = 4, m: int = 8, steps: int = 2) -> lis
     events.append(RunFinished(steps=steps, initial_val_loss=None, final_val_loss=None, tokens_per_s=20_000.0,
                               wall_s=0.1, run_dir=""))
     return events
+
+
+def recorded_run(root: Path) -> Path:
+    """`pipeline_run(world=8)` recorded as a run folder under root/runs, as a training run writes one."""
+    recorder = RunRecorder(root / "runs", "pipe", {})
+    for event in pipeline_run(world=8):
+        recorder(event)
+    recorder.close()
+    return recorder.run_dir

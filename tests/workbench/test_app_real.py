@@ -34,7 +34,7 @@ def test_stopping_in_the_workbench_keeps_a_checkpoint_and_resume_continues_bitwi
         await wait_for(pilot, lambda: app.session.state == "paused", timeout=30)
         await pilot.press("s", "y")
         await wait_for(pilot, lambda: app.session.worker.is_finished, timeout=60)
-        assert app.session.state == "stopped"
+        await wait_for(pilot, lambda: app.session.state == "stopped")  # the app hears of the end next
 
     app = run(scenario, training_job(cfg, doc))
     run_dir = only_run(tmp_path / "b")

@@ -20,6 +20,7 @@ from tests.app_helpers import (
     SMALL,
     FakeJob,
     FakeSweep,
+    check_scroll_keys,
     demo_run_folder,
     header_text,
     run,
@@ -96,13 +97,7 @@ def test_the_pane_on_show_scrolls_with_the_keys_the_help_names_without_tab():
         log = app.workspace.tabs["log"]
         await wait_for(pilot, lambda: not log._pending and log.max_scroll_y > 0)  # written on a redraw
         await pilot.pause(0.4)
-        assert app.screen.focused is not log  # the tab strip has the focus, as after start
-        await pilot.press("home")
-        assert log.scroll_y == 0
-        await pilot.press("pagedown", "down")
-        assert log.scroll_y > 1
-        await pilot.press("end")
-        assert log.scroll_y == log.max_scroll_y
+        await check_scroll_keys(pilot, log)  # the tab strip has the focus, as after start
 
     run(scenario, job)
 

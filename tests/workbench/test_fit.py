@@ -189,17 +189,17 @@ def test_the_projection_says_what_to_do_where_there_is_nothing_to_project(tmp_pa
         await pilot.press("j")
         projection = app.projection
         await wait_for(pilot, lambda: "error" in (projection.result or {}), timeout=30)
-        await pilot.pause(0.2)
         empty = projection.query_one("#projection-empty", Static)
-        assert empty.display and empty.region.height > 0
+        await wait_for(pilot, lambda: empty.display and empty.region.height > 0)  # shown once laid out
         assert not projection.query_one("#projection-plot").display
         assert not projection.query_one("#projection-table").display
         said = str(empty.render())
         assert "no calibration of this model" in said and "press c" in said and "h100-ndr" in said
         projection.query_one("#projection-cluster").value = "h100-ndr"
         await wait_for(pilot, lambda: bool((projection.result or {}).get("rows")), timeout=30)
-        await pilot.pause(0.2)
-        assert not empty.display and projection.query_one("#projection-table", DataTable).row_count > 0
+        # the table is filled once the plot has been laid out again (projection_pane.py: _show)
+        await wait_for(pilot, lambda: not empty.display
+                       and projection.query_one("#projection-table", DataTable).row_count > 0)
         app.exit()
 
     async def main() -> None:

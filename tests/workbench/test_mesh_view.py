@@ -211,8 +211,7 @@ def test_nothing_is_cut_and_the_end_is_in_reach(size):
                         "pp        2      4  inter-node     131.1 kB  524.3 kB"):
                 assert any(line.startswith(row) for line in lines), row
             await pilot.press("end")
-            await pilot.pause(0.2)
-            assert pane.scroll_y == pane.max_scroll_y
+            await wait_for(pilot, lambda: pane.scroll_y == pane.max_scroll_y)
             assert "same experts: their gradient reduce (= dp here)" in screen_text(app)
 
     import asyncio

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from engine.events import PipelineTimeline
-from engine.run.recorder import RunRecorder, read_events
+from engine.run.recorder import read_events
 from nanodist_tui.app import create_app
 from nanodist_tui.messages import Tick
 from nanodist_tui.panes import panes_for
@@ -30,7 +30,7 @@ from nanodist_tui.run_info import RunInfo
 from nanodist_tui.widgets.glyphs import ASCII
 from nanodist_tui.widgets.pipeline_pane import PipelinePane, blocks, bubble_line, ruler
 from tests.app_helpers import SMALL, TEST_PANE_INTERVAL_S, footer_when, screen_text, wait_for
-from tests.pipeline_helpers import gpipe_step, pipeline_run, simulated_step
+from tests.pipeline_helpers import gpipe_step, pipeline_run, recorded_run, simulated_step
 
 REPO = Path(__file__).resolve().parents[2]
 BUBBLE = 6 / 22  # GPipe, p 4, m 8: 6 idle slots of 22
@@ -297,14 +297,6 @@ def test_g_steps_through_a_replay_opened_over_a_training_run(tmp_path):
 
 
 # ---------------------------------------------------------------- recorded, replayed in a real terminal
-
-
-def recorded_run(root: Path) -> Path:
-    recorder = RunRecorder(root / "runs", "pipe", {})
-    for event in pipeline_run(world=8):
-        recorder(event)
-    recorder.close()
-    return recorder.run_dir
 
 
 def test_a_recording_keeps_every_timeline(tmp_path):

@@ -64,8 +64,7 @@ async def _new_world_size() -> None:
         screen.query_one("#plan-cluster", Select).value = "a100-hdr"
         await _searched(pilot, "a100-hdr", 4)
         await pilot.press("escape")
-        await pilot.pause(0.2)
-        assert not isinstance(app.screen, PlanScreen)
+        await wait_for(pilot, lambda: not isinstance(app.screen, PlanScreen))
 
 
 def test_start_starts_the_highlighted_layout_here_scaled_down():

@@ -10,7 +10,7 @@ from nanodist_tui.compare import figures
 from nanodist_tui.replay import ReplayPlayer
 from nanodist_tui.screens.compare import CompareScreen
 from nanodist_tui.widgets.log_pane import LogPane
-from tests.app_helpers import FakeJob, demo_events, header_text, run, wait_for
+from tests.app_helpers import FakeJob, check_scroll_keys, demo_events, header_text, run, wait_for
 
 
 def test_the_training_runs_summary_prints_on_exit_after_a_replay():
@@ -106,7 +106,7 @@ def test_a_replay_over_a_training_run_has_its_own_tab_and_scroll_keys(tmp_path):
     """On the replay's screen a digit shows the replay's tab and the arrows scroll its pane, as in the
     workbench; the run behind keeps the tab it had."""
     from nanodist_tui.screens.replay_over import ReplayOverScreen
-    from tests.workbench.test_pipeline_view import recorded_run
+    from tests.pipeline_helpers import recorded_run
 
     run_dir = recorded_run(tmp_path)
 
@@ -125,13 +125,7 @@ def test_a_replay_over_a_training_run_has_its_own_tab_and_scroll_keys(tmp_path):
         for i in range(200):
             log.add(f"line {i}")
         await wait_for(pilot, lambda: not log._pending and log.max_scroll_y > 0)  # written on a redraw
-        assert screen.focused is not log
-        await pilot.press("home")
-        assert log.scroll_y == 0
-        await pilot.press("pagedown", "down")
-        assert log.scroll_y > 1
-        await pilot.press("end")
-        assert log.scroll_y == log.max_scroll_y
+        await check_scroll_keys(pilot, log)
         assert app.workspace.active_tab == behind
         app.session.control.set()
         await wait_for(pilot, lambda: not app.session.active)
