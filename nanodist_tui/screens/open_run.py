@@ -14,6 +14,7 @@ from textual.widgets import DataTable, Static
 from engine.run.printable import printable
 from engine.run.recorder import list_runs
 from nanodist_tui.widgets.footer import WorkbenchFooter
+from nanodist_tui.widgets.table_columns import add_fitted_columns
 
 COLUMNS = ("", "run", "status", "steps", "val loss", "tok/s")
 
@@ -42,11 +43,8 @@ class OpenRunScreen(Screen[list[Path] | None]):
         rows = [(Text(""), Text(printable(info.run_id)), Text(printable(info.status)),
                  Text(_figure(info.steps, "d")), Text(_figure(info.final_val_loss, ".4f"), justify="right"),
                  Text(_figure(info.tokens_per_s, ",.0f"), justify="right")) for info in self.runs]
-        # fixed widths, the widest cell or the header (the mark column holds one digit): a DataTable widens
-        # an auto column only once its queue is idle, which a loaded machine may not reach before the frame
-        for i, label in enumerate(COLUMNS):
-            width = max([len(label) or 1, *(row[i].cell_len for row in rows)])
-            table.add_column(label, key=label or "mark", width=width)
+        # the mark column, empty at first, holds one digit once a run is marked
+        add_fitted_columns(table, COLUMNS, rows, keys=[label or "mark" for label in COLUMNS], min_width=1)
         for info, row in zip(self.runs, rows, strict=True):
             table.add_row(*row, key=str(info.run_dir))
         if not self.runs:

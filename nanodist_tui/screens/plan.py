@@ -20,6 +20,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Input, Label, Select, Static
 
 from nanodist_tui.widgets.footer import WorkbenchFooter
+from nanodist_tui.widgets.table_columns import add_fitted_columns
 
 # 80 columns hold these: the split's exposed communication is one column here, by group in the line below
 COLUMNS = ("#", "layout", "step", "tok/s", "MFU", "comp", "bubble", "comm", "GB")
@@ -179,10 +180,7 @@ class PlanScreen(Screen[Any]):
             return
         cells = table_rows(result["ranked"])
         table.clear(columns=True)
-        # fixed widths, the widest cell or the header: a DataTable widens an auto column only once its queue
-        # is idle, which a loaded machine may not reach before the frame (a column drawn a cell narrow)
-        for i, header in enumerate(COLUMNS):
-            table.add_column(header, width=max([len(header), *(len(c[i]) for c in cells)]))
+        add_fitted_columns(table, COLUMNS, cells)
         for row in cells:
             table.add_row(*(Text(c, justify="left" if i == 1 else "right") for i, c in enumerate(row)))
         fits = "no layout fits" if not result["ranked"] else f"the best {len(result['ranked'])} that fit"

@@ -25,6 +25,7 @@ from textual_plotext import PlotextPlot
 
 from engine.events import RunStarted
 from nanodist_tui.messages import Tick
+from nanodist_tui.widgets.table_columns import add_fitted_columns
 
 RECENT_STEPS = 30  # the measured step time is the median of this many recent steps
 MAX_Y_TICKS = 4  # powers of ten labelled on the scaling plot's axis (fits its 80x24 height)
@@ -225,10 +226,7 @@ class ProjectionPane(Vertical):
         cells = table_rows(result.get("rows") or [])
         headers = headers_for(cells, table.scrollable_content_region.width or table.size.width)
         table.clear(columns=True)
-        # fixed widths, the widest cell or the header: a DataTable widens an auto column only once its queue
-        # is idle, which a loaded machine may not reach before the frame (a column drawn a cell narrow)
-        for i, header in enumerate(headers):
-            table.add_column(header, width=max([len(header), *(len(c[i]) for c in cells)]))
+        add_fitted_columns(table, headers, cells)
         table.border_title = "times in ms" if headers is SHORT_COLUMNS else None
         plot = self.query_one("#projection-plot", PlotextPlot)
         plot.plt.clear_data()

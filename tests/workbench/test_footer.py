@@ -14,9 +14,9 @@ from tests.app_helpers import (
     FakeJob,
     FakeSweep,
     demo_events,
+    footer_line,
     footer_when,
     run,
-    screen_text,
     wait_for,
 )
 
@@ -46,7 +46,7 @@ def check_footer(app: NanoDistApp, width: int) -> list[str]:
     assert ours[:len(ours) - len(hidden)] == [k for k in shown if k in BINDING_ORDER]
     if width >= 120:
         assert not hidden
-    last_line = screen_text(app).rstrip("\n").splitlines()[-1]
+    last_line = footer_line(app)
     assert len(last_line.rstrip()) <= width
     return shown
 
@@ -72,7 +72,7 @@ def test_a_replays_speed_and_seek_keys_fit_at_80_columns_as_two_groups():
         await footer_when(pilot, app, lambda line: "? Help" in line)  # drawn, not mid-rebuild
         shown = check_footer(app, SMALL[0])
         assert {"plus", "minus", "left_square_bracket", "right_square_bracket", "p", "j"} <= set(shown)
-        line = screen_text(app).rstrip("\n").splitlines()[-1]
+        line = footer_line(app)
         assert "+- Speed [] Seek ? Help" in line
         app.exit()
 
